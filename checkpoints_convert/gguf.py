@@ -1,0 +1,161 @@
+"""Read a llama.cpp GGUF file: config from its metadata, dequantized tensors under their
+Hugging Face names, and the tokenizer (built by transformers' GGUF tokenizer converter).
+
+llama.cpp's converter stores the q/k projection rows permuted for its RoPE
+layout (pairs interleaved per head); `unpermute` undoes that so that the
+weights match Hugging Face's "rotate half" RoPE, as transformers' own GGUF
+loader does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from lookahead_jax.config import LlamaConfig
+from lookahead_jax.errors import CheckpointError, UserInputError
+
+_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def open_reader(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # the reader raises ValueError/struct.error/... on bad files
+        raise UserInputError(f"{path} is not a readable GGUF file: {e}") from e
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def read_config(reader, path: Path) -> LlamaConfig:
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise UserInputError(f"{path}: unsupported architecture {arch!r} (only 'llama' GGUFs)")
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise UserInputError(
+            f"{path}: per-dimension RoPE factors (rope_freqs, Llama 3.1 style) are not "
+            "supported from GGUF; convert the Hugging Face checkpoint instead"
+        )
+    scaling_type = _field(reader, "llama.rope.scaling.type", "none")
+    if scaling_type not in ("none", "linear"):
+        raise UserInputError(f"{path}: unsupported rope scaling type {scaling_type!r}")
+    heads = int(_field(reader, "llama.attention.head_count"))
+    hidden = int(_field(reader, "llama.embedding_length"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = int(_field(reader, "llama.vocab_size", len(tokens.data) if tokens else 0))
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    eos_ids = tuple(sorted({int(x) for x in (eos, eot) if x is not None}))
+    d = {
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int(_field(reader, "llama.feed_forward_length")),
+        "num_hidden_layers": int(_field(reader, "llama.block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_field(reader, "llama.attention.head_count_kv", heads)),
+        "head_dim": int(_field(reader, "llama.attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
+        "rope_scaling": (
+            {"rope_type": "linear", "factor": float(_field(reader, "llama.rope.scaling.factor"))}
+            if scaling_type == "linear"
+            else None
+        ),
+        "tie_word_embeddings": "output.weight" not in names,
+        "max_position_embeddings": int(_field(reader, "llama.context_length", 4096)),
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": list(eos_ids),
+        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+    }
+    return LlamaConfig.from_hf_dict(d)
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: per head, rows (2, Dh/2) -> (Dh/2, 2)."""
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def check_quant_types(reader, path: Path) -> None:
+    """Fail before any work if a tensor uses a type the gguf package cannot dequantize."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import _type_traits
+
+    supported = {Q.F32, Q.F16, *_type_traits}
+    bad = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in supported})
+    if bad:
+        raise UserInputError(f"{path}: unsupported quantization type(s) {', '.join(bad)}")
+
+
+def read_tensors(reader, cfg: LlamaConfig) -> tuple[int, Iterator[tuple[str, np.ndarray]]]:
+    """(count, iterator of (HF name, float32 array in HF [out, in] layout))."""
+    from gguf.quants import dequantize
+
+    def hf_name(name: str) -> str:
+        if name in _NAMES:
+            return _NAMES[name]
+        m = _BLOCK.match(name)
+        if m and m.group(2) in _LAYER_NAMES:
+            return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+        raise UserInputError(f"unexpected tensor {name!r} in a llama GGUF")
+
+    def gen():
+        for t in reader.tensors:
+            name = hf_name(t.name)
+            try:
+                w = dequantize(t.data, t.tensor_type).astype(np.float32)
+            except (ValueError, IndexError) as e:
+                raise CheckpointError(f"tensor {t.name} is damaged: {e}") from e
+            # GGUF lists dims fastest-first; the data is already row-major [out, in].
+            w = w.reshape([int(x) for x in reversed(t.shape)])
+            if name.endswith("q_proj.weight"):
+                w = unpermute(w, cfg.num_heads)
+            elif name.endswith("k_proj.weight"):
+                w = unpermute(w, cfg.num_kv_heads)
+            yield name, w
+
+    return len(reader.tensors), gen()
+
+
+def save_tokenizer(path: Path, out: Path) -> None:
+    """Build the tokenizer from GGUF metadata with transformers and save it as HF files."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as e:
+        raise UserInputError(f"{path}: cannot build its tokenizer: {e}") from e
+    tok.save_pretrained(str(out))

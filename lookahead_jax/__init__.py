@@ -1,0 +1,22 @@
+"""lookahead_jax: exact lookahead decoding for Llama-family models in JAX."""
+
+from lookahead_jax.config import LlamaConfig
+from lookahead_jax.errors import CheckpointError, MissingFileError, UserInputError
+from lookahead_jax.generation import GenerationInterrupted, GenerationOutput, generate
+from lookahead_jax.loading import Model, load
+from lookahead_jax.lookahead import LookaheadConfig
+from lookahead_jax.sampling import SamplingConfig
+
+__all__ = [
+    "CheckpointError",
+    "GenerationInterrupted",
+    "GenerationOutput",
+    "LlamaConfig",
+    "LookaheadConfig",
+    "MissingFileError",
+    "Model",
+    "SamplingConfig",
+    "UserInputError",
+    "generate",
+    "load",
+]

@@ -1,0 +1,33 @@
+"""Where lookahead_jax keeps converted default models, compiled programs and tuning data.
+
+`$LOOKAHEAD_JAX_CACHE` if set, else `$XDG_CACHE_HOME/lookahead_jax`, else
+`~/.cache/lookahead_jax`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    if os.environ.get("LOOKAHEAD_JAX_CACHE"):
+        return Path(os.environ["LOOKAHEAD_JAX_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "lookahead_jax"
+
+
+def enable_compilation_cache() -> None:
+    """Turn on JAX's persistent compilation cache under the cache root (unless the user
+    already chose a directory, or set LOOKAHEAD_JAX_NO_COMPILE_CACHE=1)."""
+    import jax
+
+    if os.environ.get("LOOKAHEAD_JAX_NO_COMPILE_CACHE") == "1":
+        return
+    if jax.config.jax_compilation_cache_dir:
+        return
+    path = cache_root() / "xla"
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

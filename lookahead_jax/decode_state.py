@@ -1,0 +1,134 @@
+"""The state of a batched decode, the prefill that creates it, and token emission.
+
+Every row keeps the invariant
+
+    tokens[b, i]       the token at sequence position i (prompt, then new tokens)
+    cache.lengths[b]   = prompt_len[b] + n_out[b] - 1: every token but the newest
+                         one has its K/V in the cache
+    tokens[b, cache.lengths[b]]   the newest token: the input of the next step
+
+so a step never needs to carry "the last token" separately. Prompts are
+right-padded to a bucket length P; the pad slots are overwritten by new tokens.
+Slots past a row's end hold garbage and are never read.
+
+Plain decoding uses the fields up to `accept_hist`; lookahead decoding also
+fills `window` and `pool` (None otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from lookahead_jax import kv_cache
+from lookahead_jax.config import LlamaConfig
+from lookahead_jax.kv_cache import KVCache
+from lookahead_jax.model import Params, causal_mask, forward
+from lookahead_jax.ngram_pool import NGramPool
+from lookahead_jax.sampling import SamplingConfig, choose_tokens
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DecodeState:
+    cache: KVCache
+    tokens: jax.Array  # [B, S] int32, see module docstring
+    step_of_token: jax.Array  # [B, S] int32: the step that emitted each new token (0 = prefill)
+    prompt_len: jax.Array  # [B] int32
+    n_out: jax.Array  # [B] int32 new tokens emitted (EOS excluded)
+    max_new: jax.Array  # [B] int32 budget per row
+    done: jax.Array  # [B] bool
+    steps: jax.Array  # [B] int32 forward passes after prefill while the row was active
+    keys: jax.Array  # [B, 2] uint32 per-row PRNG keys
+    accept_hist: jax.Array  # [B, C] int32: steps that emitted 1..C tokens
+    window: jax.Array | None = None  # [B, N-1, W] lookahead window
+    pool: NGramPool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+    """Everything static about a decode: a jit static argument."""
+
+    model: LlamaConfig
+    sampling: SamplingConfig
+    eos_ids: tuple[int, ...]
+    lookahead: object | None = None  # LookaheadConfig, or None for plain decoding
+
+    @property
+    def max_emit(self) -> int:
+        """Most tokens one step can emit (also the width of a KV commit)."""
+        return 1 if self.lookahead is None else self.lookahead.n
+
+
+def slots_needed(prompt_bucket: int, max_new_cap: int, max_emit: int) -> int:
+    """Cache/token-buffer slots so that no fixed-size write ever goes out of bounds."""
+    return prompt_bucket + max_new_cap + max_emit
+
+
+def emit(state: DecodeState, spec: DecodeSpec, new_bc, count_b) -> DecodeState:
+    """Append up to `count_b` of the tokens `new_bc [B, C]` to each active row.
+
+    A row stops at its first EOS (the EOS itself is not kept) or when it reaches
+    its budget, even in the middle of the C tokens.
+    """
+    C = new_bc.shape[1]
+    active = ~state.done
+    count_b = jnp.where(active, count_b, 0)
+    i = jnp.arange(C)[None]
+    is_eos = jnp.isin(new_bc, jnp.asarray(spec.eos_ids, jnp.int32)) & (i < count_b[:, None])
+    first_eos = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, axis=-1), C)
+    k = jnp.minimum(jnp.minimum(count_b, first_eos), state.max_new - state.n_out)
+    k = jnp.where(active, k, 0)
+    n_out = state.n_out + k
+    done = state.done | (active & ((first_eos < count_b) | (n_out >= state.max_new)))
+
+    start = state.prompt_len + state.n_out  # first free slot of each row
+    write = jax.vmap(lambda row, vals, s: jax.lax.dynamic_update_slice(row, vals, (s,)))
+    tokens = jnp.where(active[:, None], write(state.tokens, new_bc, start), state.tokens)
+    step_id = jnp.broadcast_to(state.steps[:, None], new_bc.shape).astype(jnp.int32)
+    step_of = jnp.where(
+        active[:, None], write(state.step_of_token, step_id, start), state.step_of_token
+    )
+    return dataclasses.replace(state, tokens=tokens, step_of_token=step_of, n_out=n_out, done=done)
+
+
+def prefill(
+    params: Params,
+    prompt_bp: jax.Array,
+    prompt_len_b: jax.Array,
+    max_new_b: jax.Array,
+    keys_b2: jax.Array,
+    *,
+    spec: DecodeSpec,
+    max_new_cap: int,
+) -> DecodeState:
+    """Run the prompts [B, P] (right-padded), fill the cache, emit the first new token."""
+    B, P = prompt_bp.shape
+    S = slots_needed(P, max_new_cap, spec.max_emit)
+    positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+    last = (prompt_len_b - 1)[:, None]
+    logits, k, v = forward(params, spec.model, prompt_bp, positions, causal_mask(P), None, last)
+    cache = kv_cache.init_cache(spec.model, B, S, params["embed"].dtype)
+    cache = kv_cache.write_prefix(cache, k, v, prompt_len_b)
+    tokens = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt_bp)
+    state = DecodeState(
+        cache=cache,
+        tokens=tokens,
+        step_of_token=jnp.zeros((B, S), jnp.int32),
+        prompt_len=prompt_len_b.astype(jnp.int32),
+        n_out=jnp.zeros((B,), jnp.int32),
+        max_new=max_new_b.astype(jnp.int32),
+        done=max_new_b <= 0,
+        steps=jnp.zeros((B,), jnp.int32),
+        keys=keys_b2,
+        accept_hist=jnp.zeros((B, spec.max_emit), jnp.int32),
+    )
+    first = choose_tokens(logits, spec.sampling, keys_b2, jnp.zeros((B, 1), jnp.int32))
+    return emit(state, spec, first, jnp.ones((B,), jnp.int32))
+
+
+def input_tokens(state: DecodeState) -> jax.Array:
+    """The newest token of each row [B] (not yet in the cache)."""
+    return jnp.take_along_axis(state.tokens, state.cache.lengths[:, None], axis=1)[:, 0]

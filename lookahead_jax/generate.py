@@ -1,0 +1,250 @@
+"""Command line: python -m lookahead_jax.generate [--ckpt CKPT] --prompt TEXT [options]
+
+Prints the generated text on stdout (or one JSON object with --json) and a
+stats line on stderr. Bad input: one line on stderr, exit code 2. Ctrl-C: the
+text so far and the stats, exit code 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from lookahead_jax.cli_errors import EXIT_INTERRUPTED, run_cli
+from lookahead_jax.errors import MissingFileError, UserInputError
+
+GREEN, RESET = "\x1b[32m", "\x1b[0m"
+
+
+def parse_lookahead(text: str):
+    """'N,W,G' -> LookaheadConfig; 'auto' -> 'auto'."""
+    from lookahead_jax.lookahead import LookaheadConfig
+
+    if text.strip().lower() == "auto":
+        return "auto"
+    parts = text.split(",")
+    try:
+        n, w, g = (int(p) for p in parts)
+    except ValueError:
+        raise UserInputError(
+            f"--lookahead must be N,W,G (three integers, e.g. 5,7,7) or auto, got {text!r}"
+        ) from None
+    return LookaheadConfig(n, w, g)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m lookahead_jax.generate",
+        description="Generate text with lookahead decoding (exact: greedy output equals "
+        "plain greedy decoding; sampling keeps the model's distribution).",
+    )
+    p.add_argument(
+        "--ckpt",
+        default="smollm2-135m",
+        help="checkpoint directory from checkpoints_convert, or smollm2-135m for the "
+        "bundled SmolLM2-135M-Instruct (default)",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt-file", help="read the prompt from this file (all of it)")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap the prompt in the tokenizer's chat template as a user turn",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=256, help="token budget (default 256)")
+    la = p.add_mutually_exclusive_group()
+    la.add_argument(
+        "--lookahead",
+        default=None,
+        metavar="N,W,G",
+        help="lookahead n-gram size N, window W, candidates G "
+        "(default: the built-in default config, see README)",
+    )
+    la.add_argument("--no-lookahead", action="store_true", help="plain decoding")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    p.add_argument(
+        "--color",
+        action="store_true",
+        help="show tokens that came from verified guesses (2nd+ token of a step) in green",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+class StreamPrinter:
+    """Incremental detokenisation: prints each token's text once it is complete
+    (a multi-byte character split over tokens waits for its last byte); with
+    `color`, tokens flagged as verified guesses are printed in green."""
+
+    def __init__(self, tokenizer, color: bool, out=None):
+        self.tok, self.color, self.out = tokenizer, color, out or sys.stdout
+        self.ids: list[int] = []
+        self.printed = ""
+
+    def add(self, new_ids: list[int], guessed: list[bool]) -> None:
+        for token, is_guess in zip(new_ids, guessed, strict=True):
+            self.ids.append(token)
+            text = self.tok.decode(self.ids)
+            if text.endswith("\ufffd") or not text.startswith(self.printed):
+                continue  # incomplete character, or the detokeniser rewrote earlier text
+            piece = text[len(self.printed) :]
+            self.out.write(f"{GREEN}{piece}{RESET}" if self.color and is_guess and piece else piece)
+            self.printed = text
+        self.out.flush()
+
+    def finish(self) -> None:
+        text = self.tok.decode(self.ids)
+        if text.startswith(self.printed):
+            self.out.write(text[len(self.printed) :])
+        self.out.write("\n")
+        self.out.flush()
+
+
+def guessed_flags(step_of_token: list[int]) -> list[bool]:
+    """True for every token after the first of its step (it came from a verified guess)."""
+    return [i > 0 and s == step_of_token[i - 1] and s > 0 for i, s in enumerate(step_of_token)]
+
+
+def stats_line(out, total_s: float) -> str:
+    s = out.stats
+    la = s["config"]["lookahead"]
+    mode = "plain" if la is None else f"lookahead N,W,G={la['n']},{la['w']},{la['g']}"
+    return (
+        f"[{mode}] {s['new_tokens']} tokens in {s['decode_s'] + s['prefill_s']:.2f} s "
+        f"({s['tokens_per_s']:.1f} tokens/s), {s['steps']} steps, compression "
+        f"{s['compression']:.2f}, prefill {s['prefill_s']:.2f} s, compile {s['compile_s']:.2f} s, "
+        f"total {total_s:.1f} s"
+    )
+
+
+def json_record(out, total_s: float) -> dict:
+    s = out.stats
+    return {
+        "text": out.texts[0] if out.texts else None,
+        "token_ids": out.token_ids[0],
+        "new_tokens": s["new_tokens"],
+        "steps": s["steps"],
+        "compression": s["compression"],
+        "decode_s": s["decode_s"],
+        "tokens_per_s": s["tokens_per_s"],
+        "prefill_s": s["prefill_s"],
+        "compile_s": s["compile_s"],
+        "load_s": s.get("load_s"),
+        "total_s": total_s,
+        "accepted_hist": s["accepted_hist"],
+        "interrupted": s["interrupted"],
+        "config": s["config"],
+    }
+
+
+def main(argv=None) -> int:
+    t_start = time.perf_counter()
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return run_cli(lambda: _run(args, t_start), debug=args.debug)
+
+
+def _read_prompt(args) -> str:
+    if args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise MissingFileError(f"--prompt-file not found: {args.prompt_file}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserInputError(f"cannot read --prompt-file {args.prompt_file}: {e}") from None
+    elif args.prompt is not None:
+        text = args.prompt
+    else:
+        raise UserInputError("no prompt: give --prompt TEXT or --prompt-file FILE")
+    if not text.strip():
+        raise UserInputError("the prompt is empty")
+    return text
+
+
+def _validate(args):
+    """Everything checkable before loading the model, so bad flags fail fast."""
+    from lookahead_jax.loading import resolve_dtype
+    from lookahead_jax.lookahead import DEFAULT_LOOKAHEAD
+    from lookahead_jax.sampling import SamplingConfig
+
+    if args.stream and args.json:
+        raise UserInputError("--stream and --json cannot be combined")
+    if args.max_new_tokens <= 0:
+        raise UserInputError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
+    SamplingConfig(args.temperature, args.top_k, args.top_p)
+    resolve_dtype(args.dtype)
+    if args.no_lookahead:
+        lookahead = None
+    elif args.lookahead is None:
+        lookahead = DEFAULT_LOOKAHEAD
+    else:
+        lookahead = parse_lookahead(args.lookahead)
+    return _read_prompt(args), lookahead
+
+
+def _run(args, t_start: float) -> int:
+    prompt, lookahead = _validate(args)
+    import lookahead_jax as lj
+
+    t = time.perf_counter()
+    model = lj.load(args.ckpt, dtype=args.dtype)
+    load_s = time.perf_counter() - t
+    if model.tokenizer is None:
+        raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; text prompts need one")
+    if lookahead == "auto":
+        raise UserInputError("--lookahead auto is not available yet; give N,W,G")
+
+    printer = StreamPrinter(model.tokenizer, args.color) if args.stream else None
+
+    def on_tokens(new_rows):
+        # one call per forward pass: its first token is the model's, the rest were guesses
+        printer.add(new_rows[0], [i > 0 for i in range(len(new_rows[0]))])
+
+    kwargs = dict(
+        max_new_tokens=args.max_new_tokens,
+        lookahead=lookahead,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        chat=args.chat,
+    )
+    interrupted = False
+    try:
+        if printer is not None:
+            out = lj.generate(model, [prompt], stream=on_tokens, **kwargs)
+        else:
+            out = lj.generate(model, [prompt], steps_per_call=16, **kwargs)
+    except lj.GenerationInterrupted as e:
+        out, interrupted = e.partial, True
+    out.stats["load_s"] = load_s
+    total_s = time.perf_counter() - t_start
+
+    if args.json:
+        print(json.dumps(json_record(out, total_s)))
+    elif printer is not None:
+        printer.finish()
+    else:
+        if args.color:
+            p = StreamPrinter(model.tokenizer, True)
+            p.add(out.token_ids[0], guessed_flags(out.step_of_token[0]))
+            p.finish()
+        else:
+            print(out.texts[0], flush=True)
+    print(stats_line(out, total_s), file=sys.stderr)
+    return EXIT_INTERRUPTED if interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""`generate`: prompts in, tokens and stats out — plain or lookahead, greedy or sampled.
+
+Prompts are right-padded to a bucket length (powers of two from 16) and the
+token budget is rounded up to a power of two, so a new prompt length rarely
+means a new compilation; compiled programs are kept per shape in this process
+and in JAX's persistent compilation cache across processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lookahead_jax import loops
+from lookahead_jax.decode_state import DecodeSpec, DecodeState
+from lookahead_jax.errors import UserInputError
+from lookahead_jax.loading import Model
+from lookahead_jax.lookahead import LookaheadConfig
+from lookahead_jax.sampling import SamplingConfig, row_keys
+
+MIN_PROMPT_BUCKET = 16
+
+
+def bucket(n: int, minimum: int = MIN_PROMPT_BUCKET) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    return max(minimum, 1 << max(n - 1, 0).bit_length())
+
+
+@dataclasses.dataclass
+class GenerationOutput:
+    token_ids: list[list[int]]  # new tokens per row, cut at EOS (EOS not included)
+    texts: list[str] | None  # decoded token_ids (None without a tokenizer)
+    steps: list[int]  # forward passes per row after prefill
+    stats: dict  # decode_s, prefill_s, compile_s, tokens_per_s, compression, ...
+    step_of_token: list[list[int]]  # per new token: the step that emitted it (0 = prefill)
+
+
+class GenerationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during generate(); `.partial` holds what was generated so far."""
+
+    def __init__(self, partial: GenerationOutput):
+        super().__init__("generation interrupted")
+        self.partial = partial
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(name: str, fn, *args, **static):
+    """AOT-compile `fn` for these argument shapes once per process; return (exe, seconds)."""
+    leaves, tree = jax.tree.flatten(args)
+    shapes = tuple((a.shape, str(a.dtype), getattr(a, "sharding", None)) for a in leaves)
+    key = (name, tree, shapes, tuple(sorted(static.items())))
+    if key in _COMPILED:
+        return _COMPILED[key], 0.0
+    t = time.perf_counter()
+    exe = fn.lower(*args, **static).compile()
+    _COMPILED[key] = exe
+    return exe, time.perf_counter() - t
+
+
+def encode_prompts(model: Model, prompts, chat: bool) -> list[list[int]]:
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise UserInputError("prompts must be a non-empty list of strings or of token-id lists")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if model.tokenizer is None:
+                raise UserInputError("this checkpoint has no tokenizer; pass token ids")
+            if not p.strip():
+                raise UserInputError(f"prompt {i} is empty")
+            ids = model.tokenizer.encode_prompt(p, chat)
+        else:
+            if chat:
+                raise UserInputError("chat=True needs text prompts, not token ids")
+            ids = [int(t) for t in p]
+        if not ids:
+            raise UserInputError(f"prompt {i} encodes to no tokens")
+        bad = [t for t in ids if not 0 <= t < model.cfg.vocab_size]
+        if bad:
+            raise UserInputError(
+                f"prompt {i} has token ids outside [0, {model.cfg.vocab_size}): {bad[:5]}"
+            )
+        out.append(ids)
+    return out
+
+
+def generate(
+    model: Model,
+    prompts,
+    max_new_tokens: int = 256,
+    lookahead: LookaheadConfig | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    chat: bool = False,
+    stream: Callable[[list[list[int]]], None] | None = None,
+    steps_per_call: int | None = None,
+) -> GenerationOutput:
+    """Generate up to `max_new_tokens` new tokens for each prompt (a batch).
+
+    prompts: list of strings (tokenised, with the chat template if `chat`) or of
+        token-id lists; a single string is a batch of one.
+    lookahead: LookaheadConfig(n, w, g), or None for plain decoding.
+    temperature 0 (or top_k=1) is greedy; otherwise sampling with top_k / top_p,
+        reproducible from `seed` (row b uses fold_in(seed, b)).
+    stream: if given, decoding runs in a host loop and `stream(new)` is called after
+        the prefill and after every step with each row's newly emitted token ids.
+    steps_per_call: without `stream`, the on-device loop returns to the host every
+        this many steps (to notice Ctrl-C); None runs the whole decode in one call.
+
+    Raises UserInputError (a ValueError) on bad arguments; GenerationInterrupted
+    (a KeyboardInterrupt carrying the partial output) on Ctrl-C.
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
+        raise UserInputError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if max_new_tokens <= 0:
+        raise UserInputError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+    if lookahead is not None and not isinstance(lookahead, LookaheadConfig):
+        raise UserInputError("lookahead must be a LookaheadConfig or None")
+    sampling = SamplingConfig(float(temperature), top_k, top_p)
+    cfg = model.cfg
+    ids = encode_prompts(model, prompts, chat)
+    longest = max(len(p) for p in ids)
+    if longest + max_new_tokens > cfg.max_position_embeddings:
+        raise UserInputError(
+            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"model's context of {cfg.max_position_embeddings} tokens"
+        )
+
+    spec = DecodeSpec(model=cfg, sampling=sampling, eos_ids=model.eos_ids, lookahead=lookahead)
+    B, P, cap = len(ids), bucket(longest), bucket(max_new_tokens)
+    prompt = np.zeros((B, P), np.int32)
+    for b, p in enumerate(ids):
+        prompt[b, : len(p)] = p
+    args = (
+        model.params,
+        jnp.asarray(prompt),
+        jnp.asarray([len(p) for p in ids], jnp.int32),
+        jnp.full((B,), max_new_tokens, jnp.int32),
+        row_keys(seed, B),
+    )
+
+    start_exe, compile_s = _compiled("start", loops.start, *args, spec=spec, max_new_cap=cap)
+    t0 = time.perf_counter()
+    state = start_exe(*args)
+    jax.block_until_ready(state)
+    prefill_s = time.perf_counter() - t0
+
+    interrupted = False
+    t0 = time.perf_counter()
+    try:
+        if stream is not None:
+            state, c = _host_loop(model, spec, state, stream)
+        else:
+            state, c = _device_loop(model, spec, state, steps_per_call or cap + 1)
+        compile_s += c
+    except KeyboardInterrupt as e:
+        interrupted = True
+        state = getattr(e, "state", None)
+        if state is None:
+            raise
+    jax.block_until_ready(state)
+    decode_s = time.perf_counter() - t0
+    out = _output(model, spec, state, prefill_s, decode_s, compile_s, interrupted)
+    if interrupted:
+        raise GenerationInterrupted(out)
+    return out
+
+
+def _device_loop(model: Model, spec: DecodeSpec, state: DecodeState, steps_per_call: int):
+    exe, compile_s = _compiled(
+        "run_loop", loops.run_loop, model.params, state, jnp.int32(steps_per_call), spec=spec
+    )
+    try:
+        while True:
+            state = exe(model.params, state, jnp.int32(steps_per_call))
+            if bool(np.asarray(state.done).all()):
+                break
+    except KeyboardInterrupt as e:
+        e.state = state  # the last completed state: nothing half-done
+        raise
+    return state, compile_s
+
+
+def _host_loop(model: Model, spec: DecodeSpec, state: DecodeState, stream):
+    exe, compile_s = _compiled("step", loops.step, model.params, state, spec=spec)
+    prompt_len = np.asarray(state.prompt_len)
+    sent = np.zeros_like(prompt_len)
+
+    def flush(state):
+        n_out = np.asarray(state.n_out)
+        if (n_out > sent).any():
+            tokens = np.asarray(state.tokens)
+            new = [
+                tokens[b, prompt_len[b] + sent[b] : prompt_len[b] + n_out[b]].tolist()
+                for b in range(len(n_out))
+            ]
+            sent[:] = n_out
+            stream(new)
+
+    try:
+        flush(state)
+        while not bool(np.asarray(state.done).all()):
+            state = exe(model.params, state)
+            flush(state)
+    except KeyboardInterrupt as e:
+        e.state = state
+        raise
+    return state, compile_s
+
+
+def _output(model, spec, state, prefill_s, decode_s, compile_s, interrupted) -> GenerationOutput:
+    tokens = np.asarray(state.tokens)
+    step_of = np.asarray(state.step_of_token)
+    prompt_len = np.asarray(state.prompt_len)
+    n_out = np.asarray(state.n_out)
+    steps = np.asarray(state.steps).tolist()
+    token_ids = [
+        tokens[b, prompt_len[b] : prompt_len[b] + n_out[b]].tolist() for b in range(len(n_out))
+    ]
+    step_of_token = [
+        step_of[b, prompt_len[b] : prompt_len[b] + n_out[b]].tolist() for b in range(len(n_out))
+    ]
+    texts = None
+    if model.tokenizer is not None:
+        texts = [model.tokenizer.decode(t) for t in token_ids]
+    new_tokens = int(n_out.sum())
+    total_steps = int(sum(steps))
+    hist = np.asarray(state.accept_hist).sum(0).tolist()  # steps that emitted 1..N tokens
+    stats = {
+        "new_tokens": new_tokens,
+        "steps": total_steps,
+        # new tokens per forward pass after the prefill (the prefill's token counts too)
+        "compression": new_tokens / max(total_steps, 1),
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "compile_s": compile_s,
+        "tokens_per_s": new_tokens / (prefill_s + decode_s) if new_tokens else 0.0,
+        "step_ms": 1000 * decode_s / max(int(np.asarray(state.steps).max()), 1),
+        "accepted_hist": {str(i + 1): int(c) for i, c in enumerate(hist)},
+        "batch": len(n_out),
+        "interrupted": interrupted,
+        "config": {
+            "lookahead": None if spec.lookahead is None else spec.lookahead.describe(),
+            "dtype": str(jnp.dtype(model.dtype)),
+            **spec.sampling.describe(),
+        },
+    }
+    return GenerationOutput(
+        token_ids=token_ids, texts=texts, steps=steps, stats=stats, step_of_token=step_of_token
+    )

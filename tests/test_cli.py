@@ -1,0 +1,95 @@
+"""The generate CLI: the --json contract, streaming, and that it equals the Python API."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import lookahead_jax as lj
+
+JSON_FIELDS = {
+    "text",
+    "token_ids",
+    "new_tokens",
+    "steps",
+    "compression",
+    "decode_s",
+    "tokens_per_s",
+    "prefill_s",
+    "compile_s",
+    "config",
+}
+
+
+def run_cli(*args, timeout=300, **kw):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run(
+        [sys.executable, "-m", "lookahead_jax.generate", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        **kw,
+    )
+
+
+@pytest.mark.smollm
+def test_json_contract_and_api_agreement(smollm2, smollm2_ckpt):
+    prompt = "List three colours."
+    r = run_cli(
+        "--ckpt",
+        str(smollm2_ckpt),
+        "--prompt",
+        prompt,
+        "--chat",
+        "--max-new-tokens",
+        "24",
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1
+    rec = json.loads(lines[0])
+    assert set(rec) >= JSON_FIELDS
+    assert rec["new_tokens"] == len(rec["token_ids"]) <= 24
+    assert rec["compression"] == pytest.approx(rec["new_tokens"] / max(rec["steps"], 1))
+    assert rec["config"]["dtype"] == "float32" and rec["config"]["lookahead"] is not None
+    api = lj.generate(smollm2, [prompt], max_new_tokens=24, chat=True)
+    assert rec["token_ids"] == api.token_ids[0]
+    assert rec["text"] == api.texts[0]
+    assert "tokens/s" in r.stderr
+
+
+@pytest.mark.smollm
+def test_stream_plain_equals_lookahead_text(smollm2_ckpt):
+    common = (
+        "--ckpt",
+        str(smollm2_ckpt),
+        "--prompt",
+        "Count from one to ten in words.",
+        "--chat",
+        "--max-new-tokens",
+        "40",
+    )
+    a = run_cli(*common, "--stream", "--no-lookahead")
+    b = run_cli(*common, "--stream", "--lookahead", "4,4,4")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout == b.stdout and len(a.stdout) > 20
+    assert "[plain]" in a.stderr and "[lookahead N,W,G=4,4,4]" in b.stderr
+
+
+def test_bad_flags_exit_2_before_loading_anything():
+    for args, needle in [
+        (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--prompt", "x", "--lookahead", "5,x,7"], "--lookahead"),
+        (["--prompt", "x", "--temperature", "-1"], "temperature"),
+        (["--prompt", "   "], "empty"),
+        ([], "no prompt"),
+        (["--prompt", "x", "--ckpt", "/nonexistent/ckpt"], "not found"),
+    ]:
+        r = run_cli(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert needle in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -1,0 +1,238 @@
+"""Conversion round trips (safetensors, sharded, .bin, bf16, GGUF) and atomic, checked output."""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import lookahead_jax as lj
+from checkpoints_convert.convert import convert
+from lookahead_jax.model import flatten
+from tests import tiny
+from tests.test_model_parity import full_forward
+
+
+def hf_logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.as_tensor(ids)).logits.numpy()
+
+
+IDS = np.random.default_rng(0).integers(0, tiny.VOCAB, (1, 40))
+
+
+def test_safetensors_params_are_exact(tiny_ckpts):
+    hf_dir, ckpt = tiny_ckpts["gqa"]
+    hf = tiny.load_hf(hf_dir)
+    params = flatten(lj.load(ckpt).params)
+    sd = hf.state_dict()
+    cfg = hf.config
+    wq = sd["model.layers.1.self_attn.q_proj.weight"].numpy()
+    np.testing.assert_array_equal(
+        np.asarray(params["layers/wq"][1]), wq.T.reshape(cfg.hidden_size, 4, -1)
+    )
+    np.testing.assert_array_equal(np.asarray(params["embed"]), sd["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(np.asarray(params["lm_head"]), sd["lm_head.weight"].numpy().T)
+
+
+@pytest.mark.parametrize("layout", ["sharded_safetensors", "bin", "sharded_bin", "bf16"])
+def test_round_trip(tmp_path, layout):
+    hf = tiny.hf_model("gqa", seed=3)
+    src = tmp_path / "hf"
+    if layout == "sharded_safetensors":
+        hf.save_pretrained(src, max_shard_size="20KB")
+        assert (src / "model.safetensors.index.json").is_file()
+    elif layout == "bin":
+        tiny.save_bin(hf, src)
+    elif layout == "sharded_bin":
+        tiny.save_bin(hf, src, shards=3)
+    else:
+        hf.to(torch.bfloat16).save_pretrained(src)
+        hf = tiny.load_hf(src)  # bf16-valued weights, computed in float32
+    convert(src, tmp_path / "ckpt", progress=False)
+    model = lj.load(tmp_path / "ckpt")
+    np.testing.assert_allclose(full_forward(model, IDS), hf_logits(hf, IDS), atol=1e-4)
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf.py does to q/k rows."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def write_tiny_gguf(hf, path: Path, quant: str = "F32") -> None:
+    import gguf
+
+    cfg = hf.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_eos_token_id(2)
+    names = {"embed_tokens": "token_embd", "norm": "output_norm"}
+    qtype = getattr(gguf.GGMLQuantizationType, quant)
+    for name, t in hf.state_dict().items():
+        w = t.numpy().astype(np.float32)
+        if name == "lm_head.weight":
+            gname = "output.weight"
+        elif name.startswith("model.layers."):
+            i, rest = name[len("model.layers.") :].split(".", 1)
+            rest = {
+                "input_layernorm.weight": "attn_norm.weight",
+                "post_attention_layernorm.weight": "ffn_norm.weight",
+                "self_attn.q_proj.weight": "attn_q.weight",
+                "self_attn.k_proj.weight": "attn_k.weight",
+                "self_attn.v_proj.weight": "attn_v.weight",
+                "self_attn.o_proj.weight": "attn_output.weight",
+                "mlp.gate_proj.weight": "ffn_gate.weight",
+                "mlp.up_proj.weight": "ffn_up.weight",
+                "mlp.down_proj.weight": "ffn_down.weight",
+            }[rest]
+            gname = f"blk.{i}.{rest}"
+            if rest == "attn_q.weight":
+                w = llama_cpp_permute(w, cfg.num_attention_heads)
+            if rest == "attn_k.weight":
+                w = llama_cpp_permute(w, cfg.num_key_value_heads)
+        else:
+            gname = names[name.split(".")[1]] + ".weight"
+        if w.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gname, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gname, w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_round_trip_undoes_the_qk_permutation(tmp_path):
+    hf = tiny.hf_model("gqa", seed=4)
+    write_tiny_gguf(hf, tmp_path / "tiny.gguf")
+    convert(tmp_path / "tiny.gguf", tmp_path / "ckpt", progress=False)
+    model = lj.load(tmp_path / "ckpt")
+    np.testing.assert_allclose(full_forward(model, IDS), hf_logits(hf, IDS), atol=1e-4)
+    assert model.cfg.eos_token_ids == (2,) and not model.cfg.tie_word_embeddings
+
+
+def test_gguf_quantized_round_trip(tmp_path):
+    import gguf
+
+    hf = tiny.hf_model("gqa", seed=5, hidden_size=64, intermediate_size=128)
+    write_tiny_gguf(hf, tmp_path / "q8.gguf", quant="Q8_0")
+    convert(tmp_path / "q8.gguf", tmp_path / "ckpt", progress=False)
+    params = flatten(lj.load(tmp_path / "ckpt").params)
+    w = hf.state_dict()["model.layers.0.mlp.up_proj.weight"].numpy()
+    q = gguf.quants.dequantize(
+        gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+    )
+    np.testing.assert_array_equal(np.asarray(params["layers/w_up"][0]), q.T)
+    assert np.abs(q - w).max() > 0  # really quantized
+
+
+@pytest.mark.smollm
+def test_smollm2_gguf_checkpoint(smollm2_ckpt):
+    manifest = json.loads((smollm2_ckpt / "manifest.json").read_text())
+    assert manifest["source"]["kind"] == "gguf"
+    assert len(manifest["tensors"]) == 11  # tied embeddings: no lm_head
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        assert (smollm2_ckpt / name).is_file()
+
+
+# ---------------------------------------------------------------- atomic, checked output
+
+
+def leftovers(parent: Path, name: str) -> list[str]:
+    return [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.")]
+
+
+def test_failed_conversion_leaves_nothing(tmp_path, tiny_ckpts):
+    hf_dir, _ = tiny_ckpts["gqa"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((hf_dir / "config.json").read_text())
+    # a config that asks for more layers than the weights have
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg["num_hidden_layers"] = 3
+    (broken / "config.json").write_text(json.dumps(cfg))
+    os.symlink(hf_dir / "model.safetensors", broken / "model.safetensors")
+    with pytest.raises(ValueError, match="missing"):
+        convert(broken, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
+
+
+def test_interrupted_conversion_leaves_nothing(tmp_path, tiny_ckpts, monkeypatch):
+    from lookahead_jax import checkpoint
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "write_params", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        convert(tiny_ckpts["gqa"][0], tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path, "out") == []
+
+
+def test_existing_out_needs_force(tmp_path, tiny_ckpts):
+    hf_dir, _ = tiny_ckpts["mha"]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(ValueError, match="already exists"):
+        convert(hf_dir, out, progress=False)
+    assert (out / "keep.txt").is_file()
+    convert(hf_dir, out, force=True, progress=False)
+    assert not (out / "keep.txt").exists() and (out / "manifest.json").is_file()
+    assert leftovers(tmp_path, "out") == []
+
+
+def test_damaged_checkpoints_are_detected(tmp_path, tiny_ckpts):
+    import shutil
+
+    src = tiny_ckpts["gqa"][1]
+
+    def copy(name):
+        dst = tmp_path / name
+        shutil.copytree(src, dst)
+        return dst
+
+    biggest = max(
+        (p for p in (src / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
+    ).relative_to(src)
+    truncated = copy("truncated")
+    f = truncated / biggest
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    corrupted = copy("corrupted")
+    f = corrupted / biggest
+    data = bytearray(f.read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 64] = os.urandom(64)
+    f.write_bytes(bytes(data))
+    missing = copy("missing")
+    (missing / biggest).unlink()
+    no_manifest = copy("no_manifest")
+    (no_manifest / "manifest.json").unlink()
+    bad_config = copy("bad_config")
+    cfg = json.loads((bad_config / "config.json").read_text())
+    cfg["hidden_size"] = 96
+    (bad_config / "config.json").write_text(json.dumps(cfg))
+    for d, match in [
+        (truncated, "damaged"),
+        (corrupted, "damaged"),
+        (missing, "damaged"),
+        (no_manifest, "not a lookahead_jax checkpoint"),
+        (bad_config, "damaged"),
+    ]:
+        with pytest.raises(lj.CheckpointError, match=match):
+            model = lj.load(d)
+            # data corrupted without changing sizes may only show when read
+            full_forward(model, IDS)

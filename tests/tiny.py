@@ -1,0 +1,113 @@
+"""Random tiny Hugging Face Llama models, saved with save_pretrained and converted.
+
+Weights are drawn with a larger std than HF's init so the next-token
+distributions are peaked: greedy decoding then has clear winners and a
+divergence means a bug, not a coin flip between near-equal logits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+VOCAB = 128
+
+VARIANTS = {
+    # name: LlamaConfig overrides
+    "mha": dict(num_attention_heads=4, num_key_value_heads=4),
+    "gqa": dict(num_attention_heads=4, num_key_value_heads=2),
+    "mqa": dict(num_attention_heads=4, num_key_value_heads=1),
+    "tied": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "llama3": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
+    "linear": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    ),
+    "eight_heads": dict(num_attention_heads=8, num_key_value_heads=8, hidden_size=64),
+}
+
+
+def hf_config(name: str, **extra):
+    from transformers import LlamaConfig
+
+    kw = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
+    )
+    kw.update(VARIANTS[name])
+    kw.update(extra)
+    return LlamaConfig(**kw)
+
+
+def hf_model(name: str, seed: int = 0, std: float = 0.15, **extra):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(hf_config(name, **extra)).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, std)
+    return model
+
+
+def save_bin(model, directory: Path, shards: int = 1) -> None:
+    """Write PyTorch .bin weights (transformers 5 only writes safetensors)."""
+    import torch
+
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(directory)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if shards == 1:
+        torch.save(state, directory / "pytorch_model.bin")
+        return
+    names = list(state)
+    weight_map = {}
+    for i in range(shards):
+        part = {k: state[k] for k in names[i::shards]}
+        fname = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
+        torch.save(part, directory / fname)
+        weight_map.update({k: fname for k in part})
+    (directory / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+
+
+def build(root: Path, name: str) -> tuple[Path, Path]:
+    """Save variant `name` as safetensors and convert it; return (hf_dir, ckpt_dir)."""
+    from checkpoints_convert.convert import convert
+
+    hf_dir, ckpt = root / f"{name}-hf", root / f"{name}-ckpt"
+    hf_model(name).save_pretrained(hf_dir)
+    convert(hf_dir, ckpt, progress=False)
+    return hf_dir, ckpt
+
+
+def load_hf(hf_dir: Path, dtype=None):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(hf_dir, dtype=dtype or torch.float32).eval()
