@@ -59,9 +59,12 @@ def commit(cache: KVCache, new_k, new_v, src_bc, count_b) -> KVCache:
     the garbage past the length that the class docstring allows. The caller
     guarantees `lengths + C <= S` (a clamped slice would overwrite real K/V).
     """
+    # Garbage slots are multiplied by zero attention weights, so they must stay finite:
+    # clip (never fill with NaN) any index a caller computes for an unused slot.
     idx = src_bc[None, :, :, None, None]
-    sel_k = jnp.take_along_axis(new_k, idx, axis=2).astype(cache.k.dtype)  # [L, B, C, K, Dh]
-    sel_v = jnp.take_along_axis(new_v, idx, axis=2).astype(cache.v.dtype)
+    take = lambda x: jnp.take_along_axis(x, idx, axis=2, mode="clip")  # noqa: E731
+    sel_k = take(new_k).astype(cache.k.dtype)  # [L, B, C, K, Dh]
+    sel_v = take(new_v).astype(cache.v.dtype)
 
     def write_row(dst, src, start):  # dst [L, S, K, Dh], src [L, C, K, Dh]
         return jax.lax.dynamic_update_slice_in_dim(dst, src, start, axis=1)

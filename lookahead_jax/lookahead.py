@@ -160,10 +160,10 @@ def lookahead_step(params: Params, state: DecodeState, spec: DecodeSpec) -> Deco
     emitted = jnp.concatenate([after_input[:, None], best_tail], axis=1)  # [B, N]; first a+1 real
 
     # Commit K/V of the input (index 0) and of the accepted candidate tokens.
-    src = jnp.concatenate(
-        [jnp.zeros((B, 1), jnp.int32), lay.verify_start + best[:, None] * m + jnp.arange(m)[None]],
-        axis=1,
-    )
+    src = jnp.zeros((B, 1), jnp.int32)
+    if g > 0:
+        cand_idx = lay.verify_start + best[:, None] * m + jnp.arange(m)[None]
+        src = jnp.concatenate([src, cand_idx.astype(jnp.int32)], axis=1)
     cache = kv_cache.commit(state.cache, new_k, new_v, src, jnp.where(active, a + 1, 0))
     out_before = state.n_out
     state = dataclasses.replace(

@@ -1,0 +1,172 @@
+"""Lookahead greedy decoding == plain greedy decoding, token for token.
+
+The tiny random models run in float64 so that no near-tie can hide (or fake) a
+bug: any difference is a real one. On SmolLM2 in float32 a divergence is only
+allowed where the plain model's top-2 logits are within 1e-4, checked explicitly.
+"""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import lookahead_jax as lj
+from tests import tiny
+from tests.helpers import assert_same_or_near_tie, random_prompts, with_eos
+
+LA = lj.LookaheadConfig
+CONFIGS = [
+    LA(2, 3, 2),  # N=2: bigrams, one token per candidate
+    LA(3, 1, 3),  # W=1
+    LA(4, 4, 0),  # G=0: the window runs but nothing is verified (always 1 token)
+    LA(4, 3, 16),  # G larger than the pool can fill
+    LA(5, 4, 4),
+    LA(6, 2, 3),  # N larger than some prompts
+    LA(4, 3, 3, prompt_pool=False),
+]
+MAX_NEW = 23  # not a multiple of any N above
+
+
+def repetitive_prompts(n: int, seed: int) -> list[list[int]]:
+    """Prompts that repeat a short phrase, so the prompt pool has matching n-grams."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        phrase = rng.integers(3, tiny.VOCAB, rng.integers(2, 5)).tolist()
+        out.append((phrase * 4)[: rng.integers(3, 17)])
+    return out
+
+
+# 24 prompts of 1..16 tokens (one prompt bucket): random and repetitive, 3 shorter than N.
+PROMPTS = random_prompts(12, tiny.VOCAB, 1, 16, seed=11) + repetitive_prompts(12, seed=12)
+PROMPTS[0], PROMPTS[1], PROMPTS[2] = PROMPTS[0][:1], PROMPTS[1][:2], PROMPTS[2][:3]
+
+
+@pytest.fixture(scope="module")
+def model64(tiny_ckpts):
+    with jax.enable_x64(True):
+        yield lj.load(tiny_ckpts["gqa"][1], dtype="float64")
+
+
+def run(model, prompts, batch: int, **kw):
+    """Generate in chunks of `batch` rows; returns (token_ids, steps, stats list)."""
+    tokens, steps, stats = [], [], []
+    for i in range(0, len(prompts), batch):
+        out = lj.generate(model, prompts[i : i + batch], max_new_tokens=MAX_NEW, **kw)
+        tokens += out.token_ids
+        steps += out.steps
+        stats.append(out.stats)
+    return tokens, steps, stats
+
+
+@pytest.fixture(scope="module")
+def plain64(model64):
+    with jax.enable_x64(True):
+        return run(model64, PROMPTS, 8)[0]
+
+
+@pytest.mark.parametrize("la", CONFIGS, ids=str)
+def test_lookahead_equals_plain_float64(model64, plain64, la):
+    accepted = 0
+    with jax.enable_x64(True):
+        for batch, prompts in [(8, PROMPTS), (3, PROMPTS[:9]), (1, PROMPTS[9:12])]:
+            tokens, steps, stats = run(model64, prompts, batch, lookahead=la)
+            start = PROMPTS.index(prompts[0])
+            for i, (got, s) in enumerate(zip(tokens, steps, strict=True)):
+                assert got == plain64[start + i], (la, batch, start + i)
+                assert len(got) <= MAX_NEW
+                assert s <= max(len(got), 1)
+            for st in stats:
+                hist = st["accepted_hist"]
+                assert set(hist) == {str(k) for k in range(1, la.n + 1)}
+                accepted += sum(int(k) - 1 for k, c in hist.items() for _ in range(c))
+    if la.g > 0:
+        assert accepted > 0, "no guess was ever accepted: the comparison would be vacuous"
+    else:
+        assert accepted == 0
+
+
+def test_eos_inside_an_accepted_span(model64):
+    """A row stops at an EOS that sits in the middle of a multi-token step."""
+    la = LA(5, 4, 4)
+    with jax.enable_x64(True):
+        out = lj.generate(model64, PROMPTS[12:20], max_new_tokens=40, lookahead=la)
+        found = None
+        for row, (toks, step_of) in enumerate(zip(out.token_ids, out.step_of_token, strict=True)):
+            for i in range(1, len(toks) - 1):
+                # token i is in the middle of a span of >= 3 tokens emitted by one step,
+                # and appears for the first time there
+                if step_of[i - 1] == step_of[i] == step_of[i + 1] > 0 and toks[i] not in toks[:i]:
+                    found = (row, i, toks[i])
+                    break
+            if found:
+                break
+        assert found, "no step emitted 3+ tokens; choose other prompts"
+        row, i, eos = found
+        m = with_eos(model64, (eos,))
+        prompts = PROMPTS[12:20]
+        la_out = lj.generate(m, prompts, max_new_tokens=40, lookahead=la)
+        plain = lj.generate(m, prompts, max_new_tokens=40)
+    assert la_out.token_ids[row] == out.token_ids[row][:i]
+    assert la_out.token_ids == plain.token_ids
+
+
+def test_device_loop_host_loop_and_chunks_agree(model64):
+    la = LA(4, 3, 3)
+    with jax.enable_x64(True):
+        prompts = PROMPTS[10:16]
+        device = lj.generate(model64, prompts, max_new_tokens=MAX_NEW, lookahead=la)
+        chunked = lj.generate(
+            model64, prompts, max_new_tokens=MAX_NEW, lookahead=la, steps_per_call=2
+        )
+        streamed = [[] for _ in prompts]
+        calls = []
+
+        def on_tokens(new):
+            calls.append([len(t) for t in new])
+            for row, t in zip(streamed, new, strict=True):
+                row.extend(t)
+
+        host = lj.generate(model64, prompts, max_new_tokens=MAX_NEW, lookahead=la, stream=on_tokens)
+    assert device.token_ids == chunked.token_ids == host.token_ids == streamed
+    assert device.steps == host.steps
+    assert max(max(c) for c in calls) > 1  # some callback delivered a multi-token step
+    assert all(max(c) <= la.n for c in calls)
+
+
+def test_sampling_lookahead_equals_plain_sampling(model64):
+    """With the seeded Gumbel-max rule, lookahead sampling reproduces plain sampling."""
+    la = LA(4, 3, 4)
+    kw = dict(max_new_tokens=MAX_NEW, temperature=0.8, top_k=40, top_p=0.95, seed=3)
+    with jax.enable_x64(True):
+        plain = lj.generate(model64, PROMPTS[12:20], **kw)
+        look = lj.generate(model64, PROMPTS[12:20], lookahead=la, **kw)
+    assert look.token_ids == plain.token_ids
+    assert sum(look.steps) < sum(plain.steps)  # and it did accept guesses
+
+
+@pytest.mark.smollm
+def test_smollm2_float32_lookahead_equals_plain(smollm2):
+    questions = [
+        "Write a Python function that reverses a linked list.",
+        "What are the main differences between TCP and UDP?",
+        "Summarize the plot of Romeo and Juliet in three sentences.",
+        "Solve for x: 3x + 7 = 22. Show your steps.",
+    ]
+    tok = smollm2.tokenizer
+    prompts = [tok.encode_prompt(q, chat=True) for q in questions]
+    plain = lj.generate(smollm2, prompts, max_new_tokens=64)
+    for la in (LA(5, 7, 7), LA(3, 4, 2)):
+        out = lj.generate(smollm2, prompts, max_new_tokens=64, lookahead=la)
+        for p, got, want in zip(prompts, out.token_ids, plain.token_ids, strict=True):
+            assert_same_or_near_tie(smollm2, p, got, want)
+        assert out.stats["compression"] > 1.2  # real acceptance on a real model
+
+
+def test_config_validation():
+    for bad in [(1, 3, 3), (3, 0, 3), (3, 3, -1), (3.5, 3, 3)]:
+        with pytest.raises(ValueError, match="lookahead"):
+            LA(*bad)
+    assert LA(2, 1, 0).tokens_per_step == 2 and LA(5, 15, 15).tokens_per_step == 121
+    assert hash(LA(5, 7, 7)) == hash(dataclasses.replace(LA(5, 7, 7)))
