@@ -6,6 +6,7 @@ from lookahead_jax.generation import GenerationInterrupted, GenerationOutput, ge
 from lookahead_jax.loading import Model, load
 from lookahead_jax.lookahead import LookaheadConfig
 from lookahead_jax.sampling import SamplingConfig
+from lookahead_jax.sharding import make_mesh
 
 __all__ = [
     "CheckpointError",
@@ -19,4 +20,5 @@ __all__ = [
     "UserInputError",
     "generate",
     "load",
+    "make_mesh",
 ]

@@ -70,6 +70,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    p.add_argument(
+        "--mesh",
+        default=None,
+        metavar="data=D,model=M",
+        help="shard over a device mesh, e.g. data=2,model=4 (default: one device, "
+        "or model=all local devices when the weights do not fit on one)",
+    )
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="multi-host: join jax.distributed first (also when LOOKAHEAD_JAX_DISTRIBUTED=1); "
+        "the cluster is auto-detected on TPU slices, SLURM and Open MPI, or given with the "
+        "three flags below. Each process generates its own prompt (one row per process)",
+    )
+    p.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="HOST:PORT",
+        help="multi-host: address of process 0 (default: auto-detect)",
+    )
+    p.add_argument("--num-processes", type=int, default=None, help="multi-host: process count")
+    p.add_argument("--process-id", type=int, default=None, help="multi-host: this process")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
     p.add_argument(
@@ -195,10 +217,19 @@ def _validate(args):
 
 def _run(args, t_start: float) -> int:
     prompt, lookahead = _validate(args)
+    from lookahead_jax.sharding import parse_mesh
+
+    mesh_sizes = parse_mesh(args.mesh) if args.mesh else None
+
     import lookahead_jax as lj
 
+    if args.distributed or os.environ.get("LOOKAHEAD_JAX_DISTRIBUTED") == "1":
+        from lookahead_jax import multihost
+
+        multihost.initialize(args.coordinator, args.num_processes, args.process_id)
+    mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else "auto"
     t = time.perf_counter()
-    model = lj.load(args.ckpt, dtype=args.dtype)
+    model = lj.load(args.ckpt, dtype=args.dtype, mesh=mesh)
     load_s = time.perf_counter() - t
     if model.tokenizer is None:
         raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; text prompts need one")

@@ -9,6 +9,7 @@ and in JAX's persistent compilation cache across processes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 
@@ -16,12 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax import loops
+from lookahead_jax import loops, multihost
 from lookahead_jax.decode_state import DecodeSpec, DecodeState
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.loading import Model
 from lookahead_jax.lookahead import LookaheadConfig
 from lookahead_jax.sampling import SamplingConfig, row_keys
+from lookahead_jax.sharding import check_batch
 
 MIN_PROMPT_BUCKET = 16
 
@@ -48,19 +50,32 @@ class GenerationInterrupted(KeyboardInterrupt):
         self.partial = partial
 
 
-_COMPILED: dict = {}
+_JITTED: dict = {}  # (spec, cap, mesh, start-argument shapes) -> (jitted fns, state shape)
+_COMPILED: dict = {}  # (that key, entry point name) -> compiled executable
 
 
-def _compiled(name: str, fn, *args, **static):
-    """AOT-compile `fn` for these argument shapes once per process; return (exe, seconds)."""
-    leaves, tree = jax.tree.flatten(args)
+def _executable(model: Model, spec: DecodeSpec, cap: int, start_args, name: str):
+    """AOT-compile entry point `name` once per process and shape; return (exe, seconds)."""
+    leaves, tree = jax.tree.flatten(start_args)
     shapes = tuple((a.shape, str(a.dtype), getattr(a, "sharding", None)) for a in leaves)
-    key = (name, tree, shapes, tuple(sorted(static.items())))
-    if key in _COMPILED:
-        return _COMPILED[key], 0.0
+    key = (spec, cap, model.mesh, tree, shapes)
+    if (key, name) in _COMPILED:
+        return _COMPILED[(key, name)], 0.0
     t = time.perf_counter()
-    exe = fn.lower(*args, **static).compile()
-    _COMPILED[key] = exe
+    if key not in _JITTED:
+        fns = loops.jitted(spec, cap, model.mesh, start_args)
+        state = jax.eval_shape(
+            functools.partial(loops.start, spec=spec, max_new_cap=cap), *start_args
+        )
+        _JITTED[key] = (fns, state)
+    fns, state = _JITTED[key]
+    lower_args = {
+        "start": start_args,
+        "step": (model.params, state),
+        "run_loop": (model.params, state, jnp.int32(0)),
+    }[name]
+    exe = fns[name].lower(*lower_args).compile()
+    _COMPILED[(key, name)] = exe
     return exe, time.perf_counter() - t
 
 
@@ -137,19 +152,34 @@ def generate(
         )
 
     spec = DecodeSpec(model=cfg, sampling=sampling, eos_ids=model.eos_ids, lookahead=lookahead)
-    B, P, cap = len(ids), bucket(longest), bucket(max_new_tokens)
+    # With several processes, `ids` are this process's rows; all processes must agree
+    # on the shapes, so the bucket is taken over everyone's longest prompt.
+    B = len(ids)
+    if multihost.agree_max(B) != B or multihost.agree_max(-B) != -B:
+        raise UserInputError("every process must pass the same number of prompts")
+    if multihost.agree_max(max_new_tokens) != max_new_tokens:
+        raise UserInputError("every process must pass the same max_new_tokens")
+    P, cap = bucket(multihost.agree_max(longest)), bucket(max_new_tokens)
+    check_batch(model.mesh, B * jax.process_count())
     prompt = np.zeros((B, P), np.int32)
     for b, p in enumerate(ids):
         prompt[b, : len(p)] = p
+    first_row = B * jax.process_index()
+    keys = np.asarray(row_keys(seed, first_row + B))[first_row:]
     args = (
         model.params,
-        jnp.asarray(prompt),
-        jnp.asarray([len(p) for p in ids], jnp.int32),
-        jnp.full((B,), max_new_tokens, jnp.int32),
-        row_keys(seed, B),
+        *(
+            multihost.global_rows(model.mesh, a)
+            for a in (
+                prompt,
+                np.asarray([len(p) for p in ids], np.int32),
+                np.full((B,), max_new_tokens, np.int32),
+                keys,
+            )
+        ),
     )
 
-    start_exe, compile_s = _compiled("start", loops.start, *args, spec=spec, max_new_cap=cap)
+    start_exe, compile_s = _executable(model, spec, cap, args, "start")
     t0 = time.perf_counter()
     state = start_exe(*args)
     jax.block_until_ready(state)
@@ -159,9 +189,11 @@ def generate(
     t0 = time.perf_counter()
     try:
         if stream is not None:
-            state, c = _host_loop(model, spec, state, stream)
+            exe, c = _executable(model, spec, cap, args, "step")
+            state = _host_loop(model, exe, state, stream)
         else:
-            state, c = _device_loop(model, spec, state, steps_per_call or cap + 1)
+            exe, c = _executable(model, spec, cap, args, "run_loop")
+            state = _device_loop(model, exe, state, steps_per_call or cap + 1)
         compile_s += c
     except KeyboardInterrupt as e:
         interrupted = True
@@ -176,30 +208,25 @@ def generate(
     return out
 
 
-def _device_loop(model: Model, spec: DecodeSpec, state: DecodeState, steps_per_call: int):
-    exe, compile_s = _compiled(
-        "run_loop", loops.run_loop, model.params, state, jnp.int32(steps_per_call), spec=spec
-    )
+def _device_loop(model: Model, exe, state: DecodeState, steps_per_call: int) -> DecodeState:
     try:
         while True:
             state = exe(model.params, state, jnp.int32(steps_per_call))
-            if bool(np.asarray(state.done).all()):
-                break
+            if multihost.all_true(state.done):
+                return state
     except KeyboardInterrupt as e:
         e.state = state  # the last completed state: nothing half-done
         raise
-    return state, compile_s
 
 
-def _host_loop(model: Model, spec: DecodeSpec, state: DecodeState, stream):
-    exe, compile_s = _compiled("step", loops.step, model.params, state, spec=spec)
-    prompt_len = np.asarray(state.prompt_len)
+def _host_loop(model: Model, exe, state: DecodeState, stream) -> DecodeState:
+    prompt_len = multihost.local_rows(state.prompt_len)
     sent = np.zeros_like(prompt_len)
 
     def flush(state):
-        n_out = np.asarray(state.n_out)
+        n_out = multihost.local_rows(state.n_out)
         if (n_out > sent).any():
-            tokens = np.asarray(state.tokens)
+            tokens = multihost.local_rows(state.tokens)
             new = [
                 tokens[b, prompt_len[b] + sent[b] : prompt_len[b] + n_out[b]].tolist()
                 for b in range(len(n_out))
@@ -209,21 +236,28 @@ def _host_loop(model: Model, spec: DecodeSpec, state: DecodeState, stream):
 
     try:
         flush(state)
-        while not bool(np.asarray(state.done).all()):
+        while not multihost.all_true(state.done):
             state = exe(model.params, state)
             flush(state)
+        return state
     except KeyboardInterrupt as e:
         e.state = state
         raise
-    return state, compile_s
 
 
 def _output(model, spec, state, prefill_s, decode_s, compile_s, interrupted) -> GenerationOutput:
-    tokens = np.asarray(state.tokens)
-    step_of = np.asarray(state.step_of_token)
-    prompt_len = np.asarray(state.prompt_len)
-    n_out = np.asarray(state.n_out)
-    steps = np.asarray(state.steps).tolist()
+    tokens, step_of, prompt_len, n_out, steps, hist = (
+        multihost.local_rows(a)
+        for a in (
+            state.tokens,
+            state.step_of_token,
+            state.prompt_len,
+            state.n_out,
+            state.steps,
+            state.accept_hist,
+        )
+    )
+    steps = steps.tolist()
     token_ids = [
         tokens[b, prompt_len[b] : prompt_len[b] + n_out[b]].tolist() for b in range(len(n_out))
     ]
@@ -235,7 +269,7 @@ def _output(model, spec, state, prefill_s, decode_s, compile_s, interrupted) -> 
         texts = [model.tokenizer.decode(t) for t in token_ids]
     new_tokens = int(n_out.sum())
     total_steps = int(sum(steps))
-    hist = np.asarray(state.accept_hist).sum(0).tolist()  # steps that emitted 1..N tokens
+    hist = hist.sum(0).tolist()  # steps that emitted 1..N tokens
     stats = {
         "new_tokens": new_tokens,
         "steps": total_steps,
@@ -245,7 +279,7 @@ def _output(model, spec, state, prefill_s, decode_s, compile_s, interrupted) -> 
         "decode_s": decode_s,
         "compile_s": compile_s,
         "tokens_per_s": new_tokens / (prefill_s + decode_s) if new_tokens else 0.0,
-        "step_ms": 1000 * decode_s / max(int(np.asarray(state.steps).max()), 1),
+        "step_ms": 1000 * decode_s / max(max(steps, default=0), 1),
         "accepted_hist": {str(i + 1): int(c) for i, c in enumerate(hist)},
         "batch": len(n_out),
         "interrupted": interrupted,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import jax
@@ -13,7 +14,7 @@ from lookahead_jax.cache_dir import enable_compilation_cache
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.model import Params, unflatten
-from lookahead_jax.sharding import param_shardings
+from lookahead_jax.sharding import default_mesh, param_shardings
 from lookahead_jax.tokenizer import Tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
@@ -57,15 +58,26 @@ def load(
 
     ckpt: a checkpoint directory, or "smollm2-135m" for the bundled SmolLM2-135M
     (converted into the cache directory on first use).
+    mesh: None (one device), a mesh from lj.make_mesh (params are restored straight
+    into their shards), or "auto": one device unless the params do not fit in one
+    device's memory, then data=1, model=all local devices.
     verify: check every params file against its CRC-32 (about 0.3 s per GB).
     """
     dtype = resolve_dtype(dtype)
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh) and mesh != "auto":
+        raise UserInputError(
+            f"mesh must be a jax Mesh (lj.make_mesh), 'auto' or None, not {mesh!r}"
+        )
     if compilation_cache:
         enable_compilation_cache()
     from lookahead_jax import default_model
 
     path = default_model.resolve(ckpt)
-    cfg, _ = checkpoint.read_config(path, verify=verify)
+    cfg, manifest = checkpoint.read_config(path, verify=verify)
+    if mesh == "auto":
+        per_param = jnp.dtype(dtype).itemsize
+        n_params = sum(math.prod(t["shape"]) for t in manifest["tensors"].values())
+        mesh = default_mesh(n_params * per_param)
     flat = checkpoint.read_params(path, cfg, dtype, param_shardings(cfg, mesh))
     has_tokenizer = (path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()
     tokenizer = Tokenizer(path) if has_tokenizer else None

@@ -1,0 +1,19 @@
+"""Prompt sets for the benchmarks: MT-bench first turns (by category) and a code set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MT_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "prompts" / "mt_bench.jsonl"
+
+
+def mt_bench(path: Path | None = None) -> list[dict]:
+    """[{'id', 'category', 'prompt'}] for the 80 first turns."""
+    path = Path(path or MT_BENCH)
+    if not path.is_file():
+        raise SystemExit(f"MT-bench prompts not found at {path} (pass --mt-bench PATH)")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [
+        {"id": r["question_id"], "category": r["category"], "prompt": r["turns"][0]} for r in rows
+    ]

@@ -1,0 +1,80 @@
+"""Two processes x 4 CPU devices (loopback, gloo collectives) = one 8-device mesh.
+
+Each process feeds its own rows of the batch and reads back only its own rows;
+together they must produce exactly the single-process tokens.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lookahead_jax as lj
+from tests.helpers import random_prompts
+
+PROMPTS = random_prompts(4, 128, 2, 12, seed=31)
+RUNS = {  # name: (mesh sizes, lookahead (n, w, g) or None, temperature)
+    "data2_model4_plain": (dict(data=2, model=4), None, 0.0),
+    "data2_model4_lookahead": (dict(data=2, model=4), (4, 3, 3), 0.0),
+    "data2_model4_sampling": (dict(data=2, model=4), (4, 3, 3), 1.0),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(tiny_ckpts, tmp_path):
+    ckpt = tiny_ckpts["eight_heads"][1]
+    port = str(free_port())
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root))
+    env.pop("XLA_FLAGS", None)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.multihost_worker",
+                str(pid),
+                port,
+                str(ckpt),
+                str(tmp_path / f"out{pid}.json"),
+            ],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for pid in (0, 1)
+    ]
+    try:
+        logs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, log in zip(procs, logs, strict=True):
+        assert p.returncode == 0, log[-3000:]
+    results = [json.loads((tmp_path / f"out{pid}.json").read_text()) for pid in (0, 1)]
+    model = lj.load(ckpt)
+    for name, (_, la, temp) in RUNS.items():
+        want = lj.generate(
+            model,
+            PROMPTS,
+            max_new_tokens=16,
+            temperature=temp,
+            seed=9,
+            lookahead=lj.LookaheadConfig(*la) if la else None,
+        ).token_ids
+        got = results[0][name]["tokens"] + results[1][name]["tokens"]
+        assert got == want, name
+        assert results[0][name]["streamed"] + results[1][name]["streamed"] == want, name
+        assert results[0][name]["devices"] == 8 and results[0][name]["local"] == 4

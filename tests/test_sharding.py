@@ -1,0 +1,122 @@
+"""Sharded decoding on 8 simulated CPU devices equals one device, token for token."""
+
+import jax
+import numpy as np
+import pytest
+
+import lookahead_jax as lj
+from lookahead_jax.sharding import parse_mesh, spec_for
+from tests.helpers import assert_same_or_near_tie, random_prompts
+
+LA = lj.LookaheadConfig(4, 3, 3)
+MESHES = [dict(data=8, model=1), dict(data=1, model=8), dict(data=2, model=4)]
+PROMPTS = random_prompts(8, 128, 1, 14, seed=21)
+
+
+def test_eight_simulated_devices():
+    assert len(jax.devices()) == 8
+
+
+@pytest.fixture(scope="module")
+def eight_heads(tiny_ckpts):
+    return tiny_ckpts["eight_heads"][1]
+
+
+@pytest.fixture(scope="module")
+def single_device_reference(eight_heads):
+    with jax.enable_x64(True):
+        model = lj.load(eight_heads, dtype="float64")
+        return {
+            (la is not None, temp): lj.generate(
+                model, PROMPTS, max_new_tokens=20, lookahead=la, temperature=temp, seed=5
+            ).token_ids
+            for la in (None, LA)
+            for temp in (0.0, 1.0)
+        }
+
+
+@pytest.mark.parametrize("sizes", MESHES, ids=lambda s: f"data{s['data']}xmodel{s['model']}")
+def test_mesh_gives_the_same_tokens(eight_heads, single_device_reference, sizes):
+    mesh = lj.make_mesh(**sizes)
+    with jax.enable_x64(True):
+        model = lj.load(eight_heads, dtype="float64", mesh=mesh)
+        for la in (None, LA):
+            for temp in (0.0, 1.0):
+                out = lj.generate(
+                    model, PROMPTS, max_new_tokens=20, lookahead=la, temperature=temp, seed=5
+                )
+                assert out.token_ids == single_device_reference[(la is not None, temp)], (
+                    sizes,
+                    la,
+                    temp,
+                )
+
+
+def test_params_are_really_sharded(eight_heads):
+    model = lj.load(eight_heads, mesh=lj.make_mesh(data=2, model=4))
+    layers = model.params["layers"]
+    wq = layers["wq"]  # [L, D, H=8, E]
+    assert wq.sharding.spec == jax.sharding.PartitionSpec(None, None, "model", None)
+    for shard in wq.addressable_shards:
+        assert shard.data.shape == (wq.shape[0], wq.shape[1], 2, wq.shape[3])
+    assert layers["w_down"].addressable_shards[0].data.shape[1] == 128 // 4  # mlp rows
+    assert model.params["embed"].addressable_shards[0].data.shape == (128 // 4, 64)
+    # norms are replicated
+    assert layers["attn_norm"].addressable_shards[0].data.shape == layers["attn_norm"].shape
+    per_device = {}
+    for arr in jax.tree.leaves(model.params):
+        for shard in arr.addressable_shards:
+            per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+    total = sum(a.nbytes for a in jax.tree.leaves(model.params))
+    norms = (
+        sum(a.nbytes for k, a in layers.items() if k.endswith("norm"))
+        + model.params["final_norm"].nbytes
+    )
+    for nbytes in per_device.values():  # every sharded weight is split 4 ways
+        assert nbytes == pytest.approx((total - norms) / 4 + norms)
+
+
+def test_kv_heads_that_do_not_divide_are_replicated():
+    mesh = lj.make_mesh(data=1, model=4)
+    assert spec_for(
+        ("layers", "batch", "slots", "kv_heads", "head_dim"), (30, 1, 1, 3, 64), mesh
+    ) == jax.sharding.PartitionSpec(None, None, None, None, None)
+    assert spec_for(("embed", "mlp"), (576, 1536), mesh) == jax.sharding.PartitionSpec(
+        None, "model"
+    )
+
+
+def test_mesh_errors(eight_heads):
+    with pytest.raises(ValueError, match="needs 16 devices"):
+        lj.make_mesh(data=4, model=4)
+    with pytest.raises(ValueError, match="positive"):
+        lj.make_mesh(data=0)
+    for bad in ["data=2,model", "data=x", "pipeline=2", "data=2,data=2"]:
+        with pytest.raises(ValueError, match="--mesh"):
+            parse_mesh(bad)
+    assert parse_mesh("data=2,model=4") == {"data": 2, "model": 4}
+    model = lj.load(eight_heads, mesh=lj.make_mesh(data=2, model=4))
+    with pytest.raises(ValueError, match="does not divide"):
+        lj.generate(model, PROMPTS[:3], max_new_tokens=4)
+
+
+@pytest.mark.smollm
+@pytest.mark.parametrize("sizes", [dict(data=1, model=2), dict(model=4)], ids=str)
+def test_smollm2_sharded_equals_single(smollm2, smollm2_ckpt, sizes):
+    mesh = lj.make_mesh(**sizes)
+    model = lj.load(smollm2_ckpt, mesh=mesh)
+    assert mesh.shape["model"] == (2 if sizes.get("model") == 2 else 4)
+    prompts = [
+        smollm2.tokenizer.encode_prompt(q, chat=True)
+        for q in ("Name three rivers.", "What is 12 times 12?")
+    ]
+    for la in (None, lj.LookaheadConfig(4, 4, 4)):
+        want = lj.generate(smollm2, prompts, max_new_tokens=24, lookahead=la).token_ids
+        got = lj.generate(model, prompts, max_new_tokens=24, lookahead=la).token_ids
+        for p, g, w in zip(prompts, got, want, strict=True):
+            assert_same_or_near_tie(smollm2, p, g, w)
+    w_up = model.params["layers"]["w_up"]
+    assert w_up.addressable_shards[0].data.shape[-1] == 1536 // mesh.shape["model"]
+    assert np.prod(model.params["layers"]["wk"].addressable_shards[0].data.shape) == np.prod(
+        model.params["layers"]["wk"].shape
+    )  # 3 K/V heads: replicated
