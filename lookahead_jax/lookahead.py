@@ -108,6 +108,53 @@ def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> 
     return dataclasses.replace(state, window=window, pool=pool)
 
 
+def candidate_is_right(cands, expected):
+    """[B, G, M] bool: candidate token == the model's token at its position.
+
+    The one acceptance rule. It is exact for greedy decoding and, because the
+    model's token is the seeded Gumbel-max choice (sampling.py), for sampling too.
+    """
+    return cands == expected
+
+
+def verify(cands, valid, after_input, after_cand):
+    """Accept the longest right prefix among the candidates, plus the model's next token.
+
+    cands       [B, G, M]  candidate tokens (G may be 0)
+    valid       [B, G]     which candidates are real pool entries
+    after_input [B]        the model's token after the input
+    after_cand  [B, G, M]  the model's token after each candidate token
+
+    Returns a [B] (accepted candidate tokens, 0..M), best [B] (the candidate,
+    first of the longest), and emitted [B, N] whose first a+1 entries are the
+    step's tokens: the accepted candidate tokens, then the model's next token.
+    """
+    B, g, m = cands.shape
+    if g == 0:
+        zeros = jnp.zeros((B,), jnp.int32)
+        return (
+            zeros,
+            zeros,
+            jnp.concatenate([after_input[:, None], jnp.zeros((B, m), jnp.int32)], axis=1),
+        )
+    # the model's token at candidate position i: after the input (i = 0) or after
+    # the candidate's token i-1
+    expected = jnp.concatenate(
+        [jnp.broadcast_to(after_input[:, None, None], (B, g, 1)), after_cand[:, :, :-1]], axis=2
+    )
+    right = candidate_is_right(cands, expected) & valid[:, :, None]
+    accepted = jnp.sum(jnp.cumprod(right.astype(jnp.int32), axis=2), axis=2)  # [B, G]
+    best = jnp.argmax(accepted, axis=1)
+    a = jnp.take_along_axis(accepted, best[:, None], axis=1)[:, 0]
+    pick = lambda x: jnp.take_along_axis(x, best[:, None, None], axis=1)[:, 0]  # noqa: E731
+    model_tokens = jnp.concatenate([after_input[:, None], pick(after_cand)], axis=1)  # [B, N]
+    guessed = jnp.concatenate([pick(cands), jnp.zeros((B, 1), jnp.int32)], axis=1)
+    # accepted positions take the candidate's token (equal to the model's under the
+    # rule above), the next one the model's own token
+    emitted = jnp.where(jnp.arange(m + 1)[None] < a[:, None], guessed, model_tokens)
+    return a.astype(jnp.int32), best.astype(jnp.int32), emitted
+
+
 def lookahead_step(params: Params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     """One forward pass; every active row emits 1..N tokens."""
     la: LookaheadConfig = spec.lookahead
@@ -142,22 +189,7 @@ def lookahead_step(params: Params, state: DecodeState, spec: DecodeSpec) -> Deco
     after_cand = chosen[:, 1:].reshape(B, g, m)  # [B, G, M]
     new_level = jnp.argmax(logits[:, 1 : 1 + w], axis=-1).astype(jnp.int32)  # [B, W]
 
-    # Acceptance: candidate token i must equal the model's token at its position.
-    if g > 0:
-        expected = jnp.concatenate(
-            [jnp.broadcast_to(after_input[:, None, None], (B, g, 1)), after_cand[:, :, :-1]],
-            axis=2,
-        )
-        right = (cands == expected) & valid[:, :, None]
-        accepted = jnp.sum(jnp.cumprod(right.astype(jnp.int32), axis=2), axis=2)  # [B, G]
-        best = jnp.argmax(accepted, axis=1)  # first of the longest
-        a = jnp.take_along_axis(accepted, best[:, None], axis=1)[:, 0]  # [B] in 0..M
-        best_tail = jnp.take_along_axis(after_cand, best[:, None, None], axis=1)[:, 0]
-    else:
-        best = jnp.zeros((B,), jnp.int32)
-        a = jnp.zeros((B,), jnp.int32)
-        best_tail = jnp.zeros((B, m), jnp.int32)
-    emitted = jnp.concatenate([after_input[:, None], best_tail], axis=1)  # [B, N]; first a+1 real
+    a, best, emitted = verify(cands, valid, after_input, after_cand)
 
     # Commit K/V of the input (index 0) and of the accepted candidate tokens.
     src = jnp.zeros((B, 1), jnp.int32)

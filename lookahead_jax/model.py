@@ -97,9 +97,14 @@ def init_params(cfg: LlamaConfig, key: jax.Array, dtype=jnp.float32, scale: floa
     return unflatten(flat)
 
 
+def accum_dtype(dtype):
+    """float32 for bfloat16/float32 params; float64 stays float64 (the exactness tests)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def rms_norm(x, weight, eps: float):
     """HF LlamaRMSNorm: normalise in float32, cast back, then scale."""
-    xf = x.astype(jnp.float32)
+    xf = x.astype(accum_dtype(x.dtype))
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return weight * xf.astype(x.dtype)
 
@@ -117,7 +122,7 @@ def attention(q_btkqe, k_new_bske, v_new_bske, self_mask_btu, cache_k, cache_v, 
     cache_len  [B]
     """
     scale = 1.0 / np.sqrt(q_btkqe.shape[-1])
-    f32 = jnp.float32
+    f32 = accum_dtype(q_btkqe.dtype)
     s_new = jnp.einsum("btkqe,buke->bkqtu", q_btkqe, k_new_bske, preferred_element_type=f32)
     s_new = jnp.where(self_mask_btu[:, None, None], s_new * scale, NEG_INF)
     if cache_k is None:
@@ -150,8 +155,8 @@ def forward(
     logits_rows        [B, R] indices into T of the tokens whose logits are needed
                        (None: all T). Skipping rows skips their share of the LM head.
 
-    Returns logits [B, R, V] float32 and the new tokens' K/V, each [L, B, T, K, E]
-    (keys after RoPE), for the caller to commit to the cache as it chooses.
+    Returns logits [B, R, V] (float32; float64 for float64 params) and the new tokens'
+    K/V, each [L, B, T, K, E] (keys after RoPE), for the caller to commit as it chooses.
     """
     dtype = params["embed"].dtype
     B, T = tokens_bt.shape
@@ -182,10 +187,11 @@ def forward(
     if logits_rows_br is not None:
         x_btd = jnp.take_along_axis(x_btd, logits_rows_br[:, :, None], axis=1)  # [B, R, D]
     h = rms_norm(x_btd, params["final_norm"], cfg.rms_norm_eps)
+    acc = accum_dtype(dtype)
     if cfg.tie_word_embeddings:
-        logits = jnp.einsum("brd,vd->brv", h, params["embed"], preferred_element_type=jnp.float32)
+        logits = jnp.einsum("brd,vd->brv", h, params["embed"], preferred_element_type=acc)
     else:
-        logits = jnp.einsum("brd,dv->brv", h, params["lm_head"], preferred_element_type=jnp.float32)
+        logits = jnp.einsum("brd,dv->brv", h, params["lm_head"], preferred_element_type=acc)
     return logits, new_k, new_v
 
 

@@ -70,8 +70,8 @@ def row_keys(seed: int, batch: int) -> jax.Array:
 
 def process_logits(logits, cfg: SamplingConfig):
     """Temperature, top-k, top-p on float32 logits [..., V]; removed tokens get -inf."""
-    x = logits.astype(jnp.float32) / cfg.temperature
-    neg_inf = jnp.float32(-jnp.inf)
+    x = logits.astype(jnp.promote_types(logits.dtype, jnp.float32)) / cfg.temperature
+    neg_inf = jnp.asarray(-jnp.inf, x.dtype)
     vocab = x.shape[-1]
     if cfg.top_k and cfg.top_k < vocab:
         kth = jax.lax.top_k(x, cfg.top_k)[0][..., -1:]
