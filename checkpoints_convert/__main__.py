@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from checkpoints_convert.convert import DTYPES, convert
-from lookahead_jax.cli_errors import run_cli
+from lookahead_jax.cli_errors import OneLineArgumentParser, run_cli
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog="python -m checkpoints_convert",
         description="Convert a Hugging Face Llama directory (safetensors or PyTorch .bin, "
         "sharded or not) or a llama.cpp GGUF file into a lookahead_jax checkpoint "
@@ -26,13 +25,17 @@ def main(argv=None) -> int:
         help="dtype of the stored weights (default: float32)",
     )
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress bar (shown only on a terminal)"
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     def work():
-        out = convert(args.src, args.out, args.dtype, args.force, progress=not args.quiet)
+        # a progress bar only on a terminal: in a log it is noise around the one-line result
+        progress = not args.quiet and sys.stderr.isatty()
+        out = convert(args.src, args.out, args.dtype, args.force, progress=progress)
         print(f"wrote {out}", file=sys.stderr)
         return 0
 

@@ -33,7 +33,10 @@ def convert(src, out, dtype: str = "float32", force: bool = False, progress: boo
     src, out = Path(src).expanduser(), Path(out).expanduser()
     np_dtype = _np_dtype(dtype)
     if not src.exists():
-        raise MissingFileError(f"--src does not exist: {src}")
+        raise MissingFileError(
+            f"--src does not exist: {src}; give a Hugging Face Llama directory or a .gguf file"
+        )
+    checkpoint.check_out(out, force)  # before any reading: a bad --out fails fast
     is_gguf = src.is_file()
     if is_gguf:
         with open(src, "rb") as f:
@@ -59,7 +62,10 @@ def convert(src, out, dtype: str = "float32", force: bool = False, progress: boo
             leave=False,
         )
         with bar:
-            flat = to_params(cfg, tensors, np_dtype, progress=bar)
+            try:
+                flat = to_params(cfg, tensors, np_dtype, progress=bar)
+            except UserInputError as e:  # missing/unexpected/misshapen tensors: say where
+                raise type(e)(f"{src}: {e}") from e
         if is_gguf:
             if "tokenizer.ggml.model" in reader.fields:
                 gguf_src.save_tokenizer(src, tmp)

@@ -53,10 +53,23 @@ def _field(reader, key, default=None):
     return f.contents()
 
 
+def _required(reader, key: str, path: Path, kind=int):
+    value = _field(reader, key)
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise CheckpointError(
+            f"{path}: GGUF metadata {key} is {'missing' if value is None else repr(value)}; "
+            f"a llama GGUF needs it as {kind.__name__}"
+        ) from None
+
+
 def read_config(reader, path: Path) -> LlamaConfig:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
-        raise UserInputError(f"{path}: unsupported architecture {arch!r} (only 'llama' GGUFs)")
+        raise UserInputError(
+            f"{path}: unsupported architecture {arch!r}; only 'llama' GGUFs are supported"
+        )
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise UserInputError(
@@ -66,8 +79,8 @@ def read_config(reader, path: Path) -> LlamaConfig:
     scaling_type = _field(reader, "llama.rope.scaling.type", "none")
     if scaling_type not in ("none", "linear"):
         raise UserInputError(f"{path}: unsupported rope scaling type {scaling_type!r}")
-    heads = int(_field(reader, "llama.attention.head_count"))
-    hidden = int(_field(reader, "llama.embedding_length"))
+    heads = _required(reader, "llama.attention.head_count", path)
+    hidden = _required(reader, "llama.embedding_length", path)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = int(_field(reader, "llama.vocab_size", len(tokens.data) if tokens else 0))
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
@@ -77,8 +90,8 @@ def read_config(reader, path: Path) -> LlamaConfig:
         "model_type": "llama",
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(_field(reader, "llama.feed_forward_length")),
-        "num_hidden_layers": int(_field(reader, "llama.block_count")),
+        "intermediate_size": _required(reader, "llama.feed_forward_length", path),
+        "num_hidden_layers": _required(reader, "llama.block_count", path),
         "num_attention_heads": heads,
         "num_key_value_heads": int(_field(reader, "llama.attention.head_count_kv", heads)),
         "head_dim": int(_field(reader, "llama.attention.key_length", hidden // heads)),
@@ -112,7 +125,11 @@ def check_quant_types(reader, path: Path) -> None:
     supported = {Q.F32, Q.F16, *_type_traits}
     bad = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in supported})
     if bad:
-        raise UserInputError(f"{path}: unsupported quantization type(s) {', '.join(bad)}")
+        ok = ", ".join(sorted(q.name for q in supported))
+        raise UserInputError(
+            f"{path}: unsupported quantization type(s) {', '.join(bad)}; "
+            f"the gguf package can dequantize {ok}"
+        )
 
 
 def read_tensors(reader, cfg: LlamaConfig) -> tuple[int, Iterator[tuple[str, np.ndarray]]]:

@@ -31,14 +31,22 @@ TOKENIZER_FILES = (
 def read_config(src: Path) -> LlamaConfig:
     config_file = src / "config.json"
     if not config_file.is_file():
-        raise UserInputError(f"{src} is not a Hugging Face model directory (no config.json)")
+        raise UserInputError(
+            f"{src} is not a Hugging Face model directory (no config.json); give a Hugging "
+            "Face Llama directory or a .gguf file"
+        )
     try:
         d = json.loads(config_file.read_text())
     except ValueError as e:
         raise UserInputError(f"{config_file} is not valid JSON: {e}") from e
+    if not isinstance(d, dict):
+        raise UserInputError(f"{config_file} must hold a JSON object, not {type(d).__name__}")
     gen = src / "generation_config.json"
     if gen.is_file():  # generation_config's EOS list is what generate() stops on
-        g_eos = json.loads(gen.read_text()).get("eos_token_id")
+        try:
+            g_eos = json.loads(gen.read_text()).get("eos_token_id")
+        except (ValueError, AttributeError) as e:
+            raise UserInputError(f"{gen} is not a valid generation config: {e}") from e
         if g_eos is not None:
             eos = d.get("eos_token_id")
             ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -48,6 +56,10 @@ def read_config(src: Path) -> LlamaConfig:
         return LlamaConfig.from_hf_dict(d)
     except KeyError as e:
         raise UserInputError(f"{config_file} lacks the field {e.args[0]!r}") from e
+    except UserInputError as e:  # unsupported architecture or variant: say where
+        raise UserInputError(f"{config_file}: {e}") from e
+    except (TypeError, ValueError) as e:
+        raise UserInputError(f"{config_file} has a field of the wrong type: {e}") from e
 
 
 def weight_files(src: Path) -> list[Path]:
@@ -58,7 +70,11 @@ def weight_files(src: Path) -> list[Path]:
     ):
         index = src / index_name
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+                weight_map.values()
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise CheckpointError(f"{index} is not a valid index file ({e})") from e
             files = [src / f for f in dict.fromkeys(weight_map.values())]
             missing = [f.name for f in files if not f.is_file()]
             if missing:
@@ -97,25 +113,44 @@ def _np_dtype(name: str):
     return _SAFETENSORS_DTYPES[name]
 
 
-def read_safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+def _safetensors_header(path: Path) -> tuple[int, dict]:
+    """(header length, header dict) of a safetensors file, or a CheckpointError."""
+    size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) != 8:
             raise CheckpointError(f"{path} is truncated (no safetensors header)")
         (header_len,) = struct.unpack("<Q", head)
+        if 8 + header_len > size:
+            raise CheckpointError(
+                f"{path} is truncated or not a safetensors file (header of {header_len} bytes, "
+                f"file of {size})"
+            )
         try:
             header = json.loads(f.read(header_len))
         except ValueError as e:
             raise CheckpointError(f"{path} has a corrupt safetensors header") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} has a corrupt safetensors header")
+    return header_len, header
+
+
+def read_safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    header_len, header = _safetensors_header(path)
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        begin, end = info["data_offsets"]
-        if end > len(data):
-            raise CheckpointError(f"{path} is truncated (tensor {name} runs past the end)")
-        dtype = _np_dtype(info["dtype"])
-        yield name, np.frombuffer(data[begin:end], dtype=dtype).reshape(info["shape"])
+        try:
+            begin, end = info["data_offsets"]
+            dtype = _np_dtype(info["dtype"])
+            if end > len(data):
+                raise CheckpointError(f"{path} is truncated (tensor {name} runs past the end)")
+            yield name, np.frombuffer(data[begin:end], dtype=dtype).reshape(info["shape"])
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, UserInputError):
+                raise
+            raise CheckpointError(f"{path}: tensor {name} is damaged ({e})") from e
 
 
 def read_torch_bin(path: Path) -> Iterator[tuple[str, np.ndarray]]:
@@ -143,11 +178,23 @@ def read_tensors(src: Path) -> tuple[int, Iterator[tuple[str, np.ndarray]]]:
     files = weight_files(src)
 
     def count(f: Path) -> int:
-        if f.suffix == ".safetensors":
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                return len([k for k in json.loads(fh.read(n)) if k != "__metadata__"])
-        return 0
+        """Tensors in `f`; for safetensors, also checks now (before any output is
+        started) that the file holds every byte its header promises."""
+        if f.suffix != ".safetensors":
+            return 0
+        header_len, header = _safetensors_header(f)
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        try:
+            end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise CheckpointError(f"{f} has a corrupt safetensors header ({e})") from e
+        size = f.stat().st_size
+        if 8 + header_len + end > size:
+            raise CheckpointError(
+                f"{f} is truncated: its header promises {8 + header_len + end} bytes, "
+                f"the file has {size}"
+            )
+        return len(tensors)
 
     total = sum(count(f) for f in files)
 

@@ -42,6 +42,22 @@ def _orbax():
     return ocp
 
 
+def check_out(out, force: bool = False) -> Path:
+    """The output path of a conversion, or a clear error: an existing file is refused,
+    an existing directory unless `force`, and so is a parent that does not exist."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"--out {out} exists and is a file; give a directory path")
+    if out.exists() and not force:
+        raise UserInputError(f"--out {out} already exists; pass --force to replace it")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise MissingFileError(
+            f"parent directory of --out does not exist: {parent}; create it first"
+        )
+    return out
+
+
 @contextlib.contextmanager
 def staging_dir(out: Path, force: bool = False):
     """Yield a temporary directory beside `out`; rename it to `out` on success.
@@ -50,14 +66,8 @@ def staging_dir(out: Path, force: bool = False):
     very end). On any exception, KeyboardInterrupt and SIGTERM included, the
     staging directory is removed and `out` is left as it was.
     """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserInputError(f"--out {out} exists and is a file; give a directory path")
-    if out.exists() and not force:
-        raise UserInputError(f"--out {out} already exists; pass --force to replace it")
+    out = check_out(out, force)
     parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise MissingFileError(f"parent directory of --out does not exist: {parent}")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=parent))
 
     def on_term(signum, frame):
@@ -134,13 +144,23 @@ def _file_records(root: Path) -> dict[str, dict]:
 def check_dir(path) -> Path:
     """The checkpoint directory, or a clear error if it is not one."""
     path = Path(path).expanduser()
+    what = "a directory written by python -m checkpoints_convert, or smollm2-135m"
     if not path.exists():
-        raise MissingFileError(f"checkpoint not found: {path}")
+        raise MissingFileError(f"checkpoint not found: {path}; give {what}")
     if not path.is_dir():
-        raise UserInputError(f"checkpoint must be a directory, got a file: {path}")
+        raise UserInputError(f"checkpoint must be a directory, got a file: {path}; give {what}")
     if not os.access(path, os.R_OK | os.X_OK):
-        raise UserInputError(f"checkpoint directory is not readable: {path}")
+        raise UserInputError(
+            f"checkpoint directory is not readable: {path} (permission denied); "
+            "give a directory you can read"
+        )
     return path
+
+
+def _damaged(path: Path, what: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path} is damaged: {what}; convert it again (python -m checkpoints_convert)"
+    )
 
 
 def read_config(path: Path, verify: bool = True) -> tuple[LlamaConfig, dict]:
@@ -149,43 +169,51 @@ def read_config(path: Path, verify: bool = True) -> tuple[LlamaConfig, dict]:
     path = check_dir(path)
     manifest_file = path / MANIFEST
     if not manifest_file.is_file():
-        hint = ""
+        hint = "; give a directory written by python -m checkpoints_convert"
         if (path / "config.json").is_file() or any(path.glob("*.safetensors")):
             hint = f"; convert it first: python -m checkpoints_convert --src {path} --out CKPT"
         raise CheckpointError(f"{path} is not a lookahead_jax checkpoint (no {MANIFEST}){hint}")
     try:
         manifest = json.loads(manifest_file.read_text())
         cfg = LlamaConfig.from_hf_dict(json.loads((path / CONFIG).read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(
-            f"checkpoint {path} is damaged: cannot read its metadata ({e})"
-        ) from None
+        if not isinstance(manifest, dict):
+            raise TypeError(f"{MANIFEST} holds a {type(manifest).__name__}, not an object")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise _damaged(path, f"cannot read its metadata ({e})") from None
     if manifest.get("format") != FORMAT:
         raise CheckpointError(
             f"checkpoint {path} has format {manifest.get('format')!r}; this version reads {FORMAT}"
         )
+    try:
+        _check_manifest(path, cfg, manifest, verify)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise _damaged(path, f"{MANIFEST} is malformed ({type(e).__name__}: {e})") from None
+    return cfg, manifest
+
+
+def _check_manifest(path: Path, cfg: LlamaConfig, manifest: dict, verify: bool) -> None:
     if manifest.get("config_fingerprint") != cfg.fingerprint():
-        raise CheckpointError(f"checkpoint {path} is damaged: config.json does not match manifest")
+        raise _damaged(path, f"{CONFIG} does not match the manifest's config fingerprint")
     expected = {p: s.shape for p, s in param_specs(cfg).items()}
     stored = {p: tuple(t["shape"]) for p, t in manifest.get("tensors", {}).items()}
     if stored != expected:
-        raise CheckpointError(f"checkpoint {path} is damaged: tensor list does not match config")
+        raise _damaged(path, "the manifest's tensor list does not match the config")
     actual = _file_sizes(path / PARAMS_DIR) if (path / PARAMS_DIR).is_dir() else {}
     files = manifest.get("files") or {}
     if not files:
-        raise CheckpointError(f"checkpoint {path} is damaged: manifest lists no params files")
+        raise _damaged(path, "the manifest lists no params files")
     for name, record in files.items():
         where = f"{PARAMS_DIR}/{name}"
         if name not in actual:
-            raise CheckpointError(f"checkpoint {path} is damaged: missing {where}")
+            raise _damaged(path, f"missing {where}")
         if actual[name] != record["bytes"]:
-            raise CheckpointError(
-                f"checkpoint {path} is damaged: {where} has {actual[name]} bytes, "
-                f"expected {record['bytes']}"
+            raise _damaged(
+                path, f"{where} has {actual[name]} bytes, expected {record['bytes']} (truncated?)"
             )
         if verify and _crc32(path / PARAMS_DIR / name) != record["crc32"]:
-            raise CheckpointError(f"checkpoint {path} is damaged: {where} fails its checksum")
-    return cfg, manifest
+            raise _damaged(path, f"{where} fails its CRC-32 checksum (corrupted)")
 
 
 def read_params(path: Path, cfg: LlamaConfig, dtype, shardings: dict):
@@ -204,7 +232,7 @@ def read_params(path: Path, cfg: LlamaConfig, dtype, shardings: dict):
         ckptr.close()
     except Exception as e:  # orbax/tensorstore raise many types on damaged data
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} is damaged: {first[:300]}") from e
+        raise _damaged(path, f"orbax cannot restore its params ({first[:300]})") from e
     return flat
 
 

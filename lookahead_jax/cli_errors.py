@@ -1,7 +1,19 @@
-"""Shared CLI error handling: bad input -> one line on stderr, exit 2, no traceback."""
+"""Shared CLI error handling: bad input -> one line on stderr, exit 2, no traceback.
+
+* `UserInputError` (and the OSErrors that name a user's path: not found, permission
+  denied, is/is not a directory) -> `error: <message>` on one line, exit 2;
+* argparse's own errors (unknown flag, a non-integer where an integer is needed, a
+  value outside `choices`) -> the same one-line form, exit 2 (`OneLineArgumentParser`);
+* Ctrl-C (KeyboardInterrupt; SIGTERM where the work maps it to one) -> exit 130;
+* a closed stdout (`... | head -1`) -> quiet exit 0;
+* anything else is a bug: one line naming the exception, exit 1.
+
+`--debug` adds the traceback in every case.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 import traceback
 
@@ -9,6 +21,22 @@ from lookahead_jax.errors import UserInputError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+
+# OSErrors about a path the user gave; other OSErrors (disk full, ...) stay internal errors
+_PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks folded into spaces (a message must stay one line)."""
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (`error: ... (see --help)`), exit 2."""
+
+    def error(self, message: str):
+        print(f"error: {one_line(message)} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
 
 
 def run_cli(work, debug: bool = False) -> int:
@@ -18,14 +46,22 @@ def run_cli(work, debug: bool = False) -> int:
     except UserInputError as e:
         if debug:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         _silence_stdout()
         return 0
+    except _PATH_ERRORS as e:
+        if debug:
+            traceback.print_exc()
+        where = f": {e.filename}" if e.filename else ""
+        print(f"error: {one_line(e.strerror or e)}{where}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except Exception as e:  # a bug, not bad input: say so, keep it to one line unless --debug
         if debug:
             traceback.print_exc()

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from lookahead_jax.cli_errors import EXIT_INTERRUPTED, run_cli
+from lookahead_jax.cli_errors import EXIT_INTERRUPTED, OneLineArgumentParser, run_cli
 from lookahead_jax.errors import MissingFileError, UserInputError
 
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
@@ -28,7 +28,7 @@ def parse_lookahead(text: str):
     parts = text.split(",")
     try:
         n, w, g = (int(p) for p in parts)
-    except ValueError:
+    except ValueError:  # not three parts, or one of them not an integer
         raise UserInputError(
             f"--lookahead must be N,W,G (three integers, e.g. 5,7,7) or auto, got {text!r}"
         ) from None
@@ -36,7 +36,7 @@ def parse_lookahead(text: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineArgumentParser(
         prog="python -m lookahead_jax.generate",
         description="Generate text with lookahead decoding (exact: greedy output equals "
         "plain greedy decoding; sampling keeps the model's distribution).",
@@ -145,7 +145,7 @@ def stats_line(out, total_s: float) -> str:
         f"[{mode}] {s['new_tokens']} tokens in {s['decode_s'] + s['prefill_s']:.2f} s "
         f"({s['tokens_per_s']:.1f} tokens/s), {s['steps']} steps, compression "
         f"{s['compression']:.2f}, prefill {s['prefill_s']:.2f} s, compile {s['compile_s']:.2f} s, "
-        f"total {total_s:.1f} s"
+        f"total {total_s:.1f} s" + (" (interrupted)" if s.get("interrupted") else "")
     )
 
 
@@ -182,28 +182,42 @@ def _read_prompt(args) -> str:
             with open(args.prompt_file, encoding="utf-8") as f:
                 text = f.read()
         except FileNotFoundError:
-            raise MissingFileError(f"--prompt-file not found: {args.prompt_file}") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserInputError(f"cannot read --prompt-file {args.prompt_file}: {e}") from None
+            raise MissingFileError(
+                f"--prompt-file not found: {args.prompt_file}; give an existing text file"
+            ) from None
+        except IsADirectoryError:
+            raise UserInputError(
+                f"--prompt-file {args.prompt_file} is a directory; give a text file"
+            ) from None
+        except UnicodeDecodeError as e:
+            raise UserInputError(
+                f"--prompt-file {args.prompt_file} is not UTF-8 text ({e.reason} at byte "
+                f"{e.start}); give a UTF-8 text file"
+            ) from None
+        except OSError as e:
+            raise UserInputError(
+                f"cannot read --prompt-file {args.prompt_file}: {e.strerror or e}"
+            ) from None
+        where = f"--prompt-file {args.prompt_file}"
     elif args.prompt is not None:
-        text = args.prompt
+        text, where = args.prompt, "--prompt"
     else:
         raise UserInputError("no prompt: give --prompt TEXT or --prompt-file FILE")
     if not text.strip():
-        raise UserInputError("the prompt is empty")
+        raise UserInputError(f"the prompt is empty ({where} holds {text!r}); give some text")
     return text
 
 
 def _validate(args):
-    """Everything checkable before loading the model, so bad flags fail fast."""
+    """Everything checkable from the flags alone, so bad flags fail fast."""
+    from lookahead_jax.generation import check_max_new_tokens
     from lookahead_jax.loading import resolve_dtype
     from lookahead_jax.lookahead import DEFAULT_LOOKAHEAD
     from lookahead_jax.sampling import SamplingConfig
 
     if args.stream and args.json:
-        raise UserInputError("--stream and --json cannot be combined")
-    if args.max_new_tokens <= 0:
-        raise UserInputError(f"--max-new-tokens must be > 0, got {args.max_new_tokens}")
+        raise UserInputError("--stream and --json cannot be combined; choose one")
+    check_max_new_tokens(args.max_new_tokens)
     SamplingConfig(args.temperature, args.top_k, args.top_p)
     resolve_dtype(args.dtype)
     if args.no_lookahead:
@@ -212,14 +226,38 @@ def _validate(args):
         lookahead = DEFAULT_LOOKAHEAD
     else:
         lookahead = parse_lookahead(args.lookahead)
+    if lookahead == "auto":
+        raise UserInputError("--lookahead auto is not available yet; give N,W,G (e.g. 5,7,7)")
     return _read_prompt(args), lookahead
+
+
+def _check_against_checkpoint(args, prompt: str, lookahead) -> None:
+    """What needs the checkpoint's config and tokenizer but not its weights: the lookahead
+    size and prompt + budget against the context. Runs before the weights are loaded."""
+    from lookahead_jax import checkpoint, default_model
+    from lookahead_jax.generation import check_budget, check_context, check_lookahead_fits
+    from lookahead_jax.tokenizer import Tokenizer
+
+    path = default_model.resolve(args.ckpt)
+    cfg, _ = checkpoint.read_config(path, verify=False)  # lj.load verifies the checksums
+    check_lookahead_fits(lookahead, cfg)
+    check_budget(cfg, args.max_new_tokens)
+    if not ((path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()):
+        raise UserInputError(
+            f"checkpoint {args.ckpt} has no tokenizer (tokenizer.json or tokenizer.model); "
+            "text prompts need one: convert a source that has a tokenizer"
+        )
+    ids = Tokenizer(path).encode_prompt(prompt, args.chat)
+    check_context(cfg, len(ids), args.max_new_tokens)
 
 
 def _run(args, t_start: float) -> int:
     prompt, lookahead = _validate(args)
-    from lookahead_jax.sharding import parse_mesh
+    from lookahead_jax.sharding import check_batch, parse_mesh
 
     mesh_sizes = parse_mesh(args.mesh) if args.mesh else None
+
+    import jax
 
     import lookahead_jax as lj
 
@@ -228,13 +266,12 @@ def _run(args, t_start: float) -> int:
 
         multihost.initialize(args.coordinator, args.num_processes, args.process_id)
     mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else "auto"
+    if mesh_sizes is not None:
+        check_batch(mesh, jax.process_count())  # one prompt per process
+    _check_against_checkpoint(args, prompt, lookahead)
     t = time.perf_counter()
     model = lj.load(args.ckpt, dtype=args.dtype, mesh=mesh)
     load_s = time.perf_counter() - t
-    if model.tokenizer is None:
-        raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; text prompts need one")
-    if lookahead == "auto":
-        raise UserInputError("--lookahead auto is not available yet; give N,W,G")
 
     printer = StreamPrinter(model.tokenizer, args.color) if args.stream else None
 

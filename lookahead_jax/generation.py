@@ -26,6 +26,64 @@ from lookahead_jax.sampling import SamplingConfig, row_keys
 from lookahead_jax.sharding import check_batch
 
 MIN_PROMPT_BUCKET = 16
+# A lookahead step runs 1 + (N-1)*(W+G) tokens through the model; beyond this (or a
+# quarter of the model's context) a step is far past any useful size and its pool and
+# attention buffers grow without bound, so such configurations are refused.
+MAX_STEP_TOKENS = 1024
+
+
+def check_max_new_tokens(max_new_tokens) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
+        raise UserInputError(
+            f"max_new_tokens (--max-new-tokens) must be an integer > 0, got {max_new_tokens!r}"
+        )
+    if max_new_tokens <= 0:
+        raise UserInputError(
+            f"max_new_tokens (--max-new-tokens) must be an integer > 0, got {max_new_tokens}"
+        )
+
+
+def check_lookahead_fits(lookahead: LookaheadConfig | None, cfg) -> None:
+    """Refuse a lookahead step whose token count is not well below the model's context."""
+    if lookahead is None:
+        return
+    tokens = lookahead.tokens_per_step
+    context = cfg.max_position_embeddings
+    limit = min(MAX_STEP_TOKENS, context // 4)
+    if tokens > limit:
+        raise UserInputError(
+            f"lookahead N,W,G={lookahead.n},{lookahead.w},{lookahead.g} makes {tokens} tokens "
+            f"per step (1 + (N-1)*(W+G)); at most {limit} are allowed for this model (a quarter "
+            f"of its {context}-token context, and never more than {MAX_STEP_TOKENS})"
+        )
+
+
+def check_budget(cfg, max_new_tokens: int) -> None:
+    """Refuse a token budget that leaves no room for even a one-token prompt (checkable
+    before any prompt is tokenized; `check_context` is the full check)."""
+    context = cfg.max_position_embeddings
+    if max_new_tokens >= context:
+        raise UserInputError(
+            f"max_new_tokens ({max_new_tokens}) does not fit the model's context of {context} "
+            f"tokens with any prompt; max_new_tokens can be at most {context - 1} (less the "
+            "prompt's length)"
+        )
+
+
+def check_context(cfg, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse a prompt + token budget that does not fit in the model's context."""
+    context = cfg.max_position_embeddings
+    if prompt_tokens + max_new_tokens > context:
+        room = context - prompt_tokens
+        hint = (
+            f"max_new_tokens can be at most {room} for this prompt"
+            if room > 0
+            else "the prompt alone fills it; shorten the prompt"
+        )
+        raise UserInputError(
+            f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"model's context of {context} tokens; {hint}"
+        )
 
 
 def bucket(n: int, minimum: int = MIN_PROMPT_BUCKET) -> int:
@@ -135,21 +193,17 @@ def generate(
     Raises UserInputError (a ValueError) on bad arguments; GenerationInterrupted
     (a KeyboardInterrupt carrying the partial output) on Ctrl-C.
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
-        raise UserInputError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
-    if max_new_tokens <= 0:
-        raise UserInputError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+    check_max_new_tokens(max_new_tokens)
     if lookahead is not None and not isinstance(lookahead, LookaheadConfig):
-        raise UserInputError("lookahead must be a LookaheadConfig or None")
+        raise UserInputError(
+            f"lookahead must be a LookaheadConfig(n, w, g) or None, got {lookahead!r}"
+        )
     sampling = SamplingConfig(float(temperature), top_k, top_p)
     cfg = model.cfg
+    check_lookahead_fits(lookahead, cfg)
     ids = encode_prompts(model, prompts, chat)
     longest = max(len(p) for p in ids)
-    if longest + max_new_tokens > cfg.max_position_embeddings:
-        raise UserInputError(
-            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-            f"model's context of {cfg.max_position_embeddings} tokens"
-        )
+    check_context(cfg, longest, max_new_tokens)
 
     spec = DecodeSpec(model=cfg, sampling=sampling, eos_ids=model.eos_ids, lookahead=lookahead)
     # With several processes, `ids` are this process's rows; all processes must agree
@@ -179,7 +233,10 @@ def generate(
         ),
     )
 
+    # compile both programs first: neither timing below includes compilation
     start_exe, compile_s = _executable(model, spec, cap, args, "start")
+    loop_exe, c = _executable(model, spec, cap, args, "step" if stream else "run_loop")
+    compile_s += c
     t0 = time.perf_counter()
     state = start_exe(*args)
     jax.block_until_ready(state)
@@ -189,12 +246,9 @@ def generate(
     t0 = time.perf_counter()
     try:
         if stream is not None:
-            exe, c = _executable(model, spec, cap, args, "step")
-            state = _host_loop(model, exe, state, stream)
+            state = _host_loop(model, loop_exe, state, stream)
         else:
-            exe, c = _executable(model, spec, cap, args, "run_loop")
-            state = _device_loop(model, exe, state, steps_per_call or cap + 1)
-        compile_s += c
+            state = _device_loop(model, loop_exe, state, steps_per_call or cap + 1)
     except KeyboardInterrupt as e:
         interrupted = True
         state = getattr(e, "state", None)

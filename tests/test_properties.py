@@ -1,0 +1,394 @@
+"""Property-based tests (hypothesis) of the invariants the lookahead step rests on.
+
+* the n-gram pool against a pure-Python model of a deduplicated FIFO ring per key;
+* the step's attention mask: a row sees only its own branch and the input, never a
+  later position, one token per earlier position — in the layout and in the model;
+* acceptance (`lookahead.verify`) against a pure-Python reference, and emission
+  (`decode_state.emit`): EOS, budget, never past the budget;
+* `kv_cache.commit`: each row writes only at its own length, the chosen K/V.
+
+Functions under test are jitted once per shape (shapes come from small strategies).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lookahead_jax import decode_state, kv_cache, lookahead, ngram_pool
+from lookahead_jax.config import LlamaConfig
+from lookahead_jax.lookahead_layout import StepLayout
+from lookahead_jax.model import forward, init_params
+from lookahead_jax.sampling import SamplingConfig
+
+SETTINGS = settings(deadline=None, max_examples=40, database=None)
+
+# ------------------------------------------------------------------ the n-gram pool
+
+POOL_VOCAB = 6
+INSERTS_PER_CALL = 3
+
+_insert = jax.jit(ngram_pool.insert)
+_lookup = jax.jit(ngram_pool.lookup)
+
+
+@st.composite
+def pool_runs(draw):
+    """(batch, capacity, tail length, [(keys [B, I], tails [B, I, M], ok [B, I]), ...])."""
+    b = draw(st.integers(1, 2))
+    g = draw(st.integers(1, 4))
+    m = draw(st.integers(1, 3))
+    # few distinct keys and tail tokens, so that duplicates and evictions are common
+    key_hi = draw(st.integers(0, POOL_VOCAB - 1))
+    tok_hi = draw(st.integers(0, 2))
+    n_calls = draw(st.integers(1, 6))
+    calls = []
+    for _ in range(n_calls):
+        shape = (b, INSERTS_PER_CALL)
+        keys = draw(st.lists(st.integers(0, key_hi), min_size=b * 3, max_size=b * 3))
+        tails = draw(st.lists(st.integers(0, tok_hi), min_size=b * 3 * m, max_size=b * 3 * m))
+        ok = draw(st.lists(st.booleans(), min_size=b * 3, max_size=b * 3))
+        calls.append(
+            (
+                np.asarray(keys, np.int32).reshape(shape),
+                np.asarray(tails, np.int32).reshape(*shape, m),
+                np.asarray(ok, bool).reshape(shape),
+            )
+        )
+    return b, g, m, calls
+
+
+class ReferencePool:
+    """Per (row, key): the stored tails, oldest first, and how many inserts were real."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.rings: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+        self.inserted: dict[tuple[int, int], int] = {}
+
+    def insert(self, row: int, key: int, tail: tuple[int, ...]) -> None:
+        ring = self.rings.setdefault((row, key), [])
+        if tail in ring:  # deduplicated: a stored n-gram is not inserted again
+            return
+        ring.append(tail)
+        self.inserted[(row, key)] = self.inserted.get((row, key), 0) + 1
+        if len(ring) > self.capacity:  # full: the oldest goes
+            ring.pop(0)
+
+
+@SETTINGS
+@given(pool_runs())
+def test_pool_is_a_deduplicated_fifo_ring_per_key(run):
+    b, g, m, calls = run
+    pool = ngram_pool.init_pool(b, POOL_VOCAB, g, m)
+    ref = ReferencePool(g)
+    for keys, tails, ok in calls:
+        pool = _insert(pool, jnp.asarray(keys), jnp.asarray(tails), jnp.asarray(ok))
+        for i in range(INSERTS_PER_CALL):  # item i of every row, then item i + 1
+            for row in range(b):
+                if ok[row, i]:
+                    ref.insert(row, int(keys[row, i]), tuple(tails[row, i].tolist()))
+
+    tokens, head, fill = (np.asarray(x) for x in (pool.tokens, pool.head, pool.fill))
+    for key in range(POOL_VOCAB):
+        looked_tails, looked_valid = (np.asarray(x) for x in _lookup(pool, jnp.full((b,), key)))
+        for row in range(b):
+            want = ref.rings.get((row, key), [])
+            n = int(fill[row, key])
+            assert 0 <= n <= g  # capacity
+            # the ring read oldest first: slot head - fill, ..., head - 1 (mod capacity)
+            got = [tuple(tokens[row, key, (head[row, key] - n + j) % g].tolist()) for j in range(n)]
+            assert got == want, (row, key, got, want)
+            assert len(set(got)) == len(got)  # no duplicates
+            assert head[row, key] == ref.inserted.get((row, key), 0) % g
+            rows = zip(looked_tails[row].tolist(), looked_valid[row], strict=True)
+            valid = [tuple(t) for t, v in rows if v]
+            assert sorted(valid) == sorted(want)
+
+
+# ------------------------------------------------------------------ the attention mask
+
+layouts = st.tuples(st.integers(2, 6), st.integers(1, 6), st.integers(0, 5))
+
+
+def branch(n: int, w: int, t: int):
+    """Token t of a step, from the index arithmetic alone: ('in',), ('win', level, col)
+    or ('cand', c, i)."""
+    m = n - 1
+    if t == 0:
+        return ("in",)
+    if t < 1 + m * w:
+        return ("win", *divmod(t - 1, w))
+    return ("cand", *divmod(t - 1 - m * w, m))
+
+
+def position(b) -> int:
+    """Offset from the input's position: a window token (l, j) is at 1 + l + j, a
+    candidate token i at 1 + i."""
+    if b[0] == "in":
+        return 0
+    if b[0] == "win":
+        return 1 + b[1] + b[2]
+    return 1 + b[2]
+
+
+def may_see(q, k) -> bool:
+    """The lookahead paper's rule: everything sees the input; window token (l, j) sees
+    level 0 up to column j and its own column up to level l; candidate token (c, i)
+    sees its own candidate's tokens 0..i. Nothing else."""
+    if k[0] == "in":
+        return True
+    if q[0] == "win" and k[0] == "win":
+        return (k[1] == 0 and k[2] <= q[2]) or (k[2] == q[2] and k[1] <= q[1])
+    if q[0] == "cand" and k[0] == "cand":
+        return k[1] == q[1] and k[2] <= q[2]
+    return False
+
+
+@settings(deadline=None, max_examples=50, database=None)
+@given(layouts)
+def test_mask_rows_see_their_own_branch_one_token_per_earlier_position(nwg):
+    n, w, g = nwg
+    lay = StepLayout(n, w, g)
+    t_count = 1 + (n - 1) * (w + g)
+    assert lay.num_tokens == t_count and lay.mask.shape == (t_count, t_count)
+    kinds = [branch(n, w, t) for t in range(t_count)]
+    assert lay.offsets.tolist() == [position(b) for b in kinds]
+    for t in range(t_count):
+        seen = np.flatnonzero(lay.mask[t]).tolist()
+        assert seen == [u for u in range(t_count) if may_see(kinds[t], kinds[u])], kinds[t]
+        # never the future, and exactly one token at each position p .. p + offset
+        assert all(position(kinds[u]) <= position(kinds[t]) for u in seen)
+        assert sorted(position(kinds[u]) for u in seen) == list(range(position(kinds[t]) + 1))
+
+
+TINY = LlamaConfig(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    max_position_embeddings=256,
+)
+TINY_PARAMS = init_params(TINY, jax.random.PRNGKey(0), scale=0.5)
+
+
+@functools.cache
+def _step_forward(n: int, w: int, g: int):
+    lay = StepLayout(n, w, g)
+    mask = jnp.asarray(lay.mask)[None]
+    positions = jnp.asarray(lay.offsets)[None] + 7
+
+    @jax.jit
+    def run(tokens):
+        logits, _, _ = forward(TINY_PARAMS, TINY, tokens[None], positions, mask)
+        return logits[0]
+
+    return run
+
+
+@settings(deadline=None, max_examples=15, database=None)
+@given(
+    st.tuples(st.integers(2, 4), st.integers(1, 3), st.integers(0, 3)), st.integers(0, 2**31 - 1)
+)
+def test_model_rows_ignore_every_token_of_other_branches_and_the_future(nwg, seed):
+    """Through the real forward pass with the layout's mask: for every row, changing all
+    the tokens that the paper's rule (`may_see`, not the mask itself) hides from it leaves
+    its logits as they were; changing the input token (always seen) does not."""
+    n, w, g = nwg
+    lay = StepLayout(n, w, g)
+    kinds = [branch(n, w, t) for t in range(lay.num_tokens)]
+    run = _step_forward(n, w, g)
+    rng = np.random.default_rng(seed)
+    vocab = TINY.vocab_size
+    tokens = rng.integers(0, vocab, lay.num_tokens)
+    base = np.asarray(run(jnp.asarray(tokens, jnp.int32)))
+    other_input = tokens.copy()
+    other_input[0] = (tokens[0] + 1) % vocab
+    with_other_input = np.asarray(run(jnp.asarray(other_input, jnp.int32)))
+    for t in range(lay.num_tokens):
+        hidden = np.asarray([not may_see(kinds[t], kinds[u]) for u in range(lay.num_tokens)])
+        changed = tokens.copy()
+        changed[hidden] = (tokens[hidden] + rng.integers(1, vocab, hidden.sum())) % vocab
+        out = np.asarray(run(jnp.asarray(changed, jnp.int32)))
+        np.testing.assert_allclose(out[t], base[t], rtol=0, atol=1e-5, err_msg=str(kinds[t]))
+        assert np.abs(with_other_input[t] - base[t]).max() > 1e-4, kinds[t]
+
+
+# ------------------------------------------------------------------ acceptance and emission
+
+_verify = jax.jit(lookahead.verify)
+
+
+@st.composite
+def verify_inputs(draw):
+    """cands [B, G, M], valid [B, G], after_input [B], after_cand [B, G, M] over a tiny
+    vocabulary; each candidate starts with a drawn number of right tokens."""
+    b = draw(st.integers(1, 2))
+    g = draw(st.integers(0, 3))
+    m = draw(st.integers(1, 4))
+    vocab = draw(st.integers(2, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    after_input = rng.integers(0, vocab, b).astype(np.int32)
+    after_cand = rng.integers(0, vocab, (b, g, m)).astype(np.int32)
+    cands = rng.integers(0, vocab, (b, g, m)).astype(np.int32)
+    valid = rng.random((b, g)) < 0.8
+    for row in range(b):
+        for c in range(g):
+            k = draw(st.integers(0, m))  # make the first k tokens right
+            for i in range(k):
+                cands[row, c, i] = after_input[row] if i == 0 else after_cand[row, c, i - 1]
+    return cands, valid, after_input, after_cand
+
+
+def reference_verify(cands, valid, after_input, after_cand):
+    """Per row: (accepted count, [accepted count of each candidate], emitted tokens)."""
+    out = []
+    b, g, m = cands.shape
+    for row in range(b):
+        acc = []
+        for c in range(g):
+            k = 0
+            while (
+                valid[row, c]
+                and k < m
+                and cands[row, c, k] == (after_input[row] if k == 0 else after_cand[row, c, k - 1])
+            ):
+                k += 1
+            acc.append(k)
+        a = max(acc, default=0)
+        out.append((a, acc))
+    return out
+
+
+@SETTINGS
+@given(
+    verify_inputs(),
+    st.lists(st.integers(0, 3), max_size=2, unique=True),
+    st.integers(0, 2**31 - 1),
+)
+def test_verify_then_emit(inputs, eos_ids, seed):
+    cands, valid, after_input, after_cand = inputs
+    b, g, m = cands.shape
+    a, best, emitted = (np.asarray(x) for x in _verify(*(jnp.asarray(x) for x in inputs)))
+    assert emitted.shape == (b, m + 1)
+    for row, (want_a, acc) in enumerate(reference_verify(*inputs)):
+        assert 0 <= a[row] <= m and a[row] == want_a  # a step emits a + 1 in 1..N tokens
+        if g == 0:
+            assert emitted[row, 0] == after_input[row]
+            continue
+        c = best[row]
+        assert acc[c] == a[row]  # the best is a longest right prefix ...
+        if a[row] > 0:
+            assert c == acc.index(a[row])  # ... the first one
+            assert valid[row, c]
+        np.testing.assert_array_equal(emitted[row, : a[row]], cands[row, c, : a[row]])
+        # then the model's own token after the accepted ones
+        bonus = after_input[row] if a[row] == 0 else after_cand[row, c, a[row] - 1]
+        assert emitted[row, a[row]] == bonus
+
+    # emit: append up to a + 1 of them, cut at EOS and by the remaining budget
+    rng = np.random.default_rng(seed)
+    prompt_len = rng.integers(1, 5, b).astype(np.int32)
+    n_out = rng.integers(0, 4, b).astype(np.int32)
+    max_new = (n_out + rng.integers(0, 4, b)).astype(np.int32)  # remaining 0..3
+    done = (n_out >= max_new) | (rng.random(b) < 0.2)
+    state = make_state(prompt_len, n_out, max_new, done, width=m + 1, rng=rng)
+    spec = decode_state.DecodeSpec(
+        model=TINY, sampling=SamplingConfig(), eos_ids=tuple(eos_ids), lookahead=None
+    )
+    new = decode_state.emit(state, spec, jnp.asarray(emitted), jnp.asarray(a + 1))
+    tokens_before = np.asarray(state.tokens)
+    tokens_after, n_after, done_after = (np.asarray(x) for x in (new.tokens, new.n_out, new.done))
+    for row in range(b):
+        count = int(a[row]) + 1
+        if done[row]:
+            assert n_after[row] == n_out[row] and done_after[row]
+            np.testing.assert_array_equal(tokens_after[row], tokens_before[row])
+            continue
+        step = emitted[row, :count].tolist()
+        before_eos = next((i for i, t in enumerate(step) if t in eos_ids), count)
+        budget = int(max_new[row] - n_out[row])
+        k = min(count, before_eos, budget)
+        assert n_after[row] - n_out[row] == k
+        assert n_after[row] <= max_new[row]  # never past the budget
+        start = int(prompt_len[row] + n_out[row])
+        np.testing.assert_array_equal(tokens_after[row, :start], tokens_before[row, :start])
+        assert tokens_after[row, start : start + k].tolist() == step[:k]
+        assert bool(done_after[row]) == (before_eos < count or n_after[row] >= max_new[row])
+
+
+def make_state(prompt_len, n_out, max_new, done, width: int, rng) -> decode_state.DecodeState:
+    b = len(prompt_len)
+    slots = int((prompt_len + max_new).max()) + width + 2
+    cache = kv_cache.KVCache(
+        k=jnp.zeros((1, b, slots, 1, 2)),
+        v=jnp.zeros((1, b, slots, 1, 2)),
+        lengths=jnp.asarray(prompt_len + n_out - 1),
+    )
+    return decode_state.DecodeState(
+        cache=cache,
+        tokens=jnp.asarray(rng.integers(10, 20, (b, slots)), jnp.int32),
+        step_of_token=jnp.zeros((b, slots), jnp.int32),
+        prompt_len=jnp.asarray(prompt_len),
+        n_out=jnp.asarray(n_out),
+        max_new=jnp.asarray(max_new),
+        done=jnp.asarray(done),
+        steps=jnp.ones((b,), jnp.int32),
+        keys=jnp.zeros((b, 2), jnp.uint32),
+        accept_hist=jnp.zeros((b, width), jnp.int32),
+    )
+
+
+# ------------------------------------------------------------------ the KV commit
+
+KV_LAYERS, KV_SLOTS, KV_TOKENS, KV_WIDTH = 2, 12, 5, 4
+_commit = jax.jit(kv_cache.commit)
+
+
+@SETTINGS
+@given(st.integers(1, 3), st.integers(0, 2**31 - 1))
+def test_commit_writes_only_the_chosen_kv_at_each_rows_own_length(b, seed):
+    rng = np.random.default_rng(seed)
+    shape = (KV_LAYERS, b, KV_SLOTS, 1, 2)
+    old_k, old_v = rng.normal(size=shape), rng.normal(size=shape)
+    lengths = rng.integers(0, KV_SLOTS - KV_WIDTH + 1, b)  # the caller's guarantee
+    new_k = rng.normal(size=(KV_LAYERS, b, KV_TOKENS, 1, 2))
+    new_v = rng.normal(size=(KV_LAYERS, b, KV_TOKENS, 1, 2))
+    src = rng.integers(0, KV_TOKENS, (b, KV_WIDTH))
+    count = rng.integers(0, KV_WIDTH + 1, b)
+    cache = kv_cache.KVCache(
+        k=jnp.asarray(old_k, jnp.float32),
+        v=jnp.asarray(old_v, jnp.float32),
+        lengths=jnp.asarray(lengths, jnp.int32),
+    )
+    out = _commit(
+        cache,
+        jnp.asarray(new_k, jnp.float32),
+        jnp.asarray(new_v, jnp.float32),
+        jnp.asarray(src, jnp.int32),
+        jnp.asarray(count, jnp.int32),
+    )
+    np.testing.assert_array_equal(np.asarray(out.lengths), lengths + count)
+    for got, old, new in ((out.k, old_k, new_k), (out.v, old_v, new_v)):
+        got = np.asarray(got)
+        old, new = old.astype(np.float32), new.astype(np.float32)
+        assert np.isfinite(got).all()
+        for row in range(b):
+            n0, c = int(lengths[row]), int(count[row])
+            # committed history below the row's length, and everything past the commit's
+            # fixed width, is untouched (other rows are checked by their own iteration)
+            np.testing.assert_array_equal(got[:, row, :n0], old[:, row, :n0])
+            np.testing.assert_array_equal(
+                got[:, row, n0 + KV_WIDTH :], old[:, row, n0 + KV_WIDTH :]
+            )
+            # the accepted ones, in order, at the row's own length
+            for j in range(c):
+                np.testing.assert_array_equal(got[:, row, n0 + j], new[:, row, src[row, j]])
