@@ -55,6 +55,9 @@ class DecodeSpec:
     sampling: SamplingConfig
     eos_ids: tuple[int, ...]
     lookahead: object | None = None  # LookaheadConfig, or None for plain decoding
+    # Buffers sized for steps of this many tokens at least: a plain decode that takes
+    # over a lookahead state mid-generation keeps that state's buffer sizes.
+    min_slack: int = 1
 
     @property
     def max_emit(self) -> int:
@@ -106,7 +109,7 @@ def prefill(
 ) -> DecodeState:
     """Run the prompts [B, P] (right-padded), fill the cache, emit the first new token."""
     B, P = prompt_bp.shape
-    S = slots_needed(P, max_new_cap, spec.max_emit)
+    S = slots_needed(P, max_new_cap, max(spec.max_emit, spec.min_slack))
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
     last = (prompt_len_b - 1)[:, None]
     logits, k, v = forward(params, spec.model, prompt_bp, positions, causal_mask(P), None, last)

@@ -60,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument(
         "--lookahead",
         default=None,
-        metavar="N,W,G",
-        help="lookahead n-gram size N, window W, candidates G "
-        "(default: the built-in default config, see README)",
+        metavar="N,W,G|auto",
+        help="lookahead n-gram size N, window W, candidates G, or auto (the default): pick "
+        "N,W,G for this machine and model from a measured cost curve and the running "
+        "acceptance rate, falling back to plain decoding when no config is expected to win",
     )
     la.add_argument("--no-lookahead", action="store_true", help="plain decoding")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -141,6 +142,11 @@ def stats_line(out, total_s: float) -> str:
     s = out.stats
     la = s["config"]["lookahead"]
     mode = "plain" if la is None else f"lookahead N,W,G={la['n']},{la['w']},{la['g']}"
+    auto = s["config"].get("lookahead_auto")
+    if auto is not None:
+        mode = f"auto: {mode}"
+        if auto.get("switched_to_plain_after_steps") is not None:
+            mode += f", plain after step {auto['switched_to_plain_after_steps']}"
     return (
         f"[{mode}] {s['new_tokens']} tokens in {s['decode_s'] + s['prefill_s']:.2f} s "
         f"({s['tokens_per_s']:.1f} tokens/s), {s['steps']} steps, compression "
@@ -212,7 +218,6 @@ def _validate(args):
     """Everything checkable from the flags alone, so bad flags fail fast."""
     from lookahead_jax.generation import check_max_new_tokens
     from lookahead_jax.loading import resolve_dtype
-    from lookahead_jax.lookahead import DEFAULT_LOOKAHEAD
     from lookahead_jax.sampling import SamplingConfig
 
     if args.stream and args.json:
@@ -223,11 +228,9 @@ def _validate(args):
     if args.no_lookahead:
         lookahead = None
     elif args.lookahead is None:
-        lookahead = DEFAULT_LOOKAHEAD
+        lookahead = "auto"
     else:
         lookahead = parse_lookahead(args.lookahead)
-    if lookahead == "auto":
-        raise UserInputError("--lookahead auto is not available yet; give N,W,G (e.g. 5,7,7)")
     return _read_prompt(args), lookahead
 
 
@@ -240,7 +243,8 @@ def _check_against_checkpoint(args, prompt: str, lookahead) -> None:
 
     path = default_model.resolve(args.ckpt)
     cfg, _ = checkpoint.read_config(path, verify=False)  # lj.load verifies the checksums
-    check_lookahead_fits(lookahead, cfg)
+    if lookahead != "auto":
+        check_lookahead_fits(lookahead, cfg)
     check_budget(cfg, args.max_new_tokens)
     if not ((path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()):
         raise UserInputError(

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax import loops, multihost
+from lookahead_jax import autotune, loops, multihost
 from lookahead_jax.decode_state import DecodeSpec, DecodeState
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.loading import Model
@@ -43,13 +43,18 @@ def check_max_new_tokens(max_new_tokens) -> None:
         )
 
 
+def max_step_tokens(cfg) -> int:
+    """The most tokens a lookahead step may feed this model."""
+    return min(MAX_STEP_TOKENS, cfg.max_position_embeddings // 4)
+
+
 def check_lookahead_fits(lookahead: LookaheadConfig | None, cfg) -> None:
     """Refuse a lookahead step whose token count is not well below the model's context."""
     if lookahead is None:
         return
     tokens = lookahead.tokens_per_step
     context = cfg.max_position_embeddings
-    limit = min(MAX_STEP_TOKENS, context // 4)
+    limit = max_step_tokens(cfg)
     if tokens > limit:
         raise UserInputError(
             f"lookahead N,W,G={lookahead.n},{lookahead.w},{lookahead.g} makes {tokens} tokens "
@@ -194,12 +199,18 @@ def generate(
     (a KeyboardInterrupt carrying the partial output) on Ctrl-C.
     """
     check_max_new_tokens(max_new_tokens)
-    if lookahead is not None and not isinstance(lookahead, LookaheadConfig):
+    if lookahead is not None and lookahead != "auto" and not isinstance(lookahead, LookaheadConfig):
         raise UserInputError(
-            f"lookahead must be a LookaheadConfig(n, w, g) or None, got {lookahead!r}"
+            f"lookahead must be a LookaheadConfig(n, w, g), 'auto' or None, got {lookahead!r}"
         )
     sampling = SamplingConfig(float(temperature), top_k, top_p)
     cfg = model.cfg
+    choice, guard = None, None
+    if lookahead == "auto":
+        choice = _choose_auto(model)
+        lookahead = choice.config
+        if lookahead is not None and not multihost.is_multiprocess():
+            guard = autotune.Guard(plain_step_s=choice.plain_step_s)
     check_lookahead_fits(lookahead, cfg)
     ids = encode_prompts(model, prompts, chat)
     longest = max(len(p) for p in ids)
@@ -234,21 +245,27 @@ def generate(
     )
 
     # compile both programs first: neither timing below includes compilation
+    name = "step" if stream else "run_loop"
     start_exe, compile_s = _executable(model, spec, cap, args, "start")
-    loop_exe, c = _executable(model, spec, cap, args, "step" if stream else "run_loop")
+    loop_exe, c = _executable(model, spec, cap, args, name)
     compile_s += c
     t0 = time.perf_counter()
     state = start_exe(*args)
     jax.block_until_ready(state)
     prefill_s = time.perf_counter() - t0
 
+    # With a guard (auto), decoding runs in chunks; a losing lookahead hands the rest of
+    # the generation to plain decoding (same state minus the window and pool).
+    plain_spec = dataclasses.replace(spec, lookahead=None, min_slack=spec.max_emit)
+    switch = _Switch(guard, lambda: _executable(model, plain_spec, cap, args, name))
     interrupted = False
     t0 = time.perf_counter()
     try:
         if stream is not None:
-            state = _host_loop(model, loop_exe, state, stream)
+            state = _host_loop(model, loop_exe, state, stream, switch)
         else:
-            state = _device_loop(model, loop_exe, state, steps_per_call or cap + 1)
+            chunk = steps_per_call or (autotune.CHUNK_STEPS if guard else cap + 1)
+            state = _device_loop(model, loop_exe, state, chunk, switch)
     except KeyboardInterrupt as e:
         interrupted = True
         state = getattr(e, "state", None)
@@ -256,24 +273,105 @@ def generate(
             raise
     jax.block_until_ready(state)
     decode_s = time.perf_counter() - t0
-    out = _output(model, spec, state, prefill_s, decode_s, compile_s, interrupted)
+    out = _output(
+        model,
+        spec,
+        state,
+        prefill_s,
+        decode_s,
+        compile_s + switch.compile_s,
+        interrupted,
+        switch.lookahead_hist,
+    )
+    if choice is not None:
+        out.stats["config"]["lookahead_auto"] = {
+            **choice.describe(),
+            "switched_to_plain_after_steps": switch.after_steps,
+        }
+        if spec.lookahead is not None and not interrupted:
+            hist = (
+                switch.lookahead_hist
+                if switch.lookahead_hist is not None
+                else multihost.local_rows(state.accept_hist)
+            )
+            autotune.record_acceptance(model, spec.lookahead, *_hist_compression(hist))
     if interrupted:
         raise GenerationInterrupted(out)
     return out
 
 
-def _device_loop(model: Model, exe, state: DecodeState, steps_per_call: int) -> DecodeState:
+def _choose_auto(model: Model) -> autotune.Choice:
+    """The auto choice; with several processes, process 0's (the cost curves may differ)."""
+    choice = autotune.choose(model, max_step_tokens=max_step_tokens(model.cfg))
+    if multihost.is_multiprocess():
+        from jax.experimental import multihost_utils
+
+        keys = [None, *autotune.PRIORS]
+        index = keys.index(None if choice.config is None else choice.config.key)
+        index = int(multihost_utils.broadcast_one_to_all(np.int32(index)))
+        config = None if keys[index] is None else LookaheadConfig(*keys[index])
+        choice = dataclasses.replace(choice, config=config)
+    return choice
+
+
+def _hist_compression(hist) -> tuple[float, int]:
+    """(tokens per step, steps) from an accepted-length histogram [B, C]."""
+    counts = np.asarray(hist).sum(0)
+    steps = int(counts.sum())
+    return (float((counts * np.arange(1, len(counts) + 1)).sum()) / max(steps, 1), steps)
+
+
+class _Switch:
+    """Calls off a losing lookahead (see autotune.Guard) and hands over to plain decoding."""
+
+    def __init__(self, guard, plain_executable):
+        self.guard, self.plain_executable = guard, plain_executable
+        self.compile_s = 0.0
+        self.after_steps = None
+        self.lookahead_hist = None  # the lookahead phase's accepted-length histogram
+        self.steps_seen, self.t = 0, time.perf_counter()
+
+    def check(self, state):
+        """None to carry on, or (plain executable, plain state) to switch."""
+        if self.guard is None or self.after_steps is not None:
+            return None
+        steps = int(multihost.local_rows(state.steps).max())
+        now = time.perf_counter()
+        if steps - self.steps_seen < autotune.CHUNK_STEPS and not multihost.all_true(state.done):
+            return None
+        hist = multihost.local_rows(state.accept_hist)
+        compression, _ = _hist_compression(hist)
+        step_s = (now - self.t) / max(steps - self.steps_seen, 1)
+        self.steps_seen, self.t = steps, now
+        if self.guard.keep_going(compression, step_s, steps) or multihost.all_true(state.done):
+            return None
+        exe, self.compile_s = self.plain_executable()
+        self.after_steps, self.lookahead_hist = steps, hist
+        plain_state = dataclasses.replace(
+            state,
+            window=None,
+            pool=None,
+            accept_hist=jnp.zeros((state.accept_hist.shape[0], 1), jnp.int32),
+        )
+        return exe, plain_state
+
+
+def _device_loop(
+    model: Model, exe, state: DecodeState, steps_per_call: int, switch: _Switch
+) -> DecodeState:
     try:
         while True:
             state = exe(model.params, state, jnp.int32(steps_per_call))
             if multihost.all_true(state.done):
                 return state
+            if (swapped := switch.check(state)) is not None:
+                exe, state = swapped
     except KeyboardInterrupt as e:
         e.state = state  # the last completed state: nothing half-done
         raise
 
 
-def _host_loop(model: Model, exe, state: DecodeState, stream) -> DecodeState:
+def _host_loop(model: Model, exe, state: DecodeState, stream, switch: _Switch) -> DecodeState:
     prompt_len = multihost.local_rows(state.prompt_len)
     sent = np.zeros_like(prompt_len)
 
@@ -293,13 +391,17 @@ def _host_loop(model: Model, exe, state: DecodeState, stream) -> DecodeState:
         while not multihost.all_true(state.done):
             state = exe(model.params, state)
             flush(state)
+            if (swapped := switch.check(state)) is not None:
+                exe, state = swapped
         return state
     except KeyboardInterrupt as e:
         e.state = state
         raise
 
 
-def _output(model, spec, state, prefill_s, decode_s, compile_s, interrupted) -> GenerationOutput:
+def _output(
+    model, spec, state, prefill_s, decode_s, compile_s, interrupted, lookahead_hist=None
+) -> GenerationOutput:
     tokens, step_of, prompt_len, n_out, steps, hist = (
         multihost.local_rows(a)
         for a in (
@@ -323,6 +425,9 @@ def _output(model, spec, state, prefill_s, decode_s, compile_s, interrupted) -> 
         texts = [model.tokenizer.decode(t) for t in token_ids]
     new_tokens = int(n_out.sum())
     total_steps = int(sum(steps))
+    if lookahead_hist is not None:  # lookahead, then plain after a switch
+        hist = np.asarray(lookahead_hist).copy()
+        hist[:, 0] += multihost.local_rows(state.accept_hist)[:, 0]
     hist = hist.sum(0).tolist()  # steps that emitted 1..N tokens
     stats = {
         "new_tokens": new_tokens,

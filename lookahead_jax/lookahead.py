@@ -65,6 +65,10 @@ class LookaheadConfig:
         return StepLayout(self.n, self.w, self.g)
 
     @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.n, self.w, self.g)
+
+    @property
     def tokens_per_step(self) -> int:
         return self.layout.num_tokens
 

@@ -17,3 +17,17 @@ def mt_bench(path: Path | None = None) -> list[dict]:
     return [
         {"id": r["question_id"], "category": r["category"], "prompt": r["turns"][0]} for r in rows
     ]
+
+
+CODE = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "code.jsonl"
+
+
+def code(path: Path | None = None) -> list[dict]:
+    """[{'id', 'category', 'prompt'}]: 20 coding prompts (write / edit / explain / fix); the
+    edit and fix ones quote code that the answer repeats, as real coding requests do."""
+    rows = [json.loads(line) for line in Path(path or CODE).read_text().splitlines() if line]
+    return [{"id": r["id"], "category": r["category"], "prompt": r["prompt"]} for r in rows]
+
+
+def prompt_set(name: str) -> list[dict]:
+    return {"mt_bench": mt_bench, "code": code}[name]()

@@ -324,10 +324,10 @@ CASES = [
     ),
     Case("lookahead-two-numbers", GEN, (*CORRUPT, *G, "--lookahead", "4,5"), ("'4,5'", "N,W,G")),
     Case(
-        "lookahead-auto",
+        "lookahead-empty",
         GEN,
-        (*CORRUPT, *G, "--lookahead", "auto"),
-        ("auto", "not available", "N,W,G"),
+        (*CORRUPT, *G, "--lookahead", ""),
+        ("''", "N,W,G", "auto"),
     ),
     Case(
         "lookahead-n-below-2",

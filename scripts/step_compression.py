@@ -4,7 +4,7 @@ Compression is a property of the algorithm and the model, not of the hardware,
 so rows are batched to finish sooner; every row's tokens are also checked
 against plain greedy decoding.
 
-    python scripts/compression.py --configs 5,15,15 5,7,7 4,5,3 --out benchmarks/compression
+    python scripts/step_compression.py --configs 5,15,15 5,7,7 4,5,3 --out benchmarks/compression
 """
 
 from __future__ import annotations

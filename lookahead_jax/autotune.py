@@ -1,0 +1,221 @@
+"""`--lookahead auto`: choose (N, W, G) for this machine and model, or plain decoding.
+
+A lookahead config pays when the tokens it emits per step (its compression c)
+outgrow how much slower its step is than a plain one (the cost ratio r). Both
+are estimated, never assumed:
+
+* r — a short cost curve measured on this device for this model: the latency of
+  one forward step of T tokens (with logits for all of them) at a few T,
+  interpolated to each candidate's T = 1 + (N-1)(W+G). It is measured once and
+  cached per device kind, model and dtype in the cache directory.
+* c — a prior per config (measured on MT-bench and a code set with SmolLM2-135M,
+  see benchmarks/), times this model's running acceptance factor: after each
+  lookahead generation, observed / prior compression, averaged (EMA) and cached
+  per model. A model that repeats itself more than SmolLM2 gets bigger configs.
+
+The choice is argmax c / r over the candidates; if no candidate is expected to
+beat plain decoding by MARGIN, plain decoding is chosen. While generating, the
+`Guard` watches the real acceptance and step times and switches to plain
+decoding for the rest of the generation if lookahead is losing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lookahead_jax.cache_dir import cache_root
+from lookahead_jax.lookahead import LookaheadConfig
+
+# (n, w, g): prior compression on MT-bench first turns and a code set (SmolLM2-135M,
+# greedy, 256 new tokens; scripts/step_compression.py and benchmarks/).
+PRIORS: dict[tuple[int, int, int], float] = {
+    (2, 1, 1): 1.34,
+    (3, 1, 1): 1.54,
+    (4, 1, 1): 1.65,
+    (5, 1, 1): 1.73,
+    (4, 1, 2): 1.78,
+    (5, 1, 2): 1.86,
+    (6, 1, 2): 1.92,
+    (4, 5, 3): 1.95,
+    (5, 7, 7): 2.20,
+    (5, 15, 15): 2.35,
+}
+MARGIN = 1.03  # expected speedup needed to prefer lookahead over plain decoding
+CHUNK_STEPS = 16  # the guard looks at the acceptance every this many steps
+PROBE_TOKENS = (1, 3, 6, 10, 16, 32, 64, 128)
+FACTOR_EMA = 0.3
+
+
+@dataclasses.dataclass
+class Choice:
+    config: LookaheadConfig | None  # None: plain decoding
+    expected_speedup: float
+    cost_ratio: float
+    expected_compression: float
+    table: dict  # config -> expected speedup, for the report
+    plain_step_s: float  # one-token step latency from the cost curve
+
+    def describe(self) -> dict:
+        return {
+            "auto": True,
+            "chosen": None
+            if self.config is None
+            else [self.config.n, self.config.w, self.config.g],
+            "expected_speedup": round(self.expected_speedup, 3),
+            "expected_compression": round(self.expected_compression, 3),
+            "cost_ratio": round(self.cost_ratio, 3),
+        }
+
+
+def _tune_dir() -> Path:
+    path = cache_root() / "autotune"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _device_key(model) -> str:
+    d = jax.devices()[0]
+    kind = f"{d.platform}-{d.device_kind}".replace(" ", "_").replace("/", "_")
+    return f"{kind}-x{jax.device_count()}-{model.cfg.fingerprint()}-{jnp.dtype(model.dtype).name}"
+
+
+def measure_cost_curve(
+    model,
+    tokens=PROBE_TOKENS,
+    context: int = 256,
+    repeats: int = 7,
+    stop_above: float = float("inf"),
+) -> dict:
+    """{T: seconds} for one forward step of T tokens over a `context`-token cache.
+
+    Sizes are probed in increasing order and probing stops once a step costs more
+    than `stop_above` one-token steps: no config that large can pay off, and each
+    size costs a compilation.
+    """
+    from lookahead_jax import kv_cache
+    from lookahead_jax.model import causal_mask, forward
+
+    cfg, params = model.cfg, model.params
+    fwd = jax.jit(forward, static_argnums=1)
+    cache = kv_cache.init_cache(cfg, 1, context + max(tokens), model.dtype)
+    cache = kv_cache.KVCache(cache.k, cache.v, jnp.array([context], jnp.int32))
+    curve = {}
+    for t in sorted(tokens):
+        args = (
+            params,
+            cfg,
+            jnp.zeros((1, t), jnp.int32),
+            context + jnp.arange(t, dtype=jnp.int32)[None],
+            causal_mask(t),
+            cache,
+            jnp.arange(t, dtype=jnp.int32)[None],
+        )
+        exe = fwd.lower(*args).compile()
+        run_args = args[:1] + args[2:]
+        jax.block_until_ready(exe(*run_args))
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(exe(*run_args))
+            times.append(time.perf_counter() - t0)
+        curve[t] = float(np.min(times))
+        if t > 1 and curve[t] / curve[min(curve)] > stop_above:
+            break
+    return curve
+
+
+def cost_curve(model, stop_above: float = float("inf")) -> dict:
+    """The cached cost curve for this device/model/dtype, measuring it on first use."""
+    path = _tune_dir() / f"cost-{_device_key(model)}.json"
+    if path.is_file():
+        try:
+            return {int(k): v for k, v in json.loads(path.read_text())["curve"].items()}
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable: measure again
+    curve = measure_cost_curve(model, stop_above=stop_above)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"curve": curve, "measured": time.time()}))
+    tmp.replace(path)
+    return curve
+
+
+def cost_ratio(curve: dict, tokens: int) -> float:
+    """Interpolated latency of a `tokens`-token step over a one-token step (inf beyond
+    the probed sizes)."""
+    ts = sorted(curve)
+    if tokens > ts[-1]:
+        return float("inf")
+    return float(np.interp(tokens, ts, [curve[t] for t in ts])) / curve[1]
+
+
+def _factor_file(model) -> Path:
+    return _tune_dir() / f"acceptance-{model.cfg.fingerprint()}.json"
+
+
+def acceptance_factor(model) -> float:
+    try:
+        return float(json.loads(_factor_file(model).read_text())["factor"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1.0
+
+
+def record_acceptance(model, config: LookaheadConfig, compression: float, steps: int) -> None:
+    """Fold one generation's observed compression into the model's running factor."""
+    prior = PRIORS.get((config.n, config.w, config.g))
+    if prior is None or steps < 16:
+        return
+    observed = (compression - 1.0) / (prior - 1.0) if prior > 1 else 1.0
+    factor = (1 - FACTOR_EMA) * acceptance_factor(model) + FACTOR_EMA * max(observed, 0.05)
+    tmp = _factor_file(model).with_suffix(".tmp")
+    tmp.write_text(json.dumps({"factor": factor}))
+    tmp.replace(_factor_file(model))
+
+
+def expected_compression(config_key, factor: float) -> float:
+    """The prior's gain over one token per step, scaled by the model's factor."""
+    return 1.0 + (PRIORS[config_key] - 1.0) * factor
+
+
+def choose(model, max_step_tokens: int | None = None) -> Choice:
+    factor = acceptance_factor(model)
+    # a config costing more than its best-case compression cannot win: stop probing there
+    best_case = max(expected_compression(k, max(factor, 1.0)) for k in PRIORS)
+    curve = cost_curve(model, stop_above=best_case)
+    best, table = None, {}
+    for key in PRIORS:
+        cfg = LookaheadConfig(*key)
+        if max_step_tokens is not None and cfg.tokens_per_step > max_step_tokens:
+            continue
+        r = cost_ratio(curve, cfg.tokens_per_step)
+        c = expected_compression(key, factor)
+        table[key] = c / r
+        if best is None or c / r > best.expected_speedup:
+            best = Choice(cfg, c / r, r, c, table, curve[1])
+    if best is None or best.expected_speedup < MARGIN:
+        return Choice(None, 1.0, 1.0, 1.0, table, curve[1])
+    return best
+
+
+@dataclasses.dataclass
+class Guard:
+    """Watches a lookahead generation and calls it off when plain decoding would be faster.
+
+    After every chunk of steps: expected speedup = observed compression / observed cost
+    ratio (lookahead step time over the plain step time from the cost curve).
+    """
+
+    plain_step_s: float
+    min_steps: int = 16
+    give_up_below: float = 0.97
+
+    def keep_going(self, compression: float, step_s: float, steps: int) -> bool:
+        if steps < self.min_steps:
+            return True
+        return compression / (step_s / self.plain_step_s) >= self.give_up_below

@@ -1,0 +1,97 @@
+"""--lookahead auto: the choice follows the measured cost curve and the running acceptance
+factor, falls back to plain decoding, and a losing lookahead hands over to plain decoding
+mid-generation — always with exactly the plain tokens."""
+
+import json
+
+import pytest
+
+import lookahead_jax as lj
+from lookahead_jax import autotune
+from tests.helpers import random_prompts
+
+FLAT = {1: 0.010, 3: 0.0101, 6: 0.0102, 10: 0.0103, 16: 0.0105, 32: 0.011, 64: 0.012, 128: 0.014}
+STEEP = {1: 0.010, 3: 0.020, 6: 0.040, 10: 0.070, 16: 0.120}
+
+
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOKAHEAD_JAX_CACHE", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def model(tiny_ckpts):
+    return lj.load(tiny_ckpts["gqa"][1])
+
+
+def test_choice_follows_the_cost_curve(model, tmp_cache, monkeypatch):
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: FLAT)
+    flat = autotune.choose(model)
+    assert flat.config is not None and flat.config.tokens_per_step > 32  # big steps are cheap
+    assert flat.expected_speedup == max(flat.table.values())
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: STEEP)
+    steep = autotune.choose(model)
+    assert steep.config is None and steep.expected_speedup == 1.0  # nothing can win
+    assert all(v < autotune.MARGIN for v in steep.table.values())
+    limited = autotune.choose(model, max_step_tokens=20)
+    assert limited.config is None or limited.config.tokens_per_step <= 20
+
+
+def test_cost_ratio_interpolates_and_refuses_to_extrapolate():
+    assert autotune.cost_ratio(STEEP, 1) == 1.0
+    assert autotune.cost_ratio(STEEP, 8) == pytest.approx(5.5)
+    assert autotune.cost_ratio(STEEP, 17) == float("inf")
+
+
+def test_measured_curve_is_cached_and_stops_early(model, tmp_cache):
+    curve = autotune.cost_curve(model, stop_above=1e-9)  # stop right after the first size
+    assert list(curve) == [1, 3]
+    files = list((tmp_cache / "autotune").glob("cost-*.json"))
+    assert len(files) == 1
+    assert {int(k) for k in json.loads(files[0].read_text())["curve"]} == {1, 3}
+    assert autotune.cost_curve(model) == curve  # read back, not measured again
+
+
+def test_acceptance_factor_is_a_running_average(model, tmp_cache):
+    assert autotune.acceptance_factor(model) == 1.0
+    la = lj.LookaheadConfig(4, 1, 2)
+    prior = autotune.PRIORS[la.key]
+    autotune.record_acceptance(model, la, compression=1.0, steps=100)  # nothing accepted
+    low = autotune.acceptance_factor(model)
+    assert low < 1.0
+    autotune.record_acceptance(model, la, compression=2 * prior, steps=100)
+    assert autotune.acceptance_factor(model) > low
+    autotune.record_acceptance(model, la, compression=1.0, steps=3)  # too short to count
+    assert autotune.acceptance_factor(model) > low
+
+
+def test_guard():
+    guard = autotune.Guard(plain_step_s=0.010)
+    assert guard.keep_going(compression=1.0, step_s=0.1, steps=5)  # too early to judge
+    assert guard.keep_going(compression=2.0, step_s=0.015, steps=32)  # 1.33x
+    assert not guard.keep_going(compression=1.1, step_s=0.015, steps=32)  # 0.73x
+
+
+def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache, monkeypatch):
+    # a curve that promises lookahead a win, on random prompts that accept nothing
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: FLAT)
+    prompts = random_prompts(3, 128, 5, 12, seed=41)
+    plain = lj.generate(model, prompts, max_new_tokens=60)
+    for stream in (None, lambda new: None):
+        out = lj.generate(model, prompts, max_new_tokens=60, lookahead="auto", stream=stream)
+        auto = out.stats["config"]["lookahead_auto"]
+        assert out.token_ids == plain.token_ids
+        assert auto["chosen"] is not None
+        if auto["switched_to_plain_after_steps"] is not None:
+            assert auto["switched_to_plain_after_steps"] >= autotune.CHUNK_STEPS
+        # the histogram covers every step, lookahead phase and plain phase together
+        hist = out.stats["accepted_hist"]
+        assert sum(hist.values()) == sum(out.steps)
+
+
+def test_auto_can_choose_plain(model, tmp_cache, monkeypatch):
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: STEEP)
+    out = lj.generate(model, [[5, 6, 7]], max_new_tokens=10, lookahead="auto")
+    assert out.stats["config"]["lookahead"] is None
+    assert out.stats["config"]["lookahead_auto"]["chosen"] is None
