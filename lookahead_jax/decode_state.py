@@ -62,7 +62,7 @@ class DecodeSpec:
     @property
     def max_emit(self) -> int:
         """Most tokens one step can emit (also the width of a KV commit)."""
-        return 1 if self.lookahead is None else self.lookahead.n
+        return 1 if self.lookahead is None else self.lookahead.max_emit
 
 
 def slots_needed(prompt_bucket: int, max_new_cap: int, max_emit: int) -> int:

@@ -54,6 +54,7 @@ class LookaheadConfig:
     w: int = 7
     g: int = 7
     prompt_pool: bool = True  # seed the pool with the prompt's n-grams
+    verify_window: bool = False  # also verify the window's own paths (see verify_window_paths)
 
     def __post_init__(self):
         for name, value, low in (("N", self.n, 2), ("W", self.w, 1), ("G", self.g, 0)):
@@ -62,7 +63,11 @@ class LookaheadConfig:
 
     @property
     def layout(self) -> StepLayout:
-        return StepLayout(self.n, self.w, self.g)
+        return StepLayout(self.n, self.w, self.g, self.verify_window)
+
+    @property
+    def max_emit(self) -> int:
+        return self.layout.max_emit
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -73,7 +78,13 @@ class LookaheadConfig:
         return self.layout.num_tokens
 
     def describe(self) -> dict:
-        return {"n": self.n, "w": self.w, "g": self.g, "prompt_pool": self.prompt_pool}
+        return {
+            "n": self.n,
+            "w": self.w,
+            "g": self.g,
+            "prompt_pool": self.prompt_pool,
+            "verify_window": self.verify_window,
+        }
 
 
 # The CLI's and benchmarks' default (see README, "Choosing N, W, G").
@@ -159,6 +170,33 @@ def verify(cands, valid, after_input, after_cand):
     return a.astype(jnp.int32), best.astype(jnp.int32), emitted
 
 
+def verify_window_paths(lay: StepLayout, window_bk, after_input, after_window):
+    """The longest right path through the window's tree (see StepLayout.window_paths).
+
+    window_bk     [B, K]  window tokens in node order (K = (N-1)*W)
+    after_input   [B]     the model's token after the input
+    after_window  [B, K]  the model's token after each window node
+
+    A node is right when it equals the model's token after its parent; a path is
+    accepted when all its nodes are. Returns a [B] (accepted tokens, the deepest
+    right path's depth, 0 if none), node [B] (its last node), the path's tokens
+    [B, max depth] and the model's token after it [B].
+    """
+    parents = jnp.asarray([lay.window_parent(*divmod(k, lay.w)) for k in range(lay.m * lay.w)])
+    preds = jnp.concatenate([after_input[:, None], after_window], axis=1)  # row 0: input
+    right = window_bk == preds[:, parents + 1]  # [B, K]
+    paths = jnp.asarray(lay.window_paths)  # [K, D]
+    path_ok = jnp.all(right[:, paths], axis=-1)  # [B, K]
+    depth = jnp.where(path_ok, jnp.asarray(lay.window_depths)[None], 0)
+    node = jnp.argmax(depth, axis=1)
+    a = jnp.take_along_axis(depth, node[:, None], axis=1)[:, 0]
+    tokens = jnp.take_along_axis(window_bk, paths[node], axis=1)  # [B, D]
+    after = jnp.where(
+        a > 0, jnp.take_along_axis(after_window, node[:, None], axis=1)[:, 0], after_input
+    )
+    return a.astype(jnp.int32), node.astype(jnp.int32), tokens, after
+
+
 def lookahead_step(params: Params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     """One forward pass; every active row emits 1..N tokens."""
     la: LookaheadConfig = spec.lookahead
@@ -179,27 +217,40 @@ def lookahead_step(params: Params, state: DecodeState, spec: DecodeSpec) -> Deco
         params, spec.model, step_tokens, positions, jnp.asarray(lay.mask)[None], state.cache, rows
     )
 
-    # The model's tokens: after the input (new-token index n_out) and after each
-    # candidate token i (index n_out + 1 + i). Window predictions: plain argmax.
+    # The model's tokens after the input (new-token index n_out), after each verified
+    # window node at depth d (index n_out + d) and after candidate token i (index
+    # n_out + 1 + i). The window's new level is the plain argmax, even when sampling.
+    nw = lay.window_rows
     j0 = state.n_out[:, None]
-    out_idx = jnp.concatenate([j0, j0 + 1 + jnp.tile(jnp.arange(m), g)[None]], axis=1)
-    chosen = choose_tokens(
-        jnp.concatenate([logits[:, :1], logits[:, 1 + w :]], axis=1),
-        spec.sampling,
-        state.keys,
-        out_idx,
-    )
+    win_idx = j0 + jnp.asarray(lay.window_depths)[None] if la.verify_window else j0[:, :0]
+    out_idx = jnp.concatenate([j0, win_idx, j0 + 1 + jnp.tile(jnp.arange(m), g)[None]], axis=1)
+    used = logits if la.verify_window else jnp.concatenate([logits[:, :1], logits[:, 1 + w :]], 1)
+    chosen = choose_tokens(used, spec.sampling, state.keys, out_idx)
     after_input = chosen[:, 0]  # [B]
-    after_cand = chosen[:, 1:].reshape(B, g, m)  # [B, G, M]
-    new_level = jnp.argmax(logits[:, 1 : 1 + w], axis=-1).astype(jnp.int32)  # [B, W]
+    after_cand = chosen[:, chosen.shape[1] - g * m :].reshape(B, g, m)  # [B, G, M]
+    new_level = jnp.argmax(logits[:, 1 + nw - w : 1 + nw], axis=-1).astype(jnp.int32)  # [B, W]
 
     a, best, emitted = verify(cands, valid, after_input, after_cand)
-
-    # Commit K/V of the input (index 0) and of the accepted candidate tokens.
+    # K/V to commit: the input (index 0), then the accepted tokens' indices
     src = jnp.zeros((B, 1), jnp.int32)
     if g > 0:
         cand_idx = lay.verify_start + best[:, None] * m + jnp.arange(m)[None]
         src = jnp.concatenate([src, cand_idx.astype(jnp.int32)], axis=1)
+    if la.verify_window:  # a longer right window path beats the best candidate
+        e = lay.max_emit
+        a_w, node, path_tokens, after_path = verify_window_paths(
+            lay, state.window.reshape(B, m * w), after_input, chosen[:, 1 : 1 + nw]
+        )
+        pad = lambda x: jnp.pad(x, ((0, 0), (0, e - x.shape[1])))  # noqa: E731
+        i = jnp.arange(e)[None]
+        emitted_w = jnp.where(
+            i < a_w[:, None], pad(path_tokens), jnp.where(i == a_w[:, None], after_path[:, None], 0)
+        )
+        src_w = jnp.concatenate([src[:, :1], 1 + jnp.asarray(lay.window_paths)[node]], axis=1)
+        use_w = (a_w > a)[:, None]
+        emitted = jnp.where(use_w, emitted_w, pad(emitted))
+        src = jnp.where(use_w, pad(src_w), pad(src))
+        a = jnp.maximum(a, a_w)
     cache = kv_cache.commit(state.cache, new_k, new_v, src, jnp.where(active, a + 1, 0))
     out_before = state.n_out
     state = dataclasses.replace(

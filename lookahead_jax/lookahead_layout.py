@@ -61,6 +61,7 @@ class StepLayout:
     n: int
     w: int
     g: int
+    verify_window: bool = False  # logits for every window token (see window_paths)
 
     @property
     def m(self) -> int:
@@ -112,10 +113,60 @@ class StepLayout:
 
     @functools.cached_property
     def logits_rows(self) -> np.ndarray:
-        """The tokens whose predictions are used: input, newest window level, candidates.
+        """The tokens whose predictions are used: input, window, candidates.
 
-        [1 + W + G*M]: index 0 is the input, then W window columns, then the candidates.
+        Index 0 is the input, then the window tokens that need logits — the newest
+        level's W (or, with verify_window, all (N-1)*W in window order) — then the
+        G*M candidate tokens.
         """
-        newest = [self.window_index(self.m - 1, j) for j in range(self.w)]
+        if self.verify_window:
+            window = list(range(1, self.verify_start))
+        else:
+            window = [self.window_index(self.m - 1, j) for j in range(self.w)]
         verify = list(range(self.verify_start, self.num_tokens))
-        return np.asarray([0, *newest, *verify], np.int32)
+        return np.asarray([0, *window, *verify], np.int32)
+
+    @property
+    def window_rows(self) -> int:
+        """How many window tokens have logits rows (they follow the input's row)."""
+        return self.m * self.w if self.verify_window else self.w
+
+    # ------------------------------------------------------------ window paths
+    # The window's attention makes it a tree rooted at the input: level 0 is a chain
+    # (column j's parent is column j-1, column 0's the input) and level l of column j
+    # hangs below level l-1 of column j. Every root-to-node path is a causal chain of
+    # consecutive positions, so each one is a guess of the next tokens that this very
+    # pass verifies, exactly like a candidate (verify_window).
+
+    def window_parent(self, level: int, col: int) -> int:
+        """Window node index (level*W + col) of the parent, or -1 for the input."""
+        if level > 0:
+            return (level - 1) * self.w + col
+        return col - 1 if col > 0 else -1
+
+    @functools.cached_property
+    def window_depths(self) -> np.ndarray:
+        """[(N-1)*W]: tokens on the path from the input to each window node (itself
+        included): level + col + 1."""
+        return np.asarray([lvl + j + 1 for lvl in range(self.m) for j in range(self.w)], np.int32)
+
+    @functools.cached_property
+    def window_paths(self) -> np.ndarray:
+        """[(N-1)*W, max depth]: window node indices along each node's path, root first,
+        padded by repeating the node itself."""
+        nodes = self.m * self.w
+        paths = np.zeros((nodes, max(self.window_depths)), np.int32)
+        for k in range(nodes):
+            path, node = [], k
+            while node >= 0:
+                path.append(node)
+                node = self.window_parent(*divmod(node, self.w))
+            path = path[::-1]
+            paths[k] = path + [k] * (paths.shape[1] - len(path))
+        return paths
+
+    @property
+    def max_emit(self) -> int:
+        """Most tokens one step emits: N (a full candidate and the bonus), or with
+        verify_window W+N-1 (the longest window path and the bonus)."""
+        return self.n + self.w - 1 if self.verify_window else self.n

@@ -99,3 +99,38 @@ def test_logits_rows_are_the_used_predictions(n, w, g):
 def test_token_counts():
     for n, w, g in itertools.product(range(2, 7), range(1, 6), range(0, 5)):
         assert StepLayout(n, w, g).num_tokens == 1 + (n - 1) * w + g * (n - 1)
+
+
+def test_window_paths_n4_w5():
+    lay = StepLayout(4, 5, 2, verify_window=True)
+    node = lambda level, col: level * 5 + col  # noqa: E731
+    # level 2, column 3: along level 0 to column 3, then up column 3
+    path = lay.window_paths[node(2, 3)]
+    depth = lay.window_depths[node(2, 3)]
+    assert depth == 6
+    assert path[:depth].tolist() == [
+        node(0, 0),
+        node(0, 1),
+        node(0, 2),
+        node(0, 3),
+        node(1, 3),
+        node(2, 3),
+    ]
+    assert lay.window_parent(0, 0) == -1 and lay.window_parent(0, 2) == node(0, 1)
+    assert lay.window_parent(1, 2) == node(0, 2)
+    assert lay.max_emit == 4 + 5 - 1
+    assert len(lay.logits_rows) == lay.num_tokens  # every token has logits
+    assert StepLayout(4, 5, 2).max_emit == 4
+
+
+@pytest.mark.parametrize("n,w,g", CONFIGS)
+def test_each_window_path_is_what_its_last_node_sees(n, w, g):
+    """A window node's causal context is exactly the input and its path: the path is a
+    guess of the next tokens that the pass verifies like a candidate."""
+    lay = StepLayout(n, w, g, verify_window=True)
+    for k in range(lay.m * lay.w):
+        d = lay.window_depths[k]
+        path = lay.window_paths[k][:d]
+        seen = set(np.flatnonzero(lay.mask[1 + k]).tolist())
+        assert seen == {0, *(1 + path).tolist()}
+        assert lay.offsets[1 + path].tolist() == list(range(1, d + 1))  # consecutive
