@@ -86,6 +86,35 @@ def _device_key(model) -> str:
     return f"{kind}-x{jax.device_count()}-{model.cfg.fingerprint()}-{jnp.dtype(model.dtype).name}"
 
 
+def step_latencies(
+    cfg, params, tokens: int, context: int, repeats: int, all_logits: bool = True
+) -> list[float]:
+    """Seconds of `repeats` forward steps of `tokens` new tokens over a `context`-token
+    cache, with logits for every new token (or for one)."""
+    from lookahead_jax import kv_cache
+    from lookahead_jax.model import causal_mask, forward
+
+    cache = kv_cache.init_cache(cfg, 1, context + tokens, params["embed"].dtype)
+    cache = kv_cache.KVCache(cache.k, cache.v, jnp.array([context], jnp.int32))
+    rows = jnp.arange(tokens if all_logits else 1, dtype=jnp.int32)[None]
+    args = (
+        params,
+        jnp.zeros((1, tokens), jnp.int32),
+        context + jnp.arange(tokens, dtype=jnp.int32)[None],
+        causal_mask(tokens),
+        cache,
+        rows,
+    )
+    exe = jax.jit(forward, static_argnums=1).lower(args[0], cfg, *args[1:]).compile()
+    jax.block_until_ready(exe(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(exe(*args))
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def measure_cost_curve(
     model,
     tokens=PROBE_TOKENS,
@@ -93,39 +122,15 @@ def measure_cost_curve(
     repeats: int = 7,
     stop_above: float = float("inf"),
 ) -> dict:
-    """{T: seconds} for one forward step of T tokens over a `context`-token cache.
+    """{T: seconds} (the fastest of `repeats`) for one forward step of T tokens.
 
     Sizes are probed in increasing order and probing stops once a step costs more
     than `stop_above` one-token steps: no config that large can pay off, and each
     size costs a compilation.
     """
-    from lookahead_jax import kv_cache
-    from lookahead_jax.model import causal_mask, forward
-
-    cfg, params = model.cfg, model.params
-    fwd = jax.jit(forward, static_argnums=1)
-    cache = kv_cache.init_cache(cfg, 1, context + max(tokens), model.dtype)
-    cache = kv_cache.KVCache(cache.k, cache.v, jnp.array([context], jnp.int32))
     curve = {}
     for t in sorted(tokens):
-        args = (
-            params,
-            cfg,
-            jnp.zeros((1, t), jnp.int32),
-            context + jnp.arange(t, dtype=jnp.int32)[None],
-            causal_mask(t),
-            cache,
-            jnp.arange(t, dtype=jnp.int32)[None],
-        )
-        exe = fwd.lower(*args).compile()
-        run_args = args[:1] + args[2:]
-        jax.block_until_ready(exe(*run_args))
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(exe(*run_args))
-            times.append(time.perf_counter() - t0)
-        curve[t] = float(np.min(times))
+        curve[t] = min(step_latencies(model.cfg, model.params, t, context, repeats))
         if t > 1 and curve[t] / curve[min(curve)] > stop_above:
             break
     return curve

@@ -16,17 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax import kv_cache
+from lookahead_jax.autotune import step_latencies
 from lookahead_jax.config import LlamaConfig, RopeScaling
 from lookahead_jax.loading import resolve_dtype
-from lookahead_jax.model import causal_mask, forward, init_params
+from lookahead_jax.model import init_params
 
 SHAPES = {
     "smollm2-135m": dict(
@@ -75,33 +73,12 @@ def model_and_params(name: str, dtype):
     return model.cfg, model.params
 
 
-def time_fn(fn, args, repeats: int) -> list[float]:
-    jax.block_until_ready(fn(*args))
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        out.append(time.perf_counter() - t)
-    return out
-
-
 def measure(cfg, params, tokens: list[int], context: int, repeats: int) -> list[dict]:
-    dtype = params["embed"].dtype
-    max_t = max(tokens)
-    cache = kv_cache.init_cache(cfg, 1, context + max_t, dtype)
-    cache = kv_cache.KVCache(cache.k, cache.v, jnp.array([context], jnp.int32))
-    fwd = jax.jit(forward, static_argnums=1)
     rows = []
     for t in tokens:
-        x = jnp.zeros((1, t), jnp.int32)
-        pos = context + jnp.arange(t, dtype=jnp.int32)[None]
-        mask = causal_mask(t)
-        one = jnp.zeros((1, 1), jnp.int32)
-        all_rows = jnp.arange(t, dtype=jnp.int32)[None]
         r = {"tokens": t}
-        for key, sel in (("all_logits_s", all_rows), ("one_logit_s", one)):
-            exe = fwd.lower(params, cfg, x, pos, mask, cache, sel).compile()
-            ts = time_fn(exe, (params, x, pos, mask, cache, sel), repeats)
+        for key, all_logits in (("all_logits_s", True), ("one_logit_s", False)):
+            ts = step_latencies(cfg, params, t, context, repeats, all_logits)
             r[key] = {"min": min(ts), "median": float(np.median(ts))}
         rows.append(r)
         print(
