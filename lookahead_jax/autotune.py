@@ -33,23 +33,27 @@ import numpy as np
 from lookahead_jax.cache_dir import cache_root
 from lookahead_jax.lookahead import LookaheadConfig
 
-# (n, w, g): prior compression on MT-bench first turns and a code set (SmolLM2-135M,
-# greedy, 256 new tokens; scripts/step_compression.py and benchmarks/).
+# (n, w, g): prior compression (new tokens per step) on MT-bench first turns, greedy, 256
+# new tokens, SmolLM2-135M (benchmarks/compression_*.md). Chat text; code compresses more.
 PRIORS: dict[tuple[int, int, int], float] = {
     (2, 1, 1): 1.34,
     (3, 1, 1): 1.54,
     (4, 1, 1): 1.65,
     (5, 1, 1): 1.73,
+    (6, 1, 1): 1.79,
+    (7, 1, 1): 1.83,
     (4, 1, 2): 1.78,
     (5, 1, 2): 1.86,
     (6, 1, 2): 1.92,
+    (4, 2, 2): 1.80,
     (4, 5, 3): 1.95,
     (5, 7, 7): 2.20,
     (5, 15, 15): 2.35,
 }
 MARGIN = 1.03  # expected speedup needed to prefer lookahead over plain decoding
 CHUNK_STEPS = 16  # the guard looks at the acceptance every this many steps
-PROBE_TOKENS = (1, 3, 6, 10, 16, 32, 64, 128)
+# probe exactly the candidates' step sizes: XLA's speed is not smooth in T on every device
+PROBE_TOKENS = tuple(sorted({1} | {LookaheadConfig(*k).tokens_per_step for k in PRIORS}))
 FACTOR_EMA = 0.3
 
 
@@ -86,11 +90,9 @@ def _device_key(model) -> str:
     return f"{kind}-x{jax.device_count()}-{model.cfg.fingerprint()}-{jnp.dtype(model.dtype).name}"
 
 
-def step_latencies(
-    cfg, params, tokens: int, context: int, repeats: int, all_logits: bool = True
-) -> list[float]:
-    """Seconds of `repeats` forward steps of `tokens` new tokens over a `context`-token
-    cache, with logits for every new token (or for one)."""
+def compiled_step(cfg, params, tokens: int, context: int, all_logits: bool = True):
+    """(executable, args) of one forward step of `tokens` new tokens over a
+    `context`-token cache, with logits for every new token (or for one)."""
     from lookahead_jax import kv_cache
     from lookahead_jax.model import causal_mask, forward
 
@@ -106,33 +108,48 @@ def step_latencies(
         rows,
     )
     exe = jax.jit(forward, static_argnums=1).lower(args[0], cfg, *args[1:]).compile()
+    jax.block_until_ready(exe(*args))  # warm up
+    return exe, args
+
+
+def run_time(exe, args) -> float:
+    t0 = time.perf_counter()
     jax.block_until_ready(exe(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(exe(*args))
-        times.append(time.perf_counter() - t0)
-    return times
+    return time.perf_counter() - t0
+
+
+def step_latencies(
+    cfg, params, tokens: int, context: int, repeats: int, all_logits: bool = True
+) -> list[float]:
+    """Seconds of `repeats` forward steps (see compiled_step)."""
+    exe, args = compiled_step(cfg, params, tokens, context, all_logits)
+    return [run_time(exe, args) for _ in range(repeats)]
 
 
 def measure_cost_curve(
     model,
     tokens=PROBE_TOKENS,
     context: int = 256,
-    repeats: int = 7,
+    repeats: int = 9,
     stop_above: float = float("inf"),
 ) -> dict:
     """{T: seconds} (the fastest of `repeats`) for one forward step of T tokens.
 
-    Sizes are probed in increasing order and probing stops once a step costs more
-    than `stop_above` one-token steps: no config that large can pay off, and each
-    size costs a compilation.
+    Sizes are compiled in increasing order and probing stops once a step costs more
+    than `stop_above` one-token steps (no config that large can pay off, and each size
+    costs a compilation). The sizes are then timed round-robin, so that a busy
+    moment of the machine slows them all rather than skewing the curve.
     """
-    curve = {}
+    exes, rough = {}, {}
     for t in sorted(tokens):
-        curve[t] = min(step_latencies(model.cfg, model.params, t, context, repeats))
-        if t > 1 and curve[t] / curve[min(curve)] > stop_above:
+        exes[t] = compiled_step(model.cfg, model.params, t, context)
+        rough[t] = min(run_time(*exes[t]) for _ in range(2))
+        if t > 1 and rough[t] / rough[min(rough)] > stop_above:
             break
+    curve = dict.fromkeys(exes, float("inf"))
+    for _ in range(repeats):
+        for t, (exe, args) in exes.items():
+            curve[t] = min(curve[t], run_time(exe, args))
     return curve
 
 

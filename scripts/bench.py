@@ -30,14 +30,26 @@ from prompts import prompt_set  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
-from lookahead_jax.lookahead import DEFAULT_LOOKAHEAD  # noqa: E402
 
-SWEEP = ["2,1,1", "3,1,1", "3,2,2", "4,1,2", "4,2,2", "4,5,3", "5,3,3", "5,7,7", "5,15,15"]
+# a trailing "v" verifies the window's paths too (LookaheadConfig.verify_window)
+SWEEP = [
+    "2,1,1",
+    "3,1,1",
+    "4,1,1",
+    "5,1,1",
+    "6,1,1",
+    "4,1,2",
+    "5,1,2",
+    "3,1,1v",
+    "5,1,1v",
+    "4,5,3",
+    "5,7,7",
+]
 
 
 def parse_la(text: str):
-    n, w, g = (int(x) for x in text.split(","))
-    return lj.LookaheadConfig(n, w, g)
+    n, w, g = (int(x) for x in text.rstrip("v").split(","))
+    return lj.LookaheadConfig(n, w, g, verify_window=text.endswith("v"))
 
 
 class Ours:
@@ -53,6 +65,7 @@ class Ours:
             "steps": out.steps[0],
             "compile_s": s["compile_s"],
             "lookahead": s["config"]["lookahead"],
+            "auto": s["config"].get("lookahead_auto"),
         }
 
 
@@ -130,6 +143,19 @@ def summarize(records: list[dict], systems: list[str], repeats: int) -> dict:
     return out
 
 
+def auto_choices(records) -> dict:
+    """How often auto chose each config, and how often it switched to plain mid-way."""
+    out: dict[str, int] = {}
+    for r in records:
+        if r["system"] == "lookahead_default" and r.get("auto"):
+            chosen = r["auto"]["chosen"]
+            key = "plain" if chosen is None else ",".join(map(str, chosen))
+            if r["auto"].get("switched_to_plain_after_steps") is not None:
+                key += " -> plain"
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
 def geomean(xs):
     return float(math.exp(np.mean(np.log(xs)))) if xs else None
 
@@ -200,6 +226,7 @@ def markdown(results: dict) -> str:
         f"Command: `{results['command']}`",
         "",
         f"{results['max_new_tokens']} new tokens, greedy, {results['dtype']}, "
+        f"lookahead_default = the CLI default, auto (its choices: {results['auto_choices']}), "
         f"{results['repeats']} repeats (tokens/s min / median over repeats; speedup = "
         "ratio of medians). Lookahead rows equal plain rows token for token: "
         f"{results['exact_rows']}.",
@@ -283,7 +310,8 @@ def main() -> None:
         args.max_new_tokens, args.repeats, args.sweep = 16, 1, "3,1,1"
 
     model = lj.load(args.ckpt)
-    systems = {"plain": Ours(model, None), "lookahead_default": Ours(model, DEFAULT_LOOKAHEAD)}
+    # the default is the CLI's: lookahead "auto"
+    systems = {"plain": Ours(model, None), "lookahead_default": Ours(model, "auto")}
     sweep = [s for s in args.sweep.split() if s]
     for s in sweep:
         systems[f"lookahead_{s}"] = Ours(model, parse_la(s))
@@ -361,7 +389,8 @@ def main() -> None:
         "seconds": time.time() - t0,
         "device": f"{device.platform} {platform.processor() or platform.machine()} "
         f"x{os.cpu_count()}",
-        "default_lookahead": DEFAULT_LOOKAHEAD.describe(),
+        "default_lookahead": "auto",
+        "auto_choices": auto_choices(records),
         "compile_s": compile_s,
         "exact_rows": f"{exact}/{len(ours)}",
         "sets": {},
