@@ -199,50 +199,24 @@ def generate(
     (a KeyboardInterrupt carrying the partial output) on Ctrl-C.
     """
     check_max_new_tokens(max_new_tokens)
-    if lookahead is not None and lookahead != "auto" and not isinstance(lookahead, LookaheadConfig):
+    if lookahead not in (None, "auto") and not isinstance(lookahead, LookaheadConfig):
         raise UserInputError(
             f"lookahead must be a LookaheadConfig(n, w, g), 'auto' or None, got {lookahead!r}"
         )
     sampling = SamplingConfig(float(temperature), top_k, top_p)
-    cfg = model.cfg
     choice, guard = None, None
     if lookahead == "auto":
         choice = _choose_auto(model)
         lookahead = choice.config
         if lookahead is not None and not multihost.is_multiprocess():
             guard = autotune.Guard(plain_step_s=choice.plain_step_s)
-    check_lookahead_fits(lookahead, cfg)
+    check_lookahead_fits(lookahead, model.cfg)
     ids = encode_prompts(model, prompts, chat)
-    longest = max(len(p) for p in ids)
-    check_context(cfg, longest, max_new_tokens)
-
-    spec = DecodeSpec(model=cfg, sampling=sampling, eos_ids=model.eos_ids, lookahead=lookahead)
-    # With several processes, `ids` are this process's rows; all processes must agree
-    # on the shapes, so the bucket is taken over everyone's longest prompt.
-    B = len(ids)
-    if multihost.agree_max(B) != B or multihost.agree_max(-B) != -B:
-        raise UserInputError("every process must pass the same number of prompts")
-    if multihost.agree_max(max_new_tokens) != max_new_tokens:
-        raise UserInputError("every process must pass the same max_new_tokens")
-    P, cap = bucket(multihost.agree_max(longest)), bucket(max_new_tokens)
-    check_batch(model.mesh, B * jax.process_count())
-    prompt = np.zeros((B, P), np.int32)
-    for b, p in enumerate(ids):
-        prompt[b, : len(p)] = p
-    first_row = B * jax.process_index()
-    keys = np.asarray(row_keys(seed, first_row + B))[first_row:]
-    args = (
-        model.params,
-        *(
-            multihost.global_rows(model.mesh, a)
-            for a in (
-                prompt,
-                np.asarray([len(p) for p in ids], np.int32),
-                np.full((B,), max_new_tokens, np.int32),
-                keys,
-            )
-        ),
+    check_context(model.cfg, max(len(p) for p in ids), max_new_tokens)
+    spec = DecodeSpec(
+        model=model.cfg, sampling=sampling, eos_ids=model.eos_ids, lookahead=lookahead
     )
+    args, cap = _device_inputs(model, ids, max_new_tokens, seed)
 
     # compile both programs first: neither timing below includes compilation
     name = "step" if stream else "run_loop"
@@ -284,20 +258,50 @@ def generate(
         switch.lookahead_hist,
     )
     if choice is not None:
-        out.stats["config"]["lookahead_auto"] = {
-            **choice.describe(),
-            "switched_to_plain_after_steps": switch.after_steps,
-        }
-        if spec.lookahead is not None and not interrupted:
-            hist = (
-                switch.lookahead_hist
-                if switch.lookahead_hist is not None
-                else multihost.local_rows(state.accept_hist)
-            )
-            autotune.record_acceptance(model, spec.lookahead, *_hist_compression(hist))
+        _report_auto(model, spec, state, out, choice, switch, interrupted)
     if interrupted:
         raise GenerationInterrupted(out)
     return out
+
+
+def _device_inputs(model: Model, ids: list[list[int]], max_new_tokens: int, seed: int):
+    """The start arguments (params, prompt [B, P], prompt_len, max_new, keys) and the
+    budget bucket. With several processes `ids` are this process's rows; all processes
+    must agree on the shapes, so the bucket covers everyone's longest prompt."""
+    B = len(ids)
+    if multihost.agree_max(B) != B or multihost.agree_max(-B) != -B:
+        raise UserInputError("every process must pass the same number of prompts")
+    if multihost.agree_max(max_new_tokens) != max_new_tokens:
+        raise UserInputError("every process must pass the same max_new_tokens")
+    P = bucket(multihost.agree_max(max(len(p) for p in ids)))
+    check_batch(model.mesh, B * jax.process_count())
+    prompt = np.zeros((B, P), np.int32)
+    for b, p in enumerate(ids):
+        prompt[b, : len(p)] = p
+    first_row = B * jax.process_index()
+    keys = np.asarray(row_keys(seed, first_row + B))[first_row:]
+    rows = (
+        prompt,
+        np.asarray([len(p) for p in ids], np.int32),
+        np.full((B,), max_new_tokens, np.int32),
+        keys,
+    )
+    args = (model.params, *(multihost.global_rows(model.mesh, a) for a in rows))
+    return args, bucket(max_new_tokens)
+
+
+def _report_auto(model, spec, state, out, choice, switch, interrupted) -> None:
+    """Add the auto choice to the stats; fold the observed acceptance into the running
+    factor (lookahead phase only)."""
+    out.stats["config"]["lookahead_auto"] = {
+        **choice.describe(),
+        "switched_to_plain_after_steps": switch.after_steps,
+    }
+    if spec.lookahead is not None and not interrupted:
+        hist = switch.lookahead_hist
+        if hist is None:
+            hist = multihost.local_rows(state.accept_hist)
+        autotune.record_acceptance(model, spec.lookahead, *_hist_compression(hist))
 
 
 def _choose_auto(model: Model) -> autotune.Choice:
