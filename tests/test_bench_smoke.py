@@ -1,0 +1,53 @@
+"""The benchmark scripts run end to end (--quick): a smoke check, not a timed test."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args, timeout=900):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    r = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.mark.smollm
+@pytest.mark.slow
+def test_bench_quick(tmp_path, smollm2_ckpt):
+    out = tmp_path / "bench"
+    run("scripts/bench.py", "--quick", "--out", str(out))
+    result = json.loads(out.with_suffix(".json").read_text())
+    systems = set(result["sets"]["mt_bench"]["summary"])
+    assert {"plain", "lookahead_default", "hf_greedy", "hf_prompt_lookup"} <= systems
+    assert result["exact_rows"].split("/")[0] == result["exact_rows"].split("/")[1]
+    assert out.with_suffix(".md").read_text().startswith("# Decoding benchmark")
+    for png in ("bench_speedup.png", "bench_categories.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_cost_curve_quick(tmp_path, tiny_ckpts):
+    out = tmp_path / "cc"
+    run(
+        "scripts/cost_curve.py",
+        "--model",
+        str(tiny_ckpts["gqa"][1]),
+        "--tokens",
+        "1,4",
+        "--repeats",
+        "2",
+        "--out",
+        str(out),
+    )
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert [r["tokens"] for r in result["rows"]] == [1, 4]
+    assert all(r["one_logit_s"]["min"] > 0 for r in result["rows"])
+    assert out.with_suffix(".png").stat().st_size > 1000
