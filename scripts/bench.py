@@ -53,11 +53,20 @@ def parse_la(text: str):
 
 
 class Ours:
-    def __init__(self, model, lookahead):
-        self.model, self.lookahead = model, lookahead
+    def __init__(self, model, lookahead, temperature: float = 0.0):
+        self.model, self.lookahead, self.temperature = model, lookahead, temperature
+        self.calls = 0
 
     def __call__(self, ids: list[int], max_new: int) -> dict:
-        out = lj.generate(self.model, [ids], max_new_tokens=max_new, lookahead=self.lookahead)
+        self.calls += 1  # a new seed per call: repeats are independent samples
+        out = lj.generate(
+            self.model,
+            [ids],
+            max_new_tokens=max_new,
+            lookahead=self.lookahead,
+            temperature=self.temperature,
+            seed=self.calls,
+        )
         s = out.stats
         return {
             "tokens": out.token_ids[0],
@@ -70,18 +79,24 @@ class Ours:
 
 
 class HF:
-    def __init__(self, hf_model, prompt_lookup: int | None):
-        self.model, self.prompt_lookup = hf_model, prompt_lookup
+    def __init__(self, hf_model, prompt_lookup: int | None, temperature: float = 0.0):
+        self.model, self.prompt_lookup, self.temperature = hf_model, prompt_lookup, temperature
 
-    def __call__(self, ids: list[int], max_new: int) -> dict:
+    def __call__(self, ids: list[int], max_new: int, seed: int = 0) -> dict:
         import torch
 
+        torch.manual_seed(seed)
         x = torch.as_tensor([ids])
         kw = {"prompt_lookup_num_tokens": self.prompt_lookup} if self.prompt_lookup else {}
+        if self.temperature > 0:
+            kw.update(do_sample=True, temperature=self.temperature, top_k=0)
         t = time.perf_counter()
         with torch.no_grad():
             out = self.model.generate(
-                x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new, **kw
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=max_new,
+                **{"do_sample": False, **kw},
             )
         seconds = time.perf_counter() - t
         new = out[0, len(ids) :].tolist()
@@ -225,7 +240,9 @@ def markdown(results: dict) -> str:
         "",
         f"Command: `{results['command']}`",
         "",
-        f"{results['max_new_tokens']} new tokens, greedy, {results['dtype']}, "
+        f"{results['max_new_tokens']} new tokens, "
+        + ("greedy" if not results["temperature"] else f"temperature {results['temperature']}")
+        + f", {results['dtype']}, "
         f"lookahead_default = the CLI default, auto (its choices: {results['auto_choices']}), "
         f"{results['repeats']} repeats (tokens/s min / median over repeats; speedup = "
         "ratio of medians). Lookahead rows equal plain rows token for token: "
@@ -300,6 +317,12 @@ def main() -> None:
     )
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face systems")
     ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 = greedy (default); > 0 samples (every system, a new seed per call)",
+    )
+    ap.add_argument(
         "--quick",
         action="store_true",
         help="smoke check: 2 prompts per set, 16 tokens, 1 repeat, one sweep config",
@@ -311,14 +334,16 @@ def main() -> None:
 
     model = lj.load(args.ckpt)
     # the default is the CLI's: lookahead "auto"
-    systems = {"plain": Ours(model, None), "lookahead_default": Ours(model, "auto")}
+    temp = args.temperature
+    systems = {"plain": Ours(model, None, temp), "lookahead_default": Ours(model, "auto", temp)}
     sweep = [s for s in args.sweep.split() if s]
     for s in sweep:
-        systems[f"lookahead_{s}"] = Ours(model, parse_la(s))
+        systems[f"lookahead_{s}"] = Ours(model, parse_la(s), temp)
     if not args.no_hf:
         hf = load_hf(model)
-        systems["hf_greedy"] = HF(hf, None)
-        systems["hf_prompt_lookup"] = HF(hf, 10)
+        systems["hf_greedy" if temp == 0 else "hf_sampling"] = HF(hf, None, temp)
+        if temp == 0:  # transformers' prompt lookup is greedy-only
+            systems["hf_prompt_lookup"] = HF(hf, 10)
 
     prompts = []
     for name in args.sets.split(","):
@@ -357,7 +382,9 @@ def main() -> None:
                 bar.update(1)
                 if name.startswith("lookahead_") and name != "lookahead_default" and not p["sweep"]:
                     continue
-                r = systems[name](p["ids"], args.max_new_tokens)
+                # the same seed for every system on a prompt and repeat: under sampling our
+                # plain and lookahead decoding then draw the same tokens (sampling.py)
+                r = systems[name](p["ids"], args.max_new_tokens, seed=1000 * k + i)
                 records.append(
                     {
                         "system": name,
@@ -384,6 +411,7 @@ def main() -> None:
         "command": " ".join(["python", *sys.argv]),
         "model": args.ckpt,
         "dtype": "float32",
+        "temperature": temp,
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "seconds": time.time() - t0,
