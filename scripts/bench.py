@@ -55,17 +55,15 @@ def parse_la(text: str):
 class Ours:
     def __init__(self, model, lookahead, temperature: float = 0.0):
         self.model, self.lookahead, self.temperature = model, lookahead, temperature
-        self.calls = 0
 
-    def __call__(self, ids: list[int], max_new: int) -> dict:
-        self.calls += 1  # a new seed per call: repeats are independent samples
+    def __call__(self, ids: list[int], max_new: int, seed: int = 0) -> dict:
         out = lj.generate(
             self.model,
             [ids],
             max_new_tokens=max_new,
             lookahead=self.lookahead,
             temperature=self.temperature,
-            seed=self.calls,
+            seed=seed,
         )
         s = out.stats
         return {
