@@ -68,7 +68,7 @@ def convert(src, out, dtype: str = "float32", force: bool = False, progress: boo
                 raise type(e)(f"{src}: {e}") from e
         if is_gguf:
             if "tokenizer.ggml.model" in reader.fields:
-                gguf_src.save_tokenizer(src, tmp)
+                gguf_src.save_tokenizer(reader, src, tmp)
         else:
             hf_src.copy_tokenizer(src, tmp)
         source = {

@@ -9,6 +9,7 @@ loader does.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,17 +163,50 @@ def read_tensors(reader, cfg: LlamaConfig) -> tuple[int, Iterator[tuple[str, np.
     return len(reader.tensors), gen()
 
 
-def save_tokenizer(path: Path, out: Path) -> None:
-    """Build the tokenizer from GGUF metadata with transformers and save it as HF files."""
-    import os
+def tokenizer_metadata(reader) -> tuple[str, dict, dict]:
+    """(architecture, tokenizer fields, tokenizer_config) from GGUF metadata, named as
+    transformers' GGUF tokenizer builder expects them."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found"
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
+    def get(key):
+        return _field(reader, f"tokenizer.{key}")
+
+    groups = {
+        group: {name: get(key) for key, name in renames.items() if get(key) is not None}
+        for group, renames in GGUF_TOKENIZER_MAPPING.items()
+    }
+    tokenizer, config = groups["tokenizer"], groups["tokenizer_config"]
+    if tokenizer.get("tokenizer_type") == "llama":
+        config.setdefault("add_bos_token", True)  # llama.cpp's default for sentencepiece
+    for name, key in (
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("unk_token", "unknown_token_id"),
+        ("pad_token", "padding_token_id"),
+    ):
+        token_id = get(f"ggml.{key}")
+        config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
+    return _field(reader, "general.architecture"), tokenizer, config
+
+
+def save_tokenizer(reader, path: Path, out: Path) -> None:
+    """Build the tokenizer described by the GGUF metadata (transformers' builders, which
+    need no torch) and save it as tokenizer.json, tokenizer_config.json and
+    chat_template.jinja."""
+    import json
+
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
     from transformers.utils import logging
 
     logging.set_verbosity_error()
     try:
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except Exception as e:
+        arch, fields, config = tokenizer_metadata(reader)
+        backend, _ = convert_gguf_tokenizer(arch, fields)
+    except Exception as e:  # transformers raises many types for unknown tokenizer kinds
         raise UserInputError(f"{path}: cannot build its tokenizer: {e}") from e
-    tok.save_pretrained(str(out))
+    backend.save(str(out / "tokenizer.json"))
+    template = config.pop("chat_template", None)
+    if template:
+        (out / "chat_template.jinja").write_text(template)
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
