@@ -166,7 +166,8 @@ def read_tensors(reader, cfg: LlamaConfig) -> tuple[int, Iterator[tuple[str, np.
 def tokenizer_metadata(reader) -> tuple[str, dict, dict]:
     """(architecture, tokenizer fields, tokenizer_config) from GGUF metadata, named as
     transformers' GGUF tokenizer builder expects them."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found"
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found"
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING
 
     def get(key):

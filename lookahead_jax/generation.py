@@ -238,7 +238,7 @@ def generate(
         if stream is not None:
             state = _host_loop(model, loop_exe, state, stream, switch)
         else:
-            chunk = steps_per_call or (autotune.CHUNK_STEPS if guard else cap + 1)
+            chunk = steps_per_call or (guard.window_steps if guard else cap + 1)
             state = _device_loop(model, loop_exe, state, chunk, switch)
     except KeyboardInterrupt as e:
         interrupted = True
@@ -333,21 +333,22 @@ class _Switch:
         self.compile_s = 0.0
         self.after_steps = None
         self.lookahead_hist = None  # the lookahead phase's accepted-length histogram
-        self.steps_seen, self.t = 0, time.perf_counter()
+        self.last_steps, self.last_hist, self.t = 0, None, time.perf_counter()
 
     def check(self, state):
         """None to carry on, or (plain executable, plain state) to switch."""
         if self.guard is None or self.after_steps is not None:
             return None
         steps = int(multihost.local_rows(state.steps).max())
-        now = time.perf_counter()
-        if steps - self.steps_seen < autotune.CHUNK_STEPS and not multihost.all_true(state.done):
+        if steps - self.last_steps < self.guard.window_steps:
             return None
+        now = time.perf_counter()
         hist = multihost.local_rows(state.accept_hist)
-        compression, _ = _hist_compression(hist)
-        step_s = (now - self.t) / max(steps - self.steps_seen, 1)
-        self.steps_seen, self.t = steps, now
-        if self.guard.keep_going(compression, step_s, steps) or multihost.all_true(state.done):
+        recent = hist if self.last_hist is None else hist - self.last_hist
+        compression, _ = _hist_compression(recent)
+        step_s = (now - self.t) / (steps - self.last_steps)
+        self.last_steps, self.last_hist, self.t = steps, hist, now
+        if self.guard.keep_going(compression, step_s, steps):
             return None
         exe, self.compile_s = self.plain_executable()
         self.after_steps, self.lookahead_hist = steps, hist

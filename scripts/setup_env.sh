@@ -13,6 +13,7 @@ fi
 [ -x .venv/bin/python ] || "$py" -m venv .venv
 stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${extras:-base}"
 if [ ! -f "$stamp" ]; then
+  export PYTHONWARNINGS=ignore  # setuptools' editable-install notices
   .venv/bin/python -m pip install -q --upgrade pip
   if [ -n "$extras" ]; then target=".[$extras]"; else target="."; fi
   .venv/bin/python -m pip install -q -e "$target"
