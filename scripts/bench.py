@@ -313,6 +313,7 @@ def main() -> None:
         default=2,
         help="per category, the first K prompts run the sweep (it is slow)",
     )
+    ap.add_argument("--sweep-repeats", type=int, default=1, help="repeats for the sweep")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face systems")
     ap.add_argument(
         "--temperature",
@@ -378,7 +379,8 @@ def main() -> None:
             names = names[i % len(names) :] + names[: i % len(names)]  # rotate the order
             for name in names:
                 bar.update(1)
-                if name.startswith("lookahead_") and name != "lookahead_default" and not p["sweep"]:
+                in_sweep = name.startswith("lookahead_") and name != "lookahead_default"
+                if in_sweep and (not p["sweep"] or k >= args.sweep_repeats):
                     continue
                 # the same seed for every system on a prompt and repeat: under sampling our
                 # plain and lookahead decoding then draw the same tokens (sampling.py)
