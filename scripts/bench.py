@@ -314,6 +314,12 @@ def main() -> None:
         help="per category, the first K prompts run the sweep (it is slow)",
     )
     ap.add_argument("--sweep-repeats", type=int, default=1, help="repeats for the sweep")
+    ap.add_argument(
+        "--per-category",
+        type=int,
+        default=0,
+        help="only the first K prompts of each category (0 = every prompt)",
+    )
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face systems")
     ap.add_argument(
         "--temperature",
@@ -324,7 +330,7 @@ def main() -> None:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="smoke check: 2 prompts per set, 16 tokens, 1 repeat, one sweep config",
+        help="smoke check: 1 prompt per set, 16 tokens, 1 repeat, one sweep config",
     )
     ap.add_argument("--out", default="benchmarks/cpu/bench")
     args = ap.parse_args()
@@ -348,10 +354,12 @@ def main() -> None:
     for name in args.sets.split(","):
         rows = prompt_set(name)
         if args.quick:
-            rows = rows[:2]
+            rows = rows[:1]
         seen: dict[str, int] = {}
         for r in rows:
             seen[r["category"]] = seen.get(r["category"], 0) + 1
+            if args.per_category and seen[r["category"]] > args.per_category:
+                continue
             ids = model.tokenizer.encode_prompt(r["prompt"], chat=True)
             prompts.append(
                 {
@@ -363,9 +371,14 @@ def main() -> None:
             )
 
     records, compile_s = [], {}
-    # warm up (compile every prompt bucket for our systems, load kernels for HF)
+    # warm up: compile every prompt-length bucket once for our systems (one prompt per
+    # bucket is enough: shapes, not contents, decide what compiles), load kernels for HF
+    by_bucket: dict[tuple[int, bool], dict] = {}
+    for p in prompts:
+        by_bucket.setdefault((lj.generation.bucket(len(p["ids"])), p["sweep"]), p)
+    warm = list(by_bucket.values())
     for name, fn in tqdm(systems.items(), desc="warm-up", leave=False):
-        for p in prompts if name.startswith(("plain", "lookahead")) else prompts[:1]:
+        for p in warm if name.startswith(("plain", "lookahead")) else prompts[:1]:
             if name.startswith("lookahead_") and name != "lookahead_default" and not p["sweep"]:
                 continue
             r = fn(p["ids"], args.max_new_tokens)

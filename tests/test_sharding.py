@@ -101,11 +101,10 @@ def test_mesh_errors(eight_heads):
 
 
 @pytest.mark.smollm
-@pytest.mark.parametrize("sizes", [dict(data=1, model=2), dict(model=4)], ids=str)
-def test_smollm2_sharded_equals_single(smollm2, smollm2_ckpt, sizes):
-    mesh = lj.make_mesh(**sizes)
+def test_smollm2_sharded_equals_single(smollm2, smollm2_ckpt):
+    """Both axes at once on the real model: 2 data shards (one prompt each) x 4 model."""
+    mesh = lj.make_mesh(data=2, model=4)
     model = lj.load(smollm2_ckpt, mesh=mesh)
-    assert mesh.shape["model"] == (2 if sizes.get("model") == 2 else 4)
     prompts = [
         smollm2.tokenizer.encode_prompt(q, chat=True)
         for q in ("Name three rivers.", "What is 12 times 12?")
