@@ -209,7 +209,7 @@ def generate(
         choice = _choose_auto(model)
         lookahead = choice.config
         if lookahead is not None and not multihost.is_multiprocess():
-            guard = autotune.Guard(plain_step_s=choice.plain_step_s)
+            guard = autotune.Guard(cost_ratio=choice.cost_ratio)
     check_lookahead_fits(lookahead, model.cfg)
     ids = encode_prompts(model, prompts, chat)
     check_context(model.cfg, max(len(p) for p in ids), max_new_tokens)
@@ -333,7 +333,7 @@ class _Switch:
         self.compile_s = 0.0
         self.after_steps = None
         self.lookahead_hist = None  # the lookahead phase's accepted-length histogram
-        self.last_steps, self.last_hist, self.t = 0, None, time.perf_counter()
+        self.last_steps, self.last_hist = 0, None
 
     def check(self, state):
         """None to carry on, or (plain executable, plain state) to switch."""
@@ -342,13 +342,11 @@ class _Switch:
         steps = int(multihost.local_rows(state.steps).max())
         if steps - self.last_steps < self.guard.window_steps:
             return None
-        now = time.perf_counter()
         hist = multihost.local_rows(state.accept_hist)
         recent = hist if self.last_hist is None else hist - self.last_hist
         compression, _ = _hist_compression(recent)
-        step_s = (now - self.t) / (steps - self.last_steps)
-        self.last_steps, self.last_hist, self.t = steps, hist, now
-        if self.guard.keep_going(compression, step_s, steps):
+        self.last_steps, self.last_hist = steps, hist
+        if self.guard.keep_going(compression, steps):
             return None
         exe, self.compile_s = self.plain_executable()
         self.after_steps, self.lookahead_hist = steps, hist

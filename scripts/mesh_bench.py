@@ -27,7 +27,13 @@ import numpy as np  # noqa: E402
 import lookahead_jax as lj  # noqa: E402
 
 MESHES = {
-    "smollm2-135m": [None, dict(data=1, model=2), dict(model=4), dict(data=2, model=4)],
+    "smollm2-135m": [
+        None,
+        dict(data=1, model=2),
+        dict(model=4),
+        dict(model=8),
+        dict(data=2, model=4),
+    ],
 }
 
 

@@ -1,4 +1,4 @@
-"""Step compression (new tokens per forward pass) of lookahead configs on MT-bench.
+"""Step compression (new tokens per forward pass) of lookahead configs on MT-bench or code.
 
 Compression is a property of the algorithm and the model, not of the hardware,
 so rows are batched to finish sooner; every row's tokens are also checked
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from prompts import mt_bench  # noqa: E402
+from prompts import prompt_set  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
@@ -36,11 +36,19 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--limit", type=int, default=None, help="first K prompts only")
+    ap.add_argument("--set", default="mt_bench", choices=["mt_bench", "code"])
+    ap.add_argument(
+        "--per-category", type=int, default=0, help="first K prompts of each category (0 = all)"
+    )
     ap.add_argument("--out", default="benchmarks/compression")
     args = ap.parse_args()
 
     model = lj.load(args.ckpt)
-    rows = mt_bench()[: args.limit]
+    rows, seen = [], {}
+    for r in prompt_set(args.set)[: args.limit]:
+        seen[r["category"]] = seen.get(r["category"], 0) + 1
+        if not args.per_category or seen[r["category"]] <= args.per_category:
+            rows.append(r)
     prompts = [model.tokenizer.encode_prompt(r["prompt"], chat=True) for r in rows]
     results = {
         "command": " ".join(sys.argv),
@@ -92,7 +100,7 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     cats = sorted(next(iter(results["configs"].values()))["by_category"])
     lines = [
-        f"# Step compression on MT-bench ({len(rows)} first turns, chat template, greedy, "
+        f"# Step compression on {args.set} ({len(rows)} prompts, chat template, greedy, "
         f"{args.max_new_tokens} new tokens, {args.ckpt})",
         "",
         f"`{results['command']}`",

@@ -2,6 +2,7 @@
 factor, falls back to plain decoding, and a losing lookahead hands over to plain decoding
 mid-generation — always with exactly the plain tokens."""
 
+import functools
 import json
 
 import pytest
@@ -67,20 +68,21 @@ def test_acceptance_factor_is_a_running_average(model, tmp_cache):
 
 
 def test_guard():
-    guard = autotune.Guard(plain_step_s=0.010)
-    assert guard.keep_going(compression=1.0, step_s=0.1, steps=40)  # warming up: no verdict
-    assert guard.keep_going(compression=2.0, step_s=0.015, steps=96)  # 1.33x
-    assert not guard.keep_going(compression=1.1, step_s=0.015, steps=96)  # 0.73x
+    guard = autotune.Guard(cost_ratio=1.5)
+    assert guard.keep_going(compression=1.0, steps=40)  # warming up: no verdict
+    assert guard.keep_going(compression=2.0, steps=96)  # 1.33x
+    assert not guard.keep_going(compression=1.1, steps=96)  # 0.73x
 
 
 def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache, monkeypatch):
-    # A curve that promises lookahead a nearly free win (a 1-token step of 1 us, so every
-    # real step looks 1000x slower than plain): the guard must call it off after warm-up.
+    # A curve that promises lookahead a nearly free win, and a guard that demands the
+    # impossible (100x): it must call the lookahead off after warm-up, mid-generation.
     fake = {t: 1e-6 * (1 + t / 1000) for t in FLAT}
     monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: fake)
+    monkeypatch.setattr(autotune, "Guard", functools.partial(autotune.Guard, give_up_below=100))
     prompts = random_prompts(3, 128, 5, 12, seed=41)
     plain = lj.generate(model, prompts, max_new_tokens=120)
-    guard = autotune.Guard(plain_step_s=1.0)
+    guard = autotune.Guard(cost_ratio=1.0)
     for stream in (None, lambda new: None):
         out = lj.generate(model, prompts, max_new_tokens=120, lookahead="auto", stream=stream)
         auto = out.stats["config"]["lookahead_auto"]

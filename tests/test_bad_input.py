@@ -699,6 +699,9 @@ def test_bad_input(case: Case, paths, tmp_path):
     for needle in case.needles:
         assert needle.format(**names) in line, (needle, line)
     assert r.stdout == "", r.stdout
+    if os.environ.get("LOOKAHEAD_JAX_BAD_INPUT_LOG"):  # for the docs: what each row prints
+        with open(os.environ["LOOKAHEAD_JAX_BAD_INPUT_LOG"], "a") as f:
+            f.write(json.dumps({"id": case.id, "line": line.replace(str(tmp_path), "TMP")}) + "\n")
 
     def nothing_left_behind():
         assert not (tmp_path / "out").exists()
