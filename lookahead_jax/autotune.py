@@ -229,8 +229,9 @@ class Guard:
 
     Acceptance starts low while the pool fills (on MT-bench with (5,1,1): 1.3 tokens per
     step over the first 16 steps, 1.9 after 64), so nothing is judged before
-    `warmup_steps`; after that, every `window_steps` steps the recent compression over
-    the config's cost ratio must stay above `give_up_below`.
+    `warmup_steps`; after that, every `window_steps` steps the compression so far (the
+    whole lookahead phase: a single dry window is common even in a winning run) over the
+    config's cost ratio must stay above `give_up_below`.
 
     The cost ratio is the cost curve's (lookahead step / one-token step, both timed
     round-robin in one measurement), not a ratio of wall times taken during decoding:

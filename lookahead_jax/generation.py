@@ -333,7 +333,7 @@ class _Switch:
         self.compile_s = 0.0
         self.after_steps = None
         self.lookahead_hist = None  # the lookahead phase's accepted-length histogram
-        self.last_steps, self.last_hist = 0, None
+        self.last_steps = 0
 
     def check(self, state):
         """None to carry on, or (plain executable, plain state) to switch."""
@@ -342,10 +342,11 @@ class _Switch:
         steps = int(multihost.local_rows(state.steps).max())
         if steps - self.last_steps < self.guard.window_steps:
             return None
+        # the lookahead phase's compression so far, not the last window's: acceptance
+        # comes in bursts, and one dry window of 32 steps must not end a winning run
         hist = multihost.local_rows(state.accept_hist)
-        recent = hist if self.last_hist is None else hist - self.last_hist
-        compression, _ = _hist_compression(recent)
-        self.last_steps, self.last_hist = steps, hist
+        compression, _ = _hist_compression(hist)
+        self.last_steps = steps
         if self.guard.keep_going(compression, steps):
             return None
         exe, self.compile_s = self.plain_executable()
