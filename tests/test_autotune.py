@@ -70,8 +70,8 @@ def test_acceptance_factor_is_a_running_average(model, tmp_cache):
 def test_guard():
     guard = autotune.Guard(cost_ratio=1.5)
     assert guard.keep_going(compression=1.0, steps=40)  # warming up: no verdict
-    assert guard.keep_going(compression=2.0, steps=96)  # 1.33x
-    assert not guard.keep_going(compression=1.1, steps=96)  # 0.73x
+    assert guard.keep_going(compression=2.0, steps=160)  # 1.33x
+    assert not guard.keep_going(compression=1.1, steps=160)  # 0.73x
 
 
 def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache, monkeypatch):
@@ -81,10 +81,10 @@ def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache
     monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: fake)
     monkeypatch.setattr(autotune, "Guard", functools.partial(autotune.Guard, give_up_below=100))
     prompts = random_prompts(3, 128, 5, 12, seed=41)
-    plain = lj.generate(model, prompts, max_new_tokens=120)
+    plain = lj.generate(model, prompts, max_new_tokens=200)
     guard = autotune.Guard(cost_ratio=1.0)
     for stream in (None, lambda new: None):
-        out = lj.generate(model, prompts, max_new_tokens=120, lookahead="auto", stream=stream)
+        out = lj.generate(model, prompts, max_new_tokens=200, lookahead="auto", stream=stream)
         auto = out.stats["config"]["lookahead_auto"]
         assert out.token_ids == plain.token_ids
         assert auto["chosen"] is not None
