@@ -462,7 +462,8 @@ def main() -> None:
         results["sets"][name] = data
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({**results, "records": records}) + "\n")
+    # OUT may contain dots (sampling_t0.7): append suffixes rather than replace one
+    out.with_name(out.name + ".json").write_text(json.dumps({**results, "records": records}) + "\n")
     md = markdown(results)
     for name, data in results["sets"].items():
         md += f"\n## sweep on {name} ({data['sweep']['prompts']} prompts)\n\n"
@@ -473,7 +474,7 @@ def main() -> None:
                 f"| {s} | {v['tokens_per_s_median']:.1f} | "
                 f"{data['sweep']['speedup_vs_plain'][s]:.2f}x | {comp} |\n"
             )
-    out.with_suffix(".md").write_text(md)
+    out.with_name(out.name + ".md").write_text(md)
     plot(results, out)
     print(md)
 
