@@ -11,7 +11,9 @@ are estimated, never assumed:
 * c — a prior per config (measured on MT-bench and a code set with SmolLM2-135M,
   see benchmarks/), times this model's running acceptance factor: after each
   lookahead generation, observed / prior compression, averaged (EMA) and cached
-  per model. A model that repeats itself more than SmolLM2 gets bigger configs.
+  per model and per decoding mode (greedy, or sampling at a temperature rounded to
+  0.1: sampling accepts far less, and must not drag the greedy factor down). A model
+  that repeats itself more than SmolLM2 gets bigger configs.
 
 The choice is argmax c / r over the candidates; if no candidate is expected to
 beat plain decoding by MARGIN, plain decoding is chosen. While generating, the
@@ -180,22 +182,44 @@ def _factor_file(model) -> Path:
     return _tune_dir() / f"acceptance-{model.cfg.fingerprint()}.json"
 
 
-def acceptance_factor(model) -> float:
+def sampling_bucket(sampling) -> str:
+    """The key a running acceptance factor is kept under: 'greedy' or e.g. 't0.7'.
+
+    `sampling` is a SamplingConfig (or None: greedy). top-k/top-p are not part of the
+    key: the temperature moves acceptance most."""
+    if sampling is None or sampling.greedy:
+        return "greedy"
+    return f"t{round(sampling.temperature, 1):.1f}"
+
+
+def _factors(model) -> dict[str, float]:
     try:
-        return float(json.loads(_factor_file(model).read_text())["factor"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 1.0
+        data = json.loads(_factor_file(model).read_text())["factors"]
+        return {str(k): float(v) for k, v in data.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
-def record_acceptance(model, config: LookaheadConfig, compression: float, steps: int) -> None:
-    """Fold one generation's observed compression into the model's running factor."""
+def acceptance_factor(model, sampling=None) -> float:
+    """This model's running observed / prior compression for a decoding mode (1.0 until
+    a generation has been recorded)."""
+    return _factors(model).get(sampling_bucket(sampling), 1.0)
+
+
+def record_acceptance(
+    model, config: LookaheadConfig, compression: float, steps: int, sampling=None
+) -> None:
+    """Fold one generation's observed compression into the running factor of its model
+    and decoding mode."""
     prior = PRIORS.get(config.key)
     if prior is None or steps < 16:
         return
     observed = (compression - 1.0) / (prior - 1.0) if prior > 1 else 1.0
-    factor = (1 - FACTOR_EMA) * acceptance_factor(model) + FACTOR_EMA * max(observed, 0.05)
+    factors = _factors(model)
+    key = sampling_bucket(sampling)
+    factors[key] = (1 - FACTOR_EMA) * factors.get(key, 1.0) + FACTOR_EMA * max(observed, 0.05)
     tmp = _factor_file(model).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"factor": factor}))
+    tmp.write_text(json.dumps({"factors": factors}))
     tmp.replace(_factor_file(model))
 
 
@@ -204,8 +228,10 @@ def expected_compression(config_key, factor: float) -> float:
     return 1.0 + (PRIORS[config_key] - 1.0) * factor
 
 
-def choose(model, max_step_tokens: int | None = None) -> Choice:
-    factor = acceptance_factor(model)
+def choose(model, max_step_tokens: int | None = None, sampling=None) -> Choice:
+    """The config with the best expected speedup for this model, device and decoding
+    mode (`sampling`: a SamplingConfig, None = greedy), or plain decoding."""
+    factor = acceptance_factor(model, sampling)
     # a config costing more than its best-case compression cannot win: stop probing there
     best_case = max(expected_compression(k, max(factor, 1.0)) for k in PRIORS)
     curve = cost_curve(model, stop_above=best_case)

@@ -206,7 +206,7 @@ def generate(
     sampling = SamplingConfig(float(temperature), top_k, top_p)
     choice, guard = None, None
     if lookahead == "auto":
-        choice = _choose_auto(model)
+        choice = _choose_auto(model, sampling)
         lookahead = choice.config
         if lookahead is not None and not multihost.is_multiprocess():
             guard = autotune.Guard(cost_ratio=choice.cost_ratio)
@@ -301,12 +301,14 @@ def _report_auto(model, spec, state, out, choice, switch, interrupted) -> None:
         hist = switch.lookahead_hist
         if hist is None:
             hist = multihost.local_rows(state.accept_hist)
-        autotune.record_acceptance(model, spec.lookahead, *_hist_compression(hist))
+        autotune.record_acceptance(
+            model, spec.lookahead, *_hist_compression(hist), sampling=spec.sampling
+        )
 
 
-def _choose_auto(model: Model) -> autotune.Choice:
+def _choose_auto(model: Model, sampling: SamplingConfig) -> autotune.Choice:
     """The auto choice; with several processes, process 0's (the cost curves may differ)."""
-    choice = autotune.choose(model, max_step_tokens=max_step_tokens(model.cfg))
+    choice = autotune.choose(model, max_step_tokens(model.cfg), sampling)
     if multihost.is_multiprocess():
         from jax.experimental import multihost_utils
 

@@ -67,6 +67,24 @@ def test_acceptance_factor_is_a_running_average(model, tmp_cache):
     assert autotune.acceptance_factor(model) > low
 
 
+def test_sampling_keeps_its_own_acceptance_factor(model, tmp_cache, monkeypatch):
+    greedy_before = autotune.acceptance_factor(model)
+    hot = lj.SamplingConfig(temperature=0.7)
+    assert autotune.sampling_bucket(hot) == "t0.7"
+    assert autotune.sampling_bucket(lj.SamplingConfig(temperature=0.7, top_k=1)) == "greedy"
+    la = lj.LookaheadConfig(4, 1, 2)
+    autotune.record_acceptance(model, la, compression=1.0, steps=100, sampling=hot)
+    assert autotune.acceptance_factor(model, hot) < 1.0
+    assert autotune.acceptance_factor(model) == greedy_before  # greedy untouched
+    assert autotune.acceptance_factor(model, lj.SamplingConfig(temperature=1.0)) == 1.0
+    # a sampling generation with auto records under its own bucket too
+    cheap = {t: 1e-6 * (1 + t / 1000) for t in FLAT}
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: cheap)
+    lj.generate(model, [[5, 6, 7]], max_new_tokens=40, lookahead="auto", temperature=1.0)
+    assert autotune.acceptance_factor(model, lj.SamplingConfig(temperature=1.0)) != 1.0
+    assert autotune.acceptance_factor(model) == greedy_before
+
+
 def test_guard():
     guard = autotune.Guard(cost_ratio=1.5)
     assert guard.keep_going(compression=1.0, steps=40)  # warming up: no verdict
