@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.cache_dir import cache_root
+from lookahead_jax.cache_dir import cache_root, write_atomic
 from lookahead_jax.lookahead import LookaheadConfig
 
 # (n, w, g): prior compression (new tokens per step) on MT-bench first turns, greedy, 256
@@ -163,9 +163,7 @@ def cost_curve(model, stop_above: float = float("inf")) -> dict:
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
     curve = measure_cost_curve(model, stop_above=stop_above)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"curve": curve, "measured": time.time()}))
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"curve": curve, "measured": time.time()}))
     return curve
 
 
@@ -218,9 +216,7 @@ def record_acceptance(
     factors = _factors(model)
     key = sampling_bucket(sampling)
     factors[key] = (1 - FACTOR_EMA) * factors.get(key, 1.0) + FACTOR_EMA * max(observed, 0.05)
-    tmp = _factor_file(model).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"factors": factors}))
-    tmp.replace(_factor_file(model))
+    write_atomic(_factor_file(model), json.dumps({"factors": factors}))
 
 
 def expected_compression(config_key, factor: float) -> float:

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -15,6 +17,39 @@ def cache_root() -> Path:
         return Path(os.environ["LOOKAHEAD_JAX_CACHE"]).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "lookahead_jax"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` via a uniquely named temporary file and a rename, so that
+    readers never see half a file and concurrent writers never trip over each other."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path):
+    """Hold an exclusive advisory lock on `lock_path` (created if missing) for the block:
+    e.g. two processes converting the default model at once wait for each other."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks on this platform
+        yield
+        return
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def enable_compilation_cache() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lookahead_jax.cache_dir import cache_root
+from lookahead_jax.cache_dir import cache_root, exclusive
 from lookahead_jax.errors import MissingFileError
 
 NAME = "smollm2-135m"
@@ -41,13 +41,16 @@ def resolve(ckpt) -> Path:
     if ckpt is not None and str(ckpt) != NAME:
         return Path(ckpt).expanduser()
     path = checkpoint_path()
-    if not (path / "manifest.json").is_file():
-        import sys
+    if (path / "manifest.json").is_file():
+        return path
+    import sys
 
-        from checkpoints_convert.convert import convert
+    from checkpoints_convert.convert import convert
 
-        src = gguf_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"converting the default model {src.name} -> {path} (once)", file=sys.stderr)
-        convert(src, path, "float32", force=path.exists(), progress=sys.stderr.isatty())
+    src = gguf_path()
+    # a second process starting at the same time waits here, then finds the checkpoint
+    with exclusive(path.with_name(path.name + ".lock")):
+        if not (path / "manifest.json").is_file():
+            print(f"converting the default model {src.name} -> {path} (once)", file=sys.stderr)
+            convert(src, path, "float32", force=path.exists(), progress=sys.stderr.isatty())
     return path
