@@ -4,6 +4,8 @@ mid-generation — always with exactly the plain tokens."""
 
 import functools
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -45,13 +47,34 @@ def test_cost_ratio_interpolates_and_refuses_to_extrapolate():
     assert autotune.cost_ratio(STEEP, 17) == float("inf")
 
 
-def test_measured_curve_is_cached_and_stops_early(model, tmp_cache):
+def test_measured_curve_is_cached_and_stops_early(model, tmp_cache, monkeypatch):
+    monkeypatch.setattr(autotune, "BUSY_CORES", float("inf"))  # however busy the machine is
     curve = autotune.cost_curve(model, stop_above=1e-9)  # stop right after the first size
     assert list(curve) == [1, 3]
     files = list((tmp_cache / "autotune").glob("cost-*.json"))
     assert len(files) == 1
     assert {int(k) for k in json.loads(files[0].read_text())["curve"]} == {1, 3}
     assert autotune.cost_curve(model) == curve  # read back, not measured again
+
+
+def test_a_curve_measured_on_a_busy_cpu_is_not_cached(model, tmp_cache, monkeypatch):
+    monkeypatch.setattr(autotune, "BUSY_CORES", -1.0)  # any other CPU use counts as busy
+    calls = []
+    measure = autotune.measure_cost_curve
+    monkeypatch.setattr(
+        autotune, "measure_cost_curve", lambda *a, **k: calls.append(1) or measure(*a, **k)
+    )
+    curve = autotune.cost_curve(model, stop_above=1e-9)
+    assert not list((tmp_cache / "autotune").glob("cost-*.json"))
+    assert autotune.cost_curve(model) == curve and len(calls) == 1  # kept for this process
+
+
+def test_other_cpu_use_sees_another_process():
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"
+    with autotune.OtherCpuUse() as others:
+        proc = subprocess.Popen([sys.executable, "-c", spin])
+        proc.wait()  # this process sleeps meanwhile
+    assert others.cores is not None and others.cores > 0.5
 
 
 def test_acceptance_factor_is_a_running_average(model, tmp_cache):
