@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
-from prompts import prompt_set  # noqa: E402
+from prompts import category_ranks, prompt_set  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
@@ -355,10 +355,8 @@ def main() -> None:
         rows = prompt_set(name)
         if args.quick:
             rows = rows[:1]
-        seen: dict[str, int] = {}
-        for r in rows:
-            seen[r["category"]] = seen.get(r["category"], 0) + 1
-            if args.per_category and seen[r["category"]] > args.per_category:
+        for rank, r in category_ranks(rows):
+            if args.per_category and rank > args.per_category:
                 continue
             ids = model.tokenizer.encode_prompt(r["prompt"], chat=True)
             prompts.append(
@@ -366,7 +364,7 @@ def main() -> None:
                     **r,
                     "set": name,
                     "ids": ids,
-                    "sweep": seen[r["category"]] <= args.sweep_prompts or args.quick,
+                    "sweep": rank <= args.sweep_prompts or args.quick,
                 }
             )
 

@@ -31,3 +31,14 @@ def code(path: Path | None = None) -> list[dict]:
 
 def prompt_set(name: str) -> list[dict]:
     return {"mt_bench": mt_bench, "code": code}[name]()
+
+
+def category_ranks(rows: list[dict]) -> list[tuple[int, dict]]:
+    """[(k, row)]: row is the k-th (from 1) of its category, in the order given; for
+    options like --per-category K (keep rows with k <= K)."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in rows:
+        seen[r["category"]] = seen.get(r["category"], 0) + 1
+        out.append((seen[r["category"]], r))
+    return out

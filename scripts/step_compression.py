@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from prompts import prompt_set  # noqa: E402
+from prompts import category_ranks, prompt_set  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
@@ -44,11 +44,11 @@ def main() -> None:
     args = ap.parse_args()
 
     model = lj.load(args.ckpt)
-    rows, seen = [], {}
-    for r in prompt_set(args.set)[: args.limit]:
-        seen[r["category"]] = seen.get(r["category"], 0) + 1
-        if not args.per_category or seen[r["category"]] <= args.per_category:
-            rows.append(r)
+    rows = [
+        r
+        for rank, r in category_ranks(prompt_set(args.set)[: args.limit])
+        if not args.per_category or rank <= args.per_category
+    ]
     prompts = [model.tokenizer.encode_prompt(r["prompt"], chat=True) for r in rows]
     results = {
         "command": " ".join(sys.argv),

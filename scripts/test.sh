@@ -9,6 +9,6 @@ export HF_HUB_OFFLINE=1
 .venv/bin/ruff format --check .
 # One pytest worker per core, at most 4 (each holds its own models and compiled programs);
 # LOOKAHEAD_JAX_TEST_WORKERS=0 runs in this process.
-cores="$(.venv/bin/python -c 'import os; print(len(getattr(os, "sched_getaffinity", lambda _: range(os.cpu_count() or 1))(0)))')"
+cores="$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)"  # nproc: Linux; getconf: macOS
 workers="${LOOKAHEAD_JAX_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
 exec .venv/bin/python -m pytest -q -n "$workers" "$@"
