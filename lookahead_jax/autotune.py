@@ -1,12 +1,13 @@
-"""`--lookahead auto`: choose (N, W, G) for this machine and model, or plain decoding.
+"""`--lookahead auto`: choose the tokens per step for this machine and model, or plain
+decoding.
 
-A lookahead config pays when the tokens it emits per step (its compression c)
-outgrow how much slower its step is than a plain one (the cost ratio r). Both
-are estimated, never assumed:
+A lookahead layout (LookaheadConfig.for_budget) pays when the tokens it emits per step
+(its compression c) outgrow how much slower its step is than a plain one (the cost ratio
+r). Both are estimated, never assumed:
 
 * r — a short cost curve measured on this device for this model: the latency of
   one forward step of T tokens (with logits for all of them) at a few T,
-  interpolated to each candidate's T = 1 + (N-1)(W+G). It is measured once and
+  at each candidate's T. It is measured once and
   cached per device kind, model and dtype in the cache directory (on a CPU device, only
   if no other process kept the cores busy meanwhile: see OtherCpuUse).
 * c — a prior per config (measured on MT-bench and a code set with SmolLM2-135M,
@@ -37,27 +38,22 @@ import numpy as np
 from lookahead_jax.cache_dir import cache_root, write_atomic
 from lookahead_jax.lookahead import LookaheadConfig
 
-# (n, w, g): prior compression (new tokens per step) on MT-bench first turns, greedy, 256
-# new tokens, SmolLM2-135M (benchmarks/cpu/compression.md; (5,15,15) measured 2.42 on all 80). Chat
-# text; code compresses more.
-PRIORS: dict[tuple[int, int, int], float] = {
-    (2, 1, 1): 1.34,
-    (3, 1, 1): 1.54,
-    (4, 1, 1): 1.65,
-    (5, 1, 1): 1.73,
-    (6, 1, 1): 1.79,
-    (7, 1, 1): 1.83,
-    (4, 1, 2): 1.78,
-    (5, 1, 2): 1.86,
-    (6, 1, 2): 1.92,
-    (4, 2, 2): 1.80,
-    (4, 5, 3): 1.95,
-    (5, 7, 7): 2.20,
-    (5, 15, 15): 2.35,
+# tokens per step (a LookaheadConfig.for_budget layout): prior compression (new tokens per
+# step) on MT-bench first turns, greedy, 256 new tokens, SmolLM2-135M
+# (benchmarks/cpu/budgets.md). Chat text; code compresses more.
+PRIORS: dict[int, float] = {
+    2: 1.30,
+    4: 1.50,
+    8: 1.64,
+    12: 1.79,
+    16: 1.93,
+    32: 2.10,
+    64: 2.25,
+    128: 2.35,
 }
 MARGIN = 1.03  # expected speedup needed to prefer lookahead over plain decoding
 # probe exactly the candidates' step sizes: XLA's speed is not smooth in T on every device
-PROBE_TOKENS = tuple(sorted({1} | {LookaheadConfig(*k).tokens_per_step for k in PRIORS}))
+PROBE_TOKENS = tuple(sorted({1} | {LookaheadConfig.for_budget(t).tokens_per_step for t in PRIORS}))
 FACTOR_EMA = 0.3
 
 
@@ -72,9 +68,7 @@ class Choice:
     def describe(self) -> dict:
         return {
             "auto": True,
-            "chosen": None
-            if self.config is None
-            else [self.config.n, self.config.w, self.config.g],
+            "chosen": None if self.config is None else self.config.name,
             "expected_speedup": round(self.expected_speedup, 3),
             "expected_compression": round(self.expected_compression, 3),
             "cost_ratio": round(self.cost_ratio, 3),
@@ -298,7 +292,7 @@ def choose(model, max_step_tokens: int | None = None, sampling=None) -> Choice:
     curve = cost_curve(model, stop_above=best_case)
     best, table = None, {}
     for key in PRIORS:
-        cfg = LookaheadConfig(*key)
+        cfg = LookaheadConfig.for_budget(key)
         if max_step_tokens is not None and cfg.tokens_per_step > max_step_tokens:
             continue
         r = cost_ratio(curve, cfg.tokens_per_step)

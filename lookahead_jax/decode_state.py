@@ -12,7 +12,7 @@ right-padded to a bucket length P; the pad slots are overwritten by new tokens.
 Slots past a row's end hold garbage and are never read.
 
 Plain decoding uses the fields up to `accept_hist`; lookahead decoding also
-fills `window` and `pool` (None otherwise).
+fills `draft` (the guess sources' state, lookahead.DraftState; None otherwise).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from lookahead_jax import kv_cache
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.kv_cache import KVCache
 from lookahead_jax.model import Params, causal_mask, forward
-from lookahead_jax.ngram_pool import NGramPool
 from lookahead_jax.sampling import SamplingConfig, choose_tokens
 
 
@@ -43,8 +42,7 @@ class DecodeState:
     steps: jax.Array  # [B] int32 forward passes after prefill while the row was active
     keys: jax.Array  # [B, 2] uint32 per-row PRNG keys
     accept_hist: jax.Array  # [B, C] int32: steps that emitted 1..C tokens
-    window: jax.Array | None = None  # [B, N-1, W] lookahead window
-    pool: NGramPool | None = None
+    draft: object | None = None  # lookahead.DraftState
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,17 +20,30 @@ GREEN, RESET = "\x1b[32m", "\x1b[0m"
 
 
 def parse_lookahead(text: str):
-    """'N,W,G' -> LookaheadConfig; 'auto' -> 'auto'."""
+    """'tokens=T' -> LookaheadConfig.for_budget(T); 'N,W,G' -> LookaheadConfig;
+    'auto' -> 'auto'."""
     from lookahead_jax.lookahead import LookaheadConfig
 
     if text.strip().lower() == "auto":
         return "auto"
+    key, sep, value = text.partition("=")
+    if sep:
+        if key.strip().lower() != "tokens":
+            raise UserInputError(f"--lookahead must be tokens=T, N,W,G or auto, got {text!r}")
+        try:
+            tokens = int(value)
+        except ValueError:
+            raise UserInputError(
+                f"--lookahead tokens=T needs an integer T >= 2 (tokens per step), got {text!r}"
+            ) from None
+        return LookaheadConfig.for_budget(tokens)
     parts = text.split(",")
     try:
         n, w, g = (int(p) for p in parts)
     except ValueError:  # not three parts, or one of them not an integer
         raise UserInputError(
-            f"--lookahead must be N,W,G (three integers, e.g. 5,7,7) or auto, got {text!r}"
+            f"--lookahead must be tokens=T (e.g. tokens=16), N,W,G (three integers, e.g. "
+            f"5,7,7) or auto, got {text!r}"
         ) from None
     return LookaheadConfig(n, w, g)
 
@@ -60,10 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument(
         "--lookahead",
         default=None,
-        metavar="N,W,G|auto",
-        help="lookahead n-gram size N, window W, candidates G, or auto (the default): pick "
-        "N,W,G for this machine and model from a measured cost curve and the running "
-        "acceptance rate, falling back to plain decoding when no config is expected to win",
+        metavar="tokens=T|N,W,G|auto",
+        help="tokens=T: the best measured draft layout feeding at most T tokens per step; "
+        "N,W,G: the paper's n-gram size, window and candidates (to reproduce older results); "
+        "auto (the default): choose T for this machine and model from a measured cost curve "
+        "and the running acceptance rate, or plain decoding when no layout is expected to win",
     )
     la.add_argument("--no-lookahead", action="store_true", help="plain decoding")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -141,7 +155,7 @@ def guessed_flags(step_of_token: list[int]) -> list[bool]:
 def stats_line(out, total_s: float) -> str:
     s = out.stats
     la = s["config"]["lookahead"]
-    mode = "plain" if la is None else f"lookahead N,W,G={la['n']},{la['w']},{la['g']}"
+    mode = "plain" if la is None else f"lookahead {la['name']}"
     auto = s["config"].get("lookahead_auto")
     if auto is not None:
         mode = f"auto: {mode}"
@@ -170,6 +184,7 @@ def json_record(out, total_s: float) -> dict:
         "load_s": s.get("load_s"),
         "total_s": total_s,
         "accepted_hist": s["accepted_hist"],
+        "sources": s.get("sources"),
         "interrupted": s["interrupted"],
         "config": s["config"],
     }

@@ -315,7 +315,7 @@ def _choose_auto(model: Model, sampling: SamplingConfig) -> autotune.Choice:
         keys = [None, *autotune.PRIORS]
         index = keys.index(None if choice.config is None else choice.config.key)
         index = int(multihost_utils.broadcast_one_to_all(np.int32(index)))
-        config = None if keys[index] is None else LookaheadConfig(*keys[index])
+        config = None if keys[index] is None else LookaheadConfig.for_budget(keys[index])
         choice = dataclasses.replace(choice, config=config)
     return choice
 
@@ -355,8 +355,7 @@ class _Switch:
         self.after_steps, self.lookahead_hist = steps, hist
         plain_state = dataclasses.replace(
             state,
-            window=None,
-            pool=None,
+            draft=None,
             accept_hist=jnp.zeros((state.accept_hist.shape[0], 1), jnp.int32),
         )
         return exe, plain_state
@@ -454,6 +453,15 @@ def _output(
             **spec.sampling.describe(),
         },
     }
+    if state.draft is not None:
+        from lookahead_jax.lookahead import SOURCES
+
+        paths = multihost.local_rows(state.draft.paths_by_source).sum(0).tolist()
+        accepted = multihost.local_rows(state.draft.tokens_by_source).sum(0).tolist()
+        stats["sources"] = {
+            name: {"paths": int(p), "tokens": int(t)}
+            for name, p, t in zip(SOURCES, paths, accepted, strict=True)
+        }
     return GenerationOutput(
         token_ids=token_ids, texts=texts, steps=steps, stats=stats, step_of_token=step_of_token
     )

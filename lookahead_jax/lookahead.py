@@ -1,77 +1,201 @@
-"""Lookahead decoding: one pure, fixed-shape step that emits 1..N tokens per forward pass.
+"""Lookahead decoding: one pure, fixed-shape step that emits one or more tokens per
+forward pass, exactly the tokens plain decoding would.
 
-Each step runs one forward pass over (see lookahead_layout.py for the layout):
+Each step runs one forward pass (lookahead_layout.py) over
 
 * the input token (the newest accepted token, not yet in the cache);
-* the window [N-1, W]: N-1 levels of guessed tokens. Column j of the window is
-  a Jacobi trajectory; the model's prediction after its newest level becomes
-  the new newest level, the oldest level is dropped, and the column (oldest
-  level .. new token) is an n-gram that goes into the pool;
-* up to G candidates: the pool's (N-1)-grams whose key is the input token.
+* the Jacobi window [N-1, W]: N-1 levels of guessed tokens. Column j is a Jacobi
+  trajectory; the model's token after its newest level becomes the new newest level,
+  the oldest level is dropped, and the column (oldest level .. new token) is an n-gram
+  that goes into the pool;
+* a draft tree of D slots (draft_tree.py) merged from the guess sources:
+    - pool      the pool's (N-1)-grams whose key is the input (ngram_pool.py);
+    - suffix    continuations of earlier occurrences of the row's last tokens in its
+                prompt and output (suffix_match.py), up to `suffix_span` tokens long;
+    - recycle   token recycling: each token's top-k next tokens from earlier logits,
+                expanded into a static tree template (token_recycling.py);
+  and, with `verify_window`, the window's own paths.
 
-Acceptance. Let y_0 be the model's token after the input and y_{c,i} its token
-after candidate c's token i. Candidate c's token i is right iff it equals the
-model's token at its position: y_0 for i = 0, y_{c,i-1} otherwise. The longest
-right prefix wins (the first such candidate on ties); with a right tokens, the
-step emits them and the model's token after them (the bonus): a+1 tokens, and
-commits the K/V of the input and the a accepted candidate tokens — both were
-computed in this pass with exactly the context of plain decoding, so the cache
-stays what plain decoding would have built. "The model's token" is the greedy
-argmax, or under sampling the seeded Gumbel-max choice of sampling.py, which
-makes this rule exact for sampling too.
+Acceptance (draft_tree.verify): the deepest tree path whose every token equals the
+model's token after its parent, plus the model's token after it (the bonus); only the
+input's and the accepted path's K/V are committed — computed in this pass with exactly
+plain decoding's context, so the cache stays what plain decoding would have built. "The
+model's token" is the greedy argmax, or under sampling the seeded Gumbel-max choice of
+sampling.py, which makes the one rule exact for sampling too.
 
-Window and pool feeding: the new window level is always the argmax of the
-model's predictions (also under sampling). The pool receives, in order: the
-prompt's n-grams before the first step (`prompt_pool`, on by default), the W
-window n-grams of each step, and the n-grams of the emitted text that end at
-the newly emitted tokens.
+Window feeding: the new level takes the model's token at the position it guesses — the
+argmax, or under sampling the sample with that position's noise (`window_sampling`), so
+that the Jacobi iteration converges to the sampled text. The pool receives the prompt's
+n-grams before the first step (`prompt_pool`), the W window n-grams of each step, and
+the n-grams of the emitted text that end at the new tokens. The recycling table is
+refreshed from the logits of every token fed.
 
-Window initialisation (a fixed rule): every slot of the window starts as a
-prompt token drawn uniformly at random (with the row's seed-derived key) from
-the row's prompt, as the reference implementation does.
+Window initialisation: every slot starts as a prompt token drawn uniformly at random
+(with the row's seed-derived key) from the row's prompt, as the reference does.
+
+Stages of `lookahead_step`: propose (sources -> Proposals) -> merge (-> DraftTree) ->
+forward -> choose tokens -> verify -> commit and emit -> feed the sources.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from lookahead_jax import kv_cache, ngram_pool
+from lookahead_jax import draft_tree, kv_cache, ngram_pool, suffix_match, token_recycling
 from lookahead_jax.decode_state import DecodeSpec, DecodeState, emit, input_tokens
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.lookahead_layout import StepLayout
 from lookahead_jax.model import Params, forward
-from lookahead_jax.sampling import choose_tokens
+from lookahead_jax.sampling import SamplingConfig, choose_tokens, gumbel_noise
+
+# Guess sources, in the order of the per-source stats.
+SOURCES = ("pool", "suffix", "recycle", "window")
+POOL, SUFFIX, RECYCLE, WINDOW = range(len(SOURCES))
+
+# Modelled chance that a guessed token is right when its parent is: they order the
+# proposals when more are offered than the tree has slots.
+POOL_RATES = (0.35, 0.5)  # without, with the 2-token context matching
+SUFFIX_RATES = (0.0, 0.3, 0.45, 0.6, 0.7, 0.75, 0.8, 0.8, 0.85)  # by match length
+# by candidate rank (token_recycling.candidates: up to 2k per node)
+RECYCLE_RATES = (0.45, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02) + (0.015,) * 2 + (0.01,) * 6
 
 
 @dataclasses.dataclass(frozen=True)
 class LookaheadConfig:
-    """n: n-gram size (tokens per step at most), w: window columns, g: candidates verified."""
+    """What one lookahead step feeds and verifies (all static: a jit argument).
+
+    n, w, g     the paper's knobs: n-gram size N (window levels + 1), window columns W
+                (0: no window), pool candidates G verified per step
+    suffix      suffix-match continuations proposed, each up to `suffix_span` tokens,
+                keyed on up to `suffix_key` of the row's last tokens
+    recycle     token-recycling template nodes; `recycle_k` next tokens kept per token
+    tree        draft-tree slots D fed per step (None: one per proposed node)
+    pool_capacity  n-grams kept per key (None: g)
+    prompt_pool seed the pool with the prompt's n-grams
+    verify_window  also verify the window's own paths
+    window_sampling  under sampling, the window's new level is the sample at its
+                position (True) rather than the argmax
+    """
 
     n: int = 5
     w: int = 7
     g: int = 7
-    prompt_pool: bool = True  # seed the pool with the prompt's n-grams
-    verify_window: bool = False  # also verify the window's own paths (see verify_window_paths)
+    prompt_pool: bool = True
+    verify_window: bool = False
+    suffix: int = 0
+    suffix_span: int = 8
+    suffix_key: int = 4
+    recycle: int = 0
+    recycle_k: int = 8
+    tree: int | None = None
+    pool_capacity: int | None = None
+    window_sampling: bool = True
+    budget: int | None = None  # set by for_budget: the tokens-per-step budget it served
 
     def __post_init__(self):
-        for name, value, low in (("N", self.n, 2), ("W", self.w, 1), ("G", self.g, 0)):
+        lows = (
+            ("N", self.n, 2),
+            ("W", self.w, 0),
+            ("G", self.g, 0),
+            ("suffix", self.suffix, 0),
+            ("suffix_span", self.suffix_span, 1),
+            ("suffix_key", self.suffix_key, 1),
+            ("recycle", self.recycle, 0),
+            ("recycle_k", self.recycle_k, 1),
+        )
+        for name, value, low in lows:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise UserInputError(f"lookahead {name} must be an integer >= {low}, got {value!r}")
+        for name, value, low in (("tree", self.tree, 0), ("pool_capacity", self.pool_capacity, 1)):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < low
+            ):
+                raise UserInputError(
+                    f"lookahead {name} must be None or an integer >= {low}, got {value!r}"
+                )
+        if self.pool_capacity is not None and self.pool_capacity < self.g:
+            raise UserInputError(
+                f"lookahead pool_capacity ({self.pool_capacity}) must be at least G ({self.g})"
+            )
+        if 2 * self.recycle_k > len(RECYCLE_RATES):
+            raise UserInputError(f"lookahead recycle_k must be at most {len(RECYCLE_RATES) // 2}")
+        if self.suffix_key >= len(SUFFIX_RATES):
+            raise UserInputError(f"lookahead suffix_key must be at most {len(SUFFIX_RATES) - 1}")
+
+    # ------------------------------------------------------------ derived shape
+
+    @property
+    def m(self) -> int:
+        return self.n - 1
+
+    @functools.cached_property
+    def recycle_template(self) -> token_recycling.Template:
+        return token_recycling.template(self.recycle, RECYCLE_RATES[: 2 * self.recycle_k])
+
+    @property
+    def proposed_nodes(self) -> int:
+        """Draft nodes the sources offer per step (before merging)."""
+        return self.g * self.m + self.suffix * self.suffix_span + self.recycle
+
+    @property
+    def tree_slots(self) -> int:
+        return self.proposed_nodes if self.tree is None else self.tree
+
+    @property
+    def tree_depth(self) -> int:
+        """The deepest draft-tree node any source can offer."""
+        depths = [0]
+        if self.g:
+            depths.append(self.m)
+        if self.suffix:
+            depths.append(self.suffix_span)
+        if self.recycle:
+            depths.append(self.recycle_template.max_depth)
+        return max(depths)
 
     @property
     def layout(self) -> StepLayout:
-        return StepLayout(self.n, self.w, self.g, self.verify_window)
+        return StepLayout(self.n, self.w, self.tree_slots, self.verify_window)
+
+    @property
+    def verify_depth(self) -> int:
+        """The longest path verification can accept (tree, or window with verify_window)."""
+        window = int(self.layout.window_depths.max(initial=0)) if self.verify_window else 0
+        return max(self.tree_depth, window)
 
     @property
     def max_emit(self) -> int:
-        return self.layout.max_emit
+        """Most tokens one step emits: the longest accepted path plus the bonus token."""
+        return self.verify_depth + 1
 
     @property
-    def key(self) -> tuple[int, int, int]:
-        return (self.n, self.w, self.g)
+    def key(self) -> tuple[int, int, int] | int:
+        """What autotune keeps this config's measurements under: the budget for a
+        for_budget layout, (N, W, G) otherwise."""
+        return self.budget if self.budget is not None else (self.n, self.w, self.g)
+
+    @property
+    def name(self) -> str:
+        """'tokens=T' for a for_budget layout, 'N,W,G' otherwise (as the CLI takes it)."""
+        if self.budget is not None:
+            return f"tokens={self.budget}"
+        return f"{self.n},{self.w},{self.g}"
+
+    @classmethod
+    def for_budget(cls, tokens: int) -> LookaheadConfig:
+        """The best measured layout that feeds at most `tokens` tokens per step (see
+        BUDGET_LAYOUTS; tokens >= 2)."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int | np.integer) or tokens < 2:
+            raise UserInputError(
+                f"lookahead tokens per step must be an integer >= 2, got {tokens!r}"
+            )
+        budget = max(t for t in BUDGET_LAYOUTS if t <= tokens)
+        return dataclasses.replace(BUDGET_LAYOUTS[budget], budget=budget)
 
     @property
     def tokens_per_step(self) -> int:
@@ -79,31 +203,73 @@ class LookaheadConfig:
 
     def describe(self) -> dict:
         return {
+            "name": self.name,
             "n": self.n,
             "w": self.w,
             "g": self.g,
+            "suffix": self.suffix,
+            "suffix_span": self.suffix_span,
+            "recycle": self.recycle,
+            "tree": self.tree_slots,
+            "step_tokens": self.tokens_per_step,
             "prompt_pool": self.prompt_pool,
             "verify_window": self.verify_window,
         }
 
 
-# The best fixed config measured on a 2-core CPU with SmolLM2-135M (README, "Choosing
-# N, W, G"); the CLI's default is lookahead "auto", which measures the machine instead.
-DEFAULT_LOOKAHEAD = LookaheadConfig(5, 1, 1)
+# Draft layouts by tokens fed per step (T = 1 + (N-1)*W + tree): the best measured at
+# each budget with SmolLM2-135M on MT-bench and code, greedy (benchmarks/cpu/budgets.md).
+# Small budgets spend every token on the draft tree; from 16 on, a one-column window
+# feeding the pool pays its tokens.
+BUDGET_LAYOUTS: dict[int, LookaheadConfig] = {
+    2: LookaheadConfig(2, 0, 0, recycle=4, suffix=1, suffix_span=4, tree=1),
+    4: LookaheadConfig(2, 0, 0, recycle=12, suffix=1, suffix_span=4, tree=3),
+    8: LookaheadConfig(2, 0, 0, recycle=20, suffix=2, tree=7),
+    12: LookaheadConfig(2, 0, 0, recycle=30, suffix=2, tree=11),
+    16: LookaheadConfig(3, 1, 2, recycle=40, suffix=2, tree=13),
+    32: LookaheadConfig(3, 1, 4, recycle=80, suffix=3, suffix_span=12, tree=29),
+    64: LookaheadConfig(4, 2, 4, recycle=120, suffix=4, suffix_span=16, tree=57),
+    128: LookaheadConfig(5, 4, 8, recycle=200, suffix=4, suffix_span=16, tree=111),
+}
+for _t, _la in BUDGET_LAYOUTS.items():
+    assert _la.tokens_per_step == _t, (_t, _la.tokens_per_step)
+
+# A fixed layout for callers that want one (the CLI's default is "auto", which measures
+# the machine instead).
+DEFAULT_LOOKAHEAD = LookaheadConfig.for_budget(16)
 
 # A window slot's draw key is the row key folded with this (new-token indices,
 # used for sampling noise, never reach it).
 _WINDOW_KEY_SALT = 0x7FFFFFFF
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DraftState:
+    """Per-row state of the guess sources, and which of them supplied accepted paths.
+
+    window          [B, N-1, W] int32
+    pool            NGramPool (capacity 0 without pool candidates)
+    recycle         RecycleTable, or None without token recycling
+    paths_by_source [B, len(SOURCES)] int32  steps whose accepted path came from each
+    tokens_by_source [B, len(SOURCES)] int32 guessed tokens accepted from each
+    """
+
+    window: jax.Array
+    pool: ngram_pool.NGramPool
+    recycle: token_recycling.RecycleTable | None
+    paths_by_source: jax.Array
+    tokens_by_source: jax.Array
+
+
 def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> DecodeState:
-    """Add the window and the (seeded) pool to a freshly prefilled state.
+    """Add the window, the (seeded) pool and recycling table to a prefilled state.
 
     prompt_bucket: P, the padded prompt length of the prefill.
     """
     la: LookaheadConfig = spec.lookahead
     B = state.tokens.shape[0]
-    n, m = la.n, la.n - 1
+    n, m = la.n, la.m
 
     def draw_window(key, prompt_len, tokens):
         key = jax.random.fold_in(key, _WINDOW_KEY_SALT)
@@ -111,7 +277,8 @@ def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> 
         return tokens[idx]
 
     window = jax.vmap(draw_window)(state.keys, state.prompt_len, state.tokens)
-    pool = ngram_pool.init_pool(B, spec.model.vocab_size, la.g, m)
+    capacity = la.pool_capacity or la.g
+    pool = ngram_pool.init_pool(B, spec.model.vocab_size, capacity, m)
     # The n-grams of prompt + first new token (prompt_pool), or only the one ending
     # at the first new token; later steps add those ending at their new tokens.
     end = state.prompt_len + state.n_out
@@ -119,165 +286,243 @@ def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> 
         start, count = jnp.zeros((B,), jnp.int32), max(prompt_bucket - n + 2, 0)
     else:
         start, count = end - n, 1
-    keys, tails, ok = ngram_pool.sequence_ngrams(state.tokens, start, count, n, end)
-    pool = ngram_pool.insert(pool, keys, tails, ok & ~state.done[:, None])
-    return dataclasses.replace(state, window=window, pool=pool)
+    keys, tails, ok, prev = ngram_pool.sequence_ngrams(state.tokens, start, count, n, end)
+    pool = ngram_pool.insert(pool, keys, tails, ok & ~state.done[:, None], prev)
+    recycle = None
+    if la.recycle:
+        recycle = token_recycling.init_table(B, spec.model.vocab_size, la.recycle_k)
+        recycle = token_recycling.seed_from_text(recycle, state.tokens, end)
+    zeros = jnp.zeros((B, len(SOURCES)), jnp.int32)
+    draft = DraftState(window, pool, recycle, zeros, zeros)
+    return dataclasses.replace(state, draft=draft)
 
 
-def candidate_is_right(cands, expected):
-    """[B, G, M] bool: candidate token == the model's token at its position.
-
-    The one acceptance rule. It is exact for greedy decoding and, because the
-    model's token is the seeded Gumbel-max choice (sampling.py), for sampling too.
-    """
-    return cands == expected
+# ------------------------------------------------------------------ the step's stages
 
 
-def verify(cands, valid, after_input, after_cand):
-    """Accept the longest right prefix among the candidates, plus the model's next token.
+def previous_tokens(state: DecodeState):
+    """The token before each row's input [B] (the input is at cache.lengths >= 1)."""
+    before = jnp.maximum(state.cache.lengths - 1, 0)[:, None]
+    return jnp.take_along_axis(state.tokens, before, axis=1)[:, 0]
 
-    cands       [B, G, M]  candidate tokens (G may be 0)
-    valid       [B, G]     which candidates are real pool entries
-    after_input [B]        the model's token after the input
-    after_cand  [B, G, M]  the model's token after each candidate token
 
-    Returns a [B] (accepted candidate tokens, 0..M), best [B] (the candidate,
-    first of the longest), and emitted [B, N] whose first a+1 entries are the
-    step's tokens: the accepted candidate tokens, then the model's next token.
-    """
-    B, g, m = cands.shape
-    if g == 0:
-        zeros = jnp.zeros((B,), jnp.int32)
-        return (
-            zeros,
-            zeros,
-            jnp.concatenate([after_input[:, None], jnp.zeros((B, m), jnp.int32)], axis=1),
+def propose(
+    state: DecodeState, la: LookaheadConfig, sampling: SamplingConfig, input_b
+) -> draft_tree.Proposals:
+    """Every source's guesses for the tokens after each row's input."""
+    d = state.draft
+    B = input_b.shape[0]
+    parts = []
+    prev_b = previous_tokens(state)
+    if la.g:
+        tails_bgm, valid_bg, match_bg = ngram_pool.lookup(d.pool, input_b, prev_b, la.g)
+        rate = jnp.asarray(POOL_RATES, jnp.float32)[match_bg.astype(jnp.int32)]  # [B, G]
+        score = rate[:, :, None] ** jnp.arange(1, la.m + 1)[None, None]
+        parts.append(draft_tree.chains(tails_bgm, valid_bg * la.m, score, POOL))
+    if la.suffix:
+        end = state.prompt_len + state.n_out
+        cont_bcl, length_bc, key_bc = suffix_match.propose(
+            state.tokens, end, key_max=la.suffix_key, span=la.suffix_span, count=la.suffix
         )
-    # the model's token at candidate position i: after the input (i = 0) or after
-    # the candidate's token i-1
-    expected = jnp.concatenate(
-        [jnp.broadcast_to(after_input[:, None, None], (B, g, 1)), after_cand[:, :, :-1]], axis=2
+        rate = jnp.asarray(SUFFIX_RATES, jnp.float32)[key_bc]  # [B, C]
+        score = rate[:, :, None] ** jnp.arange(1, la.suffix_span + 1)[None, None]
+        parts.append(draft_tree.chains(cont_bcl, length_bc, score, SUFFIX))
+    if la.recycle:
+        tmpl = la.recycle_template
+        noise = None
+        if not sampling.greedy:  # the noise of the new-token indices the nodes guess
+            index = state.n_out[:, None] + jnp.arange(tmpl.max_depth)[None]
+            noise = (
+                sampling.temperature,
+                gumbel_noise(state.keys, index, d.recycle.by_token.shape[1]),
+            )
+        parts.append(token_recycling.expand(d.recycle, prev_b, input_b, tmpl, RECYCLE, noise))
+    if not parts:
+        empty = lambda dt: jnp.zeros((B, 0), dt)  # noqa: E731
+        return draft_tree.Proposals(
+            empty(jnp.int32),
+            empty(jnp.int32),
+            empty(jnp.int32),
+            empty(jnp.float32),
+            empty(bool),
+            empty(jnp.int32),
+        )
+    return draft_tree.concat(parts)
+
+
+def window_tree(lay: StepLayout, window_bk) -> draft_tree.DraftTree:
+    """The window's own paths as a verifiable tree (verify_window): static shape."""
+    B, K = window_bk.shape
+    bcast = lambda x: jnp.broadcast_to(jnp.asarray(x), (B, *np.shape(x)))  # noqa: E731
+    return draft_tree.DraftTree(
+        tokens=window_bk,
+        parent=bcast(lay.window_parents),
+        depth=bcast(lay.window_depths),
+        valid=jnp.ones((B, K), bool),
+        source=jnp.full((B, K), WINDOW, jnp.int32),
+        ancestors=bcast(lay.window_ancestors),
     )
-    right = candidate_is_right(cands, expected) & valid[:, :, None]
-    accepted = jnp.sum(jnp.cumprod(right.astype(jnp.int32), axis=2), axis=2)  # [B, G]
-    best = jnp.argmax(accepted, axis=1)
-    a = jnp.take_along_axis(accepted, best[:, None], axis=1)[:, 0]
-    pick = lambda x: jnp.take_along_axis(x, best[:, None, None], axis=1)[:, 0]  # noqa: E731
-    model_tokens = jnp.concatenate([after_input[:, None], pick(after_cand)], axis=1)  # [B, N]
-    guessed = jnp.concatenate([pick(cands), jnp.zeros((B, 1), jnp.int32)], axis=1)
-    # accepted positions take the candidate's token (equal to the model's under the
-    # rule above), the next one the model's own token
-    emitted = jnp.where(jnp.arange(m + 1)[None] < a[:, None], guessed, model_tokens)
-    return a.astype(jnp.int32), best.astype(jnp.int32), emitted
-
-
-def verify_window_paths(lay: StepLayout, window_bk, after_input, after_window):
-    """The longest right path through the window's tree (see StepLayout.window_paths).
-
-    window_bk     [B, K]  window tokens in node order (K = (N-1)*W)
-    after_input   [B]     the model's token after the input
-    after_window  [B, K]  the model's token after each window node
-
-    A node is right when it equals the model's token after its parent; a path is
-    accepted when all its nodes are. Returns a [B] (accepted tokens, the deepest
-    right path's depth, 0 if none), node [B] (its last node), the path's tokens
-    [B, max depth] and the model's token after it [B].
-    """
-    parents = jnp.asarray([lay.window_parent(*divmod(k, lay.w)) for k in range(lay.m * lay.w)])
-    preds = jnp.concatenate([after_input[:, None], after_window], axis=1)  # row 0: input
-    right = window_bk == preds[:, parents + 1]  # [B, K]
-    paths = jnp.asarray(lay.window_paths)  # [K, D]
-    path_ok = jnp.all(right[:, paths], axis=-1)  # [B, K]
-    depth = jnp.where(path_ok, jnp.asarray(lay.window_depths)[None], 0)
-    node = jnp.argmax(depth, axis=1)
-    a = jnp.take_along_axis(depth, node[:, None], axis=1)[:, 0]
-    tokens = jnp.take_along_axis(window_bk, paths[node], axis=1)  # [B, D]
-    after = jnp.where(
-        a > 0, jnp.take_along_axis(after_window, node[:, None], axis=1)[:, 0], after_input
-    )
-    return a.astype(jnp.int32), node.astype(jnp.int32), tokens, after
 
 
 def lookahead_step(params: Params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
-    """One forward pass; every active row emits 1..N tokens."""
+    """One forward pass; every active row emits 1..max_emit tokens."""
     la: LookaheadConfig = spec.lookahead
     lay = la.layout
-    n, m, w, g = la.n, lay.m, la.w, la.g
+    d = state.draft
+    m, w = la.m, la.w
     B = state.tokens.shape[0]
     active = ~state.done
     length = state.cache.lengths
-    inp = input_tokens(state)
-    cands, valid = ngram_pool.lookup(state.pool, inp)  # [B, G, M], [B, G]
+    input_b = input_tokens(state)
+    window_bk = d.window.reshape(B, m * w)
 
-    step_tokens = jnp.concatenate(
-        [inp[:, None], state.window.reshape(B, m * w), cands.reshape(B, g * m)], axis=1
-    )
-    positions = length[:, None] + jnp.asarray(lay.offsets)[None]
+    # propose and merge
+    proposals = propose(state, la, spec.sampling, input_b)
+    if lay.slots:
+        tree = draft_tree.merge(proposals, lay.slots, la.tree_depth)
+    else:
+        tree = draft_tree.empty(B)
+
+    # forward
+    step_tokens = jnp.concatenate([input_b[:, None], window_bk, tree.tokens], axis=1)
+    positions = length[:, None] + lay.offsets(tree.depth)
     rows = jnp.broadcast_to(jnp.asarray(lay.logits_rows), (B, len(lay.logits_rows)))
-    logits, new_k, new_v = forward(
-        params, spec.model, step_tokens, positions, jnp.asarray(lay.mask)[None], state.cache, rows
+    logits_brv, new_k, new_v = forward(
+        params, spec.model, step_tokens, positions, lay.mask(tree.ancestors), state.cache, rows
     )
 
-    # The model's tokens after the input (new-token index n_out), after each verified
-    # window node at depth d (index n_out + d) and after candidate token i (index
-    # n_out + 1 + i). The window's new level is the plain argmax, even when sampling.
-    nw = lay.window_rows
-    j0 = state.n_out[:, None]
-    win_idx = j0 + jnp.asarray(lay.window_depths)[None] if la.verify_window else j0[:, :0]
-    out_idx = jnp.concatenate([j0, win_idx, j0 + 1 + jnp.tile(jnp.arange(m), g)[None]], axis=1)
-    used = logits if la.verify_window else jnp.concatenate([logits[:, :1], logits[:, 1 + w :]], 1)
-    chosen = choose_tokens(used, spec.sampling, state.keys, out_idx)
-    after_input = chosen[:, 0]  # [B]
-    after_cand = chosen[:, chosen.shape[1] - g * m :].reshape(B, g, m)  # [B, G, M]
-    new_level = jnp.argmax(logits[:, 1 + nw - w : 1 + nw], axis=-1).astype(jnp.int32)  # [B, W]
+    # the model's token after each fed row: the new-token index of the position it
+    # predicts is n_out + (the row's offset from the input)
+    row_offsets = jnp.take_along_axis(positions - length[:, None], rows, axis=1)  # [B, R]
+    chosen_br = choose_tokens(
+        logits_brv, spec.sampling, state.keys, state.n_out[:, None] + row_offsets
+    )
+    after_input = chosen_br[:, 0]
+    after_window = chosen_br[:, 1 : 1 + lay.window_rows]
+    after_tree = chosen_br[:, 1 + lay.window_rows :]
+    if la.window_sampling:
+        new_level = after_window[:, lay.window_rows - w :]  # [B, W]
+    else:
+        new_level = jnp.argmax(logits_brv[:, 1 + lay.window_rows - w : 1 + lay.window_rows], -1)
+        new_level = new_level.astype(jnp.int32)
 
-    a, best, emitted = verify(cands, valid, after_input, after_cand)
-    # K/V to commit: the input (index 0), then the accepted tokens' indices
-    src = jnp.zeros((B, 1), jnp.int32)
-    if g > 0:
-        cand_idx = lay.verify_start + best[:, None] * m + jnp.arange(m)[None]
-        src = jnp.concatenate([src, cand_idx.astype(jnp.int32)], axis=1)
-    if la.verify_window:  # a longer right window path beats the best candidate
-        e = lay.max_emit
-        a_w, node, path_tokens, after_path = verify_window_paths(
-            lay, state.window.reshape(B, m * w), after_input, chosen[:, 1 : 1 + nw]
-        )
-        pad = lambda x: jnp.pad(x, ((0, 0), (0, e - x.shape[1])))  # noqa: E731
-        i = jnp.arange(e)[None]
-        emitted_w = jnp.where(
-            i < a_w[:, None], pad(path_tokens), jnp.where(i == a_w[:, None], after_path[:, None], 0)
-        )
-        src_w = jnp.concatenate([src[:, :1], 1 + jnp.asarray(lay.window_paths)[node]], axis=1)
-        use_w = (a_w > a)[:, None]
-        emitted = jnp.where(use_w, emitted_w, pad(emitted))
-        src = jnp.where(use_w, pad(src_w), pad(src))
-        a = jnp.maximum(a, a_w)
+    # verify: the draft tree, and with verify_window the window's paths as well
+    if la.verify_window:
+        verified = draft_tree.concat_trees(window_tree(lay, window_bk), tree)
+        after_verified, first_index = jnp.concatenate([after_window, after_tree], axis=1), 1
+    else:
+        verified, after_verified, first_index = tree, after_tree, lay.tree_start
+    acc = draft_tree.verify(verified, after_input, after_verified, la.verify_depth)
+
+    # commit the input's and the accepted path's K/V; emit
+    src = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), first_index + acc.path], axis=1)
+    a = acc.accepted
     cache = kv_cache.commit(state.cache, new_k, new_v, src, jnp.where(active, a + 1, 0))
+    counted = active & (a > 0)
+    by_source = jax.nn.one_hot(acc.source, len(SOURCES), dtype=jnp.int32)  # -1: all zero
+    draft = dataclasses.replace(
+        d,
+        paths_by_source=d.paths_by_source + by_source * counted[:, None],
+        tokens_by_source=d.tokens_by_source + by_source * jnp.where(counted, a, 0)[:, None],
+    )
     out_before = state.n_out
+    state_before = state
     state = dataclasses.replace(
         state,
         cache=cache,
         steps=state.steps + active,
         accept_hist=state.accept_hist.at[jnp.arange(B), a].add(active.astype(jnp.int32)),
+        draft=draft,
     )
-    state = emit(state, spec, emitted, a + 1)
+    state = emit(state, spec, acc.emitted, a + 1)
 
-    # Pool: the W window n-grams, then the emitted text's n-grams ending at new tokens.
-    win_tails = jnp.concatenate([state.window[:, 1:], new_level[:, None]], axis=1)  # [B, M, W]
-    pool = ngram_pool.insert(
-        state.pool,
-        state.window[:, 0],
-        jnp.swapaxes(win_tails, 1, 2),
-        jnp.broadcast_to(active[:, None], (B, w)),
+    # feed the sources; each fed row's previous token is its parent's (the input's is
+    # the token before it)
+    fed_tokens = jnp.take_along_axis(step_tokens, rows, axis=1)
+    parent_index = jnp.concatenate(
+        [
+            jnp.zeros((B, 1), jnp.int32),  # placeholder for the input
+            jnp.broadcast_to(
+                jnp.asarray(lay.parent_of_rows[1 : 1 + lay.window_rows]), (B, lay.window_rows)
+            ),
+            jnp.where(tree.parent == draft_tree.ROOT, 0, lay.tree_start + tree.parent),
+        ],
+        axis=1,
     )
-    end = state.prompt_len + state.n_out
-    keys, tails, ok = ngram_pool.sequence_ngrams(
-        state.tokens, state.prompt_len + out_before - n + 1, n, n, end
+    fed_prev = jnp.take_along_axis(step_tokens, parent_index, axis=1)
+    fed_prev = fed_prev.at[:, 0].set(previous_tokens(state_before))
+    fed_ok = (
+        jnp.concatenate([jnp.ones((B, 1 + lay.window_rows), bool), tree.valid], axis=1)
+        & active[:, None]
     )
-    pool = ngram_pool.insert(pool, keys, tails, ok & active[:, None])
+    draft = feed_sources(
+        state,
+        la,
+        draft,
+        out_before,
+        input_b,
+        new_level,
+        active,
+        fed_prev,
+        fed_tokens,
+        logits_brv,
+        fed_ok,
+        acc,
+    )
+    return dataclasses.replace(state, draft=draft)
+
+
+def feed_sources(
+    state,
+    la,
+    d: DraftState,
+    out_before,
+    input_b,
+    new_level_bw,
+    active_b,
+    fed_prev_br,
+    fed_tokens_br,
+    logits_brv,
+    fed_ok_br,
+    acc,
+):
+    """Window shift, pool inserts and recycling-table refresh after a step."""
+    B = new_level_bw.shape[0]
+    n, w = la.n, la.w
+    pool = d.pool
+    if pool.capacity:
+        # the W window n-grams, then the emitted text's n-grams ending at new tokens
+        win_tails = jnp.concatenate([d.window[:, 1:], new_level_bw[:, None]], axis=1)  # [B, M, W]
+        # a level-0 token follows the one left of it, column 0 the step's input
+        win_prev = jnp.concatenate([input_b[:, None], d.window[:, 0, :-1]], axis=1)
+        pool = ngram_pool.insert(
+            pool,
+            d.window[:, 0],
+            jnp.swapaxes(win_tails, 1, 2),
+            jnp.broadcast_to(active_b[:, None], (B, w)),
+            win_prev,
+        )
+        end = state.prompt_len + state.n_out
+        keys, tails, ok, prev = ngram_pool.sequence_ngrams(
+            state.tokens, state.prompt_len + out_before - n + 1, n, n, end
+        )
+        pool = ngram_pool.insert(pool, keys, tails, ok & active_b[:, None], prev)
     window = jnp.where(
-        active[:, None, None],
-        jnp.concatenate([state.window[:, 1:], new_level[:, None]], 1),
-        state.window,
+        active_b[:, None, None],
+        jnp.concatenate([d.window[:, 1:], new_level_bw[:, None]], 1),
+        d.window,
     )
-    return dataclasses.replace(state, pool=pool, window=window)
+    recycle = d.recycle
+    if recycle is not None:
+        R = fed_tokens_br.shape[1]
+        # rows whose logits saw the true context (the input and the accepted path) win
+        # over other rows holding the same token; then earlier rows win
+        path_rows = 1 + (0 if la.verify_window else la.layout.window_rows) + acc.path  # [B, P]
+        on_path = (jnp.arange(acc.path.shape[1])[None] < acc.accepted[:, None])[:, :, None] & (
+            path_rows[:, :, None] == jnp.arange(R)[None, None]
+        )
+        prio = R - jnp.arange(R)[None] + R * jnp.any(on_path, axis=1)
+        recycle = token_recycling.update(
+            recycle, fed_prev_br, fed_tokens_br, logits_brv, prio, fed_ok_br
+        )
+    return dataclasses.replace(d, window=window, pool=pool, recycle=recycle)

@@ -1,19 +1,25 @@
-"""The n-gram pool: per batch row, per key token, a ring of up to G distinct (N-1)-grams.
+"""The n-gram pool: per batch row, per key token, a ring of up to C distinct (N-1)-grams.
 
-    tokens [B, V, G, M]   M = N-1 follower tokens of each stored n-gram
+    tokens [B, V, C, M]   M = N-1 follower tokens of each stored n-gram
     head   [B, V]         the ring slot the next insert for that key writes
-    fill   [B, V]         slots in use (0..G); slots >= fill are empty
+    fill   [B, V]         slots in use (0..C); slots >= fill are empty
+    prev   [B, V, C]      the token before the key when the n-gram was last inserted
+                          (EMPTY if unknown): its 2-token context
+    hits   [B, V, C]      how often the n-gram was inserted
 
-An n-gram is (key, f_1..f_M). Inserting one that the key's ring already holds
-is a no-op (deduplicated); otherwise it goes to slot `head`, which is the oldest
-entry once the ring is full (first in, first out). Example with G=2, M=1, key 7:
+An n-gram is (key, f_1..f_M), seen after a token `prev`. Inserting one that the key's
+ring already holds counts a hit and records the new `prev` (deduplicated); otherwise it
+goes to slot `head`, which is the oldest entry once the ring is full (first in, first
+out). Example with C=2, M=1, key 7:
 
-    insert (7, 3): slots [3, -]  head 1 fill 1
-    insert (7, 3): unchanged (duplicate)
-    insert (7, 5): slots [3, 5]  head 0 fill 2
-    insert (7, 9): slots [9, 5]  head 1 fill 2   <- 3 was the oldest
+    insert (7, 3) after 1: slots [3, -]  hits [1, 0]  head 1 fill 1
+    insert (7, 3) after 4: slots [3, -]  hits [2, 0]  (duplicate: a hit; prev now 4)
+    insert (7, 5) after 1: slots [3, 5]  hits [2, 1]  head 0 fill 2
+    insert (7, 9) after 2: slots [9, 5]  hits [1, 1]  head 1 fill 2   <- 3 was the oldest
 
-Everything is fixed-shape; an empty slot is padding that `lookup` marks invalid.
+`lookup` returns the G best of a key's n-grams (G <= C): those whose 2-token context
+matches the row's first, then the most inserted, then the newest. Everything is
+fixed-shape; an empty slot is padding that `lookup` marks invalid.
 """
 
 from __future__ import annotations
@@ -23,13 +29,17 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+EMPTY = -1
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class NGramPool:
-    tokens: jax.Array  # [B, V, G, M] int32
+    tokens: jax.Array  # [B, V, C, M] int32
     head: jax.Array  # [B, V] int32
     fill: jax.Array  # [B, V] int32
+    prev: jax.Array  # [B, V, C] int32
+    hits: jax.Array  # [B, V, C] int32
 
     @property
     def capacity(self) -> int:
@@ -41,60 +51,80 @@ def init_pool(batch: int, vocab: int, capacity: int, ngram_tail: int) -> NGramPo
         tokens=jnp.zeros((batch, vocab, capacity, ngram_tail), jnp.int32),
         head=jnp.zeros((batch, vocab), jnp.int32),
         fill=jnp.zeros((batch, vocab), jnp.int32),
+        prev=jnp.full((batch, vocab, capacity), EMPTY, jnp.int32),
+        hits=jnp.zeros((batch, vocab, capacity), jnp.int32),
     )
 
 
-def lookup(pool: NGramPool, key_b):
-    """The stored n-grams for each row's key: tails [B, G, M] and valid [B, G]."""
+def lookup(pool: NGramPool, key_b, prev_b, count: int):
+    """The `count` best stored n-grams for each row's key (whose previous token is
+    `prev_b`): tails [B, count, M], valid [B, count] and whether each one's 2-token
+    context matches [B, count]. Best: context match, then hits, then the newest."""
     rows = jnp.arange(key_b.shape[0])
-    tails = pool.tokens[rows, key_b]
-    valid = jnp.arange(pool.capacity)[None, :] < pool.fill[rows, key_b][:, None]
-    return tails, valid
+    c = pool.capacity
+    tails = pool.tokens[rows, key_b]  # [B, C, M]
+    slot = jnp.arange(c)[None]
+    used = slot < pool.fill[rows, key_b][:, None]
+    match = pool.prev[rows, key_b] == prev_b[:, None]
+    age = (pool.head[rows, key_b][:, None] - 1 - slot) % c  # 0 = the newest
+    hits = pool.hits[rows, key_b]
+    score = jnp.where(used, (match * (c + 1) * 1024 + jnp.minimum(hits, 1023)) * (c + 1) - age, -1)
+    best, idx = jax.lax.top_k(score, count)
+    take = lambda x: jnp.take_along_axis(x, idx, axis=1)  # noqa: E731
+    return jnp.take_along_axis(tails, idx[:, :, None], axis=1), best >= 0, take(match)
 
 
-def _insert_row(tokens_vgm, head_v, fill_v, key, tail_m, ok):
-    """Insert one n-gram into one row's pool (no-op if `ok` is False or a duplicate)."""
-    g = tokens_vgm.shape[1]
-    slots = tokens_vgm[key]  # [G, M]
-    used = jnp.arange(g) < fill_v[key]
-    dup = jnp.any(jnp.all(slots == tail_m[None], axis=-1) & used)
+def _insert_row(tokens_vcm, head_v, fill_v, prev_vc, hits_vc, key, tail_m, prev, ok):
+    """Insert one n-gram into one row's pool (a hit if it is already there; a no-op if
+    `ok` is False)."""
+    c = tokens_vcm.shape[1]
+    slots = tokens_vcm[key]  # [C, M]
+    used = jnp.arange(c) < fill_v[key]
+    same = jnp.all(slots == tail_m[None], axis=-1) & used
+    dup = jnp.any(same)
     do = ok & ~dup
     h = head_v[key]
-    tokens_vgm = tokens_vgm.at[key, h].set(jnp.where(do, tail_m, slots[h]))
-    head_v = head_v.at[key].set(jnp.where(do, (h + 1) % g, h))
-    fill_v = fill_v.at[key].set(jnp.where(do, jnp.minimum(fill_v[key] + 1, g), fill_v[key]))
-    return tokens_vgm, head_v, fill_v
+    # a new n-gram goes to the head slot; a duplicate updates its own slot
+    at = jnp.where(dup, jnp.argmax(same), h)
+    tokens_vcm = tokens_vcm.at[key, h].set(jnp.where(do, tail_m, slots[h]))
+    prev_vc = prev_vc.at[key, at].set(jnp.where(ok, prev, prev_vc[key, at]))
+    hits_vc = hits_vc.at[key, at].set(
+        jnp.where(ok, jnp.where(dup, hits_vc[key, at] + 1, 1), hits_vc[key, at])
+    )
+    head_v = head_v.at[key].set(jnp.where(do, (h + 1) % c, h))
+    fill_v = fill_v.at[key].set(jnp.where(do, jnp.minimum(fill_v[key] + 1, c), fill_v[key]))
+    return tokens_vcm, head_v, fill_v, prev_vc, hits_vc
 
 
-def insert(pool: NGramPool, keys_bi, tails_bim, ok_bi) -> NGramPool:
+def insert(pool: NGramPool, keys_bi, tails_bim, ok_bi, prev_bi) -> NGramPool:
     """Insert I n-grams per row, in order i = 0..I-1 (later ones are newer).
 
-    keys [B, I], tails [B, I, M], ok [B, I] (False entries are skipped).
+    keys [B, I], tails [B, I, M], ok [B, I] (False entries are skipped), prev [B, I]:
+    the token before each key (EMPTY if none).
     """
     if pool.capacity == 0 or keys_bi.shape[1] == 0:
         return pool
     insert_all_rows = jax.vmap(_insert_row)
 
     def body(i, carry):
-        tokens, head, fill = carry
-        return insert_all_rows(tokens, head, fill, keys_bi[:, i], tails_bim[:, i], ok_bi[:, i])
+        return insert_all_rows(*carry, keys_bi[:, i], tails_bim[:, i], prev_bi[:, i], ok_bi[:, i])
 
-    tokens, head, fill = jax.lax.fori_loop(
-        0, keys_bi.shape[1], body, (pool.tokens, pool.head, pool.fill)
-    )
-    return NGramPool(tokens=tokens, head=head, fill=fill)
+    carry = (pool.tokens, pool.head, pool.fill, pool.prev, pool.hits)
+    return NGramPool(*jax.lax.fori_loop(0, keys_bi.shape[1], body, carry))
 
 
 def sequence_ngrams(tokens_bs, start_b, count: int, n: int, end_b):
     """The n-grams of a token sequence that start at `start_b + i`, i < count.
 
-    Returns keys [B, count], tails [B, count, n-1], ok [B, count]; an n-gram is
-    ok when it lies inside [0, end_b) (end exclusive).
+    Returns keys [B, count], tails [B, count, n-1], ok [B, count] and prev [B, count]
+    (the token before each key, EMPTY at the sequence start); an n-gram is ok when it
+    lies inside [0, end_b) (end exclusive).
     """
     offs = start_b[:, None] + jnp.arange(count)[None]  # [B, count]
-    idx = offs[:, :, None] + jnp.arange(n)[None, None]  # [B, count, n]
+    idx = offs[:, :, None] + jnp.arange(-1, n)[None, None]  # [B, count, 1 + n]
     s = tokens_bs.shape[1]
     grams = jnp.take_along_axis(tokens_bs, jnp.clip(idx, 0, s - 1).reshape(len(offs), -1), axis=1)
     grams = grams.reshape(idx.shape)
     ok = (offs >= 0) & (offs + n <= end_b[:, None])
-    return grams[:, :, 0], grams[:, :, 1:], ok
+    prev = jnp.where(offs >= 1, grams[:, :, 0], EMPTY)
+    return grams[:, :, 1], grams[:, :, 2:], ok, prev

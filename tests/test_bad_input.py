@@ -337,11 +337,32 @@ CASES = [
         lambda p, a: lj.LookaheadConfig(1, 5, 3),
     ),
     Case(
-        "lookahead-w-below-1",
+        "lookahead-w-negative",
         GEN,
-        (*CORRUPT, *G, "--lookahead", "4,0,3"),
-        ("lookahead W", ">= 1", "got 0"),
-        lambda p, a: lj.LookaheadConfig(4, 0, 3),
+        (*CORRUPT, *G, "--lookahead", "4,-1,3"),
+        ("lookahead W", ">= 0", "got -1"),
+        lambda p, a: lj.LookaheadConfig(4, -1, 3),
+    ),
+    Case(
+        "lookahead-tokens-below-2",
+        GEN,
+        (*CORRUPT, *G, "--lookahead", "tokens=1"),
+        ("tokens per step", ">= 2", "got 1"),
+        lambda p, a: lj.LookaheadConfig.for_budget(1),
+    ),
+    Case(
+        "lookahead-tokens-not-an-integer",
+        GEN,
+        (*CORRUPT, *G, "--lookahead", "tokens=lots"),
+        ("--lookahead tokens=T", "integer", "tokens=lots"),
+        None,
+    ),
+    Case(
+        "lookahead-unknown-key",
+        GEN,
+        (*CORRUPT, *G, "--lookahead", "width=3"),
+        ("--lookahead must be tokens=T", "width=3"),
+        None,
     ),
     Case(
         "lookahead-g-negative",
@@ -741,7 +762,10 @@ def test_every_issue_input_has_a_row():
         "ckpt-corrupted",
         "lookahead-not-numeric",
         "lookahead-n-below-2",
-        "lookahead-w-below-1",
+        "lookahead-w-negative",
+        "lookahead-tokens-below-2",
+        "lookahead-tokens-not-an-integer",
+        "lookahead-unknown-key",
         "lookahead-g-negative",
         "lookahead-too-big-for-context",
         "max-new-tokens-zero",
@@ -811,7 +835,7 @@ def test_ctrl_c_during_stream_prints_the_text_so_far_and_the_stats(smollm2_ckpt)
     assert len(out.strip()) > 0 and out.endswith("\n")
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
-    assert lines[0].startswith("[lookahead N,W,G=4,1,2]"), err
+    assert lines[0].startswith("[lookahead 4,1,2]"), err
     assert "(interrupted)" in lines[0], err
     # the stats count what was printed, far less than the budget
     new_tokens = int(lines[0].split("] ")[1].split(" tokens in")[0])

@@ -16,17 +16,27 @@ from tests import tiny
 from tests.helpers import assert_same_or_near_tie, random_prompts, with_eos
 
 LA = lj.LookaheadConfig
-CONFIGS = [
+# The paper's (N, W, G): run at batch 8 (the tree configs below also at batches 3 and 1).
+PAPER_CONFIGS = [
     LA(2, 3, 2),  # N=2: bigrams, one token per candidate
     LA(3, 1, 3),  # W=1
     LA(4, 4, 0),  # G=0: the window runs but nothing is verified (always 1 token)
     LA(4, 3, 16),  # G larger than the pool can fill
-    LA(5, 4, 4),
     LA(6, 2, 3),  # N larger than some prompts
     LA(4, 3, 3, prompt_pool=False),
-    LA(4, 3, 2, verify_window=True),  # the window's own paths verified too (up to W+N-1)
     LA(3, 1, 0, verify_window=True),  # no pool candidates: pure Jacobi verification
 ]
+# Draft trees fed by every source; budgets of 32+ slots are larger than the context of
+# the shortest prompts when they start.
+TREE_CONFIGS = [
+    LA.for_budget(8),  # token recycling + suffix match, no window
+    LA.for_budget(16),  # + a window feeding the pool, pool candidates
+    LA.for_budget(64),  # deep suffix spans (16) and a wide recycling template
+    LA(2, 0, 0, suffix=3, suffix_span=12, tree=6),  # suffix match alone, tree cut short
+    LA(4, 3, 2, recycle=9, verify_window=True),  # window paths verified beside the tree
+    LA(5, 4, 4, pool_capacity=9),  # pool holding more than it verifies
+]
+CONFIGS = PAPER_CONFIGS + TREE_CONFIGS
 MAX_NEW = 23  # not a multiple of any N above
 
 
@@ -68,11 +78,16 @@ def plain64(model64):
         return run(model64, PROMPTS, 8)[0]
 
 
-@pytest.mark.parametrize("la", CONFIGS, ids=str)
+@pytest.mark.parametrize(
+    "la", CONFIGS, ids=lambda la: la.name + ("" if la in PAPER_CONFIGS else " tree")
+)
 def test_lookahead_equals_plain_float64(model64, plain64, la):
     accepted = 0
+    batches = [(8, PROMPTS)]
+    if la in TREE_CONFIGS:
+        batches += [(3, PROMPTS[:9]), (1, PROMPTS[9:12])]
     with jax.enable_x64(True):
-        for batch, prompts in [(8, PROMPTS), (3, PROMPTS[:9]), (1, PROMPTS[9:12])]:
+        for batch, prompts in batches:
             tokens, steps, stats = run(model64, prompts, batch, lookahead=la)
             start = PROMPTS.index(prompts[0])
             for i, (got, s) in enumerate(zip(tokens, steps, strict=True)):
@@ -83,7 +98,7 @@ def test_lookahead_equals_plain_float64(model64, plain64, la):
                 hist = st["accepted_hist"]
                 assert set(hist) == {str(k) for k in range(1, la.max_emit + 1)}
                 accepted += sum(int(k) - 1 for k, c in hist.items() for _ in range(c))
-    if la.g > 0 or la.verify_window:
+    if la.tree_slots > 0 or la.verify_window:
         assert accepted > 0, "no guess was ever accepted: the comparison would be vacuous"
     else:
         assert accepted == 0
@@ -91,7 +106,7 @@ def test_lookahead_equals_plain_float64(model64, plain64, la):
 
 def test_eos_inside_an_accepted_span(model64):
     """A row stops at an EOS that sits in the middle of a multi-token step."""
-    la = LA(5, 4, 4)
+    la = LA.for_budget(16)
     with jax.enable_x64(True):
         out = lj.generate(model64, PROMPTS[12:20], max_new_tokens=40, lookahead=la)
         found = None
@@ -137,7 +152,9 @@ def test_device_loop_host_loop_and_chunks_agree(model64):
     assert all(max(c) <= la.n for c in calls)
 
 
-@pytest.mark.parametrize("la", [LA(4, 3, 4), LA(4, 3, 2, verify_window=True)], ids=str)
+@pytest.mark.parametrize(
+    "la", [LA(4, 3, 4), LA(4, 3, 2, verify_window=True), LA.for_budget(16)], ids=lambda la: la.name
+)
 def test_sampling_lookahead_equals_plain_sampling(model64, la):
     """With the seeded Gumbel-max rule, lookahead sampling reproduces plain sampling."""
     kw = dict(max_new_tokens=MAX_NEW, temperature=0.8, top_k=40, top_p=0.95, seed=3)
@@ -159,7 +176,7 @@ def test_smollm2_float32_lookahead_equals_plain(smollm2):
     tok = smollm2.tokenizer
     prompts = [tok.encode_prompt(q, chat=True) for q in questions]
     plain = lj.generate(smollm2, prompts, max_new_tokens=64)
-    for la in (LA(5, 7, 7), LA(3, 4, 2), LA(4, 1, 2, verify_window=True)):
+    for la in (LA.for_budget(16), LA.for_budget(64), LA(4, 1, 2, verify_window=True)):
         out = lj.generate(smollm2, prompts, max_new_tokens=64, lookahead=la)
         for p, got, want in zip(prompts, out.token_ids, plain.token_ids, strict=True):
             assert_same_or_near_tie(smollm2, p, got, want)
@@ -167,7 +184,7 @@ def test_smollm2_float32_lookahead_equals_plain(smollm2):
 
 
 def test_config_validation():
-    for bad in [(1, 3, 3), (3, 0, 3), (3, 3, -1), (3.5, 3, 3)]:
+    for bad in [(1, 3, 3), (3, -1, 3), (3, 3, -1), (3.5, 3, 3)]:
         with pytest.raises(ValueError, match="lookahead"):
             LA(*bad)
     assert LA(2, 1, 0).tokens_per_step == 2 and LA(5, 15, 15).tokens_per_step == 121

@@ -1,14 +1,17 @@
-"""The lookahead step's token layout: positions and attention mask from (N, W, G) alone."""
+"""The lookahead step's token layout: positions and attention mask from (N, W) and a
+draft tree."""
 
 import itertools
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lookahead_jax import draft_tree
 from lookahead_jax.lookahead_layout import StepLayout
 
-# N=4, W=5, G=2, written by hand: the input, window levels a0/a1/a2 (5 columns each),
-# candidates v0/v1 (3 tokens each). Row = query, column = key.
+# N=4, W=5 and a 6-slot tree of two chains, written by hand: the input, window levels
+# a0/a1/a2 (5 columns each), chains v0/v1 (3 tokens each). Row = query, column = key.
 EXPECTED_N4_W5_G2 = """
 in  x . . . . . . . . . . . . . . . . . . . . .
 a00 x x . . . . . . . . . . . . . . . . . . . .
@@ -36,101 +39,100 @@ v12 x . . . . . . . . . . . . . . . . . . x x x
 EXPECTED_OFFSETS_N4_W5_G2 = [0, 1, 2, 3, 4, 5, 2, 3, 4, 5, 6, 3, 4, 5, 6, 7, 1, 2, 3, 1, 2, 3]
 
 
-def test_mask_and_positions_n4_w5_g2_by_hand():
+def two_chains(tokens):
+    """A merged tree holding chains of 3 tokens each (one row)."""
+    c = len(tokens)
+    prop = draft_tree.chains(
+        jnp.asarray([tokens]), jnp.full((1, c), 3), jnp.full((1, c, 3), 0.5), source=0
+    )
+    return draft_tree.merge(prop, 3 * c, 3)
+
+
+def test_mask_and_positions_n4_w5_two_chains_by_hand():
     rows = [line.split()[1:] for line in EXPECTED_N4_W5_G2.strip().splitlines()]
     expected = np.array([[c == "x" for c in row] for row in rows])
-    lay = StepLayout(4, 5, 2)
+    lay = StepLayout(4, 5, 6)
     assert lay.num_tokens == 22
-    np.testing.assert_array_equal(lay.mask, expected)
-    np.testing.assert_array_equal(lay.offsets, EXPECTED_OFFSETS_N4_W5_G2)
-    # logits: the input, the newest level's 5 columns, all 6 candidate tokens
+    tree = two_chains([[7, 8, 9], [10, 11, 12]])
+    np.testing.assert_array_equal(np.asarray(lay.mask(tree.ancestors))[0], expected)
+    np.testing.assert_array_equal(np.asarray(lay.offsets(tree.depth))[0], EXPECTED_OFFSETS_N4_W5_G2)
+    # logits: the input, the newest level's 5 columns, all 6 tree slots
     assert lay.logits_rows.tolist() == [0, 11, 12, 13, 14, 15, *range(16, 22)]
 
 
-def branch_of(lay: StepLayout, t: int):
-    """('in',), ('win', level, col) or ('cand', c, i) for token index t."""
+def test_chains_sharing_a_prefix_share_slots():
+    """v1 = (7, 8, 12) shares v0's first two tokens: it takes one slot, below v0's second."""
+    tree = two_chains([[7, 8, 9], [7, 8, 12]])
+    assert np.asarray(tree.valid)[0].tolist() == [True, True, True, True, False, False]
+    assert np.asarray(tree.tokens)[0, :4].tolist() == [7, 8, 9, 12]
+    assert np.asarray(tree.parent)[0, :4].tolist() == [-1, 0, 1, 1]
+
+
+def window_kind(lay: StepLayout, t: int):
+    """('in',) or ('win', level, col) for an input/window token index t."""
     if t == 0:
         return ("in",)
-    if t < lay.verify_start:
-        level, col = divmod(t - 1, lay.w)
-        return ("win", level, col)
-    c, i = divmod(t - lay.verify_start, lay.m)
-    return ("cand", c, i)
+    return ("win", *divmod(t - 1, lay.w))
 
 
-CONFIGS = [(2, 1, 0), (2, 3, 2), (3, 1, 1), (4, 5, 2), (5, 7, 7), (5, 15, 15), (6, 2, 4)]
+CONFIGS = [(2, 1, 0), (2, 3, 2), (3, 1, 1), (4, 5, 2), (5, 7, 7), (5, 15, 15), (6, 2, 4), (3, 0, 5)]
 
 
-@pytest.mark.parametrize("n,w,g", CONFIGS)
-def test_each_token_sees_exactly_its_causal_context(n, w, g):
-    lay = StepLayout(n, w, g)
-    mask, off = lay.mask, lay.offsets
-    for t in range(lay.num_tokens):
+@pytest.mark.parametrize("n,w,slots", CONFIGS)
+def test_each_window_token_sees_exactly_its_causal_context(n, w, slots):
+    lay = StepLayout(n, w, slots)
+    mask, off = lay.static_mask, lay.static_offsets
+    for t in range(lay.tree_start):
         seen = np.flatnonzero(mask[t])
-        # one token at each position from the input's up to its own: a causal sequence
-        assert sorted(off[seen].tolist()) == list(range(off[t] + 1)), branch_of(lay, t)
+        # never a tree slot, and one token at each position from the input's to its own
+        assert seen.max() < lay.tree_start
+        assert sorted(off[seen].tolist()) == list(range(off[t] + 1)), window_kind(lay, t)
         assert mask[t, t] and mask[t, 0]
-        kind = branch_of(lay, t)
+        kind = window_kind(lay, t)
         for u in seen:
-            other = branch_of(lay, u)
-            if kind[0] == "cand":  # a candidate sees the input and its own earlier tokens
-                assert other == ("in",) or (
-                    other[0] == "cand" and other[1] == kind[1] and other[2] <= kind[2]
-                )
-            elif kind[0] == "win":  # a window token never sees a candidate
-                assert other[0] in ("in", "win")
-                if other[0] == "win" and other[1] > 0:
-                    assert other[2] == kind[2] and other[1] <= kind[1]  # its own column
-            else:
-                assert other == ("in",)
+            other = window_kind(lay, u)
+            if kind[0] == "win" and other[0] == "win" and other[1] > 0:
+                assert other[2] == kind[2] and other[1] <= kind[1]  # its own column
+    for t in range(lay.tree_start, lay.num_tokens):  # tree rows: the input, then data
+        assert np.flatnonzero(mask[t]).tolist() == [0]
 
 
-@pytest.mark.parametrize("n,w,g", CONFIGS)
-def test_logits_rows_are_the_used_predictions(n, w, g):
-    lay = StepLayout(n, w, g)
+@pytest.mark.parametrize("n,w,slots", CONFIGS)
+def test_logits_rows_are_the_used_predictions(n, w, slots):
+    lay = StepLayout(n, w, slots)
     rows = lay.logits_rows
-    assert len(rows) == 1 + w + g * (n - 1) and len(set(rows.tolist())) == len(rows)
-    kinds = [branch_of(lay, int(t)) for t in rows]
-    assert kinds[0] == ("in",)
-    assert all(k[0] == "win" and k[1] == n - 2 for k in kinds[1 : 1 + w])
-    assert all(k[0] == "cand" for k in kinds[1 + w :])
+    assert len(rows) == 1 + w + slots and len(set(rows.tolist())) == len(rows)
+    assert rows[0] == 0
+    assert all(window_kind(lay, int(t)) == ("win", n - 2, j) for j, t in enumerate(rows[1 : 1 + w]))
+    assert rows[1 + w :].tolist() == list(range(lay.tree_start, lay.num_tokens))
 
 
 def test_token_counts():
-    for n, w, g in itertools.product(range(2, 7), range(1, 6), range(0, 5)):
-        assert StepLayout(n, w, g).num_tokens == 1 + (n - 1) * w + g * (n - 1)
+    for n, w, d in itertools.product(range(2, 7), range(0, 6), range(0, 9)):
+        assert StepLayout(n, w, d).num_tokens == 1 + (n - 1) * w + d
 
 
 def test_window_paths_n4_w5():
-    lay = StepLayout(4, 5, 2, verify_window=True)
+    lay = StepLayout(4, 5, 6, verify_window=True)
     node = lambda level, col: level * 5 + col  # noqa: E731
     # level 2, column 3: along level 0 to column 3, then up column 3
-    path = lay.window_paths[node(2, 3)]
-    depth = lay.window_depths[node(2, 3)]
-    assert depth == 6
-    assert path[:depth].tolist() == [
-        node(0, 0),
-        node(0, 1),
-        node(0, 2),
-        node(0, 3),
-        node(1, 3),
-        node(2, 3),
-    ]
+    path = np.flatnonzero(lay.window_ancestors[node(2, 3)]).tolist()
+    assert lay.window_depths[node(2, 3)] == 6
+    assert path == [node(0, 0), node(0, 1), node(0, 2), node(0, 3), node(1, 3), node(2, 3)]
     assert lay.window_parent(0, 0) == -1 and lay.window_parent(0, 2) == node(0, 1)
     assert lay.window_parent(1, 2) == node(0, 2)
-    assert lay.max_emit == 4 + 5 - 1
     assert len(lay.logits_rows) == lay.num_tokens  # every token has logits
-    assert StepLayout(4, 5, 2).max_emit == 4
 
 
-@pytest.mark.parametrize("n,w,g", CONFIGS)
-def test_each_window_path_is_what_its_last_node_sees(n, w, g):
+@pytest.mark.parametrize("n,w,slots", CONFIGS)
+def test_each_window_path_is_what_its_last_node_sees(n, w, slots):
     """A window node's causal context is exactly the input and its path: the path is a
-    guess of the next tokens that the pass verifies like a candidate."""
-    lay = StepLayout(n, w, g, verify_window=True)
-    for k in range(lay.m * lay.w):
-        d = lay.window_depths[k]
-        path = lay.window_paths[k][:d]
-        seen = set(np.flatnonzero(lay.mask[1 + k]).tolist())
+    guess of the next tokens that the pass verifies like a tree slot."""
+    lay = StepLayout(n, w, slots, verify_window=True)
+    for k in range(lay.window_tokens):
+        path = np.flatnonzero(lay.window_ancestors[k])
+        seen = set(np.flatnonzero(lay.static_mask[1 + k]).tolist())
         assert seen == {0, *(1 + path).tolist()}
-        assert lay.offsets[1 + path].tolist() == list(range(1, d + 1))  # consecutive
+        assert sorted(lay.static_offsets[1 + path].tolist()) == list(
+            range(1, lay.window_depths[k] + 1)
+        )

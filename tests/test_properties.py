@@ -1,10 +1,12 @@
 """Property-based tests (hypothesis) of the invariants the lookahead step rests on.
 
 * the n-gram pool against a pure-Python model of a deduplicated FIFO ring per key;
-* the step's attention mask: a row sees only its own branch and the input, never a
-  later position, one token per earlier position — in the layout and in the model;
-* acceptance (`lookahead.verify`) against a pure-Python reference, and emission
-  (`decode_state.emit`): EOS, budget, never past the budget;
+* the step's attention mask (window + a tree of candidate chains): a row sees only its
+  own branch and the input, never a later position, one token per earlier position — in
+  the layout and in the model;
+* acceptance of candidate chains through the draft tree (`draft_tree.verify`) against a
+  pure-Python reference, and emission (`decode_state.emit`): EOS, budget, never past
+  the budget;
 * `kv_cache.commit`: each row writes only at its own length, the chosen K/V.
 
 Functions under test are jitted once per shape (shapes come from small strategies).
@@ -13,6 +15,7 @@ Functions under test are jitted once per shape (shapes come from small strategie
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +23,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead_jax import decode_state, kv_cache, lookahead, ngram_pool
+from lookahead_jax import decode_state, draft_tree, kv_cache, ngram_pool
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.lookahead_layout import StepLayout
 from lookahead_jax.model import forward, init_params
@@ -34,7 +37,7 @@ POOL_VOCAB = 6
 INSERTS_PER_CALL = 3
 
 _insert = jax.jit(ngram_pool.insert)
-_lookup = jax.jit(ngram_pool.lookup)
+_lookup = jax.jit(ngram_pool.lookup, static_argnums=3)
 
 
 @st.composite
@@ -53,32 +56,51 @@ def pool_runs(draw):
         keys = draw(st.lists(st.integers(0, key_hi), min_size=b * 3, max_size=b * 3))
         tails = draw(st.lists(st.integers(0, tok_hi), min_size=b * 3 * m, max_size=b * 3 * m))
         ok = draw(st.lists(st.booleans(), min_size=b * 3, max_size=b * 3))
+        prev = draw(st.lists(st.integers(0, 2), min_size=b * 3, max_size=b * 3))
         calls.append(
             (
                 np.asarray(keys, np.int32).reshape(shape),
                 np.asarray(tails, np.int32).reshape(*shape, m),
                 np.asarray(ok, bool).reshape(shape),
+                np.asarray(prev, np.int32).reshape(shape),
             )
         )
     return b, g, m, calls
 
 
 class ReferencePool:
-    """Per (row, key): the stored tails, oldest first, and how many inserts were real."""
+    """Per (row, key): the stored tails, oldest first, each with its latest previous token
+    and hit count, and how many inserts were real."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.rings: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+        self.meta: dict[tuple[int, int, tuple[int, ...]], list[int]] = {}  # [prev, hits]
         self.inserted: dict[tuple[int, int], int] = {}
 
-    def insert(self, row: int, key: int, tail: tuple[int, ...]) -> None:
+    def insert(self, row: int, key: int, tail: tuple[int, ...], prev: int) -> None:
         ring = self.rings.setdefault((row, key), [])
-        if tail in ring:  # deduplicated: a stored n-gram is not inserted again
+        if tail in ring:  # deduplicated: a hit, and the newest context
+            self.meta[(row, key, tail)] = [prev, self.meta[(row, key, tail)][1] + 1]
             return
         ring.append(tail)
+        self.meta[(row, key, tail)] = [prev, 1]
         self.inserted[(row, key)] = self.inserted.get((row, key), 0) + 1
         if len(ring) > self.capacity:  # full: the oldest goes
             ring.pop(0)
+
+    def lookup(self, row: int, key: int, prev: int) -> list[tuple[int, ...]]:
+        """Context match first, then hits, then the newest."""
+        ring = self.rings.get((row, key), [])
+        order = sorted(
+            range(len(ring)),
+            key=lambda i: (
+                -(self.meta[(row, key, ring[i])][0] == prev),
+                -self.meta[(row, key, ring[i])][1],
+                -i,
+            ),
+        )
+        return [ring[i] for i in order]
 
 
 @SETTINGS
@@ -87,16 +109,19 @@ def test_pool_is_a_deduplicated_fifo_ring_per_key(run):
     b, g, m, calls = run
     pool = ngram_pool.init_pool(b, POOL_VOCAB, g, m)
     ref = ReferencePool(g)
-    for keys, tails, ok in calls:
-        pool = _insert(pool, jnp.asarray(keys), jnp.asarray(tails), jnp.asarray(ok))
+    for keys, tails, ok, prev in calls:
+        pool = _insert(pool, *(jnp.asarray(x) for x in (keys, tails, ok, prev)))
         for i in range(INSERTS_PER_CALL):  # item i of every row, then item i + 1
             for row in range(b):
                 if ok[row, i]:
-                    ref.insert(row, int(keys[row, i]), tuple(tails[row, i].tolist()))
+                    ref.insert(
+                        row, int(keys[row, i]), tuple(tails[row, i].tolist()), int(prev[row, i])
+                    )
 
     tokens, head, fill = (np.asarray(x) for x in (pool.tokens, pool.head, pool.fill))
-    for key in range(POOL_VOCAB):
-        looked_tails, looked_valid = (np.asarray(x) for x in _lookup(pool, jnp.full((b,), key)))
+    for key, prev in itertools.product(range(POOL_VOCAB), range(3)):
+        looked = _lookup(pool, jnp.full((b,), key), jnp.full((b,), prev), g)
+        looked_tails, looked_valid = (np.asarray(x) for x in looked[:2])
         for row in range(b):
             want = ref.rings.get((row, key), [])
             n = int(fill[row, key])
@@ -108,7 +133,7 @@ def test_pool_is_a_deduplicated_fifo_ring_per_key(run):
             assert head[row, key] == ref.inserted.get((row, key), 0) % g
             rows = zip(looked_tails[row].tolist(), looked_valid[row], strict=True)
             valid = [tuple(t) for t, v in rows if v]
-            assert sorted(valid) == sorted(want)
+            assert valid == ref.lookup(row, key, prev)  # the selection rule's order
 
 
 # ------------------------------------------------------------------ the attention mask
@@ -150,17 +175,29 @@ def may_see(q, k) -> bool:
     return False
 
 
+def chains_layout(n: int, w: int, g: int):
+    """The layout and (static, one-row) mask/offsets of a step whose tree holds G
+    distinct candidate chains of N-1 tokens (unique tokens: nothing merges, so chain c
+    token i is tree slot c*(N-1) + i)."""
+    m = n - 1
+    lay = StepLayout(n, w, g * m)
+    tokens = jnp.arange(g * m, dtype=jnp.int32).reshape(1, g, m)
+    prop = draft_tree.chains(tokens, jnp.full((1, g), m), jnp.full((1, g, m), 0.5), source=0)
+    tree = draft_tree.merge(prop, g * m, m) if g else draft_tree.empty(1)
+    return lay, np.asarray(lay.mask(tree.ancestors))[0], np.asarray(lay.offsets(tree.depth))[0]
+
+
 @settings(deadline=None, max_examples=50, database=None)
 @given(layouts)
 def test_mask_rows_see_their_own_branch_one_token_per_earlier_position(nwg):
     n, w, g = nwg
-    lay = StepLayout(n, w, g)
+    lay, mask, offsets = chains_layout(n, w, g)
     t_count = 1 + (n - 1) * (w + g)
-    assert lay.num_tokens == t_count and lay.mask.shape == (t_count, t_count)
+    assert lay.num_tokens == t_count and mask.shape == (t_count, t_count)
     kinds = [branch(n, w, t) for t in range(t_count)]
-    assert lay.offsets.tolist() == [position(b) for b in kinds]
+    assert offsets.tolist() == [position(b) for b in kinds]
     for t in range(t_count):
-        seen = np.flatnonzero(lay.mask[t]).tolist()
+        seen = np.flatnonzero(mask[t]).tolist()
         assert seen == [u for u in range(t_count) if may_see(kinds[t], kinds[u])], kinds[t]
         # never the future, and exactly one token at each position p .. p + offset
         assert all(position(kinds[u]) <= position(kinds[t]) for u in seen)
@@ -182,9 +219,9 @@ TINY_PARAMS = init_params(TINY, jax.random.PRNGKey(0), scale=0.5)
 
 @functools.cache
 def _step_forward(n: int, w: int, g: int):
-    lay = StepLayout(n, w, g)
-    mask = jnp.asarray(lay.mask)[None]
-    positions = jnp.asarray(lay.offsets)[None] + 7
+    _, mask, offsets = chains_layout(n, w, g)
+    mask = jnp.asarray(mask)[None]
+    positions = jnp.asarray(offsets)[None] + 7
 
     @jax.jit
     def run(tokens):
@@ -203,7 +240,7 @@ def test_model_rows_ignore_every_token_of_other_branches_and_the_future(nwg, see
     the tokens that the paper's rule (`may_see`, not the mask itself) hides from it leaves
     its logits as they were; changing the input token (always seen) does not."""
     n, w, g = nwg
-    lay = StepLayout(n, w, g)
+    lay = chains_layout(n, w, g)[0]
     kinds = [branch(n, w, t) for t in range(lay.num_tokens)]
     run = _step_forward(n, w, g)
     rng = np.random.default_rng(seed)
@@ -224,32 +261,36 @@ def test_model_rows_ignore_every_token_of_other_branches_and_the_future(nwg, see
 
 # ------------------------------------------------------------------ acceptance and emission
 
-_verify = jax.jit(lookahead.verify)
-
 
 @st.composite
 def verify_inputs(draw):
-    """cands [B, G, M], valid [B, G], after_input [B], after_cand [B, G, M] over a tiny
-    vocabulary; each candidate starts with a drawn number of right tokens."""
+    """cands [B, G, M], valid [B, G], after_input [B] over a tiny vocabulary, and the
+    model: a random function from a token prefix to the model's next token (equal
+    prefixes, merged into one tree slot, get equal predictions). Each candidate starts
+    with a drawn number of right tokens."""
     b = draw(st.integers(1, 2))
     g = draw(st.integers(0, 3))
     m = draw(st.integers(1, 4))
     vocab = draw(st.integers(2, 4))
-    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
-    after_input = rng.integers(0, vocab, b).astype(np.int32)
-    after_cand = rng.integers(0, vocab, (b, g, m)).astype(np.int32)
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+
+    def model(row: int, prefix: tuple[int, ...]) -> int:
+        return int(np.random.default_rng([seed, row, *prefix, 99]).integers(0, vocab))
+
+    after_input = np.asarray([model(row, ()) for row in range(b)], np.int32)
     cands = rng.integers(0, vocab, (b, g, m)).astype(np.int32)
     valid = rng.random((b, g)) < 0.8
     for row in range(b):
         for c in range(g):
             k = draw(st.integers(0, m))  # make the first k tokens right
             for i in range(k):
-                cands[row, c, i] = after_input[row] if i == 0 else after_cand[row, c, i - 1]
-    return cands, valid, after_input, after_cand
+                cands[row, c, i] = model(row, tuple(cands[row, c, :i].tolist()))
+    return cands, valid, after_input, model
 
 
-def reference_verify(cands, valid, after_input, after_cand):
-    """Per row: (accepted count, [accepted count of each candidate], emitted tokens)."""
+def reference_verify(cands, valid, model):
+    """Per row: (accepted count, [accepted count of each candidate])."""
     out = []
     b, g, m = cands.shape
     for row in range(b):
@@ -259,13 +300,36 @@ def reference_verify(cands, valid, after_input, after_cand):
             while (
                 valid[row, c]
                 and k < m
-                and cands[row, c, k] == (after_input[row] if k == 0 else after_cand[row, c, k - 1])
+                and cands[row, c, k] == model(row, tuple(cands[row, c, :k].tolist()))
             ):
                 k += 1
             acc.append(k)
-        a = max(acc, default=0)
-        out.append((a, acc))
+        out.append((max(acc, default=0), acc))
     return out
+
+
+def verify_chains(cands, valid, after_input, model):
+    """The candidates as a merged draft tree, verified with the model's tokens."""
+    b, g, m = cands.shape
+    if g == 0:
+        tree = draft_tree.empty(b)
+    else:
+        prop = draft_tree.chains(
+            jnp.asarray(cands), jnp.asarray(valid * m), jnp.full((b, g, m), 0.5), source=0
+        )
+        tree = jax.jit(draft_tree.merge, static_argnums=(1, 2))(prop, g * m, m)
+    tokens, parent, ok = (np.asarray(x) for x in (tree.tokens, tree.parent, tree.valid))
+    after_slot = np.zeros(tokens.shape, np.int32)
+    for row in range(b):
+        for q in range(tokens.shape[1]):
+            if ok[row, q]:
+                path, node = [], q
+                while node != draft_tree.ROOT:
+                    path.append(int(tokens[row, node]))
+                    node = int(parent[row, node])
+                after_slot[row, q] = model(row, tuple(reversed(path)))
+    acc = draft_tree.verify(tree, jnp.asarray(after_input), jnp.asarray(after_slot), m)
+    return np.asarray(acc.accepted), np.asarray(acc.emitted)
 
 
 @SETTINGS
@@ -275,24 +339,18 @@ def reference_verify(cands, valid, after_input, after_cand):
     st.integers(0, 2**31 - 1),
 )
 def test_verify_then_emit(inputs, eos_ids, seed):
-    cands, valid, after_input, after_cand = inputs
+    cands, valid, after_input, model = inputs
     b, g, m = cands.shape
-    a, best, emitted = (np.asarray(x) for x in _verify(*(jnp.asarray(x) for x in inputs)))
+    a, emitted = verify_chains(cands, valid, after_input, model)
     assert emitted.shape == (b, m + 1)
-    for row, (want_a, acc) in enumerate(reference_verify(*inputs)):
+    for row, (want_a, acc) in enumerate(reference_verify(cands, valid, model)):
         assert 0 <= a[row] <= m and a[row] == want_a  # a step emits a + 1 in 1..N tokens
-        if g == 0:
+        if g == 0 or a[row] == 0:
             assert emitted[row, 0] == after_input[row]
             continue
-        c = best[row]
-        assert acc[c] == a[row]  # the best is a longest right prefix ...
-        if a[row] > 0:
-            assert c == acc.index(a[row])  # ... the first one
-            assert valid[row, c]
+        c = acc.index(a[row])  # a longest right candidate: its prefix, then the bonus
         np.testing.assert_array_equal(emitted[row, : a[row]], cands[row, c, : a[row]])
-        # then the model's own token after the accepted ones
-        bonus = after_input[row] if a[row] == 0 else after_cand[row, c, a[row] - 1]
-        assert emitted[row, a[row]] == bonus
+        assert emitted[row, a[row]] == model(row, tuple(cands[row, c, : a[row]].tolist()))
 
     # emit: append up to a + 1 of them, cut at EOS and by the remaining budget
     rng = np.random.default_rng(seed)

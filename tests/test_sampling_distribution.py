@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 import lookahead_jax as lj
-from lookahead_jax import generation, lookahead
+from lookahead_jax import draft_tree, generation
 from lookahead_jax.model import causal_mask, forward
 from lookahead_jax.sampling import SamplingConfig, process_logits
 from tests import tiny
@@ -21,7 +21,8 @@ VOCAB = 8
 NEW = 3
 ROWS = 2048
 CALLS = 6  # 12288 samples per case
-LA = lj.LookaheadConfig(3, 2, 8)
+# every guess source: window (noise-coupled), pool, suffix match, token recycling
+LA = lj.LookaheadConfig(3, 2, 4, suffix=2, suffix_span=4, recycle=12, tree=16)
 CASES = {
     "t1": SamplingConfig(temperature=1.0),
     "t13_k6_p095": SamplingConfig(temperature=1.3, top_k=6, top_p=0.95),
@@ -124,11 +125,11 @@ def test_lookahead_sampling_matches_the_exact_distribution(model8, case):
 
 @pytest.mark.slow
 def test_a_wrong_acceptance_rule_fails_the_same_test(model8, monkeypatch):
-    """Accepting every guess the pool offers (regardless of the model) is detected."""
+    """Accepting every guess the tree offers (regardless of the model) is detected."""
     cfg = CASES["t1"]
     model, prompt = model8
     monkeypatch.setattr(
-        lookahead, "candidate_is_right", lambda cands, expected: jnp.ones(cands.shape, bool)
+        draft_tree, "is_right", lambda tokens, expected: jnp.ones(tokens.shape, bool)
     )
     with jax.enable_x64(True):
         p = exact_distribution(model, prompt, cfg)

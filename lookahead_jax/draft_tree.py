@@ -1,0 +1,325 @@
+"""The draft tree: guesses from every source merged into one fixed-size tree, and its
+verification.
+
+Sources propose *nodes*: a token, a parent (another proposal, or the root = the step's
+input token), a depth (tokens from the root, the node included) and a score (the
+estimated chance that every token on the path from the root to the node is right). A
+chain of k guessed tokens is k nodes, each the parent of the next; a tree template is
+nodes whose parents fan out.
+
+`merge` turns the N proposals of a row into a tree of D slots (N may exceed D):
+
+1. order the proposals by score, best first (a node never scores above its parent, and
+   ties keep the proposal order, in which a parent always comes first);
+2. merge equal paths: a node is a *duplicate* when an earlier node has the same token,
+   depth and (merged) parent, i.e. the same path from the root; duplicates take no slot;
+3. keep the first D distinct nodes. Every kept node's parent comes earlier, so it is
+   kept too: the tree is prefix-closed and slot order is parent-before-child.
+
+Example, D=5, proposals (score order, root = r):
+
+    proposal   path       kept as slot   slot's parent
+    p0         r-a        0              root
+    p1         r-a-b      1              0
+    p2         r-c        2              root
+    p3         r-a        duplicate of p0
+    p4         r-a-d      3              0      (p4's parent p3 merged into p0)
+    p5         r-a-b-e    4              1
+    p6         r-c-f      - (no slot left)
+
+Each slot sees the root, its ancestors and itself (and the cache): `ancestors[q, u]`
+says slot u lies on the path to slot q (q included). A slot at depth d sits at position
+p + d, where p is the input's. Empty slots are padding: they see only the root, and no
+real slot sees them.
+
+`verify` applies the one acceptance rule: slot q is right iff its token equals the
+model's token after its parent (after the root for depth 1); the deepest slot whose
+whole path is right wins (the first such slot on ties), and the step emits that path's
+tokens plus the model's token after its last slot (the bonus token). "The model's token"
+is the greedy argmax or the seeded Gumbel-max sample (sampling.py): the rule is exact
+for both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+ROOT = -1  # parent index of a depth-1 node: the step's input token
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Proposals:
+    """N proposed nodes per row, in proposal order (a parent always before its child).
+
+    tokens  [B, N] int32
+    parent  [B, N] int32  index of the parent proposal (< own index), or ROOT
+    depth   [B, N] int32  1 for the root's children
+    score   [B, N] float32  estimated chance that the whole path is right
+    valid   [B, N] bool   a node whose parent is invalid is invalid too
+    source  [B, N] int32  which source proposed it (an index into SOURCES)
+    """
+
+    tokens: jax.Array
+    parent: jax.Array
+    depth: jax.Array
+    score: jax.Array
+    valid: jax.Array
+    source: jax.Array
+
+    @property
+    def count(self) -> int:
+        return self.tokens.shape[1]
+
+
+def chains(tokens_bcl, length_bc, score_bcl, source: int) -> Proposals:
+    """C chains of up to L tokens each (the root's children are token 0 of each chain).
+
+    tokens [B, C, L], length [B, C] (0..L real tokens), score [B, C, L]: the chance
+    that the chain is right up to and including token i.
+    """
+    B, C, L = tokens_bcl.shape
+    idx = jnp.arange(C * L, dtype=jnp.int32).reshape(C, L)
+    parent = jnp.where(jnp.arange(L)[None] == 0, ROOT, idx - 1)  # [C, L]
+    depth = jnp.broadcast_to(jnp.arange(1, L + 1, dtype=jnp.int32), (C, L))
+    valid = jnp.arange(L)[None, None] < length_bc[:, :, None]
+    flat = lambda x: jnp.broadcast_to(x, (B, C, L)).reshape(B, C * L)  # noqa: E731
+    return Proposals(
+        tokens=flat(tokens_bcl).astype(jnp.int32),
+        parent=flat(parent),
+        depth=flat(depth),
+        score=flat(score_bcl).astype(jnp.float32),
+        valid=flat(valid),
+        source=jnp.full((B, C * L), source, jnp.int32),
+    )
+
+
+def concat(parts: list[Proposals]) -> Proposals:
+    """All sources' proposals in one list (parents re-indexed)."""
+    out, offset = [], 0
+    for p in parts:
+        if p.count == 0:
+            continue
+        parent = jnp.where(p.parent == ROOT, ROOT, p.parent + offset)
+        out.append(dataclasses.replace(p, parent=parent))
+        offset += p.count
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *out)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DraftTree:
+    """D slots per row in parent-before-child order (see the module docstring).
+
+    tokens     [B, D] int32   (0 in empty slots)
+    parent     [B, D] int32   slot of the parent (< own slot), or ROOT
+    depth      [B, D] int32   1.. (1 in empty slots: they sit at p + 1)
+    valid      [B, D] bool
+    source     [B, D] int32   the source of the best-scored proposal merged into the slot
+    ancestors  [B, D, D] bool slot u is on the path to slot q (q itself included)
+    """
+
+    tokens: jax.Array
+    parent: jax.Array
+    depth: jax.Array
+    valid: jax.Array
+    source: jax.Array
+    ancestors: jax.Array
+
+    @property
+    def slots(self) -> int:
+        return self.tokens.shape[1]
+
+
+def empty(batch: int) -> DraftTree:
+    """A tree of no slots."""
+    z = lambda dt, *shape: jnp.zeros((batch, *shape), dt)  # noqa: E731
+    return DraftTree(
+        z(jnp.int32, 0),
+        z(jnp.int32, 0),
+        z(jnp.int32, 0),
+        z(bool, 0),
+        z(jnp.int32, 0),
+        z(bool, 0, 0),
+    )
+
+
+def concat_trees(first: DraftTree, second: DraftTree) -> DraftTree:
+    """Both trees' slots side by side (first's, then second's), verified together."""
+    B, d1 = first.tokens.shape
+    d2 = second.tokens.shape[1]
+    cat = lambda a, b: jnp.concatenate([a, b], axis=1)  # noqa: E731
+    parent2 = jnp.where(second.parent == ROOT, ROOT, second.parent + d1)
+    anc = jnp.zeros((B, d1 + d2, d1 + d2), bool)
+    anc = anc.at[:, :d1, :d1].set(first.ancestors).at[:, d1:, d1:].set(second.ancestors)
+    return DraftTree(
+        tokens=cat(first.tokens, second.tokens),
+        parent=cat(first.parent, parent2),
+        depth=cat(first.depth, second.depth),
+        valid=cat(first.valid, second.valid),
+        source=cat(first.source, second.source),
+        ancestors=anc,
+    )
+
+
+def _gather_rows(x_bn, idx_bm):
+    """x[b, idx[b, m]] with ROOT (-1) indices clipped to 0 (callers mask them)."""
+    return jnp.take_along_axis(x_bn, jnp.maximum(idx_bm, 0), axis=1)
+
+
+def _propagate_down(p: Proposals, max_depth: int) -> Proposals:
+    """Make scores non-increasing and validity inherited along every path."""
+
+    def body(_, sv):
+        score, valid = sv
+        has_parent = p.parent != ROOT
+        parent_score = jnp.where(has_parent, _gather_rows(score, p.parent), jnp.inf)
+        parent_valid = jnp.where(has_parent, _gather_rows(valid, p.parent), True)
+        return jnp.minimum(score, parent_score), valid & parent_valid
+
+    score, valid = jax.lax.fori_loop(0, max_depth, body, (p.score, p.valid))
+    return dataclasses.replace(p, score=score, valid=valid)
+
+
+def ancestors_of(parent_bd, max_depth: int):
+    """[B, D, D] bool: slot u is on the path from the root to slot q (q included).
+
+    Needs parent < own index (or ROOT); `max_depth` bounds the path length."""
+    B, D = parent_bd.shape
+    eye = jnp.broadcast_to(jnp.eye(D, dtype=bool), (B, D, D))
+
+    def body(_, anc):
+        up = jnp.take_along_axis(anc, jnp.maximum(parent_bd, 0)[:, :, None], axis=1)
+        return eye | (up & (parent_bd != ROOT)[:, :, None])
+
+    return jax.lax.fori_loop(0, max_depth, body, eye)
+
+
+def merge(p: Proposals, slots: int, max_depth: int) -> DraftTree:
+    """Merge equal paths and keep the best `slots` distinct nodes (module docstring).
+
+    max_depth: the deepest proposal (a static bound, e.g. the longest chain)."""
+    B, N = p.tokens.shape
+    p = _propagate_down(p, max_depth)
+    # 1. best score first; invalid nodes last; ties keep proposal order (stable sort),
+    #    so a parent (score >= its child's, earlier index) always precedes its child
+    order = jnp.argsort(jnp.where(p.valid, -p.score, jnp.inf), axis=1, stable=True)  # [B, N]
+    rank = jnp.argsort(order, axis=1)  # inverse permutation
+    sort = lambda x: jnp.take_along_axis(x, order, axis=1)  # noqa: E731
+    tokens, depth, valid, source = sort(p.tokens), sort(p.depth), sort(p.valid), sort(p.source)
+    parent = sort(p.parent)
+    parent = jnp.where(parent == ROOT, ROOT, _gather_rows(rank, parent))  # sorted indices
+
+    # 2. same_path[u, v]: nodes u and v are the same path from the root; built depth
+    #    by depth (a node's path is its parent's path plus its token)
+    same_node = (
+        valid[:, :, None]
+        & valid[:, None, :]
+        & (tokens[:, :, None] == tokens[:, None, :])
+        & (depth[:, :, None] == depth[:, None, :])
+    )
+    is_root_child = parent == ROOT
+    both_root = is_root_child[:, :, None] & is_root_child[:, None, :]
+    pu = jnp.maximum(parent, 0)
+
+    def body(_, same):
+        # same[parent[u], parent[v]]
+        rows = jnp.take_along_axis(same, pu[:, :, None], axis=1)  # [B, N, N]: same[pu, v']
+        parents_same = jnp.take_along_axis(rows, pu[:, None, :], axis=2)  # same[pu, pv]
+        return same_node & (both_root | (parents_same & ~is_root_child[:, :, None]))
+
+    same = jax.lax.fori_loop(0, max_depth, body, same_node & both_root)
+    first = jnp.argmax(same, axis=2)  # [B, N] the earliest node with u's path (u if none)
+    distinct = valid & (first == jnp.arange(N)[None])
+
+    # 3. the first `slots` distinct nodes; a duplicate's children hang below its original
+    count = jnp.cumsum(distinct, axis=1)
+    keep = distinct & (count <= slots)
+    slot = jnp.where(keep, count - 1, slots)  # `slots` = dropped (out of range)
+    rep_parent = jnp.where(parent == ROOT, ROOT, _gather_rows(first, parent))
+    parent_slot = jnp.where(rep_parent == ROOT, ROOT, _gather_rows(slot, rep_parent))
+
+    def scatter(values, fill):
+        out = jnp.full((B, slots), fill, values.dtype)
+        return jax.vmap(lambda o, s, v: o.at[s].set(v, mode="drop"))(out, slot, values)
+
+    tree_parent = scatter(parent_slot, ROOT)
+    return DraftTree(
+        tokens=scatter(tokens, 0),
+        parent=tree_parent,
+        depth=scatter(depth, 1),
+        valid=scatter(keep, False),
+        source=scatter(source, -1),
+        ancestors=ancestors_of(tree_parent, max_depth),
+    )
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Acceptance:
+    """The verified outcome of one step, per row.
+
+    accepted  [B] int32     guessed tokens accepted (0..max depth)
+    path      [B, P] int32  slots of the accepted path, root first (P = max depth;
+                            entries >= accepted are meaningless)
+    emitted   [B, P+1] int32  the step's tokens: the accepted ones, then the bonus
+    source    [B] int32     source of the accepted path's last slot (-1 if none)
+    """
+
+    accepted: jax.Array
+    path: jax.Array
+    emitted: jax.Array
+    source: jax.Array
+
+
+def is_right(tokens, expected):
+    """A guess is right iff it equals the model's token at its position. The one
+    acceptance rule: exact for greedy decoding and, because the model's token is the
+    seeded Gumbel-max choice (sampling.py), for sampling too."""
+    return tokens == expected
+
+
+def verify(tree: DraftTree, after_root_b, after_slot_bd, max_depth: int) -> Acceptance:
+    """The deepest right path, plus the model's token after it (module docstring).
+
+    after_root [B]     the model's token after the input
+    after_slot [B, D]  the model's token after each slot
+    """
+    B, D = tree.tokens.shape
+    if D == 0 or max_depth == 0:
+        zeros = jnp.zeros((B,), jnp.int32)
+        emitted = jnp.zeros((B, max_depth + 1), jnp.int32).at[:, 0].set(after_root_b)
+        return Acceptance(zeros, jnp.zeros((B, max_depth), jnp.int32), emitted, zeros - 1)
+    expected = jnp.where(
+        tree.parent == ROOT, after_root_b[:, None], _gather_rows(after_slot_bd, tree.parent)
+    )
+    right = tree.valid & is_right(tree.tokens, expected)  # [B, D]
+    path_right = tree.valid & ~jnp.any(tree.ancestors & ~right[:, None, :], axis=2)
+    reach = jnp.where(path_right, tree.depth, 0)
+    best = jnp.argmax(reach, axis=1)  # first deepest
+    accepted = jnp.take_along_axis(reach, best[:, None], axis=1)[:, 0]
+    on_path = jnp.take_along_axis(tree.ancestors, best[:, None, None], axis=1)[:, 0]  # [B, D]
+    levels = jnp.arange(1, max_depth + 1)[None, :, None]
+    at_level = on_path[:, None, :] & (tree.depth[:, None, :] == levels)  # [B, P, D]
+    path = jnp.argmax(at_level, axis=2).astype(jnp.int32)  # [B, P]
+    path_tokens = jnp.take_along_axis(tree.tokens, path, axis=1)
+    bonus = jnp.where(
+        accepted > 0, jnp.take_along_axis(after_slot_bd, best[:, None], axis=1)[:, 0], after_root_b
+    )
+    i = jnp.arange(max_depth + 1)[None]
+    padded = jnp.pad(path_tokens, ((0, 0), (0, 1)))
+    emitted = jnp.where(
+        i < accepted[:, None], padded, jnp.where(i == accepted[:, None], bonus[:, None], 0)
+    )
+    source = jnp.where(
+        accepted > 0, jnp.take_along_axis(tree.source, best[:, None], axis=1)[:, 0], -1
+    )
+    return Acceptance(
+        accepted=accepted.astype(jnp.int32),
+        path=path,
+        emitted=emitted.astype(jnp.int32),
+        source=source.astype(jnp.int32),
+    )

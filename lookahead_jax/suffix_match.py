@@ -1,0 +1,66 @@
+"""Context suffix match: guess that the text continues as it did after an earlier
+occurrence of its last few tokens (prompt lookup, llama.cpp's lookup, SAM-decoding's
+idea), on the device, for every row at once.
+
+A row's known text is `tokens[0:end]` (prompt, then new tokens; the last one,
+`tokens[end-1]`, is the step's input). For every earlier position j < end-1, the *match
+length* is how many tokens ending at j equal the tokens ending at end-1 (at most
+`key_max`). The best positions — longest match first, then the most recent — each
+propose their continuation `tokens[j+1 : j+1+span]`, cut where the known text ends.
+
+Example, key_max=3, span=4, text (positions 0..9) = `a b c d x a b c d a`, end = 10:
+
+    the row ends in ... c d a       (the input is `a` at 9)
+    j=0 (`a`):          match 1 (`a`; nothing before it)     continuation b c d x
+    j=5 (`a`):          match 2 (`x a` vs `d a`: 1) -> 1     continuation b c d a
+    j=3 (`d`):          match 0
+    best: j=5 (match 1, most recent) then j=0 (match 1)
+
+(A match of `d a` would need `d` right before an earlier `a`; there is none, so every
+match here has length 1.) The continuation from j=5 runs into the row's own last
+tokens, `b c d a`: copying a repeating pattern is how such matches pay off.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def match_lengths(tokens_bs, end_b, key_max: int):
+    """[B, S] int32: the match length at each position j (0 where j >= end-1)."""
+    B, S = tokens_bs.shape
+    j = jnp.arange(S)[None]  # [1, S]
+    run = jnp.ones((B, S), bool)
+    length = jnp.zeros((B, S), jnp.int32)
+    for i in range(key_max):
+        mine = end_b - 1 - i  # [B] the row's token i back from its input
+        theirs = j - i
+        mine_tok = jnp.take_along_axis(tokens_bs, jnp.maximum(mine, 0)[:, None], axis=1)  # [B, 1]
+        theirs_tok = jnp.take_along_axis(
+            tokens_bs, jnp.broadcast_to(jnp.maximum(theirs, 0), (B, S)), axis=1
+        )
+        run = run & (theirs >= 0) & (mine[:, None] >= 0) & (theirs_tok == mine_tok)
+        length = length + run.astype(jnp.int32)
+    earlier = j < (end_b - 1)[:, None]
+    return jnp.where(earlier, length, 0)
+
+
+def propose(tokens_bs, end_b, *, key_max: int, span: int, count: int):
+    """The `count` best continuations of up to `span` tokens.
+
+    Returns tokens [B, count, span], length [B, count] (0 = no match) and the match
+    length of each [B, count] (the guess's key length, 1..key_max).
+    """
+    B, S = tokens_bs.shape
+    lengths = match_lengths(tokens_bs, end_b, key_max)
+    # longest match first, then the most recent position
+    score = jnp.where(lengths > 0, lengths * S + jnp.arange(S)[None], -1)
+    best, pos = jax.lax.top_k(score, count)  # [B, count]
+    found = best >= 0
+    key_len = jnp.where(found, best // S, 0)
+    idx = pos[:, :, None] + 1 + jnp.arange(span)[None, None]  # [B, count, span]
+    cont = jnp.take_along_axis(tokens_bs, jnp.minimum(idx, S - 1).reshape(B, -1), axis=1)
+    cont = cont.reshape(B, count, span)
+    known = jnp.clip(end_b[:, None] - 1 - pos, 0, span)  # tokens known after position j
+    return cont, jnp.where(found, known, 0), key_len

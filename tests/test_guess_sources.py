@@ -1,0 +1,151 @@
+"""The guess sources against pure-Python references (hypothesis): the suffix matcher
+(suffix_match.py) and token recycling's template, tables and expansion
+(token_recycling.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lookahead_jax import suffix_match, token_recycling
+from lookahead_jax.draft_tree import ROOT
+
+SETTINGS = settings(deadline=None, max_examples=40, database=None)
+
+# ------------------------------------------------------------------ suffix match
+
+
+def brute_force_matches(text: list[int], key_max: int):
+    """[(match length, position)] of every earlier position j < len-1 with a match,
+    longest first, then most recent."""
+    end = len(text)
+    out = []
+    for j in range(end - 1):
+        length = 0
+        while length < key_max and j - length >= 0 and text[j - length] == text[end - 1 - length]:
+            length += 1
+        if length:
+            out.append((length, j))
+    return sorted(out, key=lambda x: (-x[0], -x[1]))
+
+
+_propose = jax.jit(suffix_match.propose, static_argnames=("key_max", "span", "count"))
+
+
+@SETTINGS
+@given(
+    st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=20), min_size=1, max_size=3),
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.integers(1, 4),
+)
+def test_suffix_match_proposes_the_longest_most_recent_continuations(texts, key_max, span, count):
+    S = 24  # buffer slots; garbage past each row's end must never be read
+    rng = np.random.default_rng(len(texts))
+    buf = rng.integers(0, 4, (len(texts), S)).astype(np.int32)
+    for row, t in enumerate(texts):
+        buf[row, : len(t)] = t
+    end = np.asarray([len(t) for t in texts], np.int32)
+    cont, length, key = (
+        np.asarray(x)
+        for x in _propose(
+            jnp.asarray(buf), jnp.asarray(end), key_max=key_max, span=span, count=count
+        )
+    )
+    for row, text in enumerate(texts):
+        want = brute_force_matches(text, key_max)[:count]
+        for c in range(count):
+            if c >= len(want):
+                assert length[row, c] == 0
+                continue
+            k, j = want[c]
+            assert key[row, c] == k
+            expected = text[j + 1 : j + 1 + span]  # only known tokens
+            assert length[row, c] == len(expected)
+            assert cont[row, c, : len(expected)].tolist() == expected
+
+
+# ------------------------------------------------------------------ token recycling
+
+
+@SETTINGS
+@given(
+    st.integers(1, 40),
+    st.lists(st.floats(0.01, 0.99), min_size=1, max_size=6),
+    st.integers(1, 6),
+)
+def test_template_is_the_best_first_tree(nodes, rates, max_depth):
+    rates = tuple(sorted(rates, reverse=True))
+    t = token_recycling.template(nodes, rates, max_depth)
+    depths = t.depths
+    for i, (par, rank) in enumerate(zip(t.parents, t.ranks, strict=True)):
+        assert par == ROOT or 0 <= par < i  # parents first
+        parent_score = 1.0 if par == ROOT else t.scores[par]
+        assert np.isclose(t.scores[i], parent_score * rates[rank])
+        assert depths[i] <= max_depth
+        if rank > 0:  # a rank-r child comes after its rank r-1 sibling
+            siblings = [j for j in range(i) if t.parents[j] == par and t.ranks[j] == rank - 1]
+            assert len(siblings) == 1
+    # best-first: every node not taken scores no better than the worst node taken
+    taken = set(zip(t.parents, t.ranks, strict=True))
+    frontier = []
+    for p in [ROOT, *range(t.size)]:
+        base = 1.0 if p == ROOT else t.scores[p]
+        depth = 0 if p == ROOT else depths[p]
+        for r in range(len(rates)):
+            if (p, r) not in taken and depth < max_depth:
+                frontier.append(base * rates[r])
+                break
+    if t.size == nodes and frontier:
+        assert max(frontier) <= min(t.scores) + 1e-12
+
+
+VOCAB = 6
+
+
+def test_tables_keep_the_highest_priority_writer_and_candidates_merge_both():
+    table = token_recycling.init_table(1, VOCAB, 2)
+    logits = np.full((1, 3, VOCAB), -5.0, np.float32)
+    logits[0, 0, [1, 2]] = [3.0, 1.0]  # row 0 (token 4 after 0): 1 (p 0.88), then 2
+    logits[0, 1, [3, 5]] = [3.5, 1.0]  # row 1 (token 4 after 1): 3 (p 0.92), then 5
+    logits[0, 2, [0, 2]] = [2.0, 3.0]  # row 2 (token 5 after 4): 2, then 0
+    prev = jnp.asarray([[0, 1, 4]], jnp.int32)
+    toks = jnp.asarray([[4, 4, 5]], jnp.int32)
+    prio = jnp.asarray([[1, 9, 5]], jnp.int32)  # row 1 outranks row 0 for token 4
+    table = token_recycling.update(
+        table, prev, toks, jnp.asarray(logits), prio, jnp.ones((1, 3), bool)
+    )
+    by_token = np.asarray(table.by_token)[0]
+    assert by_token[4].tolist() == [3, 5] and by_token[5].tolist() == [2, 0]
+    assert np.isclose(np.asarray(table.token_probs)[0, 5].sum(), 0.88 + 0.12, atol=0.01)
+    assert (by_token[[0, 1, 2, 3]] == token_recycling.EMPTY).all()
+    # context (0, 4) was written by row 0: its pair entry and the token entry's tokens
+    # it does not hold, by recorded probability
+    cands, probs = token_recycling.candidates(
+        table, jnp.asarray([[0, 3, 1]]), jnp.asarray([[4, 4, 4]])
+    )
+    cands, probs = np.asarray(cands)[0], np.asarray(probs)[0]
+    assert cands[0].tolist() == [3, 1, 2, 5]
+    assert (np.diff(probs[0]) <= 0).all() and 0.9 < probs[0, 0] < 1
+    assert cands[1].tolist() == [3, 5, -1, -1]  # (3, 4) never seen: token entry only
+    assert cands[2].tolist() == [3, 5, -1, -1]  # (1, 4): the pair's tokens, deduplicated
+
+
+def test_seed_takes_each_tokens_last_follower_and_expand_follows_the_template():
+    table = token_recycling.init_table(1, VOCAB, 2)
+    text = jnp.asarray([[1, 2, 1, 3, 2, 9, 9]], jnp.int32)  # 9 9: garbage past the end
+    table = token_recycling.seed_from_text(table, text, jnp.asarray([5], jnp.int32))
+    by_token = np.asarray(table.by_token)[0]
+    assert by_token[1, 0] == 3 and by_token[2, 0] == 1 and by_token[3, 0] == 2
+    assert by_token[0, 0] == token_recycling.EMPTY  # never seen; 2's last has no follower seen
+    t = token_recycling.Template(
+        parents=(ROOT, 0, ROOT, 1), ranks=(0, 0, 1, 0), scores=(0.5, 0.2, 0.1, 0.05)
+    )
+    prop = token_recycling.expand(table, jnp.asarray([0]), jnp.asarray([1]), t, source=2)
+    # root 1 -> 3 -> 2 -> 1; root's rank 1: nothing recorded
+    assert np.asarray(prop.tokens)[0, [0, 1, 3]].tolist() == [3, 2, 1]
+    assert np.asarray(prop.valid)[0].tolist() == [True, True, False, True]
+    assert np.asarray(prop.depth)[0].tolist() == [1, 2, 1, 3]
