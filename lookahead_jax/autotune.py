@@ -26,6 +26,7 @@ of the generation if it is too low for the config's cost ratio.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -36,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lookahead_jax.cache_dir import cache_root, write_atomic
-from lookahead_jax.lookahead import LookaheadConfig
+from lookahead_jax.lookahead_config import LookaheadConfig
 
 # tokens per step (a LookaheadConfig.for_budget layout): prior compression (new tokens per
 # step) on MT-bench first turns, greedy, 256 new tokens, SmolLM2-135M
@@ -81,30 +82,41 @@ def _tune_dir() -> Path:
     return path
 
 
+def model_fingerprint(model) -> str:
+    """A short stable name for a model's architecture: its config's fingerprint, or for
+    another seam implementation a hash of its type, vocabulary and parameter shapes."""
+    cfg = getattr(model.lm, "cfg", None)
+    if cfg is not None and hasattr(cfg, "fingerprint"):
+        return cfg.fingerprint()
+    shapes = [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(model.params)]
+    blob = repr((type(model.lm).__name__, model.lm.vocab_size, shapes)).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
 def _device_key(model) -> str:
     d = jax.devices()[0]
     kind = f"{d.platform}-{d.device_kind}".replace(" ", "_").replace("/", "_")
-    return f"{kind}-x{jax.device_count()}-{model.cfg.fingerprint()}-{jnp.dtype(model.dtype).name}"
+    return f"{kind}-x{jax.device_count()}-{model_fingerprint(model)}-{jnp.dtype(model.dtype).name}"
 
 
-def compiled_step(cfg, params, tokens: int, context: int, all_logits: bool = True):
+def compiled_step(lm, params, tokens: int, context: int, all_logits: bool = True):
     """(executable, args) of one forward step of `tokens` new tokens over a
     `context`-token cache, with logits for every new token (or for one)."""
-    from lookahead_jax import kv_cache
-    from lookahead_jax.model import causal_mask, forward
+    from lookahead_jax.decode_state import causal_mask
 
-    cache = kv_cache.init_cache(cfg, 1, context + tokens, params["embed"].dtype)
-    cache = kv_cache.KVCache(cache.k, cache.v, jnp.array([context], jnp.int32))
-    rows = jnp.arange(tokens if all_logits else 1, dtype=jnp.int32)[None]
+    dtype = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)][0].dtype
+    cache = lm.init_cache(1, context + tokens, dtype)
+    cache = dataclasses.replace(cache, lengths=jnp.array([context], jnp.int32))
+    logits_rows = jnp.arange(tokens if all_logits else 1, dtype=jnp.int32)[None]
     args = (
         params,
         jnp.zeros((1, tokens), jnp.int32),
         context + jnp.arange(tokens, dtype=jnp.int32)[None],
         causal_mask(tokens),
         cache,
-        rows,
+        logits_rows,
     )
-    exe = jax.jit(forward, static_argnums=1).lower(args[0], cfg, *args[1:]).compile()
+    exe = jax.jit(lm.apply).lower(*args).compile()
     jax.block_until_ready(exe(*args))  # warm up
     return exe, args
 
@@ -116,10 +128,10 @@ def run_time(exe, args) -> float:
 
 
 def step_latencies(
-    cfg, params, tokens: int, context: int, repeats: int, all_logits: bool = True
+    lm, params, tokens: int, context: int, repeats: int, all_logits: bool = True
 ) -> list[float]:
     """Seconds of `repeats` forward steps (see compiled_step)."""
-    exe, args = compiled_step(cfg, params, tokens, context, all_logits)
+    exe, args = compiled_step(lm, params, tokens, context, all_logits)
     return [run_time(exe, args) for _ in range(repeats)]
 
 
@@ -139,7 +151,7 @@ def measure_cost_curve(
     """
     exes, rough = {}, {}
     for t in sorted(tokens):
-        exes[t] = compiled_step(model.cfg, model.params, t, context)
+        exes[t] = compiled_step(model.lm, model.params, t, context)
         rough[t] = min(run_time(*exes[t]) for _ in range(2))
         if t > 1 and rough[t] / rough[min(rough)] > stop_above:
             break
@@ -236,7 +248,7 @@ def cost_ratio(curve: dict, tokens: int) -> float:
 
 
 def _factor_file(model) -> Path:
-    return _tune_dir() / f"acceptance-{model.cfg.fingerprint()}.json"
+    return _tune_dir() / f"acceptance-{model_fingerprint(model)}.json"
 
 
 def sampling_bucket(sampling) -> str:
@@ -334,3 +346,94 @@ class Guard:
         if steps < self.warmup_steps:
             return True
         return compression / self.cost_ratio >= self.give_up_below
+
+
+def hist_compression(hist_bc) -> tuple[float, int]:
+    """(tokens per step, steps) from an accepted-length histogram [B, C]."""
+    counts = np.asarray(hist_bc).sum(0)
+    steps = int(counts.sum())
+    return float((counts * np.arange(1, len(counts) + 1)).sum()) / max(steps, 1), steps
+
+
+class AutoRun:
+    """The whole `lookahead="auto"` policy for one generation: choose a layout (or plain
+    decoding), watch the acceptance and hand a losing lookahead to plain decoding
+    mid-way (`check`, called by driver.py between chunks), and record what was seen
+    (`report`).
+
+    With several processes, process 0's choice is used (cost curves may differ) and the
+    guard is off (a mid-way switch would need every process to agree).
+    """
+
+    def __init__(self, model, sampling, max_step_tokens: int | None = None):
+        from lookahead_jax import multihost
+
+        choice = choose(model, max_step_tokens, sampling)
+        if multihost.is_multiprocess():
+            choice = dataclasses.replace(choice, config=_agree_on(choice.config))
+        self.model, self.sampling, self.choice = model, sampling, choice
+        multi = multihost.is_multiprocess()
+        self.guard = None if choice.config is None or multi else Guard(choice.cost_ratio)
+        self.plain_program = None  # () -> (executable, compile seconds), set by the caller
+        self.compile_s = 0.0
+        self.after_steps = None  # steps before the switch to plain decoding
+        self.lookahead_hist = None  # the lookahead phase's accepted-length histogram
+        self._last_steps = 0
+
+    @property
+    def config(self) -> LookaheadConfig | None:
+        return self.choice.config
+
+    @property
+    def chunk_steps(self) -> int | None:
+        """How many steps the device loop runs between checks (None: no checks)."""
+        return self.guard.window_steps if self.guard else None
+
+    def check(self, state):
+        """None to carry on, or (plain executable, plain state) to switch."""
+        from lookahead_jax import multihost
+
+        if self.guard is None or self.after_steps is not None:
+            return None
+        steps = int(multihost.local_rows(state.steps).max())
+        if steps - self._last_steps < self.guard.window_steps:
+            return None
+        # the lookahead phase's compression so far, not the last window's: acceptance
+        # comes in bursts, and one dry window of 32 steps must not end a winning run
+        hist = multihost.local_rows(state.accept_hist)
+        compression, _ = hist_compression(hist)
+        self._last_steps = steps
+        if self.guard.keep_going(compression, steps):
+            return None
+        exe, self.compile_s = self.plain_program()
+        self.after_steps, self.lookahead_hist = steps, hist
+        plain_state = dataclasses.replace(
+            state, draft=None, accept_hist=jnp.zeros((hist.shape[0], 1), jnp.int32)
+        )
+        return exe, plain_state
+
+    def report(self, state, stats: dict, interrupted: bool) -> None:
+        """Add the choice to `stats['config']`; fold the lookahead phase's acceptance into
+        the running factor (not for an interrupted generation)."""
+        from lookahead_jax import multihost
+
+        stats["config"]["lookahead_auto"] = {
+            **self.choice.describe(),
+            "switched_to_plain_after_steps": self.after_steps,
+        }
+        if self.config is not None and not interrupted:
+            hist = self.lookahead_hist
+            if hist is None:
+                hist = multihost.local_rows(state.accept_hist)
+            compression, steps = hist_compression(hist)
+            record_acceptance(self.model, self.config, compression, steps, self.sampling)
+
+
+def _agree_on(config: LookaheadConfig | None) -> LookaheadConfig | None:
+    """Process 0's choice, on every process."""
+    from jax.experimental import multihost_utils
+
+    budgets = [None, *PRIORS]
+    index = budgets.index(None if config is None else config.key)
+    index = int(multihost_utils.broadcast_one_to_all(np.int32(index)))
+    return None if budgets[index] is None else LookaheadConfig.for_budget(budgets[index])

@@ -4,7 +4,8 @@
       config.json      Hugging Face style Llama config (lookahead_jax.config)
       manifest.json    format tag, config fingerprint, every tensor's shape, dtype
                        and byte count, every params/ file's size and CRC-32
-      params/          orbax (OCDBT) checkpoint of the flat params dict
+      params/          orbax (OCDBT) checkpoint of the params as a flat dict
+                       {'embed', 'layers/wq', ...} (model.flat_names)
       tokenizer.json / tokenizer.model, tokenizer_config.json, chat_template.jinja
 
 A checkpoint is written into a staging directory beside the target and renamed
@@ -28,7 +29,7 @@ import numpy as np
 
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.errors import CheckpointError, MissingFileError, UserInputError
-from lookahead_jax.model import flatten, param_specs
+from lookahead_jax.model import flat_names, from_flat, param_specs
 
 FORMAT = "lookahead_jax.checkpoint/1"
 PARAMS_DIR = "params"
@@ -94,7 +95,7 @@ def staging_dir(out: Path, force: bool = False):
 def write_params(directory: Path, cfg: LlamaConfig, flat: dict[str, np.ndarray], source: dict):
     """Write config.json, params/ (orbax) and manifest.json into `directory`."""
     directory = Path(directory)
-    specs = param_specs(cfg)
+    specs = flat_names(param_specs(cfg))
     if set(flat) != set(specs):
         raise ValueError(f"params {sorted(flat)} do not match the spec {sorted(specs)}")
     for path, spec in specs.items():
@@ -184,19 +185,25 @@ def read_config(path: Path, verify: bool = True) -> tuple[LlamaConfig, dict]:
         raise CheckpointError(
             f"checkpoint {path} has format {manifest.get('format')!r}; this version reads {FORMAT}"
         )
+    check_files(path, cfg, manifest, verify)
+    return cfg, manifest
+
+
+def check_files(path: Path, cfg: LlamaConfig, manifest: dict, verify: bool = True) -> None:
+    """Every params file the manifest lists is present with its size and (verify) its
+    CRC-32; the tensor list matches the config."""
     try:
         _check_manifest(path, cfg, manifest, verify)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, CheckpointError):
             raise
         raise _damaged(path, f"{MANIFEST} is malformed ({type(e).__name__}: {e})") from None
-    return cfg, manifest
 
 
 def _check_manifest(path: Path, cfg: LlamaConfig, manifest: dict, verify: bool) -> None:
     if manifest.get("config_fingerprint") != cfg.fingerprint():
         raise _damaged(path, f"{CONFIG} does not match the manifest's config fingerprint")
-    expected = {p: s.shape for p, s in param_specs(cfg).items()}
+    expected = {p: s.shape for p, s in flat_names(param_specs(cfg)).items()}
     stored = {p: tuple(t["shape"]) for p, t in manifest.get("tensors", {}).items()}
     if stored != expected:
         raise _damaged(path, "the manifest's tensor list does not match the config")
@@ -216,15 +223,16 @@ def _check_manifest(path: Path, cfg: LlamaConfig, manifest: dict, verify: bool) 
             raise _damaged(path, f"{where} fails its CRC-32 checksum (corrupted)")
 
 
-def read_params(path: Path, cfg: LlamaConfig, dtype, shardings: dict):
-    """Restore params as `dtype`, each placed with its sharding from `shardings` (flat)."""
+def read_params(path: Path, cfg: LlamaConfig, dtype, shardings):
+    """Restore params (model.LlamaParams) as `dtype`, each array placed with its sharding
+    from `shardings` (a params-shaped tree)."""
     import jax
 
     ocp = _orbax()
-    specs = param_specs(cfg)
+    specs = flat_names(param_specs(cfg))
+    where = flat_names(shardings)
     target = {
-        p: jax.ShapeDtypeStruct(spec.shape, dtype, sharding=shardings[p])
-        for p, spec in specs.items()
+        p: jax.ShapeDtypeStruct(spec.shape, dtype, sharding=where[p]) for p, spec in specs.items()
     }
     try:
         ckptr = ocp.StandardCheckpointer()
@@ -233,8 +241,4 @@ def read_params(path: Path, cfg: LlamaConfig, dtype, shardings: dict):
     except Exception as e:  # orbax/tensorstore raise many types on damaged data
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise _damaged(path, f"orbax cannot restore its params ({first[:300]})") from e
-    return flat
-
-
-def params_bytes(params) -> int:
-    return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in flatten(params).values())
+    return from_flat(cfg, flat)

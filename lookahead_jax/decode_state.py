@@ -18,15 +18,17 @@ fills `draft` (the guess sources' state, lookahead.DraftState; None otherwise).
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
-from lookahead_jax import kv_cache
-from lookahead_jax.config import LlamaConfig
-from lookahead_jax.kv_cache import KVCache
-from lookahead_jax.model import Params, causal_mask, forward
+from lookahead_jax.kv_cache import KVCache, write_prefix
+from lookahead_jax.lookahead_config import LookaheadConfig
 from lookahead_jax.sampling import SamplingConfig, choose_tokens
+
+if TYPE_CHECKING:
+    from lookahead_jax.seam import CausalLM
 
 
 @jax.tree_util.register_dataclass
@@ -40,19 +42,20 @@ class DecodeState:
     max_new: jax.Array  # [B] int32 budget per row
     done: jax.Array  # [B] bool
     steps: jax.Array  # [B] int32 forward passes after prefill while the row was active
-    keys: jax.Array  # [B, 2] uint32 per-row PRNG keys
+    rng: jax.Array  # [B, 2] uint32 per-row PRNG keys (sampling.row_keys)
     accept_hist: jax.Array  # [B, C] int32: steps that emitted 1..C tokens
-    draft: object | None = None  # lookahead.DraftState
+    draft: object | None = None  # lookahead.DraftState (lookahead.py imports this module)
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
     """Everything static about a decode: a jit static argument."""
 
-    model: LlamaConfig
+    lm: CausalLM  # the model seam (seam.py)
     sampling: SamplingConfig
     eos_ids: tuple[int, ...]
-    lookahead: object | None = None  # LookaheadConfig, or None for plain decoding
+    lookahead: LookaheadConfig | None = None  # None: plain decoding
+    cache_dtype: str = "float32"
     # Buffers sized for steps of this many tokens at least: a plain decode that takes
     # over a lookahead state mid-generation keeps that state's buffer sizes.
     min_slack: int = 1
@@ -95,12 +98,17 @@ def emit(state: DecodeState, spec: DecodeSpec, new_bc, count_b) -> DecodeState:
     return dataclasses.replace(state, tokens=tokens, step_of_token=step_of, n_out=n_out, done=done)
 
 
+def causal_mask(t: int) -> jax.Array:
+    """[1, T, T] lower-triangular mask for a plain causal pass."""
+    return jnp.tril(jnp.ones((t, t), dtype=bool))[None]
+
+
 def prefill(
-    params: Params,
+    params,
     prompt_bp: jax.Array,
     prompt_len_b: jax.Array,
     max_new_b: jax.Array,
-    keys_b2: jax.Array,
+    rng_b2: jax.Array,
     *,
     spec: DecodeSpec,
     max_new_cap: int,
@@ -110,9 +118,9 @@ def prefill(
     S = slots_needed(P, max_new_cap, max(spec.max_emit, spec.min_slack))
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
     last = (prompt_len_b - 1)[:, None]
-    logits, k, v = forward(params, spec.model, prompt_bp, positions, causal_mask(P), None, last)
-    cache = kv_cache.init_cache(spec.model, B, S, params["embed"].dtype)
-    cache = kv_cache.write_prefix(cache, k, v, prompt_len_b)
+    logits, k, v = spec.lm.apply(params, prompt_bp, positions, causal_mask(P), None, last)
+    cache = spec.lm.init_cache(B, S, jnp.dtype(spec.cache_dtype))
+    cache = write_prefix(cache, k, v, prompt_len_b)
     tokens = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt_bp)
     state = DecodeState(
         cache=cache,
@@ -123,10 +131,10 @@ def prefill(
         max_new=max_new_b.astype(jnp.int32),
         done=max_new_b <= 0,
         steps=jnp.zeros((B,), jnp.int32),
-        keys=keys_b2,
+        rng=rng_b2,
         accept_hist=jnp.zeros((B, spec.max_emit), jnp.int32),
     )
-    first = choose_tokens(logits, spec.sampling, keys_b2, jnp.zeros((B, 1), jnp.int32))
+    first = choose_tokens(logits, spec.sampling, rng_b2, jnp.zeros((B, 1), jnp.int32))
     return emit(state, spec, first, jnp.ones((B,), jnp.int32))
 
 

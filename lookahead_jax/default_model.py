@@ -45,7 +45,7 @@ def resolve(ckpt) -> Path:
         return path
     import sys
 
-    from checkpoints_convert.convert import convert
+    from lookahead_jax.convert.convert import convert
 
     src = gguf_path()
     # a second process starting at the same time waits here, then finds the checkpoint

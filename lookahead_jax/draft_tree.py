@@ -97,6 +97,14 @@ def chains(tokens_bcl, length_bc, score_bcl, source: int) -> Proposals:
     )
 
 
+def no_proposals(batch: int) -> Proposals:
+    """No guesses at all (a layout without sources)."""
+    z = lambda dt: jnp.zeros((batch, 0), dt)  # noqa: E731
+    return Proposals(
+        z(jnp.int32), z(jnp.int32), z(jnp.int32), z(jnp.float32), z(bool), z(jnp.int32)
+    )
+
+
 def concat(parts: list[Proposals]) -> Proposals:
     """All sources' proposals in one list (parents re-indexed)."""
     out, offset = [], 0
@@ -227,8 +235,8 @@ def merge(p: Proposals, slots: int, max_depth: int) -> DraftTree:
 
     def body(_, same):
         # same[parent[u], parent[v]]
-        rows = jnp.take_along_axis(same, pu[:, :, None], axis=1)  # [B, N, N]: same[pu, v']
-        parents_same = jnp.take_along_axis(rows, pu[:, None, :], axis=2)  # same[pu, pv]
+        of_parent = jnp.take_along_axis(same, pu[:, :, None], axis=1)  # [B, N, N]: same[pu, v']
+        parents_same = jnp.take_along_axis(of_parent, pu[:, None, :], axis=2)  # same[pu, pv]
         return same_node & (both_root | (parents_same & ~is_root_child[:, :, None]))
 
     same = jax.lax.fori_loop(0, max_depth, body, same_node & both_root)

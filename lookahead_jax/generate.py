@@ -16,36 +16,14 @@ import time
 from lookahead_jax.cli_errors import EXIT_INTERRUPTED, OneLineArgumentParser, run_cli
 from lookahead_jax.errors import MissingFileError, UserInputError
 
-GREEN, RESET = "\x1b[32m", "\x1b[0m"
-
 
 def parse_lookahead(text: str):
-    """'tokens=T' -> LookaheadConfig.for_budget(T); 'N,W,G' -> LookaheadConfig;
-    'auto' -> 'auto'."""
-    from lookahead_jax.lookahead import LookaheadConfig
+    """'auto' -> 'auto'; anything else -> LookaheadConfig.parse (tokens=T, N,W,G, ...)."""
+    from lookahead_jax.lookahead_config import LookaheadConfig
 
     if text.strip().lower() == "auto":
         return "auto"
-    key, sep, value = text.partition("=")
-    if sep:
-        if key.strip().lower() != "tokens":
-            raise UserInputError(f"--lookahead must be tokens=T, N,W,G or auto, got {text!r}")
-        try:
-            tokens = int(value)
-        except ValueError:
-            raise UserInputError(
-                f"--lookahead tokens=T needs an integer T >= 2 (tokens per step), got {text!r}"
-            ) from None
-        return LookaheadConfig.for_budget(tokens)
-    parts = text.split(",")
-    try:
-        n, w, g = (int(p) for p in parts)
-    except ValueError:  # not three parts, or one of them not an integer
-        raise UserInputError(
-            f"--lookahead must be tokens=T (e.g. tokens=16), N,W,G (three integers, e.g. "
-            f"5,7,7) or auto, got {text!r}"
-        ) from None
-    return LookaheadConfig(n, w, g)
+    return LookaheadConfig.parse(text, what="--lookahead", or_auto=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="wrap the prompt in the tokenizer's chat template as a user turn",
     )
     p.add_argument("--max-new-tokens", type=int, default=256, help="token budget (default 256)")
-    la = p.add_mutually_exclusive_group()
-    la.add_argument(
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
         "--lookahead",
         default=None,
         metavar="tokens=T|N,W,G|auto",
@@ -79,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         "auto (the default): choose T for this machine and model from a measured cost curve "
         "and the running acceptance rate, or plain decoding when no layout is expected to win",
     )
-    la.add_argument("--no-lookahead", action="store_true", help="plain decoding")
+    mode.add_argument("--no-lookahead", action="store_true", help="plain decoding")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
@@ -118,44 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class StreamPrinter:
-    """Incremental detokenisation: prints each token's text once it is complete
-    (a multi-byte character split over tokens waits for its last byte); with
-    `color`, tokens flagged as verified guesses are printed in green."""
-
-    def __init__(self, tokenizer, color: bool, out=None):
-        self.tok, self.color, self.out = tokenizer, color, out or sys.stdout
-        self.ids: list[int] = []
-        self.printed = ""
-
-    def add(self, new_ids: list[int], guessed: list[bool]) -> None:
-        for token, is_guess in zip(new_ids, guessed, strict=True):
-            self.ids.append(token)
-            text = self.tok.decode(self.ids)
-            if text.endswith("\ufffd") or not text.startswith(self.printed):
-                continue  # incomplete character, or the detokeniser rewrote earlier text
-            piece = text[len(self.printed) :]
-            self.out.write(f"{GREEN}{piece}{RESET}" if self.color and is_guess and piece else piece)
-            self.printed = text
-        self.out.flush()
-
-    def finish(self) -> None:
-        text = self.tok.decode(self.ids)
-        if text.startswith(self.printed):
-            self.out.write(text[len(self.printed) :])
-        self.out.write("\n")
-        self.out.flush()
-
-
-def guessed_flags(step_of_token: list[int]) -> list[bool]:
-    """True for every token after the first of its step (it came from a verified guess)."""
-    return [i > 0 and s == step_of_token[i - 1] and s > 0 for i, s in enumerate(step_of_token)]
-
-
 def stats_line(out, total_s: float) -> str:
     s = out.stats
-    la = s["config"]["lookahead"]
-    mode = "plain" if la is None else f"lookahead {la['name']}"
+    config = s["config"]["lookahead"]
+    mode = "plain" if config is None else f"lookahead {config['name']}"
     auto = s["config"].get("lookahead_auto")
     if auto is not None:
         mode = f"auto: {mode}"
@@ -231,7 +175,7 @@ def _read_prompt(args) -> str:
 
 def _validate(args):
     """Everything checkable from the flags alone, so bad flags fail fast."""
-    from lookahead_jax.generation import check_max_new_tokens
+    from lookahead_jax.inputs import check_max_new_tokens
     from lookahead_jax.loading import resolve_dtype
     from lookahead_jax.sampling import SamplingConfig
 
@@ -249,25 +193,26 @@ def _validate(args):
     return _read_prompt(args), lookahead
 
 
-def _check_against_checkpoint(args, prompt: str, lookahead) -> None:
+def _check_against_checkpoint(args, prompt: str, lookahead):
     """What needs the checkpoint's config and tokenizer but not its weights: the lookahead
-    size and prompt + budget against the context. Runs before the weights are loaded."""
-    from lookahead_jax import checkpoint, default_model
-    from lookahead_jax.generation import check_budget, check_context, check_lookahead_fits
-    from lookahead_jax.tokenizer import Tokenizer
+    size and prompt + budget against the context. Runs before the weights are loaded.
+    Returns the checkpoint's ModelInfo and the prompt's token ids."""
+    import lookahead_jax as lj
+    from lookahead_jax.inputs import check_budget, check_context
 
-    path = default_model.resolve(args.ckpt)
-    cfg, _ = checkpoint.read_config(path, verify=False)  # lj.load verifies the checksums
-    if lookahead != "auto":
-        check_lookahead_fits(lookahead, cfg)
-    check_budget(cfg, args.max_new_tokens)
-    if not ((path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()):
+    info = lj.inspect(args.ckpt)  # lj.load verifies the checksums
+    context = info.cfg.max_position_embeddings
+    if lookahead not in ("auto", None):
+        lookahead.check_fits(context)
+    check_budget(context, args.max_new_tokens)
+    if info.tokenizer is None:
         raise UserInputError(
             f"checkpoint {args.ckpt} has no tokenizer (tokenizer.json or tokenizer.model); "
             "text prompts need one: convert a source that has a tokenizer"
         )
-    ids = Tokenizer(path).encode_prompt(prompt, args.chat)
-    check_context(cfg, len(ids), args.max_new_tokens)
+    ids = info.tokenizer.encode_prompt(prompt, args.chat)
+    check_context(context, len(ids), args.max_new_tokens)
+    return info, ids
 
 
 def _run(args, t_start: float) -> int:
@@ -279,6 +224,7 @@ def _run(args, t_start: float) -> int:
     import jax
 
     import lookahead_jax as lj
+    from lookahead_jax.streaming import StreamDetokenizer, steps_of
 
     if args.distributed or os.environ.get("LOOKAHEAD_JAX_DISTRIBUTED") == "1":
         from lookahead_jax import multihost
@@ -287,16 +233,16 @@ def _run(args, t_start: float) -> int:
     mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else "auto"
     if mesh_sizes is not None:
         check_batch(mesh, jax.process_count())  # one prompt per process
-    _check_against_checkpoint(args, prompt, lookahead)
+    info, ids = _check_against_checkpoint(args, prompt, lookahead)
     t = time.perf_counter()
-    model = lj.load(args.ckpt, dtype=args.dtype, mesh=mesh)
+    model = lj.load(info, dtype=args.dtype, mesh=mesh)
     load_s = time.perf_counter() - t
 
-    printer = StreamPrinter(model.tokenizer, args.color) if args.stream else None
+    printer = StreamDetokenizer(model.tokenizer, args.color) if args.stream else None
 
-    def on_tokens(new_rows):
-        # one call per forward pass: its first token is the model's, the rest were guesses
-        printer.add(new_rows[0], [i > 0 for i in range(len(new_rows[0]))])
+    def on_tokens(new_rows):  # one call per forward pass: one step's tokens
+        sys.stdout.write(printer.add_step(new_rows[0]))
+        sys.stdout.flush()
 
     kwargs = dict(
         max_new_tokens=args.max_new_tokens,
@@ -305,14 +251,13 @@ def _run(args, t_start: float) -> int:
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
-        chat=args.chat,
     )
     interrupted = False
     try:
         if printer is not None:
-            out = lj.generate(model, [prompt], stream=on_tokens, **kwargs)
+            out = lj.generate(model, [ids], stream=on_tokens, **kwargs)
         else:
-            out = lj.generate(model, [prompt], steps_per_call=16, **kwargs)
+            out = lj.generate(model, [ids], steps_per_call=16, **kwargs)
     except lj.GenerationInterrupted as e:
         out, interrupted = e.partial, True
     out.stats["load_s"] = load_s
@@ -321,14 +266,15 @@ def _run(args, t_start: float) -> int:
     if args.json:
         print(json.dumps(json_record(out, total_s)))
     elif printer is not None:
-        printer.finish()
+        print(printer.finish(), flush=True)
+    elif args.color:
+        colored = StreamDetokenizer(model.tokenizer, color=True)
+        text = "".join(
+            colored.add_step(s) for s in steps_of(out.token_ids[0], out.step_of_token[0])
+        )
+        print(text + colored.finish(), flush=True)
     else:
-        if args.color:
-            p = StreamPrinter(model.tokenizer, True)
-            p.add(out.token_ids[0], guessed_flags(out.step_of_token[0]))
-            p.finish()
-        else:
-            print(out.texts[0], flush=True)
+        print(out.texts[0], flush=True)
     print(stats_line(out, total_s), file=sys.stderr)
     return EXIT_INTERRUPTED if interrupted else 0
 

@@ -16,8 +16,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from lookahead_jax.config import LlamaConfig
-
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
@@ -26,13 +24,10 @@ class KVCache:
     v: jax.Array  # [L, B, S, K, Dh]
     lengths: jax.Array  # [B] int32
 
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[2]
 
-
-def init_cache(cfg: LlamaConfig, batch: int, max_len: int, dtype) -> KVCache:
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+def init_cache(layers: int, batch: int, slots: int, kv_heads: int, head_dim: int, dtype):
+    """An empty cache [L, B, S, K, Dh] (every length 0)."""
+    shape = (layers, batch, slots, kv_heads, head_dim)
     return KVCache(
         k=jnp.zeros(shape, dtype),
         v=jnp.zeros(shape, dtype),

@@ -1,4 +1,5 @@
-"""`load`: a checkpoint directory -> a ready Model (config, params on devices, tokenizer)."""
+"""`load`: a checkpoint directory -> a ready Model (seam, params on devices, tokenizer);
+`inspect`: its config and tokenizer without the weights (for checks before loading)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from lookahead_jax import checkpoint
 from lookahead_jax.cache_dir import enable_compilation_cache
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.model import Params, unflatten
-from lookahead_jax.sharding import default_mesh, param_shardings
+from lookahead_jax.model import LlamaLM
+from lookahead_jax.sharding import default_mesh
 from lookahead_jax.tokenizer import Tokenizer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
@@ -22,15 +23,35 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float
 
 @dataclasses.dataclass
 class Model:
-    cfg: LlamaConfig
-    params: Params
-    tokenizer: Tokenizer | None
+    """A model ready to decode: the seam (`lm`, seam.py), its params, EOS ids, and
+    optionally a tokenizer and the mesh its params live on."""
+
+    lm: object  # seam.CausalLM
+    params: object
+    eos_ids: tuple[int, ...]
+    tokenizer: Tokenizer | None = None
     mesh: object = None
     path: Path | None = None
 
     @property
+    def cfg(self) -> LlamaConfig:
+        """The Llama config (checkpoints loaded by `load`)."""
+        return self.lm.cfg
+
+    @property
     def dtype(self):
-        return self.params["embed"].dtype
+        floats = [x for x in jax.tree.leaves(self.params) if jnp.issubdtype(x.dtype, jnp.floating)]
+        return floats[0].dtype
+
+
+@dataclasses.dataclass
+class ModelInfo:
+    """What a checkpoint says without its weights: path, config, tokenizer, manifest."""
+
+    path: Path
+    cfg: LlamaConfig
+    tokenizer: Tokenizer | None
+    manifest: dict
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -51,13 +72,24 @@ def resolve_dtype(dtype):
     return dtype
 
 
+def inspect(ckpt, verify: bool = False) -> ModelInfo:
+    """Read a checkpoint's config, manifest and tokenizer, not its weights (fast; checks
+    that the checkpoint is complete, and with `verify` every file's CRC-32)."""
+    from lookahead_jax import default_model
+
+    path = default_model.resolve(ckpt)
+    cfg, manifest = checkpoint.read_config(path, verify=verify)
+    has_tokenizer = (path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()
+    return ModelInfo(path, cfg, Tokenizer(path) if has_tokenizer else None, manifest)
+
+
 def load(
     ckpt, dtype="float32", mesh=None, compilation_cache: bool = True, verify: bool = True
 ) -> Model:
     """Load a converted checkpoint (see checkpoints_convert) or the bundled default.
 
-    ckpt: a checkpoint directory, or "smollm2-135m" for the bundled SmolLM2-135M
-    (converted into the cache directory on first use).
+    ckpt: a checkpoint directory, "smollm2-135m" for the bundled SmolLM2-135M
+    (converted into the cache directory on first use), or a ModelInfo from `inspect`.
     mesh: None (one device), a mesh from lj.make_mesh (params are restored straight
     into their shards), or "auto": one device unless the params do not fit in one
     device's memory, then data=1, model=all local devices.
@@ -70,15 +102,20 @@ def load(
         )
     if compilation_cache:
         enable_compilation_cache()
-    from lookahead_jax import default_model
-
-    path = default_model.resolve(ckpt)
-    cfg, manifest = checkpoint.read_config(path, verify=verify)
+    info = ckpt if isinstance(ckpt, ModelInfo) else inspect(ckpt)
+    if verify:
+        checkpoint.check_files(info.path, info.cfg, info.manifest)
     if mesh == "auto":
         per_param = jnp.dtype(dtype).itemsize
-        n_params = sum(math.prod(t["shape"]) for t in manifest["tensors"].values())
+        n_params = sum(math.prod(t["shape"]) for t in info.manifest["tensors"].values())
         mesh = default_mesh(n_params * per_param)
-    flat = checkpoint.read_params(path, cfg, dtype, param_shardings(cfg, mesh))
-    has_tokenizer = (path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()
-    tokenizer = Tokenizer(path) if has_tokenizer else None
-    return Model(cfg=cfg, params=unflatten(flat), tokenizer=tokenizer, mesh=mesh, path=path)
+    lm = LlamaLM(info.cfg)
+    params = checkpoint.read_params(info.path, info.cfg, dtype, lm.param_shardings(mesh))
+    return Model(
+        lm=lm,
+        params=params,
+        eos_ids=info.eos_ids,
+        tokenizer=info.tokenizer,
+        mesh=mesh,
+        path=info.path,
+    )

@@ -8,14 +8,17 @@ Shape legend, used in names (`x_btd`) and einsum strings:
     F MLP hidden     V vocab                       L layers
     R rows whose logits are wanted                 U new tokens, as keys
 
-Params are a nested dict of arrays; `param_specs` declares every weight once
-with its shape and logical axis names (used by conversion shape checks and by
-the sharding rules). Layers are stacked on a leading L axis and run with
-`lax.scan`, so compile time does not grow with depth.
+Params are a registered dataclass pytree (`LlamaParams`, its per-layer weights in
+`LayerParams`); `param_specs` declares every weight once — its shape and logical axis
+names — in the same structure, and everything else derives from that one declaration:
+the sharding rules (sharding.py), random init, the flat names of the on-disk checkpoint
+(`flat_names`) and the converters' shape checks. Layers are stacked on a leading L axis
+and run with `lax.scan`, so compile time does not grow with depth.
 
-The forward knows nothing about lookahead: it takes explicit positions and a
-boolean mask among the new tokens, and attends to a row's cache slots below
-its length. A lookahead step is just a particular (tokens, positions, mask).
+The forward knows nothing about lookahead: it takes explicit positions and a boolean
+mask among the new tokens, and attends to a row's cache slots below its length. A
+lookahead step is just a particular (tokens, positions, mask). `LlamaLM` wraps it in
+the model seam (seam.py).
 """
 
 from __future__ import annotations
@@ -25,76 +28,101 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
+from lookahead_jax import kv_cache
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.kv_cache import KVCache
 from lookahead_jax.rope import apply_rope, rope_cos_sin
 
-Params = dict  # nested dict of arrays, layout given by param_specs
-
 
 @dataclasses.dataclass(frozen=True)
 class ParamSpec:
+    """One weight: its shape and a logical axis name per dimension (a pytree leaf)."""
+
     shape: tuple[int, ...]
-    axes: tuple[str, ...]  # logical axis names, one per dim
+    axes: tuple[str, ...]
 
 
-def param_specs(cfg: LlamaConfig) -> dict[str, ParamSpec]:
-    """Every weight, by '/'-joined path: its shape and logical axes."""
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class LayerParams:
+    """Every layer's weights, stacked on a leading L axis."""
+
+    attn_norm: jax.Array  # [L, D]
+    wq: jax.Array  # [L, D, H, E]
+    wk: jax.Array  # [L, D, K, E]
+    wv: jax.Array  # [L, D, K, E]
+    wo: jax.Array  # [L, H, E, D]
+    mlp_norm: jax.Array  # [L, D]
+    w_gate: jax.Array  # [L, D, F]
+    w_up: jax.Array  # [L, D, F]
+    w_down: jax.Array  # [L, F, D]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class LlamaParams:
+    embed: jax.Array  # [V, D]
+    layers: LayerParams
+    final_norm: jax.Array  # [D]
+    lm_head: jax.Array | None = None  # [D, V]; None with tied embeddings
+
+    @property
+    def dtype(self):
+        return self.embed.dtype
+
+
+def param_specs(cfg: LlamaConfig) -> LlamaParams:
+    """Every weight's ParamSpec, in the params' own structure."""
     L, D, F, V = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    specs = {
-        "embed": ParamSpec((V, D), ("vocab", "embed")),
-        "layers/attn_norm": ParamSpec((L, D), ("layers", "embed")),
-        "layers/wq": ParamSpec((L, D, H, E), ("layers", "embed", "heads", "head_dim")),
-        "layers/wk": ParamSpec((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim")),
-        "layers/wv": ParamSpec((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim")),
-        "layers/wo": ParamSpec((L, H, E, D), ("layers", "heads", "head_dim", "embed")),
-        "layers/mlp_norm": ParamSpec((L, D), ("layers", "embed")),
-        "layers/w_gate": ParamSpec((L, D, F), ("layers", "embed", "mlp")),
-        "layers/w_up": ParamSpec((L, D, F), ("layers", "embed", "mlp")),
-        "layers/w_down": ParamSpec((L, F, D), ("layers", "mlp", "embed")),
-        "final_norm": ParamSpec((D,), ("embed",)),
-    }
-    if not cfg.tie_word_embeddings:
-        specs["lm_head"] = ParamSpec((D, V), ("embed", "vocab"))
-    return specs
+    S = ParamSpec
+    return LlamaParams(
+        embed=S((V, D), ("vocab", "embed")),
+        layers=LayerParams(
+            attn_norm=S((L, D), ("layers", "embed")),
+            wq=S((L, D, H, E), ("layers", "embed", "heads", "head_dim")),
+            wk=S((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim")),
+            wv=S((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim")),
+            wo=S((L, H, E, D), ("layers", "heads", "head_dim", "embed")),
+            mlp_norm=S((L, D), ("layers", "embed")),
+            w_gate=S((L, D, F), ("layers", "embed", "mlp")),
+            w_up=S((L, D, F), ("layers", "embed", "mlp")),
+            w_down=S((L, F, D), ("layers", "mlp", "embed")),
+        ),
+        final_norm=S((D,), ("embed",)),
+        lm_head=None if cfg.tie_word_embeddings else S((D, V), ("embed", "vocab")),
+    )
 
 
-def unflatten(flat: dict[str, object]) -> Params:
-    """{'layers/wq': x, ...} -> {'layers': {'wq': x}, ...}"""
-    out: dict = {}
-    for path, value in flat.items():
-        node = out
-        *parents, leaf = path.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
+def _path_name(path) -> str:
+    return "/".join(str(getattr(k, "name", getattr(k, "key", k))) for k in path)
 
 
-def flatten(params: Params, prefix: str = "") -> dict[str, object]:
-    out = {}
-    for k, v in params.items():
-        path = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, path + "/"))
-        else:
-            out[path] = v
-    return out
+def flat_names(tree) -> dict[str, object]:
+    """{'layers/wq': leaf, ...}: the checkpoint's flat tensor names for a params-shaped
+    tree (of arrays, specs or shardings)."""
+    return {_path_name(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def init_params(cfg: LlamaConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> Params:
-    """Random weights (normal, std `scale`; norms around 1) — for tests and timing."""
+def from_flat(cfg: LlamaConfig, flat: dict[str, object]) -> LlamaParams:
+    """The inverse of flat_names for this config's structure."""
     specs = param_specs(cfg)
-    keys = jax.random.split(key, len(specs))
+    names = list(flat_names(specs))
+    treedef = jax.tree_util.tree_structure(specs)
+    return jax.tree_util.tree_unflatten(treedef, [flat[n] for n in names])
+
+
+def init_params(cfg: LlamaConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02):
+    """Random weights (normal, std `scale`; norms around 1) — for tests and timing."""
+    named = flat_names(param_specs(cfg))
+    subkeys = jax.random.split(key, len(named))
     flat = {}
-    for (path, spec), k in zip(specs.items(), keys, strict=True):
-        if path.endswith("norm"):
-            flat[path] = (1.0 + 0.1 * jax.random.normal(k, spec.shape)).astype(dtype)
-        else:
-            flat[path] = (scale * jax.random.normal(k, spec.shape)).astype(dtype)
-    return unflatten(flat)
+    for (name, spec), k in zip(named.items(), subkeys, strict=True):
+        noise = jax.random.normal(k, spec.shape)
+        flat[name] = (1.0 + 0.1 * noise if name.endswith("norm") else scale * noise).astype(dtype)
+    return from_flat(cfg, flat)
 
 
 def accum_dtype(dtype):
@@ -112,7 +140,7 @@ def rms_norm(x, weight, eps: float):
 NEG_INF = -1e30
 
 
-def attention(q_btkqe, k_new_bske, v_new_bske, self_mask_btu, cache_k, cache_v, cache_len_b):
+def attention(q_btkqe, k_new_buke, v_new_buke, self_mask_btu, cache_k, cache_v, cache_len_b):
     """Softmax attention over [cache slots below each row's length] + [new tokens under mask].
 
     q          [B, T, K, Q, E]
@@ -123,23 +151,23 @@ def attention(q_btkqe, k_new_bske, v_new_bske, self_mask_btu, cache_k, cache_v, 
     """
     scale = 1.0 / np.sqrt(q_btkqe.shape[-1])
     f32 = accum_dtype(q_btkqe.dtype)
-    s_new = jnp.einsum("btkqe,buke->bkqtu", q_btkqe, k_new_bske, preferred_element_type=f32)
+    s_new = jnp.einsum("btkqe,buke->bkqtu", q_btkqe, k_new_buke, preferred_element_type=f32)
     s_new = jnp.where(self_mask_btu[:, None, None], s_new * scale, NEG_INF)
     if cache_k is None:
-        p = jax.nn.softmax(s_new, axis=-1).astype(v_new_bske.dtype)
-        return jnp.einsum("bkqtu,buke->btkqe", p, v_new_bske)
+        p = jax.nn.softmax(s_new, axis=-1).astype(v_new_buke.dtype)
+        return jnp.einsum("bkqtu,buke->btkqe", p, v_new_buke)
     s_cache = jnp.einsum("btkqe,bske->bkqts", q_btkqe, cache_k, preferred_element_type=f32)
     visible = jnp.arange(cache_k.shape[1])[None, :] < cache_len_b[:, None]  # [B, S]
     s_cache = jnp.where(visible[:, None, None, None, :], s_cache * scale, NEG_INF)
     p = jax.nn.softmax(jnp.concatenate([s_cache, s_new], axis=-1), axis=-1)
-    p = p.astype(v_new_bske.dtype)
+    p = p.astype(v_new_buke.dtype)
     n_cache = cache_k.shape[1]
     out = jnp.einsum("bkqts,bske->btkqe", p[..., :n_cache], cache_v)
-    return out + jnp.einsum("bkqtu,buke->btkqe", p[..., n_cache:], v_new_bske)
+    return out + jnp.einsum("bkqtu,buke->btkqe", p[..., n_cache:], v_new_buke)
 
 
 def forward(
-    params: Params,
+    params: LlamaParams,
     cfg: LlamaConfig,
     tokens_bt: jax.Array,
     positions_bt: jax.Array,
@@ -158,43 +186,68 @@ def forward(
     Returns logits [B, R, V] (float32; float64 for float64 params) and the new tokens'
     K/V, each [L, B, T, K, E] (keys after RoPE), for the caller to commit as it chooses.
     """
-    dtype = params["embed"].dtype
+    dtype = params.embed.dtype
     B, T = tokens_bt.shape
     K, Q, E = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
-    x_btd = params["embed"][tokens_bt]
+    x_btd = params.embed[tokens_bt]
     cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), dtype)
     cache_len = None if cache is None else cache.lengths
 
     def layer(x_btd, xs):
         lp, ck, cv = xs
         with jax.named_scope("attention"):
-            h = rms_norm(x_btd, lp["attn_norm"], cfg.rms_norm_eps)
-            q = apply_rope(jnp.einsum("btd,dhe->bthe", h, lp["wq"]), cos, sin)
-            k = apply_rope(jnp.einsum("btd,dke->btke", h, lp["wk"]), cos, sin)
-            v = jnp.einsum("btd,dke->btke", h, lp["wv"])
+            h = rms_norm(x_btd, lp.attn_norm, cfg.rms_norm_eps)
+            q = apply_rope(jnp.einsum("btd,dhe->bthe", h, lp.wq), cos, sin)
+            k = apply_rope(jnp.einsum("btd,dke->btke", h, lp.wk), cos, sin)
+            v = jnp.einsum("btd,dke->btke", h, lp.wv)
             o = attention(q.reshape(B, T, K, Q, E), k, v, self_mask_btu, ck, cv, cache_len)
-            x_btd = x_btd + jnp.einsum("bthe,hed->btd", o.reshape(B, T, K * Q, E), lp["wo"])
+            x_btd = x_btd + jnp.einsum("bthe,hed->btd", o.reshape(B, T, K * Q, E), lp.wo)
         with jax.named_scope("mlp"):
-            h = rms_norm(x_btd, lp["mlp_norm"], cfg.rms_norm_eps)
-            gate = jax.nn.silu(jnp.einsum("btd,df->btf", h, lp["w_gate"]))
-            up = jnp.einsum("btd,df->btf", h, lp["w_up"])
-            x_btd = x_btd + jnp.einsum("btf,fd->btd", gate * up, lp["w_down"])
+            h = rms_norm(x_btd, lp.mlp_norm, cfg.rms_norm_eps)
+            gate = jax.nn.silu(jnp.einsum("btd,df->btf", h, lp.w_gate))
+            up = jnp.einsum("btd,df->btf", h, lp.w_up)
+            x_btd = x_btd + jnp.einsum("btf,fd->btd", gate * up, lp.w_down)
         return x_btd, (k, v)
 
     caches = (None, None) if cache is None else (cache.k, cache.v)
-    x_btd, (new_k, new_v) = jax.lax.scan(layer, x_btd, (params["layers"], *caches))
+    x_btd, (new_k, new_v) = jax.lax.scan(layer, x_btd, (params.layers, *caches))
 
     if logits_rows_br is not None:
         x_btd = jnp.take_along_axis(x_btd, logits_rows_br[:, :, None], axis=1)  # [B, R, D]
-    h = rms_norm(x_btd, params["final_norm"], cfg.rms_norm_eps)
+    h = rms_norm(x_btd, params.final_norm, cfg.rms_norm_eps)
     acc = accum_dtype(dtype)
-    if cfg.tie_word_embeddings:
-        logits = jnp.einsum("brd,vd->brv", h, params["embed"], preferred_element_type=acc)
+    if params.lm_head is None:
+        logits = jnp.einsum("brd,vd->brv", h, params.embed, preferred_element_type=acc)
     else:
-        logits = jnp.einsum("brd,dv->brv", h, params["lm_head"], preferred_element_type=acc)
+        logits = jnp.einsum("brd,dv->brv", h, params.lm_head, preferred_element_type=acc)
     return logits, new_k, new_v
 
 
-def causal_mask(t: int) -> jax.Array:
-    """[1, T, T] lower-triangular mask for a plain causal pass."""
-    return jnp.tril(jnp.ones((t, t), dtype=bool))[None]
+@dataclasses.dataclass(frozen=True)
+class LlamaLM:
+    """The Llama forward behind the model seam (seam.CausalLM): hashable, a jit static."""
+
+    cfg: LlamaConfig
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        return self.cfg.max_position_embeddings
+
+    def apply(self, params, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br=None):
+        return forward(params, self.cfg, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br)
+
+    def init_cache(self, batch: int, slots: int, dtype) -> KVCache:
+        c = self.cfg
+        return kv_cache.init_cache(c.num_layers, batch, slots, c.num_kv_heads, c.head_dim, dtype)
+
+    def param_shardings(self, mesh: Mesh | None):
+        from lookahead_jax import sharding
+
+        return sharding.shardings_for(param_specs(self.cfg), mesh)
+
+    def cache_heads(self) -> int:
+        return self.cfg.num_kv_heads

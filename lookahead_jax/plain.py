@@ -8,24 +8,22 @@ import jax.numpy as jnp
 
 from lookahead_jax import kv_cache
 from lookahead_jax.decode_state import DecodeSpec, DecodeState, emit, input_tokens
-from lookahead_jax.model import Params, forward
 from lookahead_jax.sampling import choose_tokens
 
 
-def plain_step(params: Params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
+def plain_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     """Feed each row's newest token at its own position; emit one token per active row."""
     B = state.tokens.shape[0]
     active = ~state.done
     positions = state.cache.lengths[:, None]
-    logits, new_k, new_v = forward(
+    logits, new_k, new_v = spec.lm.apply(
         params,
-        spec.model,
         input_tokens(state)[:, None],
         positions,
         jnp.ones((1, 1, 1), bool),
         state.cache,
     )
-    nxt = choose_tokens(logits, spec.sampling, state.keys, state.n_out[:, None])
+    nxt = choose_tokens(logits, spec.sampling, state.rng, state.n_out[:, None])
     one = active.astype(jnp.int32)
     cache = kv_cache.commit(state.cache, new_k, new_v, jnp.zeros((B, 1), jnp.int32), one)
     state = dataclasses.replace(

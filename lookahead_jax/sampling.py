@@ -88,19 +88,19 @@ def process_logits(logits, cfg: SamplingConfig):
     return x
 
 
-def gumbel_noise(keys_b2, out_index_br, vocab: int):
+def gumbel_noise(rng_b2, out_index_br, vocab: int):
     """Gumbel noise [B, R, V] for the new-token indices [B, R] of each row."""
 
-    def one(key, j):
-        return jax.random.gumbel(jax.random.fold_in(key, j), (vocab,), jnp.float32)
+    def one(rng, j):
+        return jax.random.gumbel(jax.random.fold_in(rng, j), (vocab,), jnp.float32)
 
-    return jax.vmap(lambda key, js: jax.vmap(lambda j: one(key, j))(js))(keys_b2, out_index_br)
+    return jax.vmap(lambda rng, js: jax.vmap(lambda j: one(rng, j))(js))(rng_b2, out_index_br)
 
 
-def choose_tokens(logits_brv, cfg: SamplingConfig, keys_b2, out_index_br):
+def choose_tokens(logits_brv, cfg: SamplingConfig, rng_b2, out_index_br):
     """The token at each of R positions [B, R]; out_index_br is each one's new-token index."""
     if cfg.greedy:
         return jnp.argmax(logits_brv, axis=-1).astype(jnp.int32)
     x = process_logits(logits_brv, cfg)
-    x = x + gumbel_noise(keys_b2, out_index_br, logits_brv.shape[-1])
+    x = x + gumbel_noise(rng_b2, out_index_br, logits_brv.shape[-1])
     return jnp.argmax(x, axis=-1).astype(jnp.int32)

@@ -1,8 +1,8 @@
 """Device meshes and the partition rules that place params and decode state on them.
 
 A mesh has two axes: `data` (batch rows) and `model` (Megatron-style tensor
-parallelism). Every weight declares logical axis names (model.param_specs);
-this table maps them to mesh axes:
+parallelism). Every weight declares logical axis names (model.param_specs); this
+table maps them to mesh axes:
 
     logical axis   mesh axis   what it splits
     ------------   ---------   ----------------------------------------------
@@ -29,9 +29,7 @@ import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from lookahead_jax.config import LlamaConfig
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.model import param_specs
 
 DATA, MODEL = "data", "model"
 
@@ -117,37 +115,31 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
     return P(*parts)
 
 
-def param_shardings(cfg: LlamaConfig, mesh: Mesh | None) -> dict:
-    """Flat {param path: Sharding} (one device when there is no mesh)."""
+def shardings_for(specs, mesh: Mesh | None):
+    """A Sharding per weight of a params-shaped tree of ParamSpec (model.param_specs):
+    one device without a mesh, else the RULES applied to its logical axes."""
+    is_spec = lambda x: hasattr(x, "axes") and hasattr(x, "shape")  # noqa: E731
     if mesh is None:
         single = SingleDeviceSharding(jax.devices()[0])
-        return {p: single for p in param_specs(cfg)}
-    return {
-        p: NamedSharding(mesh, spec_for(s.axes, s.shape, mesh)) for p, s in param_specs(cfg).items()
-    }
-
-
-def kv_cache_spec(cfg: LlamaConfig, mesh: Mesh, batch: int) -> P:
-    """[L, B, S, K, Dh]: batch over data, K/V heads over model when divisible."""
-    return spec_for(
-        ("layers", "batch", "slots", "kv_heads", "head_dim"),
-        (cfg.num_layers, batch, 1, cfg.num_kv_heads, cfg.head_dim),
-        mesh,
+        return jax.tree.map(lambda s: single, specs, is_leaf=is_spec)
+    return jax.tree.map(
+        lambda s: NamedSharding(mesh, spec_for(s.axes, s.shape, mesh)), specs, is_leaf=is_spec
     )
 
 
-def state_shardings(state_shape, cfg: LlamaConfig, mesh: Mesh):
-    """Shardings for a DecodeState (given as shapes): batch-major leaves over data,
-    the KV cache by kv_cache_spec."""
-    import dataclasses
+KV_CACHE_AXES = ("layers", "batch", "slots", "kv_heads", "head_dim")
 
-    batch = state_shape.tokens.shape[0]
+
+def state_shardings(state_shape, mesh: Mesh):
+    """Shardings for a DecodeState (given as shapes): batch-major leaves over data, the
+    KV cache [L, B, S, K, Dh] by KV_CACHE_AXES (K/V heads over model when divisible)."""
+    import dataclasses
 
     def batch_major(x):
         return NamedSharding(mesh, spec_for(("batch",) + ("_",) * (x.ndim - 1), x.shape, mesh))
 
     out = jax.tree.map(batch_major, state_shape)
-    kv = NamedSharding(mesh, kv_cache_spec(cfg, mesh, batch))
+    kv = NamedSharding(mesh, spec_for(KV_CACHE_AXES, state_shape.cache.k.shape, mesh))
     cache = dataclasses.replace(out.cache, k=kv, v=kv)
     return dataclasses.replace(out, cache=cache)
 

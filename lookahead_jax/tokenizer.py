@@ -115,9 +115,6 @@ class Tokenizer:
             return self._fast.decode(ids, skip_special_tokens=True)
         return self._sp.decode(ids)
 
-    def is_special(self, token_id: int) -> bool:
-        return int(token_id) in self._special_ids
-
     # ---------------------------------------------------------------- chat
 
     def apply_chat_template(self, messages: list[dict] | str) -> str:

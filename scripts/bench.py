@@ -30,26 +30,10 @@ from prompts import category_ranks, prompt_set  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
+from lookahead_jax.inputs import bucket  # noqa: E402
 
-# a trailing "v" verifies the window's paths too (LookaheadConfig.verify_window)
-SWEEP = [
-    "2,1,1",
-    "3,1,1",
-    "4,1,1",
-    "5,1,1",
-    "6,1,1",
-    "4,1,2",
-    "5,1,2",
-    "3,1,1v",
-    "5,1,1v",
-    "4,5,3",
-    "5,7,7",
-]
-
-
-def parse_la(text: str):
-    n, w, g = (int(x) for x in text.rstrip("v").split(","))
-    return lj.LookaheadConfig(n, w, g, verify_window=text.endswith("v"))
+# layouts by tokens per step, then the paper's (N, W, G) for comparison
+SWEEP = ["tokens=8", "tokens=12", "tokens=16", "4,1,2", "5,1,1"]
 
 
 class Ours:
@@ -305,7 +289,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
-        "--sweep", default=" ".join(SWEEP), help="space-separated N,W,G configs ('' for none)"
+        "--sweep",
+        default=" ".join(SWEEP),
+        help="space-separated configs: tokens=T, N,W,G or key=value,... ('' for none)",
     )
     ap.add_argument(
         "--sweep-prompts",
@@ -343,7 +329,7 @@ def main() -> None:
     systems = {"plain": Ours(model, None, temp), "lookahead_default": Ours(model, "auto", temp)}
     sweep = [s for s in args.sweep.split() if s]
     for s in sweep:
-        systems[f"lookahead_{s}"] = Ours(model, parse_la(s), temp)
+        systems[f"lookahead_{s}"] = Ours(model, lj.LookaheadConfig.parse(s), temp)
     if not args.no_hf:
         hf = load_hf(model)
         systems["hf_greedy" if temp == 0 else "hf_sampling"] = HF(hf, None, temp)
@@ -373,7 +359,7 @@ def main() -> None:
     # bucket is enough: shapes, not contents, decide what compiles), load kernels for HF
     by_bucket: dict[tuple[int, bool], dict] = {}
     for p in prompts:
-        by_bucket.setdefault((lj.generation.bucket(len(p["ids"])), p["sweep"]), p)
+        by_bucket.setdefault((bucket(len(p["ids"])), p["sweep"]), p)
     warm = list(by_bucket.values())
     for name, fn in tqdm(systems.items(), desc="warm-up", leave=False):
         for p in warm if name.startswith(("plain", "lookahead")) else prompts[:1]:

@@ -24,7 +24,7 @@ import numpy as np
 from lookahead_jax.autotune import step_latencies
 from lookahead_jax.config import LlamaConfig, RopeScaling
 from lookahead_jax.loading import resolve_dtype
-from lookahead_jax.model import init_params
+from lookahead_jax.model import LlamaLM, init_params
 
 SHAPES = {
     "smollm2-135m": dict(
@@ -78,7 +78,7 @@ def measure(cfg, params, tokens: list[int], context: int, repeats: int) -> list[
     for t in tokens:
         r = {"tokens": t}
         for key, all_logits in (("all_logits_s", True), ("one_logit_s", False)):
-            ts = step_latencies(cfg, params, t, context, repeats, all_logits)
+            ts = step_latencies(LlamaLM(cfg), params, t, context, repeats, all_logits)
             r[key] = {"min": min(ts), "median": float(np.median(ts))}
         rows.append(r)
         print(

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.model import causal_mask, forward
+from lookahead_jax.decode_state import causal_mask
+from lookahead_jax.model import forward
 
 NEAR_TIE = 1e-4
 
@@ -58,9 +59,7 @@ def assert_same_or_near_tie(
 
 def with_eos(model, eos_ids: tuple[int, ...]):
     """The same model with different EOS ids."""
-    return dataclasses.replace(
-        model, cfg=dataclasses.replace(model.cfg, eos_token_ids=eos_ids), tokenizer=None
-    )
+    return dataclasses.replace(model, eos_ids=tuple(eos_ids), tokenizer=None)
 
 
 def random_prompts(n: int, vocab: int, low: int, high: int, seed: int) -> list[list[int]]:

@@ -208,7 +208,7 @@ def mesh2_model(paths):
 
 def api_convert(args: list[str]):
     """checkpoints_convert.convert.convert with the row's --src/--out/--dtype/--force."""
-    from checkpoints_convert.convert import convert
+    from lookahead_jax.convert.convert import convert
 
     opts = dict(zip(args[::2], args[1::2], strict=False))
     return convert(

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import lookahead_jax as lj
-from checkpoints_convert.convert import convert
-from lookahead_jax.model import flatten
+from lookahead_jax.convert.convert import convert
+from lookahead_jax.model import flat_names as flatten
 from tests import tiny
 from tests.test_model_parity import full_forward
 

@@ -9,7 +9,8 @@ import torch
 
 import lookahead_jax as lj
 from lookahead_jax import kv_cache
-from lookahead_jax.model import causal_mask, forward
+from lookahead_jax.decode_state import causal_mask
+from lookahead_jax.model import forward
 from tests import tiny
 from tests.helpers import assert_same_or_near_tie, random_prompts, teacher_forced_logits, with_eos
 
@@ -46,7 +47,7 @@ def test_prefill_then_decode_equals_full_forward(tiny_ckpts):
     ids = np.random.default_rng(3).integers(3, tiny.VOCAB, 24)
     full = teacher_forced_logits(model, ids.tolist())
     prefix = 10
-    cache = kv_cache.init_cache(cfg, 1, 32, jnp.float32)
+    cache = model.lm.init_cache(1, 32, jnp.float32)
     x = jnp.asarray(ids[None, :prefix], jnp.int32)
     logits, k, v = forward(params, cfg, x, jnp.arange(prefix)[None], causal_mask(prefix))
     cache = kv_cache.write_prefix(cache, k, v, jnp.array([prefix]))
@@ -150,7 +151,7 @@ def test_float64_generation_matches_float32_on_clear_winners(tiny_ckpts):
     f32 = lj.generate(lj.load(ckpt), prompts, max_new_tokens=16).token_ids
     with jax.enable_x64(True):
         model64 = lj.load(ckpt, dtype="float64")
-        assert model64.params["embed"].dtype == jnp.float64
+        assert model64.params.embed.dtype == jnp.float64
         f64 = lj.generate(model64, prompts, max_new_tokens=16).token_ids
     for p, a, b in zip(prompts, f32, f64, strict=True):
         assert_same_or_near_tie(lj.load(ckpt), p, a, b)

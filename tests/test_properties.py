@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from lookahead_jax import decode_state, draft_tree, kv_cache, ngram_pool
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.lookahead_layout import StepLayout
-from lookahead_jax.model import forward, init_params
+from lookahead_jax.model import LlamaLM, forward, init_params
 from lookahead_jax.sampling import SamplingConfig
 
 SETTINGS = settings(deadline=None, max_examples=40, database=None)
@@ -360,7 +360,7 @@ def test_verify_then_emit(inputs, eos_ids, seed):
     done = (n_out >= max_new) | (rng.random(b) < 0.2)
     state = make_state(prompt_len, n_out, max_new, done, width=m + 1, rng=rng)
     spec = decode_state.DecodeSpec(
-        model=TINY, sampling=SamplingConfig(), eos_ids=tuple(eos_ids), lookahead=None
+        lm=LlamaLM(TINY), sampling=SamplingConfig(), eos_ids=tuple(eos_ids), lookahead=None
     )
     new = decode_state.emit(state, spec, jnp.asarray(emitted), jnp.asarray(a + 1))
     tokens_before = np.asarray(state.tokens)
@@ -400,7 +400,7 @@ def make_state(prompt_len, n_out, max_new, done, width: int, rng) -> decode_stat
         max_new=jnp.asarray(max_new),
         done=jnp.asarray(done),
         steps=jnp.ones((b,), jnp.int32),
-        keys=jnp.zeros((b, 2), jnp.uint32),
+        rng=jnp.zeros((b, 2), jnp.uint32),
         accept_hist=jnp.zeros((b, width), jnp.int32),
     )
 

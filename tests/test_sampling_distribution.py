@@ -11,8 +11,9 @@ import pytest
 from scipy import stats
 
 import lookahead_jax as lj
-from lookahead_jax import draft_tree, generation
-from lookahead_jax.model import causal_mask, forward
+from lookahead_jax import draft_tree, programs
+from lookahead_jax.decode_state import causal_mask
+from lookahead_jax.model import forward
 from lookahead_jax.sampling import SamplingConfig, process_logits
 from tests import tiny
 from tests.helpers import with_eos
@@ -31,7 +32,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def model8(tmp_path_factory):
-    from checkpoints_convert.convert import convert
+    from lookahead_jax.convert.convert import convert
 
     root = tmp_path_factory.mktemp("v8")
     tiny.hf_model("gqa", seed=7, std=0.3, vocab_size=VOCAB).save_pretrained(root / "hf")
@@ -99,11 +100,9 @@ def chi_square_p(counts: np.ndarray, p: np.ndarray) -> float:
 @pytest.fixture(autouse=True)
 def fresh_compilations():
     """Compiled programs are cached per shape; the wrong-rule test must not reuse them."""
-    generation._COMPILED.clear()
-    generation._JITTED.clear()
+    programs.clear()
     yield
-    generation._COMPILED.clear()
-    generation._JITTED.clear()
+    programs.clear()
 
 
 @pytest.mark.slow

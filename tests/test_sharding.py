@@ -54,24 +54,21 @@ def test_mesh_gives_the_same_tokens(eight_heads, single_device_reference, sizes)
 
 def test_params_are_really_sharded(eight_heads):
     model = lj.load(eight_heads, mesh=lj.make_mesh(data=2, model=4))
-    layers = model.params["layers"]
-    wq = layers["wq"]  # [L, D, H=8, E]
+    layers = model.params.layers
+    wq = layers.wq  # [L, D, H=8, E]
     assert wq.sharding.spec == jax.sharding.PartitionSpec(None, None, "model", None)
     for shard in wq.addressable_shards:
         assert shard.data.shape == (wq.shape[0], wq.shape[1], 2, wq.shape[3])
-    assert layers["w_down"].addressable_shards[0].data.shape[1] == 128 // 4  # mlp rows
-    assert model.params["embed"].addressable_shards[0].data.shape == (128 // 4, 64)
+    assert layers.w_down.addressable_shards[0].data.shape[1] == 128 // 4  # mlp rows
+    assert model.params.embed.addressable_shards[0].data.shape == (128 // 4, 64)
     # norms are replicated
-    assert layers["attn_norm"].addressable_shards[0].data.shape == layers["attn_norm"].shape
+    assert layers.attn_norm.addressable_shards[0].data.shape == layers.attn_norm.shape
     per_device = {}
     for arr in jax.tree.leaves(model.params):
         for shard in arr.addressable_shards:
             per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
     total = sum(a.nbytes for a in jax.tree.leaves(model.params))
-    norms = (
-        sum(a.nbytes for k, a in layers.items() if k.endswith("norm"))
-        + model.params["final_norm"].nbytes
-    )
+    norms = layers.attn_norm.nbytes + layers.mlp_norm.nbytes + model.params.final_norm.nbytes
     for nbytes in per_device.values():  # every sharded weight is split 4 ways
         assert nbytes == pytest.approx((total - norms) / 4 + norms)
 
@@ -114,8 +111,8 @@ def test_smollm2_sharded_equals_single(smollm2, smollm2_ckpt):
         got = lj.generate(model, prompts, max_new_tokens=24, lookahead=la).token_ids
         for p, g, w in zip(prompts, got, want, strict=True):
             assert_same_or_near_tie(smollm2, p, g, w)
-    w_up = model.params["layers"]["w_up"]
+    w_up = model.params.layers.w_up
     assert w_up.addressable_shards[0].data.shape[-1] == 1536 // mesh.shape["model"]
-    assert np.prod(model.params["layers"]["wk"].addressable_shards[0].data.shape) == np.prod(
-        model.params["layers"]["wk"].shape
+    assert np.prod(model.params.layers.wk.addressable_shards[0].data.shape) == np.prod(
+        model.params.layers.wk.shape
     )  # 3 K/V heads: replicated

@@ -6,7 +6,7 @@ import pytest
 import sentencepiece as spm
 
 import lookahead_jax as lj
-from checkpoints_convert.convert import convert
+from lookahead_jax.convert.convert import convert
 from lookahead_jax.tokenizer import Tokenizer
 from tests import tiny
 

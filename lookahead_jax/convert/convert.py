@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from checkpoints_convert import gguf as gguf_src
-from checkpoints_convert import hf as hf_src
-from checkpoints_convert.layout import to_params
 from lookahead_jax import checkpoint
+from lookahead_jax.convert import gguf as gguf_src
+from lookahead_jax.convert import hf as hf_src
+from lookahead_jax.convert.layout import to_params
 from lookahead_jax.errors import MissingFileError, UserInputError
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -1,7 +1,8 @@
 """Hugging Face Llama tensor names -> this project's params, with a shape check per tensor.
 
 Hugging Face stores linear weights as [out, in]; the params keep [in, out] with
-the head axes split out (see lookahead_jax.model.param_specs). Both converters
+the head axes split out (see lookahead_jax.model.param_specs; flat names as in
+model.flat_names). Both converters
 (hf.py, gguf.py) produce Hugging Face named, Hugging Face shaped numpy arrays
 and hand them to `to_params` one by one, so each tensor is checked and reshaped
 in exactly one place.
@@ -16,7 +17,7 @@ import numpy as np
 
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.model import param_specs
+from lookahead_jax.model import flat_names, param_specs
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
@@ -66,7 +67,7 @@ def to_params(
     Raises UserInputError naming the tensor on a wrong shape, an unknown name or
     a missing tensor.
     """
-    specs = param_specs(cfg)
+    specs = flat_names(param_specs(cfg))
     flat: dict[str, np.ndarray] = {}
     stacked = {
         path: np.empty(spec.shape, dtype)

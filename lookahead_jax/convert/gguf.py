@@ -163,11 +163,17 @@ def read_tensors(reader, cfg: LlamaConfig) -> tuple[int, Iterator[tuple[str, np.
     return len(reader.tensors), gen()
 
 
+def _quiet_transformers() -> None:
+    """Before transformers is first imported: no advice about PyTorch (which only its
+    tokenizer builders are used for here, and they need none) on the user's screen."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found"
+
+
 def tokenizer_metadata(reader) -> tuple[str, dict, dict]:
     """(architecture, tokenizer fields, tokenizer_config) from GGUF metadata, named as
     transformers' GGUF tokenizer builder expects them."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found"
+    _quiet_transformers()
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING
 
     def get(key):
@@ -197,6 +203,7 @@ def save_tokenizer(reader, path: Path, out: Path) -> None:
     chat_template.jinja."""
     import json
 
+    _quiet_transformers()
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
     from transformers.utils import logging
 
