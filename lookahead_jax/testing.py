@@ -75,7 +75,14 @@ def pass_agreement(model, ids: list[int]) -> float:
     return worst
 
 
-def _first_divergence(a: list[int], b: list[int]) -> int | None:
+def top2_gap(logits_v: np.ndarray) -> float:
+    """How far the best logit is ahead of the second best."""
+    top = np.sort(logits_v)[-2:]
+    return float(top[1] - top[0])
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (None: equal)."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
@@ -117,16 +124,16 @@ def assert_lookahead_matches_plain(
                 accepted[config.name] += sum((int(k) - 1) * c for k, c in hist.items())
                 for row, got in enumerate(out.token_ids):
                     want = plain[start + row]
-                    i = _first_divergence(got, want)
+                    i = first_divergence(got, want)
                     if i is None:
                         continue
                     where = f"{config.name}, batch {size}, prompt {start + row}, new token {i}"
                     if near_tie is None or i >= min(len(got), len(want)):
                         raise AssertionError(f"lookahead != plain ({where}): {got} vs {want}")
-                    top = np.sort(full_pass_logits(model, chunk[row] + want[:i])[-1])[-2:]
-                    if top[1] - top[0] >= near_tie:
+                    gap = top2_gap(full_pass_logits(model, chunk[row] + want[:i])[-1])
+                    if gap >= near_tie:
                         raise AssertionError(
                             f"lookahead != plain ({where}) where the top-2 logit gap is "
-                            f"{top[1] - top[0]:.3g}, not a near-tie: {got} vs {want}"
+                            f"{gap:.3g}, not a near-tie: {got} vs {want}"
                         )
     return accepted

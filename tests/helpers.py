@@ -10,6 +10,7 @@ import numpy as np
 
 from lookahead_jax.decode_state import causal_mask
 from lookahead_jax.model import forward
+from lookahead_jax.testing import first_divergence, top2_gap
 
 NEAR_TIE = 1e-4
 
@@ -22,18 +23,6 @@ def teacher_forced_logits(model, ids: list[int]) -> np.ndarray:
         model.params, model.cfg, x, jnp.arange(T, dtype=jnp.int32)[None], causal_mask(T)
     )
     return np.asarray(logits[0], np.float64)
-
-
-def top2_gap(logits_v: np.ndarray) -> float:
-    top = np.sort(logits_v)[-2:]
-    return float(top[1] - top[0])
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def assert_same_or_near_tie(
