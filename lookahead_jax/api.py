@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax import autotune, driver, inputs, multihost, programs
+from lookahead_jax import autotune, driver, inputs, multihost, programs, seam
 from lookahead_jax.decode_state import DecodeSpec, DecodeState
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.lookahead_config import SOURCES, LookaheadConfig, max_step_tokens
@@ -70,6 +70,11 @@ def generate(
     (a KeyboardInterrupt carrying the partial output) on Ctrl-C.
     """
     inputs.check_max_new_tokens(max_new_tokens)
+    if not hasattr(model, "lm") or not hasattr(model, "params"):
+        raise UserInputError(
+            f"model must be an lj.Model (from lj.load or lj.from_nnx), got {type(model).__name__}"
+        )
+    seam.check_model(model.lm)
     if lookahead not in (None, "auto") and not isinstance(lookahead, LookaheadConfig):
         raise UserInputError(
             "lookahead must be a LookaheadConfig (e.g. LookaheadConfig.for_budget(16)), "

@@ -29,8 +29,8 @@ Example, D=5, proposals (score order, root = r):
 
 Each slot sees the root, its ancestors and itself (and the cache): `ancestors[q, u]`
 says slot u lies on the path to slot q (q included). A slot at depth d sits at position
-p + d, where p is the input's. Empty slots are padding: they see only the root, and no
-real slot sees them.
+p + d, where p is the input's. Empty slots are padding: they see only the root and
+themselves, and no real slot sees them.
 
 `verify` applies the one acceptance rule: slot q is right iff its token equals the
 model's token after its parent (after the root for depth 1); the deepest slot whose
@@ -237,7 +237,8 @@ def merge(p: Proposals, slots: int, max_depth: int) -> DraftTree:
         # same[parent[u], parent[v]]
         of_parent = jnp.take_along_axis(same, pu[:, :, None], axis=1)  # [B, N, N]: same[pu, v']
         parents_same = jnp.take_along_axis(of_parent, pu[:, None, :], axis=2)  # same[pu, pv]
-        return same_node & (both_root | (parents_same & ~is_root_child[:, :, None]))
+        not_root = ~is_root_child[:, :, None] & ~is_root_child[:, None, :]
+        return same_node & (both_root | (parents_same & not_root))
 
     same = jax.lax.fori_loop(0, max_depth, body, same_node & both_root)
     first = jnp.argmax(same, axis=2)  # [B, N] the earliest node with u's path (u if none)
@@ -271,7 +272,7 @@ class Acceptance:
     """The verified outcome of one step, per row.
 
     accepted  [B] int32     guessed tokens accepted (0..max depth)
-    path      [B, P] int32  slots of the accepted path, root first (P = max depth;
+    path      [B, P] int32  slots of the accepted path, depth 1 first (P = max depth;
                             entries >= accepted are meaningless)
     emitted   [B, P+1] int32  the step's tokens: the accepted ones, then the bonus
     source    [B] int32     source of the accepted path's last slot (-1 if none)

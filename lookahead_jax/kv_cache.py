@@ -3,7 +3,7 @@
     k, v     [L, B, S, K, Dh]   layers, batch, slots, kv heads, head dim
     lengths  [B]                tokens committed per row; slots >= length hold garbage
 
-Rows grow independently: a lookahead step commits 1..N tokens per row, each row
+Rows grow independently: a lookahead step commits 1..max_emit tokens per row, each row
 at its own length. Attention masks slots `>= lengths[b]`, so garbage written
 past a row's length (by a fixed-size commit) is never read and is overwritten
 by the next commit.

@@ -86,7 +86,8 @@ def inspect(ckpt, verify: bool = False) -> ModelInfo:
 def load(
     ckpt, dtype="float32", mesh=None, compilation_cache: bool = True, verify: bool = True
 ) -> Model:
-    """Load a converted checkpoint (see checkpoints_convert) or the bundled default.
+    """Load a converted checkpoint (lookahead_jax.convert; CLI: python -m checkpoints_convert)
+    or the bundled default.
 
     ckpt: a checkpoint directory, "smollm2-135m" for the bundled SmolLM2-135M
     (converted into the cache directory on first use), or a ModelInfo from `inspect`.

@@ -27,8 +27,9 @@ Window feeding: the new level takes the model's token at the position it guesses
 argmax, or under sampling the sample with that position's noise (`window_sampling`), so
 that the Jacobi iteration converges to the sampled text. The pool receives the prompt's
 n-grams before the first step (`prompt_pool`), the W window n-grams of each step, and
-the n-grams of the emitted text that end at the new tokens. The recycling table is
-refreshed from the logits of every token fed.
+the n-grams of the emitted text that end at the new tokens. The recycling tables are
+refreshed from the logits of every token whose logits the step computes (the input, the
+window's newest level and every tree slot).
 
 Window initialisation: every slot starts as a prompt token drawn uniformly at random
 (with the row's seed-derived key) from the row's prompt, as the reference does.
@@ -71,7 +72,7 @@ class DraftState:
     """Per-row state of the guess sources, and which of them supplied accepted paths.
 
     window            [B, N-1, W] int32
-    pool              NGramPool (capacity 0 without pool candidates)
+    pool              NGramPool (capacity pool_capacity or G; 0 without the pool)
     recycle           RecycleTable, or None without token recycling
     paths_by_source   [B, len(SOURCES)] int32  steps whose accepted path came from each
     tokens_by_source  [B, len(SOURCES)] int32  guessed tokens accepted from each
@@ -203,7 +204,10 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     logits_brv, new_k, new_v = spec.lm.apply(
         params,
         step_tokens_bt,
-        length_b[:, None] + offsets_bt,
+        # a guess may sit past the model's last position; clamped, it is never kept
+        # (a row's kept tokens stay within prompt + budget <= max_context) and a model
+        # with a position table never indexes past it
+        jnp.minimum(length_b[:, None] + offsets_bt, spec.lm.max_context - 1),
         layout.mask(tree.ancestors),
         state.cache,
         logits_rows_br,
@@ -317,7 +321,9 @@ def feed_window_and_pool(
         )
         end_b = state.prompt_len + state.n_out
         first_b = state.prompt_len + before.n_out - n + 1
-        key_tokens, tails, ok, prev = ngram_pool.sequence_ngrams(state.tokens, first_b, n, n, end_b)
+        key_tokens, tails, ok, prev = ngram_pool.sequence_ngrams(
+            state.tokens, first_b, config.max_emit, n, end_b
+        )
         pool = ngram_pool.insert(pool, key_tokens, tails, ok & active_b[:, None], prev)
     window = jnp.where(
         active_b[:, None, None],

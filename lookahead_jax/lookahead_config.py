@@ -35,7 +35,8 @@ class LookaheadConfig:
     """What one lookahead step feeds and verifies (all static: a jit argument).
 
     n, w, g     the paper's knobs: n-gram size N (window levels + 1), window columns W
-                (0: no window), pool candidates G verified per step
+                (0: no window), pool n-grams G looked up per step (they compete with
+                the other sources for the tree's slots)
     suffix      suffix-match continuations proposed, each up to `suffix_span` tokens,
                 keyed on up to `suffix_key` of the row's last tokens
     recycle     token-recycling template nodes; `recycle_k` next tokens kept per token
@@ -45,6 +46,7 @@ class LookaheadConfig:
     verify_window  also verify the window's own paths
     window_sampling  under sampling, the window's new level is the sample at its
                 position (True) rather than the argmax
+    budget      set by for_budget: the tokens-per-step budget the layout serves
     """
 
     n: int = 5
@@ -91,6 +93,12 @@ class LookaheadConfig:
             raise UserInputError(f"lookahead recycle_k must be at most {len(RECYCLE_RATES) // 2}")
         if self.suffix_key >= len(SUFFIX_RATES):
             raise UserInputError(f"lookahead suffix_key must be at most {len(SUFFIX_RATES) - 1}")
+        if self.tree is not None and self.tree > self.proposed_nodes:
+            raise UserInputError(
+                f"lookahead tree={self.tree} has more slots than the guess sources propose "
+                f"({self.proposed_nodes} nodes = G*(N-1) + suffix*suffix_span + recycle): "
+                "the rest would always be empty"
+            )
 
     # ------------------------------------------------------------ derived shape
 
@@ -189,7 +197,7 @@ class LookaheadConfig:
         kwargs: dict = {}
         for part in text.split(","):
             key, _, value = part.partition("=")
-            key = key.strip()
+            key, value = key.strip(), value.strip()
             if key not in _DEFAULTS or key == "budget":
                 raise UserInputError(f"{hint}; got {text!r} (unknown field {key!r})")
             if value in ("True", "False", "true", "false"):
@@ -236,11 +244,15 @@ class LookaheadConfig:
             "g": self.g,
             "suffix": self.suffix,
             "suffix_span": self.suffix_span,
+            "suffix_key": self.suffix_key,
             "recycle": self.recycle,
+            "recycle_k": self.recycle_k,
             "tree": self.tree_slots,
+            "pool_capacity": self.pool_capacity or self.g,
             "step_tokens": self.tokens_per_step,
             "prompt_pool": self.prompt_pool,
             "verify_window": self.verify_window,
+            "window_sampling": self.window_sampling,
         }
 
 

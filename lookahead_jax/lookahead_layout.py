@@ -67,7 +67,7 @@ class StepLayout:
     n: int  # window levels + 1 (the pool's n-gram size)
     w: int  # window columns (0: no window)
     slots: int  # draft-tree slots D
-    verify_window: bool = False  # logits for every window token (see window_paths)
+    verify_window: bool = False  # logits for every window token (see window_parents)
 
     @property
     def m(self) -> int:

@@ -248,6 +248,3 @@ class LlamaLM:
         from lookahead_jax import sharding
 
         return sharding.shardings_for(param_specs(self.cfg), mesh)
-
-    def cache_heads(self) -> int:
-        return self.cfg.num_kv_heads

@@ -9,8 +9,8 @@ follows the seam's `apply` (seam.py):
         -> logits [B, R, V], new_k [L, B, T, K, E], new_v [L, B, T, K, E]
 
 where `cache` is a kv_cache.KVCache (k, v [L, B, S, K, E], lengths [B]) or None for the
-prefill: attend to slots below each row's length, never write it. Example (a complete
-one is in README, "Bring your own model", and tests/test_nnx_model.py):
+prefill: attend to slots below each row's length, never write it. Example (a complete,
+runnable one: examples/tiny_nnx_lm.py):
 
     model = lj.from_nnx(MyLM(cfg, rngs=nnx.Rngs(0)), max_context=2048, eos_ids=(2,),
                         cache_shape=(num_layers, num_kv_heads, head_dim))
@@ -25,7 +25,7 @@ import jax
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from lookahead_jax import kv_cache
+from lookahead_jax import kv_cache, seam
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.loading import Model
 
@@ -96,4 +96,5 @@ def from_nnx(
         int(max_context),
         tuple(int(x) for x in cache_shape),
     )
+    seam.check_model(lm)
     return Model(lm=lm, params=state, eos_ids=tuple(eos_ids), tokenizer=tokenizer)

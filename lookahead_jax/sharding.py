@@ -20,7 +20,7 @@ its MLP and vocabulary are split). Results are identical either way; only
 memory and speed differ.
 
 jit places arrays with `in_shardings`/`out_shardings` built from these rules
-(see loops.py); XLA's SPMD partitioner inserts the collectives.
+(see decoding.jitted); XLA's SPMD partitioner inserts the collectives.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Example, key_max=3, span=4, text (positions 0..9) = `a b c d x a b c d a`, end =
 
     the row ends in ... c d a       (the input is `a` at 9)
     j=0 (`a`):          match 1 (`a`; nothing before it)     continuation b c d x
-    j=5 (`a`):          match 2 (`x a` vs `d a`: 1) -> 1     continuation b c d a
+    j=5 (`a`):          match 1 (`x a` vs `d a`: x != d)     continuation b c d a
     j=3 (`d`):          match 0
     best: j=5 (match 1, most recent) then j=0 (match 1)
 

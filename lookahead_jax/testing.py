@@ -102,13 +102,17 @@ def assert_lookahead_matches_plain(
     (default: the whole list at once, and one prompt at a time).
 
     near_tie: allow a divergence where plain decoding's top-2 logits were within this
-        (for float32/bfloat16 models; leave None for float64).
+        (for float32/bfloat16 models, greedy only; leave None for float64).
     sampling: temperature / top_k / top_p / seed, passed to both decodes.
 
     Returns {config name: guessed tokens accepted} (a check that guesses did land:
     a comparison where none is ever accepted proves nothing). Raises AssertionError
     naming the config, batch size, prompt and position of a real divergence.
     """
+    if near_tie is not None and sampling.get("temperature", 0.0) > 0:
+        # a sampled token is the argmax of processed logits plus noise: the raw top-2
+        # gap says nothing about how close that choice was
+        raise ValueError("near_tie applies to greedy decoding only")
     ids = encode_prompts(model, prompts, chat=False)  # text prompts: tokenized as they are
     sizes = batch_sizes or tuple(sorted({len(ids), 1}, reverse=True))
     kw = dict(max_new_tokens=max_new_tokens, **sampling)

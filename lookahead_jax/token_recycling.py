@@ -17,19 +17,20 @@ the pair was never seen.
 
 The step's input is expanded into a draft tree of fixed shape: a node of the static
 *template* is (parent node, rank r) and its token is its parent's r-th candidate. Both
-tables are refreshed from the logits of every token the step fed (input, window, tree)
-— tokens the step does not keep, recycled. Before the first step the token table is
+tables are refreshed from the logits of every token whose logits the step computes (the
+input, the window's newest level, every tree slot) — tokens the step does not keep,
+recycled. Before the first step the token table is
 seeded from the prompt: each token's entry 0 is the token that followed its last
 occurrence.
 
 `template` builds the static tree: given how often a rank-r guess is right when its
 parent is, it adds nodes best-path-first — the tree that maximises the expected number
-of accepted tokens for its size, under that model. Example, 6 nodes with rates
-(0.5, 0.2, 0.1, ...):
+of accepted tokens for its size, under that model (ties: the earlier node's child
+first). Example, `template(6, (0.5, 0.2, 0.1, 0.05))`, nodes in the order added:
 
-    root ── r0 (0.5) ── r0 (0.25) ── r0 (0.125)
-       │          └──── r1 (0.1)
-       └─── r1 (0.2)
+    root ─┬─ 0: r0 (0.5) ── 1: r0 (0.25) ── 3: r0 (0.125)
+          ├─ 2: r1 (0.2) ── 5: r0 (0.1)
+          └─ 4: r2 (0.1)
 """
 
 from __future__ import annotations

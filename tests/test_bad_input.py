@@ -207,7 +207,7 @@ def mesh2_model(paths):
 
 
 def api_convert(args: list[str]):
-    """checkpoints_convert.convert.convert with the row's --src/--out/--dtype/--force."""
+    """lookahead_jax.convert.convert.convert with the row's --src/--out/--dtype/--force."""
     from lookahead_jax.convert.convert import convert
 
     opts = dict(zip(args[::2], args[1::2], strict=False))
@@ -370,6 +370,13 @@ CASES = [
         (*CORRUPT, *G, "--lookahead", "4,5,-1"),
         ("lookahead G", ">= 0", "got -1"),
         lambda p, a: lj.LookaheadConfig(4, 5, -1),
+    ),
+    Case(
+        "lookahead-tree-bigger-than-its-sources",
+        GEN,
+        (*CORRUPT, *G, "--lookahead", "n=2,w=0,g=0,recycle=4,tree=9"),
+        ("tree=9", "more slots than the guess sources propose", "4 nodes"),
+        lambda p, a: lj.LookaheadConfig(2, 0, 0, recycle=4, tree=9),
     ),
     Case(
         "lookahead-absurd",

@@ -47,6 +47,19 @@ def test_nnx_lookahead_equals_its_own_plain_greedy(model64):
     assert all(a > 0 for a in accepted.values()), accepted  # guesses did land
 
 
+def test_guesses_past_the_last_position_do_not_poison_the_pass(model64):
+    """Near the end of the context, tree guesses sit past the model's last position. The
+    tiny model's position table has exactly max_context rows, and an out-of-range lookup
+    gives NaN, which would spread through the attention to the tokens that are kept."""
+    prompt = [[(7 * i) % (VOCAB - 1) + 1 for i in range(250)]]  # 250 + 6 = max_context
+    with jax.enable_x64(True):
+        plain = lj.generate(model64, prompt, max_new_tokens=6).token_ids
+        la = lj.generate(
+            model64, prompt, max_new_tokens=6, lookahead=lj.LookaheadConfig.for_budget(8)
+        )
+    assert la.token_ids == plain and len(plain[0]) > 1
+
+
 def test_harness_catches_a_model_that_mixes_the_tokens_of_a_pass(model64):
     """A model whose output for a token depends on the other tokens of its pass breaks
     exactness: pass_agreement measures it and the harness fails."""
@@ -76,6 +89,8 @@ def test_harness_catches_a_model_that_mixes_the_tokens_of_a_pass(model64):
 
 
 def test_from_nnx_refuses_what_it_cannot_use():
+    with pytest.raises(ValueError, match="lj.Model"):
+        lj.generate(object(), [[1, 2]])
     with pytest.raises(ValueError, match="nnx.Module"):
         lj.from_nnx(object(), max_context=16)
 
