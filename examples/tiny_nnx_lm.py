@@ -7,7 +7,7 @@ public exactness harness. Run it:
 The module's __call__ is the seam's `apply`:
 
     (tokens [B, T], positions [B, T], mask [B|1, T, T], cache: KVCache | None,
-     logits_rows [B, R] | None) -> logits [B, R, V], new_k, new_v [L, B, T, K, E]
+     logits_rows [B, R] | None) -> logits [B, R, V], new_k, new_v [L, B, T, K, Dh]
 
 It attends to the row's cache slots below cache.lengths[b] and to the new tokens the mask
 allows, and never writes the cache (the decoder commits the entries it keeps).

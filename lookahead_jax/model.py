@@ -4,7 +4,7 @@ Shape legend, used in names (`x_btd`) and einsum strings:
 
     B batch          T new tokens in this pass     S cache slots
     D model dim      H query heads                 K kv heads
-    Q = H/K query heads per kv head (GQA group)    E head dim (Dh)
+    Q = H/K query heads per kv head (GQA group)    Dh head dim (einsum letter e)
     F MLP hidden     V vocab                       L layers
     R rows whose logits are wanted                 U new tokens, as keys
 
@@ -50,10 +50,10 @@ class LayerParams:
     """Every layer's weights, stacked on a leading L axis."""
 
     attn_norm: jax.Array  # [L, D]
-    wq: jax.Array  # [L, D, H, E]
-    wk: jax.Array  # [L, D, K, E]
-    wv: jax.Array  # [L, D, K, E]
-    wo: jax.Array  # [L, H, E, D]
+    wq: jax.Array  # [L, D, H, Dh]
+    wk: jax.Array  # [L, D, K, Dh]
+    wv: jax.Array  # [L, D, K, Dh]
+    wo: jax.Array  # [L, H, Dh, D]
     mlp_norm: jax.Array  # [L, D]
     w_gate: jax.Array  # [L, D, F]
     w_up: jax.Array  # [L, D, F]
@@ -76,16 +76,16 @@ class LlamaParams:
 def param_specs(cfg: LlamaConfig) -> LlamaParams:
     """Every weight's ParamSpec, in the params' own structure."""
     L, D, F, V = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     S = ParamSpec
     return LlamaParams(
         embed=S((V, D), ("vocab", "embed")),
         layers=LayerParams(
             attn_norm=S((L, D), ("layers", "embed")),
-            wq=S((L, D, H, E), ("layers", "embed", "heads", "head_dim")),
-            wk=S((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim")),
-            wv=S((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim")),
-            wo=S((L, H, E, D), ("layers", "heads", "head_dim", "embed")),
+            wq=S((L, D, H, Dh), ("layers", "embed", "heads", "head_dim")),
+            wk=S((L, D, K, Dh), ("layers", "embed", "kv_heads", "head_dim")),
+            wv=S((L, D, K, Dh), ("layers", "embed", "kv_heads", "head_dim")),
+            wo=S((L, H, Dh, D), ("layers", "heads", "head_dim", "embed")),
             mlp_norm=S((L, D), ("layers", "embed")),
             w_gate=S((L, D, F), ("layers", "embed", "mlp")),
             w_up=S((L, D, F), ("layers", "embed", "mlp")),
@@ -143,10 +143,10 @@ NEG_INF = -1e30
 def attention(q_btkqe, k_new_buke, v_new_buke, self_mask_btu, cache_k, cache_v, cache_len_b):
     """Softmax attention over [cache slots below each row's length] + [new tokens under mask].
 
-    q          [B, T, K, Q, E]
-    k/v_new    [B, U, K, E]     the new tokens' keys/values (U = T)
+    q          [B, T, K, Q, Dh]
+    k/v_new    [B, U, K, Dh]     the new tokens' keys/values (U = T)
     self_mask  [B|1, T, U]      bool, which new tokens each new token sees
-    cache_k/v  [B, S, K, E]     or None (prefill)
+    cache_k/v  [B, S, K, Dh]     or None (prefill)
     cache_len  [B]
     """
     scale = 1.0 / np.sqrt(q_btkqe.shape[-1])
@@ -184,11 +184,11 @@ def forward(
                        (None: all T). Skipping rows skips their share of the LM head.
 
     Returns logits [B, R, V] (float32; float64 for float64 params) and the new tokens'
-    K/V, each [L, B, T, K, E] (keys after RoPE), for the caller to commit as it chooses.
+    K/V, each [L, B, T, K, Dh] (keys after RoPE), for the caller to commit as it chooses.
     """
     dtype = params.embed.dtype
     B, T = tokens_bt.shape
-    K, Q, E = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
+    K, Q, Dh = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     x_btd = params.embed[tokens_bt]
     cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), dtype)
     cache_len = None if cache is None else cache.lengths
@@ -200,8 +200,8 @@ def forward(
             q = apply_rope(jnp.einsum("btd,dhe->bthe", h, lp.wq), cos, sin)
             k = apply_rope(jnp.einsum("btd,dke->btke", h, lp.wk), cos, sin)
             v = jnp.einsum("btd,dke->btke", h, lp.wv)
-            o = attention(q.reshape(B, T, K, Q, E), k, v, self_mask_btu, ck, cv, cache_len)
-            x_btd = x_btd + jnp.einsum("bthe,hed->btd", o.reshape(B, T, K * Q, E), lp.wo)
+            o = attention(q.reshape(B, T, K, Q, Dh), k, v, self_mask_btu, ck, cv, cache_len)
+            x_btd = x_btd + jnp.einsum("bthe,hed->btd", o.reshape(B, T, K * Q, Dh), lp.wo)
         with jax.named_scope("mlp"):
             h = rms_norm(x_btd, lp.mlp_norm, cfg.rms_norm_eps)
             gate = jax.nn.silu(jnp.einsum("btd,df->btf", h, lp.w_gate))

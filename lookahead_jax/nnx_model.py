@@ -6,9 +6,9 @@ calls the module — the pattern of Flax's own gemma sampler. The module's `__ca
 follows the seam's `apply` (seam.py):
 
     module(tokens [B, T], positions [B, T], mask [B|1, T, T], cache, logits_rows [B, R])
-        -> logits [B, R, V], new_k [L, B, T, K, E], new_v [L, B, T, K, E]
+        -> logits [B, R, V], new_k [L, B, T, K, Dh], new_v [L, B, T, K, Dh]
 
-where `cache` is a kv_cache.KVCache (k, v [L, B, S, K, E], lengths [B]) or None for the
+where `cache` is a kv_cache.KVCache (k, v [L, B, S, K, Dh], lengths [B]) or None for the
 prefill: attend to slots below each row's length, never write it. Example (a complete,
 runnable one: examples/tiny_nnx_lm.py):
 
@@ -38,7 +38,7 @@ class NnxLM:
     state_treedef: object  # the params' pytree structure (hashable)
     vocab_size: int
     max_context: int
-    cache_shape: tuple[int, int, int]  # (layers L, kv heads K, head dim E)
+    cache_shape: tuple[int, int, int]  # (layers L, kv heads K, head dim Dh)
 
     def apply(self, params, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br=None):
         from flax import nnx

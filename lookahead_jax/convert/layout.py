@@ -113,10 +113,10 @@ def _hf_shape(param_shape: tuple[int, ...], param: str) -> tuple[int, ...]:
     """The HF [out, in] shape of one layer's tensor, from the param's shape."""
     if param in ("attn_norm", "mlp_norm"):
         return param_shape
-    if param in ("wq", "wk", "wv"):  # [D, heads, E] <- [heads*E, D]
+    if param in ("wq", "wk", "wv"):  # [D, heads, Dh] <- [heads*Dh, D]
         d, h, e = param_shape
         return (h * e, d)
-    if param == "wo":  # [H, E, D] <- [D, H*E]
+    if param == "wo":  # [H, Dh, D] <- [D, H*Dh]
         h, e, d = param_shape
         return (d, h * e)
     a, b = param_shape  # w_gate/w_up [D, F] <- [F, D]; w_down [F, D] <- [D, F]
