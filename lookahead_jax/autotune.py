@@ -40,17 +40,17 @@ from lookahead_jax.cache_dir import cache_root, write_atomic
 from lookahead_jax.lookahead_config import LookaheadConfig
 
 # tokens per step (a LookaheadConfig.for_budget layout): prior compression (new tokens per
-# step) on MT-bench first turns, greedy, 256 new tokens, SmolLM2-135M
-# (benchmarks/cpu/budgets.md). Chat text; code compresses more.
+# step) on MT-bench first turns (2 per category), greedy, 256 new tokens, SmolLM2-135M
+# (benchmarks/cpu/budgets.md; 64 and 128: one per category, budgets_large.md).
 PRIORS: dict[int, float] = {
-    2: 1.30,
-    4: 1.50,
-    8: 1.64,
-    12: 1.79,
-    16: 1.93,
-    32: 2.10,
-    64: 2.25,
-    128: 2.35,
+    2: 1.36,
+    4: 1.70,
+    8: 2.02,
+    12: 2.25,
+    16: 2.39,
+    32: 2.80,
+    64: 3.10,
+    128: 3.30,
 }
 MARGIN = 1.03  # expected speedup needed to prefer lookahead over plain decoding
 # probe exactly the candidates' step sizes: XLA's speed is not smooth in T on every device

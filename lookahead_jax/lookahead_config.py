@@ -268,10 +268,12 @@ def max_step_tokens(max_context: int) -> int:
     return min(MAX_STEP_TOKENS, max_context // 4)
 
 
-# Draft layouts by tokens fed per step (T = 1 + (N-1)*W + tree): the best measured at
-# each budget with SmolLM2-135M on MT-bench and code, greedy (benchmarks/cpu/budgets.md).
-# Small budgets spend every token on the draft tree; from 16 on, a one-column window
-# feeding the pool pays its tokens.
+# Draft layouts by tokens fed per step (T = 1 + (N-1)*W + tree), chosen with SmolLM2-135M
+# on subsets of MT-bench and code, greedy: the best of the few layouts tried at each budget
+# up to 32 (e.g. at T=8, no window beat a (3,1,1) window by 2.17 to 2.11 tokens per step);
+# 64 and 128 are scaled up from 32, not tuned. Compression of each: benchmarks/cpu/
+# budgets.md and budgets_large.md. Small budgets spend every token on the draft tree; from
+# 16 on, a one-column window feeding the pool pays its tokens.
 BUDGET_LAYOUTS: dict[int, LookaheadConfig] = {
     2: LookaheadConfig(2, 0, 0, recycle=4, suffix=1, suffix_span=4, tree=1),
     4: LookaheadConfig(2, 0, 0, recycle=12, suffix=1, suffix_span=4, tree=3),
