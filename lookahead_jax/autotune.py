@@ -49,8 +49,8 @@ PRIORS: dict[int, float] = {
     12: 2.25,
     16: 2.39,
     32: 2.80,
-    64: 3.10,
-    128: 3.30,
+    64: 3.34,
+    128: 3.61,
 }
 MARGIN = 1.03  # expected speedup needed to prefer lookahead over plain decoding
 # probe exactly the candidates' step sizes: XLA's speed is not smooth in T on every device

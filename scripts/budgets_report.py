@@ -85,9 +85,9 @@ def main() -> None:
     args = ap.parse_args()
     results = merge(args.results)
     out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    out.with_name(out.name + ".json").write_text(json.dumps(results, indent=2) + "\n")
     n_rows = sum(results["prompts"].values())
-    out.with_suffix(".md").write_text(markdown(results, n_rows))
+    out.with_name(out.name + ".md").write_text(markdown(results, n_rows))
     plot(results, out.with_name(out.name + ".png"))
 
 

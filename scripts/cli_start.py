@@ -70,7 +70,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"command": " ".join(["python", *sys.argv]), "prompt": PROMPT, "rows": rows}
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.with_name(out.name + ".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "# CLI start: SmolLM2-135M, 64 new tokens, one prompt",
         "",
@@ -87,7 +87,7 @@ def main() -> None:
                 f"| {r['mode']} | {kind} | {x['wall_s']:.1f} | {x['load_s']:.1f} | "
                 f"{x['compile_s']:.1f} | {x['total_s']:.1f} |"
             )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_name(out.name + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -142,13 +142,13 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.with_name(out.name + ".json").write_text(json.dumps(result, indent=2) + "\n")
     plot(
         rows,
         f"{args.model} {args.dtype} on {result['device']}, cache {args.context}",
-        out.with_suffix(".png"),
+        out.with_name(out.name + ".png"),
     )
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    print(f"wrote {out.with_name(out.name + '.json')} and {out.with_name(out.name + '.png')}")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    out.with_name(out.name + ".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         f"# Meshes: {args.ckpt}, batch {len(questions)}, 64 new tokens, greedy, "
         f"{result['devices']}",
@@ -118,7 +118,7 @@ def main() -> None:
             f"{r['lookahead_5,1,1']['tokens_per_s_median']:.1f} | "
             f"{all(r[k]['same_tokens_as_one_device'] for k in ('plain', 'lookahead_5,1,1'))} |"
         )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_name(out.name + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

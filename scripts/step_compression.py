@@ -118,8 +118,8 @@ def main() -> None:
     results["seconds"] = time.time() - t
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(results, len(rows)))
+    out.with_name(out.name + ".json").write_text(json.dumps(results, indent=2) + "\n")
+    out.with_name(out.name + ".md").write_text(markdown(results, len(rows)))
 
 
 def markdown(results: dict, n_rows: int) -> str:
