@@ -129,12 +129,12 @@ def previous_tokens(state: DecodeState):
 
 
 def propose(
-    state: DecodeState, config: LookaheadConfig, sampling: SamplingConfig, input_b
+    state: DecodeState, config: LookaheadConfig, sampling: SamplingConfig, input_b, prev_b
 ) -> draft_tree.Proposals:
-    """Stage 1: every source's guesses for the tokens after each row's input."""
+    """Stage 1: every source's guesses for the tokens after each row's input (prev_b [B]:
+    the token before it)."""
     d = state.draft
     B = input_b.shape[0]
-    prev_b = previous_tokens(state)
     parts = []
     if config.g:
         tails_bgm, valid_bg, match_bg = ngram_pool.lookup(d.pool, input_b, prev_b, config.g)
@@ -188,10 +188,11 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     active_b = ~state.done
     length_b = state.cache.lengths
     input_b = input_tokens(state)
+    prev_b = previous_tokens(state)
     window_bk = state.draft.window.reshape(B, layout.window_tokens)
 
     # 1-2. propose and merge into the draft tree
-    proposals = propose(state, config, spec.sampling, input_b)
+    proposals = propose(state, config, spec.sampling, input_b, prev_b)
     if layout.slots:
         tree = draft_tree.merge(proposals, layout.slots, config.tree_depth)
     else:
@@ -260,7 +261,7 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     state = emit(state, spec, acc.emitted, a_b + 1)
 
     # 7. feed the sources
-    fed = FedRows.of(before, layout, step_tokens_bt, logits_rows_br, tree, active_b)
+    fed = FedRows.of(prev_b, layout, step_tokens_bt, logits_rows_br, tree, active_b)
     draft = feed_window_and_pool(state, config, draft, before, input_b, new_level_bw, active_b)
     draft = feed_recycling(config, draft, fed, logits_brv, acc)
     return dataclasses.replace(state, draft=draft)
@@ -277,9 +278,7 @@ class FedRows:
     ok: jax.Array
 
     @classmethod
-    def of(
-        cls, before: DecodeState, layout: StepLayout, step_tokens_bt, logits_rows_br, tree, active_b
-    ):
+    def of(cls, prev_b, layout: StepLayout, step_tokens_bt, logits_rows_br, tree, active_b):
         B = step_tokens_bt.shape[0]
         window_parents = jnp.asarray(layout.parent_of_rows[1 : 1 + layout.window_rows])
         parent_index_br = jnp.concatenate(
@@ -291,7 +290,7 @@ class FedRows:
             axis=1,
         )
         prev_br = jnp.take_along_axis(step_tokens_bt, parent_index_br, axis=1)
-        prev_br = prev_br.at[:, 0].set(previous_tokens(before))
+        prev_br = prev_br.at[:, 0].set(prev_b)
         ok_br = jnp.concatenate([jnp.ones((B, 1 + layout.window_rows), bool), tree.valid], axis=1)
         tokens_br = jnp.take_along_axis(step_tokens_bt, logits_rows_br, axis=1)
         return cls(tokens_br, prev_br, ok_br & active_b[:, None])
