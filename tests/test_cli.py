@@ -60,7 +60,7 @@ def test_json_contract_and_api_agreement(smollm2, smollm2_ckpt):
     # measured (a busy machine can make plain decoding the right choice), but the record
     # must say what it chose and run exactly that
     la, auto = rec["config"]["lookahead"], rec["config"]["lookahead_auto"]
-    assert auto["chosen"] == (None if la is None else [la["n"], la["w"], la["g"]])
+    assert auto["chosen"] == (None if la is None else la["name"])
     api = lj.generate(smollm2, [prompt], max_new_tokens=24, chat=True)
     assert rec["token_ids"] == api.token_ids[0]
     assert rec["text"] == api.texts[0]
