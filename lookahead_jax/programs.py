@@ -8,6 +8,7 @@ process — and, through JAX's persistent compilation cache, across processes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -35,10 +36,47 @@ def clear() -> None:
     _COMPILED.clear()
 
 
+def matmul_precision(dtype) -> str | None:
+    """The matmul precision programs for a model of `dtype` are traced with.
+
+    The user's `jax_default_matmul_precision` if set; else 'highest' for float32 and
+    float64 models, whose exactness rests on a T-token pass agreeing with 1-token passes
+    to float32 rounding (on NVIDIA GPUs since Ampere XLA otherwise runs float32 matmuls
+    in TF32, 10-bit mantissas: see benchmarks/gpu/); else the platform's default
+    (bfloat16 models).
+    """
+    chosen = jax.config.jax_default_matmul_precision
+    if chosen is not None:
+        return chosen
+    return "highest" if jnp.dtype(dtype).itemsize >= 4 else None
+
+
+def precision_scope(dtype):
+    """A context in which to trace programs for a model of `dtype` (matmul_precision)."""
+    precision = matmul_precision(dtype)
+    if precision is None:
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision(precision)
+
+
+def compiler_options() -> dict:
+    """XLA options the decode programs are compiled with on this platform.
+
+    NVIDIA GPUs: matmuls through cuBLAS, not Triton GEMM fusions. XLA fuses the slice of
+    one layer's weights out of the stacked [L, ...] weights (the scan over layers) into
+    Triton GEMMs, which then write each slice to a new buffer before reading it: a 7B
+    step moved its weights three times, 18 ms for a plain step against 10 ms through
+    cuBLAS on an H100 (benchmarks/gpu/layer_loop.md).
+    """
+    if jax.devices()[0].platform == "gpu":
+        return {"xla_gpu_enable_triton_gemm": False}
+    return {}
+
+
 def _key(model, spec: DecodeSpec, cap: int, start_args):
     leaves, tree = jax.tree.flatten(start_args)
     shapes = tuple((a.shape, str(a.dtype), getattr(a, "sharding", None)) for a in leaves)
-    return (spec, cap, model.mesh, tree, shapes)
+    return (spec, cap, model.mesh, tree, shapes, matmul_precision(spec.cache_dtype))
 
 
 def compiled(model, spec: DecodeSpec, cap: int, start_args, name: str):
@@ -60,7 +98,8 @@ def compiled(model, spec: DecodeSpec, cap: int, start_args, name: str):
         "step": (model.params, state),
         "run_loop": (model.params, state, jnp.int32(0)),
     }[name]
-    exe = getattr(fns, name).lower(*lower_args).compile()
+    with precision_scope(spec.cache_dtype):
+        exe = getattr(fns, name).lower(*lower_args).compile(compiler_options())
     _COMPILED[(key, name)] = exe
     return exe, time.perf_counter() - t
 

@@ -31,6 +31,7 @@ from lookahead_jax.api import generate
 from lookahead_jax.decode_state import causal_mask
 from lookahead_jax.inputs import encode_prompts
 from lookahead_jax.lookahead_config import LookaheadConfig
+from lookahead_jax.programs import precision_scope
 
 DEFAULT_CONFIGS = (
     LookaheadConfig.for_budget(8),
@@ -43,9 +44,10 @@ def full_pass_logits(model, ids: list[int]) -> np.ndarray:
     """Logits [T, V] of one causal pass over `ids` (float64 numpy)."""
     T = len(ids)
     x = jnp.asarray([ids], jnp.int32)
-    logits, _, _ = jax.jit(model.lm.apply)(
-        model.params, x, jnp.arange(T, dtype=jnp.int32)[None], causal_mask(T), None, None
-    )
+    with precision_scope(model.dtype):  # as the decode programs run
+        logits, _, _ = jax.jit(model.lm.apply)(
+            model.params, x, jnp.arange(T, dtype=jnp.int32)[None], causal_mask(T), None, None
+        )
     return np.asarray(logits[0], np.float64)
 
 
@@ -58,14 +60,15 @@ def pass_agreement(model, ids: list[int]) -> float:
     one = jax.jit(lm.apply)
     worst = 0.0
     for t, token in enumerate(ids):
-        logits, k, v = one(
-            params,
-            jnp.asarray([[token]], jnp.int32),
-            jnp.asarray([[t]], jnp.int32),
-            jnp.ones((1, 1, 1), bool),
-            cache,
-            None,
-        )
+        with precision_scope(model.dtype):
+            logits, k, v = one(
+                params,
+                jnp.asarray([[token]], jnp.int32),
+                jnp.asarray([[t]], jnp.int32),
+                jnp.ones((1, 1, 1), bool),
+                cache,
+                None,
+            )
         cache = type(cache)(
             k=cache.k.at[:, :, t].set(k[:, :, 0]),
             v=cache.v.at[:, :, t].set(v[:, :, 0]),

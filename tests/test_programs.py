@@ -1,0 +1,66 @@
+"""How the decode programs are compiled: float32 matmuls at full precision (GPUs would
+otherwise run them in TF32 and break exactness: benchmarks/gpu/), the user's choice of
+precision respected, and cuBLAS matmuls on NVIDIA GPUs."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import lookahead_jax as lj
+from lookahead_jax import programs
+from lookahead_jax.config import LlamaConfig
+from lookahead_jax.loading import Model
+from lookahead_jax.model import LlamaLM, init_params
+
+CFG = LlamaConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    max_position_embeddings=256,
+)
+
+
+def dot_precisions(dtype) -> set[str]:
+    """The operand precisions of every dot in the compiled decode loop of a model."""
+    programs.clear()
+    model = Model(LlamaLM(CFG), init_params(CFG, jax.random.PRNGKey(0), dtype), eos_ids=())
+    lj.generate(model, [[1, 2, 3]], max_new_tokens=2)
+    texts = [exe.as_text() for (_, name), exe in programs._COMPILED.items() if name == "run_loop"]
+    programs.clear()
+    assert len(texts) == 1
+    return set(re.findall(r"operand_precision=\{([a-z]+),", texts[0]))
+
+
+@pytest.mark.parametrize(
+    "dtype, user, want",
+    [
+        (jnp.float32, None, {"highest"}),
+        (jnp.float32, "default", set()),  # the user's choice (e.g. TF32 on a GPU) wins
+        (jnp.bfloat16, None, set()),  # the platform's default: no precision config
+    ],
+)
+def test_matmul_precision_of_the_decode_programs(dtype, user, want):
+    assert programs.matmul_precision(dtype) == ("highest" if dtype == jnp.float32 else None)
+    if user is None:
+        assert dot_precisions(dtype) == want
+        return
+    with jax.default_matmul_precision(user):
+        assert programs.matmul_precision(dtype) == user
+        assert dot_precisions(dtype) == want
+
+
+def test_compiler_options_turn_triton_gemm_off_on_gpus_only(monkeypatch):
+    if jax.devices()[0].platform == "cpu":
+        assert programs.compiler_options() == {}
+
+    class FakeGpu:
+        platform = "gpu"
+
+    monkeypatch.setattr(jax, "devices", lambda *a: [FakeGpu()])
+    assert programs.compiler_options() == {"xla_gpu_enable_triton_gemm": False}
