@@ -99,24 +99,44 @@ def _device_key(model) -> str:
     return f"{kind}-x{jax.device_count()}-{model_fingerprint(model)}-{jnp.dtype(model.dtype).name}"
 
 
-def compiled_step(lm, params, tokens: int, context: int, all_logits: bool = True):
-    """(executable, args) of one forward step of `tokens` new tokens over a
-    `context`-token cache, with logits for every new token (or for one)."""
+def compiled_step(
+    lm,
+    params,
+    tokens: int,
+    context: int,
+    all_logits: bool = True,
+    batch: int = 1,
+    compiler_options: dict | None = None,
+):
+    """(executable, args) of one forward step of `tokens` new tokens per row over a
+    `context`-token cache for `batch` rows, with logits for every new token (or for one)."""
+    from lookahead_jax import programs
     from lookahead_jax.decode_state import causal_mask
 
     dtype = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)][0].dtype
-    cache = lm.init_cache(1, context + tokens, dtype)
-    cache = dataclasses.replace(cache, lengths=jnp.array([context], jnp.int32))
-    logits_rows = jnp.arange(tokens if all_logits else 1, dtype=jnp.int32)[None]
+    cache = lm.init_cache(batch, context + tokens, dtype)
+    # random K/V, not zeros: matmul units can run faster on zeros than on real data
+    k_key, v_key = jax.random.split(jax.random.PRNGKey(2))
+    cache = dataclasses.replace(
+        cache,
+        k=jax.random.normal(k_key, cache.k.shape, cache.k.dtype),
+        v=jax.random.normal(v_key, cache.v.shape, cache.v.dtype),
+        lengths=jnp.full((batch,), context, jnp.int32),
+    )
+    rows = tokens if all_logits else 1
+    logits_rows = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32), (batch, rows))
+    positions = context + jnp.arange(tokens, dtype=jnp.int32)
     args = (
         params,
-        jnp.zeros((1, tokens), jnp.int32),
-        context + jnp.arange(tokens, dtype=jnp.int32)[None],
+        jax.random.randint(jax.random.PRNGKey(1), (batch, tokens), 0, lm.vocab_size, jnp.int32),
+        jnp.broadcast_to(positions, (batch, tokens)),
         causal_mask(tokens),
         cache,
         logits_rows,
     )
-    exe = jax.jit(lm.apply).lower(*args).compile()
+    with programs.precision_scope(dtype):  # as the decode programs are traced
+        options = programs.compiler_options() if compiler_options is None else compiler_options
+        exe = jax.jit(lm.apply).lower(*args).compile(options)
     jax.block_until_ready(exe(*args))  # warm up
     return exe, args
 
@@ -128,10 +148,10 @@ def run_time(exe, args) -> float:
 
 
 def step_latencies(
-    lm, params, tokens: int, context: int, repeats: int, all_logits: bool = True
+    lm, params, tokens: int, context: int, repeats: int, all_logits: bool = True, batch: int = 1
 ) -> list[float]:
     """Seconds of `repeats` forward steps (see compiled_step)."""
-    exe, args = compiled_step(lm, params, tokens, context, all_logits)
+    exe, args = compiled_step(lm, params, tokens, context, all_logits, batch)
     return [run_time(exe, args) for _ in range(repeats)]
 
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from lookahead_jax.autotune import step_latencies
@@ -73,17 +75,39 @@ def model_and_params(name: str, dtype):
     return model.cfg, model.params
 
 
-def measure(cfg, params, tokens: list[int], context: int, repeats: int) -> list[dict]:
+def copy_bandwidth(n_bytes: int = 2 << 30, repeats: int = 10) -> float:
+    """Bytes per second of a large device-to-device copy, counting bytes read plus bytes
+    written (the practical memory roofline): the median of `repeats`."""
+    x = jax.random.normal(jax.random.PRNGKey(3), (n_bytes // 4,), jnp.float32)
+    scale = jax.jit(lambda a: a * 1.0001)
+    jax.block_until_ready(scale(x))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(scale(x))
+        times.append(time.perf_counter() - t0)
+    return 2 * n_bytes / float(np.median(times))
+
+
+def cache_bytes_read(cfg, batch: int, context: int, dtype) -> int:
+    """K and V bytes a step reads from a `context`-token cache."""
+    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
+    return batch * context * per_token
+
+
+def measure(cfg, params, tokens: list[int], context: int, repeats: int, batch: int) -> list[dict]:
     rows = []
+    lm = LlamaLM(cfg)
     for t in tokens:
-        r = {"tokens": t}
-        for key, all_logits in (("all_logits_s", True), ("one_logit_s", False)):
-            ts = step_latencies(LlamaLM(cfg), params, t, context, repeats, all_logits)
+        r = {"tokens": t, "batch": batch, "context": context}
+        kinds = [("all_logits_s", True)] + ([("one_logit_s", False)] if t == 1 else [])
+        for key, all_logits in kinds:  # a plain step (one logit) only at T = 1
+            ts = step_latencies(lm, params, t, context, repeats, all_logits, batch)
             r[key] = {"min": min(ts), "median": float(np.median(ts))}
         rows.append(r)
         print(
-            f"T={t:4d}  all logits {1000 * r['all_logits_s']['median']:8.2f} ms   "
-            f"one logit {1000 * r['one_logit_s']['median']:8.2f} ms",
+            f"B={batch} ctx={context} T={t:4d}  all logits "
+            f"{1000 * r['all_logits_s']['median']:8.2f} ms",
             flush=True,
         )
     return rows
@@ -95,14 +119,16 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t = [r["tokens"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    base = rows[0]["one_logit_s"]["median"]
-    for key, label in (("all_logits_s", "logits for all T"), ("one_logit_s", "logits for 1")):
-        ax.plot(t, [r[key]["median"] / base for r in rows], marker="o", label=label)
+    for b, c in sorted({(r["batch"], r["context"]) for r in rows}):
+        curve = [r for r in rows if (r["batch"], r["context"]) == (b, c)]
+        base = curve[0]["one_logit_s"]["median"]
+        t = [r["tokens"] for r in curve]
+        ratio = [r["all_logits_s"]["median"] / base for r in curve]
+        ax.plot(t, ratio, marker="o", label=f"batch {b}, cache {c}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens in the forward step (T)")
-    ax.set_ylabel("step latency / one-token step")
+    ax.set_xlabel("tokens per row in the forward step (T), logits for all")
+    ax.set_ylabel("step latency / plain one-token step")
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend()
@@ -119,7 +145,8 @@ def main() -> None:
     )
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)))
-    ap.add_argument("--context", type=int, default=512, help="tokens already in the cache")
+    ap.add_argument("--context", default="512", help="tokens already in the cache (a list)")
+    ap.add_argument("--batch", default="1", help="rows per step (a list)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/cost_curve")
     args = ap.parse_args()
@@ -128,16 +155,38 @@ def main() -> None:
     cfg, params = model_and_params(args.model, dtype)
     tokens = [int(x) for x in args.tokens.split(",")]
     device = jax.devices()[0]
-    rows = measure(cfg, params, tokens, args.context, args.repeats)
+    weight_bytes = int(sum(x.nbytes for x in jax.tree.leaves(params)))
+    copy_bps = copy_bandwidth() if device.platform != "cpu" else None
+    rows, roofline = [], []
+    for batch in (int(x) for x in args.batch.split(",")):
+        for context in (int(x) for x in args.context.split(",")):
+            curve = measure(cfg, params, tokens, context, args.repeats, batch)
+            rows += curve
+            plain = min(r["one_logit_s"]["min"] for r in curve if r["tokens"] == 1)
+            moved = weight_bytes + cache_bytes_read(cfg, batch, context, dtype)
+            roofline.append(
+                {
+                    "batch": batch,
+                    "context": context,
+                    "plain_step_s": plain,
+                    "plain_tokens_per_s": batch / plain,
+                    "bytes_read": moved,
+                    "effective_gbps": moved / plain / 1e9,
+                    "fraction_of_copy_bw": None if copy_bps is None else moved / plain / copy_bps,
+                }
+            )
+            print(f"plain step B={batch} ctx={context}: {roofline[-1]}", flush=True)
     n_params = sum(x.size for x in jax.tree.leaves(params))
     result = {
         "command": " ".join(["python", *sys.argv]),
         "model": args.model,
         "dtype": args.dtype,
-        "context": args.context,
         "device": f"{device.platform}:{device.device_kind}",
+        "jax": jax.__version__,
         "params": int(n_params),
-        "weight_bytes": int(sum(x.nbytes for x in jax.tree.leaves(params))),
+        "weight_bytes": weight_bytes,
+        "copy_gbps": None if copy_bps is None else copy_bps / 1e9,
+        "plain_roofline": roofline,
         "rows": rows,
     }
     out = Path(args.out)
@@ -145,7 +194,7 @@ def main() -> None:
     out.with_name(out.name + ".json").write_text(json.dumps(result, indent=2) + "\n")
     plot(
         rows,
-        f"{args.model} {args.dtype} on {result['device']}, cache {args.context}",
+        f"{args.model} {args.dtype} on {result['device']}",
         out.with_name(out.name + ".png"),
     )
     print(f"wrote {out.with_name(out.name + '.json')} and {out.with_name(out.name + '.png')}")
