@@ -45,12 +45,16 @@ def test_cost_curve_quick(tmp_path, tiny_ckpts):
         str(tiny_ckpts["gqa"][1]),
         "--tokens",
         "1,4",
+        "--batch",
+        "1,2",
         "--repeats",
         "2",
         "--out",
         str(out),
     )
     result = json.loads(out.with_suffix(".json").read_text())
-    assert [r["tokens"] for r in result["rows"]] == [1, 4]
-    assert all(r["one_logit_s"]["min"] > 0 for r in result["rows"])
+    assert [(r["batch"], r["tokens"]) for r in result["rows"]] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert all(r["all_logits_s"]["min"] > 0 for r in result["rows"])
+    assert [r["batch"] for r in result["plain_roofline"]] == [1, 2]
+    assert all(r["plain_step_s"] > 0 for r in result["plain_roofline"])
     assert out.with_suffix(".png").stat().st_size > 1000
