@@ -1,10 +1,17 @@
-"""Model configuration: a frozen, hashable subset of Hugging Face's `LlamaConfig`.
+"""Model configuration: a frozen, hashable description of a Llama-family decoder.
 
 It is a static argument of every jitted function, so it must be hashable: all
-fields are scalars or tuples. `from_hf_dict` reads a Hugging Face `config.json`
-(both the transformers 4.x layout with `rope_theta`/`rope_scaling` and the 5.x
-layout with `rope_parameters`) and rejects what this implementation does not
-compute, naming the field.
+fields are scalars or tuples. `from_hf_dict` reads a Hugging Face `config.json` of
+one of ARCHITECTURES (both the transformers 4.x layout with `rope_theta`/`rope_scaling`
+and the 5.x layout with `rope_parameters`) and rejects what this implementation does
+not compute, naming the field. The families differ from Llama only in:
+
+    llama    attention_bias (q/k/v/o biases), mlp_bias (gate/up/down biases)
+    mistral  sliding_window: a token sees only the keys of the last W positions
+    qwen2    q/k/v biases; sliding window on the layers from max_window_layers on,
+             if use_sliding_window (or as `layer_types` says)
+    qwen3    per-head RMSNorm of q and k before RoPE; attention_bias; head_dim free;
+             sliding window as qwen2
 """
 
 from __future__ import annotations
@@ -20,6 +27,13 @@ import numpy as np
 from lookahead_jax.errors import UserInputError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# model_type -> the Hugging Face class
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +65,14 @@ class LlamaConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    architecture: str = "llama"  # a key of ARCHITECTURES
+    qkv_bias: bool = False  # biases on the q, k and v projections
+    o_bias: bool = False  # a bias on the attention output projection
+    mlp_bias: bool = False  # biases on gate, up and down
+    qk_norm: bool = False  # RMSNorm of each head's q and k (over Dh) before RoPE
+    # per layer: the sliding attention window W (a token sees keys at positions
+    # p - W < key <= p), 0 for full attention; () when no layer slides
+    layer_windows: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -63,6 +85,14 @@ class LlamaConfig:
                 f"unsupported rope_scaling type {self.rope_scaling.rope_type!r}; "
                 f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
+        if self.architecture not in ARCHITECTURES:
+            raise UserInputError(_unsupported(self.architecture, []))
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise UserInputError(
+                f"{len(self.layer_windows)} sliding windows for {self.num_layers} layers"
+            )
+        if any(w < 0 for w in self.layer_windows):
+            raise UserInputError(f"sliding_window must be positive, got {self.layer_windows}")
 
     @property
     def q_per_kv(self) -> int:
@@ -98,17 +128,17 @@ class LlamaConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> LlamaConfig:
-        """Build from a Hugging Face `config.json` dict (LlamaForCausalLM)."""
-        arch = d.get("model_type")
+        """Build from a Hugging Face `config.json` dict (one of ARCHITECTURES)."""
+        arch = d.get("model_type") or "llama"
         archs = d.get("architectures") or []
-        if arch not in (None, "llama") or any(a != "LlamaForCausalLM" for a in archs):
-            raise UserInputError(
-                f"unsupported architecture: model_type={arch!r}, architectures={archs}; "
-                "only Llama (LlamaForCausalLM) checkpoints are supported"
-            )
-        for key, ok in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu")):
-            if d.get(key, ok) != ok:
-                raise UserInputError(f"unsupported Llama variant: {key}={d[key]!r} (need {ok!r})")
+        if arch not in ARCHITECTURES or any(a != ARCHITECTURES[arch] for a in archs):
+            raise UserInputError(_unsupported(arch, archs))
+        if d.get("hidden_act", "silu") != "silu":
+            raise UserInputError(f"unsupported: hidden_act={d['hidden_act']!r} (need 'silu')")
+        # as transformers reads them: mlp_bias is Llama's alone, attention_bias Llama's and
+        # Qwen3's (Qwen2's q/k/v always have biases, its o_proj never)
+        attention_bias = arch in ("llama", "qwen3") and bool(d.get("attention_bias", False))
+        mlp_bias = arch == "llama" and bool(d.get("mlp_bias", False))
         num_heads = d["num_attention_heads"]
         hidden = d["hidden_size"]
         head_dim = d.get("head_dim") or hidden // num_heads
@@ -131,10 +161,17 @@ class LlamaConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             pad_token_id=d.get("pad_token_id"),
+            architecture=arch,
+            qkv_bias=arch == "qwen2" or attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=mlp_bias,
+            qk_norm=arch == "qwen3",
+            layer_windows=_windows_from_hf(arch, d),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """A Hugging Face style `config.json` (readable by `transformers.LlamaConfig`)."""
+        """A Hugging Face style `config.json` (readable by transformers' config class of
+        this architecture)."""
         rs = self.rope_scaling
         scaling = None
         if rs.rope_type == "linear":
@@ -148,9 +185,9 @@ class LlamaConfig:
                 "original_max_position_embeddings": rs.original_max_position_embeddings,
             }
         eos = list(self.eos_token_ids)
-        return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+        d = {
+            "architectures": [ARCHITECTURES[self.architecture]],
+            "model_type": self.architecture,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -167,9 +204,20 @@ class LlamaConfig:
             "eos_token_id": eos[0] if len(eos) == 1 else eos,
             "pad_token_id": self.pad_token_id,
             "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
+            "attention_bias": self.o_bias,
+            "mlp_bias": self.mlp_bias,
         }
+        window = max(self.layer_windows, default=0)
+        if self.architecture == "mistral":
+            d["sliding_window"] = window or None
+        elif self.architecture in ("qwen2", "qwen3"):
+            d["use_sliding_window"] = bool(window)
+            d["sliding_window"] = window or None
+            d["layer_types"] = [
+                "sliding_attention" if w else "full_attention"
+                for w in (self.layer_windows or (0,) * self.num_layers)
+            ]
+        return d
 
     def fingerprint(self) -> str:
         """A short stable hash of the architecture (stored in checkpoint manifests)."""
@@ -204,3 +252,36 @@ def _rope_from_hf(d: dict[str, Any]) -> tuple[float, RopeScaling]:
         ),
     )
     return theta, scaling
+
+
+def _unsupported(arch, archs) -> str:
+    known = ", ".join(f"{v} ({k})" for k, v in ARCHITECTURES.items())
+    return (
+        f"unsupported architecture: model_type={arch!r}, architectures={archs}; supported: {known}"
+    )
+
+
+def _windows_from_hf(arch: str, d: dict[str, Any]) -> tuple[int, ...]:
+    """Per-layer sliding windows (0: full attention) as transformers applies them."""
+    layers = d["num_hidden_layers"]
+    window = d.get("sliding_window")
+    if arch == "llama" or window is None:
+        return ()
+    if arch in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
+        return ()  # transformers drops the window unless use_sliding_window
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        raise UserInputError(f"sliding_window must be a positive integer, got {window!r}")
+    types = d.get("layer_types")
+    if types is None:
+        if arch == "mistral":
+            types = ["sliding_attention"] * layers
+        else:  # qwen2/qwen3: the layers from max_window_layers on slide
+            first = d.get("max_window_layers", layers)
+            types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    if len(types) != layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise UserInputError(
+            f"unsupported layer_types {types!r}: need {layers} of 'full_attention' / "
+            "'sliding_attention'"
+        )
+    windows = tuple(window if t == "sliding_attention" else 0 for t in types)
+    return windows if any(windows) else ()

@@ -1,4 +1,7 @@
-"""The Llama forward pass (Hugging Face `LlamaForCausalLM`) as a pure JAX function.
+"""The Llama-family forward pass (Hugging Face `LlamaForCausalLM`, `MistralForCausalLM`,
+`Qwen2ForCausalLM`, `Qwen3ForCausalLM`) as a pure JAX function. What the families add —
+projection biases, per-head q/k RMSNorm, sliding-window attention per layer — is read
+from the config (config.py); a plain Llama's params and program are unchanged by it.
 
 Shape legend, used in names (`x_btd`) and einsum strings:
 
@@ -17,6 +20,9 @@ and run with `lax.scan`, so compile time does not grow with depth.
 
 The forward knows nothing about lookahead: it takes explicit positions and a boolean
 mask among the new tokens, and attends to a row's cache slots below its length. A
+sliding window is applied here, from positions (a token at position p sees keys at
+positions p - W < k; cache slot s holds position s), so every caller — prefill, plain
+steps, each lookahead window and draft-tree node — gets it without knowing of it. A
 lookahead step is just a particular (tokens, positions, mask). `LlamaLM` wraps it in
 the model seam (seam.py).
 """
@@ -58,6 +64,17 @@ class LayerParams:
     w_gate: jax.Array  # [L, D, F]
     w_up: jax.Array  # [L, D, F]
     w_down: jax.Array  # [L, F, D]
+    # present only where the config has them (LlamaConfig.qkv_bias, o_bias, qk_norm,
+    # mlp_bias); None leaves no trace in the pytree, so a plain Llama's is unchanged
+    bq: jax.Array | None = None  # [L, H, Dh]
+    bk: jax.Array | None = None  # [L, K, Dh]
+    bv: jax.Array | None = None  # [L, K, Dh]
+    bo: jax.Array | None = None  # [L, D]
+    q_norm: jax.Array | None = None  # [L, Dh]
+    k_norm: jax.Array | None = None  # [L, Dh]
+    b_gate: jax.Array | None = None  # [L, F]
+    b_up: jax.Array | None = None  # [L, F]
+    b_down: jax.Array | None = None  # [L, D]
 
 
 @jax.tree_util.register_dataclass
@@ -90,10 +107,33 @@ def param_specs(cfg: LlamaConfig) -> LlamaParams:
             w_gate=S((L, D, F), ("layers", "embed", "mlp")),
             w_up=S((L, D, F), ("layers", "embed", "mlp")),
             w_down=S((L, F, D), ("layers", "mlp", "embed")),
+            # biases shard as their projection's output axis; q/k norms replicate
+            **_if(
+                cfg.qkv_bias,
+                bq=S((L, H, Dh), ("layers", "heads", "head_dim")),
+                bk=S((L, K, Dh), ("layers", "kv_heads", "head_dim")),
+                bv=S((L, K, Dh), ("layers", "kv_heads", "head_dim")),
+            ),
+            **_if(cfg.o_bias, bo=S((L, D), ("layers", "embed"))),
+            **_if(
+                cfg.qk_norm,
+                q_norm=S((L, Dh), ("layers", "head_dim")),
+                k_norm=S((L, Dh), ("layers", "head_dim")),
+            ),
+            **_if(
+                cfg.mlp_bias,
+                b_gate=S((L, F), ("layers", "mlp")),
+                b_up=S((L, F), ("layers", "mlp")),
+                b_down=S((L, D), ("layers", "embed")),
+            ),
         ),
         final_norm=S((D,), ("embed",)),
         lm_head=None if cfg.tie_word_embeddings else S((D, V), ("embed", "vocab")),
     )
+
+
+def _if(present: bool, **specs) -> dict:
+    return specs if present else {}
 
 
 def _path_name(path) -> str:
@@ -140,25 +180,49 @@ def rms_norm(x, weight, eps: float):
 NEG_INF = -1e30
 
 
-def attention(q_btkqe, k_new_buke, v_new_buke, self_mask_btu, cache_k, cache_v, cache_len_b):
+def in_window(q_pos, k_pos, window):
+    """Whether keys at positions `k_pos` are inside the sliding window of queries at
+    `q_pos` (broadcast together): q - W < k. window: a traced int32 scalar, 0 = no window."""
+    return (window <= 0) | (q_pos - k_pos < window)
+
+
+def attention(
+    q_btkqe,
+    k_new_buke,
+    v_new_buke,
+    self_mask_btu,
+    cache_k,
+    cache_v,
+    cache_len_b,
+    positions_bt=None,
+    window=None,
+):
     """Softmax attention over [cache slots below each row's length] + [new tokens under mask].
 
     q          [B, T, K, Q, Dh]
     k/v_new    [B, U, K, Dh]     the new tokens' keys/values (U = T)
     self_mask  [B|1, T, U]      bool, which new tokens each new token sees
-    cache_k/v  [B, S, K, Dh]     or None (prefill)
+    cache_k/v  [B, S, K, Dh]     or None (prefill); slot s holds position s
     cache_len  [B]
+    positions  [B, T]            the new tokens' positions (needed with `window`)
+    window     int32 scalar or None: the sliding window (0: this layer attends fully)
     """
     scale = 1.0 / np.sqrt(q_btkqe.shape[-1])
     f32 = accum_dtype(q_btkqe.dtype)
+    if window is not None:
+        near = in_window(positions_bt[:, :, None], positions_bt[:, None, :], window)
+        self_mask_btu = self_mask_btu & near
     s_new = jnp.einsum("btkqe,buke->bkqtu", q_btkqe, k_new_buke, preferred_element_type=f32)
     s_new = jnp.where(self_mask_btu[:, None, None], s_new * scale, NEG_INF)
     if cache_k is None:
         p = jax.nn.softmax(s_new, axis=-1).astype(v_new_buke.dtype)
         return jnp.einsum("bkqtu,buke->btkqe", p, v_new_buke)
     s_cache = jnp.einsum("btkqe,bske->bkqts", q_btkqe, cache_k, preferred_element_type=f32)
-    visible = jnp.arange(cache_k.shape[1])[None, :] < cache_len_b[:, None]  # [B, S]
-    s_cache = jnp.where(visible[:, None, None, None, :], s_cache * scale, NEG_INF)
+    slots = jnp.arange(cache_k.shape[1])
+    visible = slots[None, None, :] < cache_len_b[:, None, None]  # [B, 1, S]
+    if window is not None:
+        visible = visible & in_window(positions_bt[:, :, None], slots[None, None, :], window)
+    s_cache = jnp.where(visible[:, None, None], s_cache * scale, NEG_INF)  # [B,1,1,T|1,S]
     p = jax.nn.softmax(jnp.concatenate([s_cache, s_new], axis=-1), axis=-1)
     p = p.astype(v_new_buke.dtype)
     n_cache = cache_k.shape[1]
@@ -193,24 +257,32 @@ def forward(
     cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), dtype)
     cache_len = None if cache is None else cache.lengths
 
+    eps = cfg.rms_norm_eps
+
     def layer(x_btd, xs):
-        lp, ck, cv = xs
+        lp, ck, cv, window = xs
         with jax.named_scope("attention"):
-            h = rms_norm(x_btd, lp.attn_norm, cfg.rms_norm_eps)
-            q = apply_rope(jnp.einsum("btd,dhe->bthe", h, lp.wq), cos, sin)
-            k = apply_rope(jnp.einsum("btd,dke->btke", h, lp.wk), cos, sin)
-            v = jnp.einsum("btd,dke->btke", h, lp.wv)
-            o = attention(q.reshape(B, T, K, Q, Dh), k, v, self_mask_btu, ck, cv, cache_len)
-            x_btd = x_btd + jnp.einsum("bthe,hed->btd", o.reshape(B, T, K * Q, Dh), lp.wo)
+            h = rms_norm(x_btd, lp.attn_norm, eps)
+            q = _plus(jnp.einsum("btd,dhe->bthe", h, lp.wq), lp.bq)
+            k = _plus(jnp.einsum("btd,dke->btke", h, lp.wk), lp.bk)
+            v = _plus(jnp.einsum("btd,dke->btke", h, lp.wv), lp.bv)
+            if cfg.qk_norm:  # Qwen3: each head's q and k normalised over Dh
+                q, k = rms_norm(q, lp.q_norm, eps), rms_norm(k, lp.k_norm, eps)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q = q.reshape(B, T, K, Q, Dh)
+            o = attention(q, k, v, self_mask_btu, ck, cv, cache_len, positions_bt, window)
+            o = jnp.einsum("bthe,hed->btd", o.reshape(B, T, K * Q, Dh), lp.wo)
+            x_btd = x_btd + _plus(o, lp.bo)
         with jax.named_scope("mlp"):
-            h = rms_norm(x_btd, lp.mlp_norm, cfg.rms_norm_eps)
-            gate = jax.nn.silu(jnp.einsum("btd,df->btf", h, lp.w_gate))
-            up = jnp.einsum("btd,df->btf", h, lp.w_up)
-            x_btd = x_btd + jnp.einsum("btf,fd->btd", gate * up, lp.w_down)
+            h = rms_norm(x_btd, lp.mlp_norm, eps)
+            gate = jax.nn.silu(_plus(jnp.einsum("btd,df->btf", h, lp.w_gate), lp.b_gate))
+            up = _plus(jnp.einsum("btd,df->btf", h, lp.w_up), lp.b_up)
+            x_btd = x_btd + _plus(jnp.einsum("btf,fd->btd", gate * up, lp.w_down), lp.b_down)
         return x_btd, (k, v)
 
     caches = (None, None) if cache is None else (cache.k, cache.v)
-    x_btd, (new_k, new_v) = jax.lax.scan(layer, x_btd, (params.layers, *caches))
+    windows_l = jnp.asarray(cfg.layer_windows, jnp.int32) if cfg.layer_windows else None
+    x_btd, (new_k, new_v) = jax.lax.scan(layer, x_btd, (params.layers, *caches, windows_l))
 
     if logits_rows_br is not None:
         x_btd = jnp.take_along_axis(x_btd, logits_rows_br[:, :, None], axis=1)  # [B, R, D]
@@ -221,6 +293,11 @@ def forward(
     else:
         logits = jnp.einsum("brd,dv->brv", h, params.lm_head, preferred_element_type=acc)
     return logits, new_k, new_v
+
+
+def _plus(x, bias):
+    """x + bias (broadcast over the leading axes), or x where the model has no bias."""
+    return x if bias is None else x + bias
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,13 +71,17 @@ def write_word_tokenizer(directory: Path, vocab: int = tiny.VOCAB) -> None:
     )
 
 
-def write_gguf(path: Path, arch: str = "llama", quant: bool = False) -> None:
+def write_gguf(
+    path: Path, arch: str = "llama", quant: bool = False, window: int | None = None
+) -> None:
     """A small GGUF with llama-style metadata; `quant` stores a tensor as Q8_1, a type the
-    gguf package cannot dequantize."""
+    gguf package cannot dequantize; `window` writes a sliding window."""
     import gguf
 
     assert gguf.GGMLQuantizationType.Q8_1 not in gguf.quants._type_traits
     w = gguf.GGUFWriter(str(path), arch)
+    if window is not None:
+        w.add_sliding_window(window)
     w.add_block_count(1)
     w.add_context_length(64)
     w.add_embedding_length(32)
@@ -156,9 +160,19 @@ def paths(tiny_ckpts, tmp_path_factory):
             os.symlink(hf_dir / "model.safetensors", d / "model.safetensors")
         return d
 
-    p["mistral"] = hf_variant(
-        "mistral", {**cfg, "model_type": "mistral", "architectures": ["MistralForCausalLM"]}
+    p["gemma"] = hf_variant(
+        "gemma", {**cfg, "model_type": "gemma", "architectures": ["GemmaForCausalLM"]}
     )
+    p["mixed_archs"] = hf_variant(
+        "mixed_archs", {**cfg, "model_type": "llama", "architectures": ["Qwen2ForCausalLM"]}
+    )
+    p["gelu"] = hf_variant("gelu", {**cfg, "hidden_act": "gelu"})
+    qwen2 = {**cfg, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    qwen2.update(use_sliding_window=True, sliding_window=8)
+    p["chunked"] = hf_variant(
+        "chunked", {**qwen2, "layer_types": ["chunked_attention", "full_attention"]}
+    )
+    p["bad_window"] = hf_variant("bad_window", {**qwen2, "sliding_window": -4})
     p["gpt2"] = hf_variant("gpt2", {**cfg, "architectures": ["GPT2LMHeadModel"]})
     p["no_weights"] = hf_variant("no_weights", cfg, weights=False)
     p["bad_json"] = hf_variant("bad_json", '{"model_type": "llama", ')
@@ -170,6 +184,8 @@ def paths(tiny_ckpts, tmp_path_factory):
     write_gguf(p["q8_1"], quant=True)
     p["gguf_gpt2"] = root / "gpt2.gguf"
     write_gguf(p["gguf_gpt2"], arch="gpt2")
+    p["gguf_qwen2_window"] = root / "qwen2_window.gguf"
+    write_gguf(p["gguf_qwen2_window"], arch="qwen2", window=8)
     p["gguf_incomplete"] = root / "incomplete.gguf"  # llama metadata, 2 of 11 tensors
     write_gguf(p["gguf_incomplete"])
     p["gguf_truncated"] = root / "truncated.gguf"
@@ -582,10 +598,38 @@ CASES = [
         lambda p, a: api_convert(a),
     ),
     Case(
-        "src-mistral",
+        "src-gemma",
         CONV,
-        ("--src", "{mistral}", "--out", "{out}"),
-        ("unsupported architecture", "'mistral'", "MistralForCausalLM", "Llama"),
+        ("--src", "{gemma}", "--out", "{out}"),
+        ("unsupported architecture", "'gemma'", "GemmaForCausalLM", "MistralForCausalLM"),
+        lambda p, a: api_convert(a),
+    ),
+    Case(
+        "src-model-type-and-class-disagree",
+        CONV,
+        ("--src", "{mixed_archs}", "--out", "{out}"),
+        ("unsupported architecture", "'llama'", "Qwen2ForCausalLM", "Qwen3ForCausalLM"),
+        lambda p, a: api_convert(a),
+    ),
+    Case(
+        "src-hidden-act-gelu",
+        CONV,
+        ("--src", "{gelu}", "--out", "{out}"),
+        ("config.json", "hidden_act='gelu'", "silu"),
+        lambda p, a: api_convert(a),
+    ),
+    Case(
+        "src-qwen2-chunked-attention-layers",
+        CONV,
+        ("--src", "{chunked}", "--out", "{out}"),
+        ("config.json", "unsupported layer_types", "chunked_attention"),
+        lambda p, a: api_convert(a),
+    ),
+    Case(
+        "src-negative-sliding-window",
+        CONV,
+        ("--src", "{bad_window}", "--out", "{out}"),
+        ("config.json", "sliding_window must be a positive integer", "-4"),
         lambda p, a: api_convert(a),
     ),
     Case(
@@ -627,7 +671,14 @@ CASES = [
         "gguf-unsupported-architecture",
         CONV,
         ("--src", "{gguf_gpt2}", "--out", "{out}"),
-        ("unsupported architecture", "'gpt2'", "'llama'"),
+        ("unsupported architecture", "'gpt2'", "'llama'", "qwen3"),
+        lambda p, a: api_convert(a),
+    ),
+    Case(
+        "gguf-qwen2-sliding-window",
+        CONV,
+        ("--src", "{gguf_qwen2_window}", "--out", "{out}"),
+        ("{gguf_qwen2_window}", "sliding window in a qwen2 GGUF", "Hugging Face checkpoint"),
         lambda p, a: api_convert(a),
     ),
     Case(
@@ -790,7 +841,9 @@ def test_every_issue_input_has_a_row():
         "src-missing",
         "src-text-file",
         "src-directory-not-a-model",
-        "src-mistral",
+        "src-gemma",
+        "src-qwen2-chunked-attention-layers",
+        "gguf-qwen2-sliding-window",
         "src-gpt2-architectures",
         "out-exists",
         "out-is-a-file",

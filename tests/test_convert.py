@@ -65,44 +65,66 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
+GGUF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.bias": "ffn_gate.bias",
+    "mlp.up_proj.bias": "ffn_up.bias",
+    "mlp.down_proj.bias": "ffn_down.bias",
+}
+
+
 def write_tiny_gguf(hf, path: Path, quant: str = "F32") -> None:
+    """What llama.cpp's convert_hf_to_gguf.py writes for a Llama, Mistral (as llama),
+    Qwen2 or Qwen3 model: names, metadata, and for llama the permuted q/k rows."""
     import gguf
 
     cfg = hf.config
-    writer = gguf.GGUFWriter(str(path), "llama")
+    arch = {"mistral": "llama"}.get(cfg.model_type, cfg.model_type)
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_eos_token_id(2)
+    if cfg.model_type == "mistral" and cfg.sliding_window:
+        writer.add_sliding_window(cfg.sliding_window)
     names = {"embed_tokens": "token_embd", "norm": "output_norm"}
     qtype = getattr(gguf.GGMLQuantizationType, quant)
     for name, t in hf.state_dict().items():
         w = t.numpy().astype(np.float32)
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue  # the state dict holds the tied head; llama.cpp writes none
         if name == "lm_head.weight":
             gname = "output.weight"
         elif name.startswith("model.layers."):
             i, rest = name[len("model.layers.") :].split(".", 1)
-            rest = {
-                "input_layernorm.weight": "attn_norm.weight",
-                "post_attention_layernorm.weight": "ffn_norm.weight",
-                "self_attn.q_proj.weight": "attn_q.weight",
-                "self_attn.k_proj.weight": "attn_k.weight",
-                "self_attn.v_proj.weight": "attn_v.weight",
-                "self_attn.o_proj.weight": "attn_output.weight",
-                "mlp.gate_proj.weight": "ffn_gate.weight",
-                "mlp.up_proj.weight": "ffn_up.weight",
-                "mlp.down_proj.weight": "ffn_down.weight",
-            }[rest]
+            rest = GGUF_LAYER_NAMES[rest]
             gname = f"blk.{i}.{rest}"
-            if rest == "attn_q.weight":
+            if arch == "llama" and rest.startswith("attn_q."):
                 w = llama_cpp_permute(w, cfg.num_attention_heads)
-            if rest == "attn_k.weight":
+            if arch == "llama" and rest.startswith("attn_k."):
                 w = llama_cpp_permute(w, cfg.num_key_value_heads)
         else:
             gname = names[name.split(".")[1]] + ".weight"
@@ -123,6 +145,21 @@ def test_gguf_round_trip_undoes_the_qk_permutation(tmp_path):
     model = lj.load(tmp_path / "ckpt")
     np.testing.assert_allclose(full_forward(model, IDS), hf_logits(hf, IDS), atol=1e-4)
     assert model.cfg.eos_token_ids == (2,) and not model.cfg.tie_word_embeddings
+
+
+@pytest.mark.parametrize("variant", ["llama_bias", "mistral", "qwen2_mqa", "qwen3_bias"])
+def test_gguf_round_trip_per_architecture(tmp_path, variant):
+    """Biases (permuted like their rows for llama), q/k norms, Qwen3's head_dim, Mistral's
+    sliding window, tied embeddings: the GGUF model equals the Hugging Face one."""
+    hf = tiny.hf_model(variant, seed=5)
+    write_tiny_gguf(hf, tmp_path / "tiny.gguf")
+    convert(tmp_path / "tiny.gguf", tmp_path / "ckpt", progress=False)
+    model = lj.load(tmp_path / "ckpt")
+    np.testing.assert_allclose(full_forward(model, IDS), hf_logits(hf, IDS), atol=1e-4)
+    want = lj.LlamaConfig.from_hf_dict(hf.config.to_dict())
+    fields = ("architecture", "qkv_bias", "o_bias", "mlp_bias", "qk_norm", "layer_windows")
+    fields += ("head_dim", "num_kv_heads", "tie_word_embeddings")
+    assert [getattr(model.cfg, f) for f in fields] == [getattr(want, f) for f in fields]
 
 
 def test_gguf_quantized_round_trip(tmp_path):

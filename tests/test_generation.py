@@ -30,7 +30,9 @@ def hf_greedy(hf, prompt: list[int], max_new: int, eos: int) -> list[int]:
     return new[: new.index(eos)] if eos in new else new
 
 
-@pytest.mark.parametrize("variant", ["mha", "gqa", "mqa", "tied", "llama3"])
+@pytest.mark.parametrize(
+    "variant", ["mha", "gqa", "mqa", "tied", "llama3", "llama_bias", "mistral", "qwen2", "qwen3"]
+)
 def test_greedy_equals_hf_generate(tiny_ckpts, variant):
     hf_dir, ckpt = tiny_ckpts[variant]
     hf, model = tiny.load_hf(hf_dir), lj.load(ckpt)

@@ -104,6 +104,23 @@ def test_lookahead_equals_plain_float64(model64, plain64, la):
         assert accepted == 0
 
 
+@pytest.mark.parametrize("variant", ["llama_bias", "mistral", "qwen2", "qwen3"])
+def test_family_lookahead_equals_plain_float64(tiny_ckpts, variant):
+    """Biases, q/k norms and sliding windows (6 positions, so they cut in the prefill and
+    in every step: each window and tree node sees only keys within 6 positions of its own
+    position) keep lookahead exact."""
+    with jax.enable_x64(True):
+        model = lj.load(tiny_ckpts[variant][1], dtype="float64")
+        accepted = lj.testing.assert_lookahead_matches_plain(
+            model,
+            PROMPTS[10:18],
+            configs=(LA.for_budget(16),),  # window, pool, suffix and recycling tree
+            max_new_tokens=MAX_NEW,
+            batch_sizes=(8,),
+        )
+    assert all(n > 0 for n in accepted.values()), accepted
+
+
 def test_eos_inside_an_accepted_span(model64):
     """A row stops at an EOS that sits in the middle of a multi-token step."""
     la = LA.for_budget(16)

@@ -12,6 +12,9 @@ from lookahead_jax.model import forward
 from tests import tiny
 
 VARIANTS = ["mha", "gqa", "mqa", "tied", "llama3", "linear"]
+# the rest of the family: biases, sliding windows (Mistral on every layer, Qwen2 on the
+# second), Qwen3's q/k norms and free head_dim; GQA and MQA, tied and untied
+VARIANTS += ["llama_bias", "mistral", "mistral_mqa", "qwen2", "qwen2_mqa", "qwen3", "qwen3_bias"]
 
 
 def full_forward(model, ids: np.ndarray):
@@ -47,6 +50,19 @@ def test_rope_scaling_changes_logits(tiny_ckpts):
         with torch.no_grad():
             ref_default = base(torch.as_tensor(ids)).logits.numpy()
         assert np.abs(full_forward(model, ids) - ref_default).max() > 1e-2
+
+
+@pytest.mark.parametrize("variant", ["mistral", "qwen2"])
+def test_sliding_window_cuts(tiny_ckpts, variant):
+    """The window (6 positions) really changes the logits of a 40-token pass: the same
+    weights without it differ."""
+    ids = np.random.default_rng(1).integers(0, tiny.VOCAB, (1, 40))
+    full = tiny.hf_model(variant, sliding_window=None)
+    with torch.no_grad():
+        ref_full = full(torch.as_tensor(ids)).logits.numpy()
+    ours = full_forward(lj.load(tiny_ckpts[variant][1]), ids)
+    assert np.abs(ours[:, :6] - ref_full[:, :6]).max() < 1e-4  # inside the window: equal
+    assert np.abs(ours - ref_full).max() > 1e-2
 
 
 def test_bfloat16_close_to_float32(tiny_ckpts):

@@ -73,6 +73,30 @@ def test_params_are_really_sharded(eight_heads):
         assert nbytes == pytest.approx((total - norms) / 4 + norms)
 
 
+def test_biases_shard_with_their_projection_and_qk_norms_replicate():
+    from lookahead_jax.model import LlamaLM
+
+    cfg = lj.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=16,
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        qk_norm=True,
+    )
+    layers = LlamaLM(cfg).param_shardings(lj.make_mesh(data=2, model=4)).layers
+    P = jax.sharding.PartitionSpec
+    assert layers.bq.spec == layers.bk.spec == layers.bv.spec == P(None, "model", None)
+    assert layers.b_gate.spec == layers.b_up.spec == P(None, "model")  # as w_gate's F axis
+    for replicated in (layers.bo, layers.b_down, layers.q_norm, layers.k_norm):
+        assert replicated.spec == P(None, None)
+
+
 def test_kv_heads_that_do_not_divide_are_replicated():
     mesh = lj.make_mesh(data=1, model=4)
     assert spec_for(

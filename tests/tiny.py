@@ -35,11 +35,53 @@ VARIANTS = {
         rope_scaling={"rope_type": "linear", "factor": 2.0},
     ),
     "eight_heads": dict(num_attention_heads=8, num_key_value_heads=8, hidden_size=64),
+    # the rest of the family (config.ARCHITECTURES); windows of 6 positions, shorter than
+    # the tests' prompt + output, so the sliding window really cuts
+    "llama_bias": dict(
+        num_attention_heads=4, num_key_value_heads=2, attention_bias=True, mlp_bias=True
+    ),
+    "mistral": dict(arch="mistral", num_attention_heads=4, num_key_value_heads=2, sliding_window=6),
+    "mistral_mqa": dict(
+        arch="mistral",
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+        sliding_window=None,
+    ),
+    "qwen2": dict(  # q/k/v biases; the second of two layers slides
+        arch="qwen2",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=6,
+        max_window_layers=1,
+    ),
+    "qwen2_mqa": dict(
+        arch="qwen2", num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True
+    ),
+    "qwen3": dict(  # q/k norms; head_dim 24, not hidden / heads = 16
+        arch="qwen3", num_attention_heads=4, num_key_value_heads=1, head_dim=24
+    ),
+    "qwen3_bias": dict(
+        arch="qwen3",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        attention_bias=True,
+        tie_word_embeddings=True,
+    ),
+}
+# Hugging Face config and model classes per architecture
+CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
 }
 
 
 def hf_config(name: str, **extra):
-    from transformers import LlamaConfig
+    import transformers
 
     kw = dict(
         vocab_size=VOCAB,
@@ -56,15 +98,18 @@ def hf_config(name: str, **extra):
     )
     kw.update(VARIANTS[name])
     kw.update(extra)
-    return LlamaConfig(**kw)
+    config_class = getattr(transformers, CLASSES[kw.pop("arch", "llama")][0])
+    return config_class(**kw)
 
 
 def hf_model(name: str, seed: int = 0, std: float = 0.15, **extra):
     import torch
-    from transformers import LlamaForCausalLM
+    import transformers
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(hf_config(name, **extra)).eval()
+    config = hf_config(name, **extra)
+    model_class = getattr(transformers, CLASSES[config.model_type][1])
+    model = model_class(config).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight"):
@@ -108,6 +153,6 @@ def build(root: Path, name: str) -> tuple[Path, Path]:
 
 def load_hf(hf_dir: Path, dtype=None):
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    return LlamaForCausalLM.from_pretrained(hf_dir, dtype=dtype or torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype or torch.float32).eval()

@@ -1,10 +1,13 @@
 """Read a llama.cpp GGUF file: config from its metadata, dequantized tensors under their
 Hugging Face names, and the tokenizer (built by transformers' GGUF tokenizer converter).
 
-llama.cpp's converter stores the q/k projection rows permuted for its RoPE
-layout (pairs interleaved per head); `unpermute` undoes that so that the
-weights match Hugging Face's "rotate half" RoPE, as transformers' own GGUF
-loader does.
+Architectures (`general.architecture`): `llama` (Llama, and Mistral: llama.cpp writes
+Mistral as llama; a `llama.attention.sliding_window` makes it Mistral's sliding window),
+`qwen2` and `qwen3`. For `llama` only, llama.cpp's converter stores the q/k projection
+rows (weights and biases) permuted for its RoPE layout (pairs interleaved per head);
+`unpermute` undoes that so that the weights match Hugging Face's "rotate half" RoPE, as
+transformers' own GGUF loader does. Qwen's GGUFs keep Hugging Face's order (llama.cpp
+runs them with NEOX-style RoPE).
 """
 
 from __future__ import annotations
@@ -34,7 +37,17 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.bias": "mlp.gate_proj.bias",
+    "ffn_up.bias": "mlp.up_proj.bias",
+    "ffn_down.bias": "mlp.down_proj.bias",
 }
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
@@ -61,15 +74,16 @@ def _required(reader, key: str, path: Path, kind=int):
     except (TypeError, ValueError):
         raise CheckpointError(
             f"{path}: GGUF metadata {key} is {'missing' if value is None else repr(value)}; "
-            f"a llama GGUF needs it as {kind.__name__}"
+            f"this GGUF needs it as {kind.__name__}"
         ) from None
 
 
 def read_config(reader, path: Path) -> LlamaConfig:
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
+    if arch not in GGUF_ARCHITECTURES:
         raise UserInputError(
-            f"{path}: unsupported architecture {arch!r}; only 'llama' GGUFs are supported"
+            f"{path}: unsupported architecture {arch!r}; supported GGUF architectures: "
+            f"{', '.join(GGUF_ARCHITECTURES)} (Mistral GGUFs are 'llama')"
         )
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
@@ -77,37 +91,49 @@ def read_config(reader, path: Path) -> LlamaConfig:
             f"{path}: per-dimension RoPE factors (rope_freqs, Llama 3.1 style) are not "
             "supported from GGUF; convert the Hugging Face checkpoint instead"
         )
-    scaling_type = _field(reader, "llama.rope.scaling.type", "none")
+    scaling_type = _field(reader, f"{arch}.rope.scaling.type", "none")
     if scaling_type not in ("none", "linear"):
         raise UserInputError(f"{path}: unsupported rope scaling type {scaling_type!r}")
-    heads = _required(reader, "llama.attention.head_count", path)
-    hidden = _required(reader, "llama.embedding_length", path)
+    heads = _required(reader, f"{arch}.attention.head_count", path)
+    hidden = _required(reader, f"{arch}.embedding_length", path)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = int(_field(reader, "llama.vocab_size", len(tokens.data) if tokens else 0))
+    vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens.data) if tokens else 0))
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
     eos_ids = tuple(sorted({int(x) for x in (eos, eot) if x is not None}))
+    window = _field(reader, f"{arch}.attention.sliding_window")
+    if window is not None and arch != "llama":
+        raise UserInputError(
+            f"{path}: a sliding window in a {arch} GGUF is not supported (which layers slide "
+            "is not recorded); convert the Hugging Face checkpoint instead"
+        )
+    model_type = "mistral" if window is not None else arch
     d = {
-        "model_type": "llama",
+        "model_type": model_type,
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": _required(reader, "llama.feed_forward_length", path),
-        "num_hidden_layers": _required(reader, "llama.block_count", path),
+        "intermediate_size": _required(reader, f"{arch}.feed_forward_length", path),
+        "num_hidden_layers": _required(reader, f"{arch}.block_count", path),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(_field(reader, "llama.attention.head_count_kv", heads)),
-        "head_dim": int(_field(reader, "llama.attention.key_length", hidden // heads)),
-        "rms_norm_eps": float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
+        "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         "rope_scaling": (
-            {"rope_type": "linear", "factor": float(_field(reader, "llama.rope.scaling.factor"))}
+            {"rope_type": "linear", "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
             if scaling_type == "linear"
             else None
         ),
         "tie_word_embeddings": "output.weight" not in names,
-        "max_position_embeddings": int(_field(reader, "llama.context_length", 4096)),
+        "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 4096)),
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": list(eos_ids),
         "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+        # Llama/Qwen3 biases, as the tensors say (Qwen2's q/k/v biases are implied)
+        "attention_bias": "blk.0.attn_output.bias" in names
+        or (arch == "qwen3" and "blk.0.attn_q.bias" in names),
+        "mlp_bias": "blk.0.ffn_up.bias" in names,
+        "sliding_window": None if window is None else int(window),
     }
     return LlamaConfig.from_hf_dict(d)
 
@@ -135,6 +161,7 @@ def check_quant_types(reader, path: Path) -> None:
 
 def read_tensors(reader, cfg: LlamaConfig) -> tuple[int, Iterator[tuple[str, np.ndarray]]]:
     """(count, iterator of (HF name, float32 array in HF [out, in] layout))."""
+    permuted = cfg.architecture in ("llama", "mistral")  # llama.cpp's llama layout
     from gguf.quants import dequantize
 
     def hf_name(name: str) -> str:
@@ -143,7 +170,7 @@ def read_tensors(reader, cfg: LlamaConfig) -> tuple[int, Iterator[tuple[str, np.
         m = _BLOCK.match(name)
         if m and m.group(2) in _LAYER_NAMES:
             return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-        raise UserInputError(f"unexpected tensor {name!r} in a llama GGUF")
+        raise UserInputError(f"unexpected tensor {name!r} in a {cfg.architecture} GGUF")
 
     def gen():
         for t in reader.tensors:
@@ -154,9 +181,9 @@ def read_tensors(reader, cfg: LlamaConfig) -> tuple[int, Iterator[tuple[str, np.
                 raise CheckpointError(f"tensor {t.name} is damaged: {e}") from e
             # GGUF lists dims fastest-first; the data is already row-major [out, in].
             w = w.reshape([int(x) for x in reversed(t.shape)])
-            if name.endswith("q_proj.weight"):
+            if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
                 w = unpermute(w, cfg.num_heads)
-            elif name.endswith("k_proj.weight"):
+            elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
                 w = unpermute(w, cfg.num_kv_heads)
             yield name, w
 
