@@ -87,9 +87,10 @@ GGUF_LAYER_NAMES = {
 }
 
 
-def write_tiny_gguf(hf, path: Path, quant: str = "F32") -> None:
+def write_tiny_gguf(hf, path: Path, quant: str = "F32", metadata=None) -> None:
     """What llama.cpp's convert_hf_to_gguf.py writes for a Llama, Mistral (as llama),
-    Qwen2 or Qwen3 model: names, metadata, and for llama the permuted q/k rows."""
+    Qwen2 or Qwen3 model: names, metadata, and for llama the permuted q/k rows.
+    `metadata(writer)` may add more (a tokenizer)."""
     import gguf
 
     cfg = hf.config
@@ -110,6 +111,8 @@ def write_tiny_gguf(hf, path: Path, quant: str = "F32") -> None:
     writer.add_eos_token_id(2)
     if cfg.model_type == "mistral" and cfg.sliding_window:
         writer.add_sliding_window(cfg.sliding_window)
+    if metadata is not None:
+        metadata(writer)
     names = {"embed_tokens": "token_embd", "norm": "output_norm"}
     qtype = getattr(gguf.GGMLQuantizationType, quant)
     for name, t in hf.state_dict().items():
@@ -160,6 +163,48 @@ def test_gguf_round_trip_per_architecture(tmp_path, variant):
     fields = ("architecture", "qkv_bias", "o_bias", "mlp_bias", "qk_norm", "layer_windows")
     fields += ("head_dim", "num_kv_heads", "tie_word_embeddings")
     assert [getattr(model.cfg, f) for f in fields] == [getattr(want, f) for f in fields]
+
+
+def test_qwen2_gguf_tokenizer_splits_as_qwen_and_keeps_the_chat_template(tmp_path):
+    """A byte-level BPE GGUF with `tokenizer.ggml.pre = qwen2`: the converted tokenizer
+    pre-tokenizes with Qwen2's split (single digits), as a tokenizer built directly with
+    Qwen2's pattern does, not GPT-2's default (which would merge "12")."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    tokens = [*bytes_to_unicode().values(), "12", "ab", "Ġab", "<|im_end|>"]
+    merges = ["1 2", "a b", "Ġ ab"]
+    template = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+
+    def tokenizer_metadata(writer):
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("qwen2")
+        writer.add_token_list(tokens)
+        writer.add_token_types([1] * (len(tokens) - 1) + [3])
+        writer.add_token_merges(merges)
+        writer.add_chat_template(template)
+
+    hf = tiny.hf_model("qwen2_mqa", seed=6, vocab_size=len(tokens))
+    write_tiny_gguf(hf, tmp_path / "qwen.gguf", metadata=tokenizer_metadata)
+    convert(tmp_path / "qwen.gguf", tmp_path / "ckpt", progress=False)
+    tok = lj.load(tmp_path / "ckpt").tokenizer
+
+    def reference(split: bool) -> list[int]:
+        vocab = {t: i for i, t in enumerate(tokens)}
+        ref = Tokenizer(models.BPE(vocab, [tuple(m.split()) for m in merges]))
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not split)
+        qwen_split = pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated")
+        ref.pre_tokenizer = (
+            pre_tokenizers.Sequence([qwen_split, byte_level]) if split else byte_level
+        )
+        return ref.encode(text).ids
+
+    text = "12 ab 345 ab"
+    got = tok.encode(text, add_special_tokens=False)
+    assert got == reference(split=True) and got != reference(split=False)
+    assert tok.decode(got) == text
+    assert (tmp_path / "ckpt" / "chat_template.jinja").read_text() == template
 
 
 def test_gguf_quantized_round_trip(tmp_path):
