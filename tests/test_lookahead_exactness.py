@@ -193,7 +193,8 @@ def test_smollm2_float32_lookahead_equals_plain(smollm2):
     tok = smollm2.tokenizer
     prompts = [tok.encode_prompt(q, chat=True) for q in questions]
     plain = lj.generate(smollm2, prompts, max_new_tokens=64)
-    for la in (LA.for_budget(16), LA.for_budget(64), LA(4, 1, 2, verify_window=True)):
+    # (the paper's window + pool layouts are covered on the tiny models in float64)
+    for la in (LA.for_budget(16), LA.for_budget(64)):
         out = lj.generate(smollm2, prompts, max_new_tokens=64, lookahead=la)
         for p, got, want in zip(prompts, out.token_ids, plain.token_ids, strict=True):
             assert_same_or_near_tie(smollm2, p, got, want)

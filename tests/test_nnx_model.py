@@ -42,7 +42,7 @@ def test_nnx_lookahead_equals_its_own_plain_greedy(model64):
             PROMPTS,
             configs=(lj.LookaheadConfig.for_budget(16), lj.LookaheadConfig(3, 2, 2)),
             max_new_tokens=20,
-            batch_sizes=(5, 2),
+            batch_sizes=(5,),  # other batch sizes: the Llama matrix
         )
     assert all(a > 0 for a in accepted.values()), accepted  # guesses did land
 
