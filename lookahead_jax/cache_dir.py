@@ -52,6 +52,16 @@ def exclusive(lock_path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+# Programs that compile faster than this are not stored: the decode loops (seconds each)
+# are, the many small helpers are not (writing thousands of tiny entries costs more than it
+# saves, and every write is a chance for two processes to meet on one file).
+COMPILE_CACHE_MIN_SECONDS = 1.0
+# A size cap turns on JAX's LRU eviction, and with it the file lock that serializes reads
+# and writes of the cache between processes (without it an entry is written in place and
+# a second process can read it half-written).
+COMPILE_CACHE_MAX_BYTES = 4 << 30
+
+
 def enable_compilation_cache() -> None:
     """Turn on JAX's persistent compilation cache under the cache root (unless the user
     already chose a directory, or set LOOKAHEAD_JAX_NO_COMPILE_CACHE=1)."""
@@ -64,5 +74,5 @@ def enable_compilation_cache() -> None:
     path = cache_root() / "xla"
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", COMPILE_CACHE_MIN_SECONDS)
+    jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)

@@ -46,3 +46,45 @@ def test_exclusive_makes_the_second_holder_wait(tmp_path):
         order.append("second in")
     t.join()
     assert order == ["first done", "second in"]
+
+
+_COMPILE_CACHE_PROBE = """
+import os, jax
+from lookahead_jax import cache_dir
+os.environ["LOOKAHEAD_JAX_NO_COMPILE_CACHE"] = "1"
+cache_dir.enable_compilation_cache()
+print(jax.config.jax_compilation_cache_dir)
+del os.environ["LOOKAHEAD_JAX_NO_COMPILE_CACHE"]
+cache_dir.enable_compilation_cache()
+print(jax.config.jax_compilation_cache_dir)
+print(jax.config.jax_compilation_cache_max_size)
+print(jax.config.jax_persistent_cache_min_compile_time_secs)
+"""
+
+
+def test_compilation_cache_is_locked_between_processes_and_can_be_turned_off(tmp_path):
+    """In a fresh process (JAX's config is global): LOOKAHEAD_JAX_NO_COMPILE_CACHE=1 leaves
+    the cache off; otherwise it lives under the cache root with a size cap, which is what
+    turns on JAX's file lock between processes, and stores only slow compiles."""
+    import os
+    import subprocess
+    import sys
+
+    from lookahead_jax.cache_dir import COMPILE_CACHE_MAX_BYTES, COMPILE_CACHE_MIN_SECONDS
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env["LOOKAHEAD_JAX_CACHE"] = str(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", _COMPILE_CACHE_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out == [
+        "None",
+        str(tmp_path / "xla"),
+        str(COMPILE_CACHE_MAX_BYTES),
+        str(COMPILE_CACHE_MIN_SECONDS),
+    ]
+    assert COMPILE_CACHE_MAX_BYTES > 0  # -1 would mean no eviction and no lock
