@@ -96,7 +96,10 @@ def model_fingerprint(model) -> str:
 def _device_key(model) -> str:
     d = jax.devices()[0]
     kind = f"{d.platform}-{d.device_kind}".replace(" ", "_").replace("/", "_")
-    return f"{kind}-x{jax.device_count()}-{model_fingerprint(model)}-{jnp.dtype(model.dtype).name}"
+    weights = getattr(model.lm, "weights", "float")  # int8 steps cost differently
+    suffix = "" if weights == "float" else f"-{weights}"
+    dtype = jnp.dtype(model.dtype).name
+    return f"{kind}-x{jax.device_count()}-{model_fingerprint(model)}-{dtype}{suffix}"
 
 
 def compiled_step(

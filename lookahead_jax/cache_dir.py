@@ -71,7 +71,8 @@ def enable_compilation_cache() -> None:
         return
     if jax.config.jax_compilation_cache_dir:
         return
-    path = cache_root() / "xla"
+    path = cache_root() / "compiled"  # (not "xla": entries stored there before the size
+    # cap have no access times, and JAX's eviction fails on them)
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", COMPILE_CACHE_MIN_SECONDS)

@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     p.add_argument(
+        "--weights",
+        default="float",
+        help="float (default: every weight in --dtype) or int8 (matrices quantized to int8 "
+        "with per-output-channel scales at load; a quarter of float32's bytes per step)",
+    )
+    p.add_argument(
         "--mesh",
         default=None,
         metavar="data=D,model=M",
@@ -177,6 +183,7 @@ def _validate(args):
     """Everything checkable from the flags alone, so bad flags fail fast."""
     from lookahead_jax.inputs import check_max_new_tokens
     from lookahead_jax.loading import resolve_dtype
+    from lookahead_jax.quantize import check_weights
     from lookahead_jax.sampling import SamplingConfig
 
     if args.stream and args.json:
@@ -184,6 +191,7 @@ def _validate(args):
     check_max_new_tokens(args.max_new_tokens)
     SamplingConfig(args.temperature, args.top_k, args.top_p)
     resolve_dtype(args.dtype)
+    check_weights(args.weights)
     if args.no_lookahead:
         lookahead = None
     elif args.lookahead is None:
@@ -235,7 +243,7 @@ def _run(args, t_start: float) -> int:
         check_batch(mesh, jax.process_count())  # one prompt per process
     info, ids = _check_against_checkpoint(args, prompt, lookahead)
     t = time.perf_counter()
-    model = lj.load(info, dtype=args.dtype, mesh=mesh)
+    model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
     load_s = time.perf_counter() - t
 
     printer = StreamDetokenizer(model.tokenizer, args.color) if args.stream else None

@@ -15,6 +15,7 @@ from lookahead_jax.cache_dir import enable_compilation_cache
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.model import LlamaLM
+from lookahead_jax.quantize import check_weights, quantize_params
 from lookahead_jax.sharding import default_mesh
 from lookahead_jax.tokenizer import Tokenizer
 
@@ -84,7 +85,12 @@ def inspect(ckpt, verify: bool = False) -> ModelInfo:
 
 
 def load(
-    ckpt, dtype="float32", mesh=None, compilation_cache: bool = True, verify: bool = True
+    ckpt,
+    dtype="float32",
+    mesh=None,
+    compilation_cache: bool = True,
+    verify: bool = True,
+    weights: str = "float",
 ) -> Model:
     """Load a converted checkpoint (lookahead_jax.convert; CLI: python -m checkpoints_convert)
     or the bundled default.
@@ -95,8 +101,11 @@ def load(
     into their shards), or "auto": one device unless the params do not fit in one
     device's memory, then data=1, model=all local devices.
     verify: check every params file against its CRC-32 (about 0.3 s per GB).
+    weights: "float" (every weight in `dtype`) or "int8": matrices quantized at load to
+    int8 with per-output-channel scales (quantize.py), activations in `dtype`.
     """
     dtype = resolve_dtype(dtype)
+    check_weights(weights)
     if mesh is not None and not isinstance(mesh, jax.sharding.Mesh) and mesh != "auto":
         raise UserInputError(
             f"mesh must be a jax Mesh (lj.make_mesh), 'auto' or None, not {mesh!r}"
@@ -107,11 +116,15 @@ def load(
     if verify:
         checkpoint.check_files(info.path, info.cfg, info.manifest)
     if mesh == "auto":
-        per_param = jnp.dtype(dtype).itemsize
+        per_param = 1 if weights == "int8" else jnp.dtype(dtype).itemsize
         n_params = sum(math.prod(t["shape"]) for t in info.manifest["tensors"].values())
         mesh = default_mesh(n_params * per_param)
-    lm = LlamaLM(info.cfg)
-    params = checkpoint.read_params(info.path, info.cfg, dtype, lm.param_shardings(mesh))
+    lm = LlamaLM(info.cfg, weights)
+    params = checkpoint.read_params(
+        info.path, info.cfg, dtype, LlamaLM(info.cfg).param_shardings(mesh)
+    )
+    if weights == "int8":
+        params = quantize_params(params, info.cfg, lm.param_shardings(mesh))
     return Model(
         lm=lm,
         params=params,

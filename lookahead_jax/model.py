@@ -36,9 +36,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from lookahead_jax import kv_cache
+from lookahead_jax import kv_cache, quantize
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.kv_cache import KVCache
+from lookahead_jax.quantize import einsum
 from lookahead_jax.rope import apply_rope, rope_cos_sin
 
 
@@ -90,8 +91,22 @@ class LlamaParams:
         return self.embed.dtype
 
 
-def param_specs(cfg: LlamaConfig) -> LlamaParams:
-    """Every weight's ParamSpec, in the params' own structure."""
+def param_specs(cfg: LlamaConfig, weights: str = "float") -> LlamaParams:
+    """Every weight's ParamSpec, in the params' own structure. With weights="int8" each
+    matrix (quantize.CONTRACTED) is an Int8Weight of two ParamSpecs, its int8 values and
+    its per-output-channel scales."""
+    specs = _float_specs(cfg)
+    if weights == "float":
+        return specs
+    quantize.check_weights(weights)
+    flat = flat_names(specs)
+    for name in quantize.CONTRACTED:
+        if name in flat:
+            flat[name] = quantize.int8_specs(name, flat[name])
+    return from_flat(cfg, flat)
+
+
+def _float_specs(cfg: LlamaConfig) -> LlamaParams:
     L, D, F, V = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     S = ParamSpec
@@ -140,15 +155,18 @@ def _path_name(path) -> str:
     return "/".join(str(getattr(k, "name", getattr(k, "key", k))) for k in path)
 
 
-def flat_names(tree) -> dict[str, object]:
+def flat_names(tree, is_leaf=None) -> dict[str, object]:
     """{'layers/wq': leaf, ...}: the checkpoint's flat tensor names for a params-shaped
-    tree (of arrays, specs or shardings)."""
-    return {_path_name(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+    tree (of arrays, specs or shardings); an int8 matrix's leaves are 'layers/wq/q' and
+    'layers/wq/scale' unless `is_leaf` stops at the Int8Weight."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_leaf)
+    return {_path_name(p): leaf for p, leaf in leaves}
 
 
 def from_flat(cfg: LlamaConfig, flat: dict[str, object]) -> LlamaParams:
-    """The inverse of flat_names for this config's structure."""
-    specs = param_specs(cfg)
+    """The inverse of flat_names (of the float structure) for this config: `flat` maps each
+    float weight's name to its leaf, which may itself be a pytree (an Int8Weight)."""
+    specs = _float_specs(cfg)
     names = list(flat_names(specs))
     treedef = jax.tree_util.tree_structure(specs)
     return jax.tree_util.tree_unflatten(treedef, [flat[n] for n in names])
@@ -253,7 +271,7 @@ def forward(
     dtype = params.embed.dtype
     B, T = tokens_bt.shape
     K, Q, Dh = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
-    x_btd = params.embed[tokens_bt]
+    x_btd = quantize.take_rows(params.embed, tokens_bt)
     cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), dtype)
     cache_len = None if cache is None else cache.lengths
 
@@ -263,21 +281,21 @@ def forward(
         lp, ck, cv, window = xs
         with jax.named_scope("attention"):
             h = rms_norm(x_btd, lp.attn_norm, eps)
-            q = _plus(jnp.einsum("btd,dhe->bthe", h, lp.wq), lp.bq)
-            k = _plus(jnp.einsum("btd,dke->btke", h, lp.wk), lp.bk)
-            v = _plus(jnp.einsum("btd,dke->btke", h, lp.wv), lp.bv)
+            q = _plus(einsum("btd,dhe->bthe", h, lp.wq), lp.bq)
+            k = _plus(einsum("btd,dke->btke", h, lp.wk), lp.bk)
+            v = _plus(einsum("btd,dke->btke", h, lp.wv), lp.bv)
             if cfg.qk_norm:  # Qwen3: each head's q and k normalised over Dh
                 q, k = rms_norm(q, lp.q_norm, eps), rms_norm(k, lp.k_norm, eps)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             q = q.reshape(B, T, K, Q, Dh)
             o = attention(q, k, v, self_mask_btu, ck, cv, cache_len, positions_bt, window)
-            o = jnp.einsum("bthe,hed->btd", o.reshape(B, T, K * Q, Dh), lp.wo)
+            o = einsum("bthe,hed->btd", o.reshape(B, T, K * Q, Dh), lp.wo)
             x_btd = x_btd + _plus(o, lp.bo)
         with jax.named_scope("mlp"):
             h = rms_norm(x_btd, lp.mlp_norm, eps)
-            gate = jax.nn.silu(_plus(jnp.einsum("btd,df->btf", h, lp.w_gate), lp.b_gate))
-            up = _plus(jnp.einsum("btd,df->btf", h, lp.w_up), lp.b_up)
-            x_btd = x_btd + _plus(jnp.einsum("btf,fd->btd", gate * up, lp.w_down), lp.b_down)
+            gate = jax.nn.silu(_plus(einsum("btd,df->btf", h, lp.w_gate), lp.b_gate))
+            up = _plus(einsum("btd,df->btf", h, lp.w_up), lp.b_up)
+            x_btd = x_btd + _plus(einsum("btf,fd->btd", gate * up, lp.w_down), lp.b_down)
         return x_btd, (k, v)
 
     caches = (None, None) if cache is None else (cache.k, cache.v)
@@ -289,9 +307,9 @@ def forward(
     h = rms_norm(x_btd, params.final_norm, cfg.rms_norm_eps)
     acc = accum_dtype(dtype)
     if params.lm_head is None:
-        logits = jnp.einsum("brd,vd->brv", h, params.embed, preferred_element_type=acc)
+        logits = einsum("brd,vd->brv", h, params.embed, preferred_element_type=acc)
     else:
-        logits = jnp.einsum("brd,dv->brv", h, params.lm_head, preferred_element_type=acc)
+        logits = einsum("brd,dv->brv", h, params.lm_head, preferred_element_type=acc)
     return logits, new_k, new_v
 
 
@@ -302,9 +320,11 @@ def _plus(x, bias):
 
 @dataclasses.dataclass(frozen=True)
 class LlamaLM:
-    """The Llama forward behind the model seam (seam.CausalLM): hashable, a jit static."""
+    """The Llama forward behind the model seam (seam.CausalLM): hashable, a jit static.
+    `weights` says how the params hold their matrices: "float" or "int8" (quantize.py)."""
 
     cfg: LlamaConfig
+    weights: str = "float"
 
     @property
     def vocab_size(self) -> int:
@@ -324,4 +344,4 @@ class LlamaLM:
     def param_shardings(self, mesh: Mesh | None):
         from lookahead_jax import sharding
 
-        return sharding.shardings_for(param_specs(self.cfg), mesh)
+        return sharding.shardings_for(param_specs(self.cfg, self.weights), mesh)

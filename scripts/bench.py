@@ -157,6 +157,11 @@ def geomean(xs):
     return float(math.exp(np.mean(np.log(xs)))) if xs else None
 
 
+def plain_of(system: str) -> str:
+    """The plain system a lookahead system must equal: 'plain' or e.g. 'plain_int8'."""
+    return "plain_int8" if system.endswith("_int8") else "plain"
+
+
 def per_prompt_speedups(records, system, base="plain"):
     """{prompt key: median-seconds(base) / median-seconds(system)} (same tokens, so a
     ratio of times is a ratio of tokens/s)."""
@@ -308,6 +313,11 @@ def main() -> None:
     )
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face systems")
     ap.add_argument(
+        "--weights",
+        default="float",
+        help="comma-separated: float and/or int8 (adds plain_int8 and lookahead_default_int8)",
+    )
+    ap.add_argument(
         "--temperature",
         type=float,
         default=0.0,
@@ -327,9 +337,14 @@ def main() -> None:
     # the default is the CLI's: lookahead "auto"
     temp = args.temperature
     systems = {"plain": Ours(model, None, temp), "lookahead_default": Ours(model, "auto", temp)}
+    for weights in [w for w in args.weights.split(",") if w != "float"]:
+        quantized = lj.load(args.ckpt, weights=weights)
+        systems[f"plain_{weights}"] = Ours(quantized, None, temp)
+        systems[f"lookahead_default_{weights}"] = Ours(quantized, "auto", temp)
     sweep = [s for s in args.sweep.split() if s]
     for s in sweep:
         systems[f"lookahead_{s}"] = Ours(model, lj.LookaheadConfig.parse(s), temp)
+    in_sweep = {f"lookahead_{s}" for s in sweep}.__contains__
     if not args.no_hf:
         hf = load_hf(model)
         systems["hf_greedy" if temp == 0 else "hf_sampling"] = HF(hf, None, temp)
@@ -363,7 +378,7 @@ def main() -> None:
     warm = list(by_bucket.values())
     for name, fn in tqdm(systems.items(), desc="warm-up", leave=False):
         for p in warm if name.startswith(("plain", "lookahead")) else prompts[:1]:
-            if name.startswith("lookahead_") and name != "lookahead_default" and not p["sweep"]:
+            if in_sweep(name) and not p["sweep"]:
                 continue
             r = fn(p["ids"], args.max_new_tokens)
             compile_s[name] = compile_s.get(name, 0.0) + r.get("compile_s", 0.0)
@@ -376,8 +391,7 @@ def main() -> None:
             names = names[i % len(names) :] + names[: i % len(names)]  # rotate the order
             for name in names:
                 bar.update(1)
-                in_sweep = name.startswith("lookahead_") and name != "lookahead_default"
-                if in_sweep and (not p["sweep"] or k >= args.sweep_repeats):
+                if in_sweep(name) and (not p["sweep"] or k >= args.sweep_repeats):
                     continue
                 # the same seed for every system on a prompt and repeat: under sampling our
                 # plain and lookahead decoding then draw the same tokens (sampling.py)
@@ -394,13 +408,15 @@ def main() -> None:
                 )
     bar.close()
 
-    plain_tokens = {
-        (r["set"], r["id"]): r["tokens"]
+    plain_tokens = {  # each lookahead system against plain decoding of the same weights
+        (r["system"], r["set"], r["id"]): r["tokens"]
         for r in records
-        if r["system"] == "plain" and r["repeat"] == 0
+        if r["system"].startswith("plain") and r["repeat"] == 0
     }
     ours = [r for r in records if r["system"].startswith("lookahead") and r["repeat"] == 0]
-    exact = sum(r["tokens"] == plain_tokens[(r["set"], r["id"])] for r in ours)
+    exact = sum(
+        r["tokens"] == plain_tokens[(plain_of(r["system"]), r["set"], r["id"])] for r in ours
+    )
     import jax
 
     device = jax.devices()[0]
@@ -424,7 +440,7 @@ def main() -> None:
         recs = [r for r in records if r["set"] == name]
         data = {"prompts": len({r["id"] for r in recs})}
         sweep_ids = {p["id"] for p in prompts if p["set"] == name and p["sweep"]}
-        full = [s for s in systems if not (s.startswith("lookahead_") and s != "lookahead_default")]
+        full = [s for s in systems if not in_sweep(s)]
         data["summary"] = summarize(recs, full, args.repeats)
         sub = [r for r in recs if r["id"] in sweep_ids]
         sweep_summary = summarize(sub, list(systems), args.repeats)

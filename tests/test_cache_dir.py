@@ -83,7 +83,7 @@ def test_compilation_cache_is_locked_between_processes_and_can_be_turned_off(tmp
     ).stdout.split()
     assert out == [
         "None",
-        str(tmp_path / "xla"),
+        str(tmp_path / "compiled"),
         str(COMPILE_CACHE_MAX_BYTES),
         str(COMPILE_CACHE_MIN_SECONDS),
     ]

@@ -84,8 +84,9 @@ def plain64(model64):
 def test_lookahead_equals_plain_float64(model64, plain64, la):
     accepted = 0
     batches = [(8, PROMPTS)]
-    if la in TREE_CONFIGS:
-        batches += [(3, PROMPTS[:9]), (1, PROMPTS[9:12])]
+    if la in TREE_CONFIGS:  # batch 3 (rows finishing apart) for the CPU's default layout
+        batches += [(3, PROMPTS[:9])] if la == LA.for_budget(16) else []
+        batches += [(1, PROMPTS[9:12])]
     with jax.enable_x64(True):
         for batch, prompts in batches:
             tokens, steps, stats = run(model64, prompts, batch, lookahead=la)
@@ -192,10 +193,11 @@ def test_smollm2_float32_lookahead_equals_plain(smollm2):
     ]
     tok = smollm2.tokenizer
     prompts = [tok.encode_prompt(q, chat=True) for q in questions]
-    plain = lj.generate(smollm2, prompts, max_new_tokens=64)
-    # (the paper's window + pool layouts are covered on the tiny models in float64)
-    for la in (LA.for_budget(16), LA.for_budget(64)):
-        out = lj.generate(smollm2, prompts, max_new_tokens=64, lookahead=la)
+    plain = lj.generate(smollm2, prompts, max_new_tokens=48)
+    # the layout a CPU gets; the paper's layouts and the larger trees are covered on the
+    # tiny models in float64
+    for la in (LA.for_budget(16),):
+        out = lj.generate(smollm2, prompts, max_new_tokens=48, lookahead=la)
         for p, got, want in zip(prompts, out.token_ids, plain.token_ids, strict=True):
             assert_same_or_near_tie(smollm2, p, got, want)
         assert out.stats["compression"] > 1.2  # real acceptance on a real model

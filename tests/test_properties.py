@@ -187,7 +187,7 @@ def chains_layout(n: int, w: int, g: int):
     return lay, np.asarray(lay.mask(tree.ancestors))[0], np.asarray(lay.offsets(tree.depth))[0]
 
 
-@settings(deadline=None, max_examples=50, database=None)
+@settings(deadline=None, max_examples=20, database=None)
 @given(layouts)
 def test_mask_rows_see_their_own_branch_one_token_per_earlier_position(nwg):
     n, w, g = nwg
