@@ -103,3 +103,24 @@ def test_int8_params_shard_and_match_one_device(tiny_ckpts):
 def test_bad_weights_choice(tiny_ckpts):
     with pytest.raises(lj.UserInputError, match="unknown weights 'int4'; choose one of float"):
         lj.load(tiny_ckpts["gqa"][1], weights="int4")
+
+
+@pytest.mark.parametrize(
+    "spec,w_shape,contracted,x_shape",
+    [
+        ("brd,vd->brv", (64, 12), (1,), (2, 3, 12)),  # the tied LM head: rows are outputs
+        ("btd,dhe->bthe", (12, 4, 16), (0,), (2, 3, 12)),  # wq: chunks of the head_dim axis
+        ("bthe,hed->btd", (4, 6, 32), (0, 1), (1, 2, 4, 6)),  # wo: two contracted axes
+    ],
+)
+def test_chunked_int8_einsum_equals_the_whole(monkeypatch, spec, w_shape, contracted, x_shape):
+    """On CPU a large int8 matrix is converted a chunk at a time; tiny chunks here, so
+    every output axis position and chunk boundary is crossed."""
+    rng = np.random.default_rng(1)
+    w = quantize.quantize(jnp.asarray(rng.standard_normal(w_shape)), contracted)
+    x = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
+    whole = quantize.einsum(spec, x, w)
+    monkeypatch.setattr(quantize, "CHUNK_BYTES", 64)
+    n, _ = quantize._chunking(spec, w, x.dtype)
+    assert n >= 4
+    np.testing.assert_allclose(quantize.einsum(spec, x, w), whole, rtol=1e-6, atol=1e-6)
