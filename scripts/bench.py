@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
+from machine import cpu_model  # noqa: E402
 from prompts import category_ranks, prompt_set  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -144,9 +144,14 @@ def auto_choices(records) -> dict:
     """How often auto chose each config, and how often it switched to plain mid-way."""
     out: dict[str, int] = {}
     for r in records:
-        if r["system"] == "lookahead_default" and r.get("auto"):
+        if r["system"].startswith("lookahead_default") and r.get("auto"):
             chosen = r["auto"]["chosen"]
-            key = "plain" if chosen is None else ",".join(map(str, chosen))
+            if chosen is None:
+                key = "plain"
+            else:  # a layout's name ("tokens=12") or an old (N, W, G) list
+                key = chosen if isinstance(chosen, str) else ",".join(map(str, chosen))
+            if r["system"] != "lookahead_default":
+                key = f"{r['system'].removeprefix('lookahead_default_')}: {key}"
             if r["auto"].get("switched_to_plain_after_steps") is not None:
                 key += " -> plain"
             out[key] = out.get(key, 0) + 1
@@ -428,8 +433,7 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "seconds": time.time() - t0,
-        "device": f"{device.platform} {platform.processor() or platform.machine()} "
-        f"x{os.cpu_count()}",
+        "device": f"{device.platform} {cpu_model()} x{os.cpu_count()}",
         "default_lookahead": "auto",
         "auto_choices": auto_choices(records),
         "compile_s": compile_s,

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
 from prompts import prompt_set  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
@@ -105,14 +106,19 @@ def main() -> None:
         v["int8_vs_float"] = v["int8"] / v["float"] - 1
     result = {
         "command": " ".join(["python", *sys.argv]),
+        "cpu": cpu_model(),
         "ckpt": args.ckpt,
         "tokens_per_text": args.tokens,
         "nll_per_text": per_text,
         "nll_mean": {"code": summary["code"], "prose": summary["prose"], "all": summary[""]},
         "greedy_agreement": greedy,
         "param_bytes": {
-            dtype: param_bytes(args.ckpt, dtype, w)
-            for dtype, w in (("float32", "float"), ("bfloat16", "float"), ("float32", "int8"))
+            name: param_bytes(args.ckpt, dtype, w)
+            for name, dtype, w in (
+                ("float32", "float32", "float"),
+                ("bfloat16", "bfloat16", "float"),
+                ("int8 (float32 scales, norms)", "float32", "int8"),
+            )
         },
     }
     out = Path(args.out)
@@ -129,7 +135,7 @@ def param_bytes(ckpt, dtype: str, weights: str) -> int:
 
 def markdown(r: dict) -> str:
     lines = [
-        "# int8 weights: quality",
+        f"# int8 weights: quality ({r['cpu']})",
         "",
         f"`{r['command']}` — per-token NLL (nats) of held-out text, the first "
         f"{r['tokens_per_text']} tokens of each text, teacher forced.",

@@ -538,6 +538,13 @@ CASES = [
         lambda p, a: lj.load(p["tok"], dtype="float8"),
     ),
     Case(
+        "weights-unknown",
+        GEN,
+        (*CORRUPT, *G, "--weights", "int4"),
+        ("'int4'", "float, int8"),
+        lambda p, a: lj.load(p["tok"], weights="int4"),
+    ),
+    Case(
         "dtype-float64-without-x64",
         GEN,
         (*CORRUPT, *G, "--dtype", "float64"),

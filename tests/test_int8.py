@@ -100,11 +100,6 @@ def test_int8_params_shard_and_match_one_device(tiny_ckpts):
     assert got == want
 
 
-def test_bad_weights_choice(tiny_ckpts):
-    with pytest.raises(lj.UserInputError, match="unknown weights 'int4'; choose one of float"):
-        lj.load(tiny_ckpts["gqa"][1], weights="int4")
-
-
 @pytest.mark.parametrize(
     "spec,w_shape,contracted,x_shape",
     [
