@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--weights",
         default="float",
-        help="float (default: every weight in --dtype) or int8 (matrices quantized to int8 "
-        "with per-output-channel scales at load; a quarter of float32's bytes per step)",
+        help="float (default: every weight in --dtype), int8 (matrices quantized to int8 "
+        "with per-output-channel scales at load; a quarter of float32's bytes per step) or "
+        "q8_0 (int8 with a scale per 32 inputs, llama.cpp's Q8_0: a Q8_0 GGUF's own weights)",
     )
     p.add_argument(
         "--mesh",

@@ -14,7 +14,7 @@ from lookahead_jax import checkpoint
 from lookahead_jax.cache_dir import enable_compilation_cache
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.model import LlamaLM
+from lookahead_jax.model import LlamaLM, param_specs
 from lookahead_jax.quantize import check_weights, quantize_params
 from lookahead_jax.sharding import default_mesh
 from lookahead_jax.tokenizer import Tokenizer
@@ -101,8 +101,10 @@ def load(
     into their shards), or "auto": one device unless the params do not fit in one
     device's memory, then data=1, model=all local devices.
     verify: check every params file against its CRC-32 (about 0.3 s per GB).
-    weights: "float" (every weight in `dtype`) or "int8": matrices quantized at load to
-    int8 with per-output-channel scales (quantize.py), activations in `dtype`.
+    weights: "float" (every weight in `dtype`), "int8" (matrices quantized at load to int8
+    with per-output-channel scales) or "q8_0" (int8 with one scale per 32 inputs, llama.cpp's
+    Q8_0 layout: a checkpoint converted from a Q8_0 GGUF gets back that file's own int8
+    values and scales); activations in `dtype` (quantize.py).
     """
     dtype = resolve_dtype(dtype)
     check_weights(weights)
@@ -113,18 +115,20 @@ def load(
     if compilation_cache:
         enable_compilation_cache()
     info = ckpt if isinstance(ckpt, ModelInfo) else inspect(ckpt)
+    lm = LlamaLM(info.cfg, weights)
+    param_specs(info.cfg, weights)  # a shape the layout cannot take fails before reading
     if verify:
         checkpoint.check_files(info.path, info.cfg, info.manifest)
     if mesh == "auto":
-        per_param = 1 if weights == "int8" else jnp.dtype(dtype).itemsize
+        itemsize = jnp.dtype(dtype).itemsize
+        per_param = {"float": itemsize, "int8": 1, "q8_0": 1 + itemsize / 32}[weights]
         n_params = sum(math.prod(t["shape"]) for t in info.manifest["tensors"].values())
         mesh = default_mesh(n_params * per_param)
-    lm = LlamaLM(info.cfg, weights)
     params = checkpoint.read_params(
         info.path, info.cfg, dtype, LlamaLM(info.cfg).param_shardings(mesh)
     )
-    if weights == "int8":
-        params = quantize_params(params, info.cfg, lm.param_shardings(mesh))
+    if weights != "float":
+        params = quantize_params(params, info.cfg, lm.param_shardings(mesh), weights)
     return Model(
         lm=lm,
         params=params,

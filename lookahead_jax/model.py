@@ -92,9 +92,9 @@ class LlamaParams:
 
 
 def param_specs(cfg: LlamaConfig, weights: str = "float") -> LlamaParams:
-    """Every weight's ParamSpec, in the params' own structure. With weights="int8" each
-    matrix (quantize.CONTRACTED) is an Int8Weight of two ParamSpecs, its int8 values and
-    its per-output-channel scales."""
+    """Every weight's ParamSpec, in the params' own structure. With weights="int8" or
+    "q8_0" each matrix (quantize.CONTRACTED) is an Int8Weight of two ParamSpecs, its int8
+    values and its scales (per output channel, or per block of 32 inputs)."""
     specs = _float_specs(cfg)
     if weights == "float":
         return specs
@@ -102,7 +102,7 @@ def param_specs(cfg: LlamaConfig, weights: str = "float") -> LlamaParams:
     flat = flat_names(specs)
     for name in quantize.CONTRACTED:
         if name in flat:
-            flat[name] = quantize.int8_specs(name, flat[name])
+            flat[name] = quantize.int8_specs(name, flat[name], weights)
     return from_flat(cfg, flat)
 
 
@@ -321,7 +321,8 @@ def _plus(x, bias):
 @dataclasses.dataclass(frozen=True)
 class LlamaLM:
     """The Llama forward behind the model seam (seam.CausalLM): hashable, a jit static.
-    `weights` says how the params hold their matrices: "float" or "int8" (quantize.py)."""
+    `weights` says how the params hold their matrices: "float", "int8" or "q8_0"
+    (quantize.py)."""
 
     cfg: LlamaConfig
     weights: str = "float"

@@ -25,13 +25,16 @@ Worked example (one output channel, contraction over 4 inputs):
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 
-WEIGHTS = ("float", "int8")  # the choices of load(weights=...) and --weights
+WEIGHTS = ("float", "int8", "q8_0")  # the choices of load(weights=...) and --weights
+BLOCKS = {"int8": 0, "q8_0": 32}  # values per scale along the contraction (0: all of it)
 
 # The logical axes each quantized matrix contracts over (model.param_specs' axis names).
+# They are adjacent in every weight; in llama.cpp's [out, in] layout they are its `in`.
 CONTRACTED: dict[str, tuple[str, ...]] = {
     "embed": ("embed",),  # [V, D]: lookup rows and tied LM head rows
     "lm_head": ("embed",),  # [D, V]
@@ -48,11 +51,20 @@ CONTRACTED: dict[str, tuple[str, ...]] = {
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Int8Weight:
-    """A weight-only int8 matrix: `q` int8 in the weight's own shape, `scale` float in its
-    shape without the contraction axes (one per output channel)."""
+    """A weight-only int8 matrix: `q` int8 in the weight's own shape and `scale` float.
+
+    block == 0 (--weights int8): one scale per output channel, `scale` is q's shape
+    without the contraction axes.
+    block == B (--weights q8_0, B = 32): one scale per B consecutive values of the
+    contraction axes flattened in order (llama.cpp's Q8_0 blocks along a row's inputs):
+    `scale` is q's shape with the contraction axes replaced by one axis of size
+    (their product) / B. `contracted` names the contraction axes by negative position
+    (the same in a stacked [L, ...] weight and in one layer's slice of it)."""
 
     q: jax.Array
     scale: jax.Array
+    contracted: tuple[int, ...] = dataclasses.field(default=(), metadata=dict(static=True))
+    block: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     @property
     def dtype(self):
@@ -63,6 +75,27 @@ class Int8Weight:
     def shape(self):
         return self.q.shape
 
+    def blocked_shape(self) -> tuple[int, ...]:
+        """q's shape with the contraction axes as [n blocks, block] (block mode)."""
+        return _blocked_shape(self.q.shape, self.contracted, self.block)
+
+    def scale_axis(self, axis: int) -> int:
+        """Where q's output axis `axis` (>= 0) sits in `scale`."""
+        first, last = _span(self.contracted, self.q.ndim)
+        assert not first <= axis <= last, "an output axis"
+        return axis if axis < first else axis - self.q.ndim + self.scale.ndim
+
+
+def _blocked_shape(shape, contracted: tuple[int, ...], block: int) -> tuple[int, ...]:
+    first, last = _span(contracted, len(shape))
+    k = math.prod(shape[first : last + 1])
+    return shape[:first] + (k // block, block) + shape[last + 1 :]
+
+
+def _span(contracted: tuple[int, ...], ndim: int) -> tuple[int, int]:
+    """(first, last) non-negative position of the contraction axes."""
+    return min(contracted) + ndim, max(contracted) + ndim
+
 
 # On CPU a large int8 matrix is converted in chunks of about this many bytes (in the
 # compute dtype); smaller ones (every layer matrix of SmolLM2) in one piece.
@@ -70,9 +103,10 @@ CHUNK_BYTES = 4 << 20
 
 
 def einsum(spec: str, x, w, **kwargs):
-    """jnp.einsum(spec, x, w) for a float or Int8Weight `w`. With int8, the einsum's output
-    must end with w's output axes in w's order (true of every matmul in model.forward):
-    the scale then broadcasts onto it.
+    """jnp.einsum(spec, x, w) for a float or Int8Weight `w`. With per-channel int8, the
+    einsum's output must end with w's output axes in w's order (true of every matmul in
+    model.forward): the scale then broadcasts onto it. Block scales multiply the int8
+    values before the einsum (a block's scale varies along the sum).
 
     On CPU a large int8 matrix is converted and multiplied a chunk of its largest output
     axis at a time (a loop in the program): XLA:CPU converts SmolLM2's whole 28M-value
@@ -83,8 +117,20 @@ def einsum(spec: str, x, w, **kwargs):
         return jnp.einsum(spec, x, w, **kwargs)
     n, axis = _chunking(spec, w, x.dtype) if jax.default_backend() == "cpu" else (1, 0)
     if n == 1:
-        return jnp.einsum(spec, x, w.q.astype(x.dtype), **kwargs) * w.scale
-    return _chunked_einsum(spec, x, w.q, axis, n, kwargs) * w.scale
+        y = jnp.einsum(spec, x, _matrix(w, x.dtype), **kwargs)
+    else:
+        y = _chunked_einsum(spec, x, w, axis, n, kwargs)
+    return y if w.block else y * w.scale
+
+
+def _matrix(w: Int8Weight, dtype) -> jax.Array:
+    """The float matrix the einsum takes: q converted, times its block scales (block
+    mode; per-channel scales are left for the einsum's output)."""
+    if not w.block:
+        return w.q.astype(dtype)
+    first, _ = _span(w.contracted, w.q.ndim)
+    blocks = w.q.reshape(w.blocked_shape()).astype(dtype)
+    return (blocks * jnp.expand_dims(w.scale.astype(dtype), first + 1)).reshape(w.q.shape)
 
 
 def _chunking(spec: str, w: Int8Weight, dtype) -> tuple[int, int]:
@@ -103,16 +149,22 @@ def _chunking(spec: str, w: Int8Weight, dtype) -> tuple[int, int]:
     return n, axis
 
 
-def _chunked_einsum(spec: str, x, q, axis: int, n: int, kwargs):
-    """The einsum over n contiguous chunks of q's `axis`, one after another, the outputs
-    put back in order: chunk j covers indices j * c .. (j + 1) * c - 1, c = size / n."""
+def _chunked_einsum(spec: str, x, w: Int8Weight, axis: int, n: int, kwargs):
+    """The einsum over n contiguous chunks of w's output axis `axis`, one after another,
+    the outputs put back in order: chunk j covers indices j * c .. (j + 1) * c - 1,
+    c = size / n (block scales are cut with their values; per-channel ones are applied
+    by the caller)."""
     operands, out_letters = spec.split("->")
     letter = operands.split(",")[1][axis]
-    c = q.shape[axis] // n
+    c = w.q.shape[axis] // n
 
     def one(j):
-        q_chunk = jax.lax.dynamic_slice_in_dim(q, j * c, c, axis)
-        return jnp.einsum(spec, x, q_chunk.astype(x.dtype), **kwargs)
+        q = jax.lax.dynamic_slice_in_dim(w.q, j * c, c, axis)
+        scale = w.scale
+        if w.block:
+            scale = jax.lax.dynamic_slice_in_dim(scale, j * c, c, w.scale_axis(axis))
+        chunk = dataclasses.replace(w, q=q, scale=scale)
+        return jnp.einsum(spec, x, _matrix(chunk, x.dtype), **kwargs)
 
     ys = jax.lax.map(one, jnp.arange(n))  # [n, ...output with c at `letter`...]
     pos = out_letters.index(letter)
@@ -122,23 +174,38 @@ def _chunked_einsum(spec: str, x, q, axis: int, n: int, kwargs):
 
 def take_rows(w, ids):
     """w[ids] (an embedding lookup) for a float or Int8Weight `w` of rows [V, D]."""
-    if isinstance(w, Int8Weight):
-        return w.q[ids].astype(w.scale.dtype) * w.scale[ids][..., None]
-    return w[ids]
+    if not isinstance(w, Int8Weight):
+        return w[ids]
+    rows = dataclasses.replace(w, q=w.q[ids], scale=w.scale[ids])
+    return _matrix(rows, w.dtype) if w.block else rows.q.astype(w.dtype) * rows.scale[..., None]
 
 
-def quantize(w: jax.Array, contracted: tuple[int, ...]) -> Int8Weight:
-    """Symmetric per-output-channel int8 of a float array, over the `contracted` dims."""
-    amax = jnp.max(jnp.abs(w), axis=contracted)
+def quantize(w: jax.Array, contracted: tuple[int, ...], block: int = 0) -> Int8Weight:
+    """Symmetric int8 of a float array over its `contracted` dims (adjacent): one scale
+    per output channel (block 0) or per `block` consecutive contracted values, each
+    max |value| / 127. A block that is already int8 times a scale (a Q8_0 GGUF's, read
+    back exactly) comes back as those very int8 values and scale."""
+    neg = tuple(sorted(d - w.ndim if d >= 0 else d for d in contracted))
+    if not block:
+        amax = jnp.max(jnp.abs(w), axis=contracted)
+        scale = jnp.where(amax > 0, amax / 127, 1).astype(w.dtype)
+        expanded = jnp.expand_dims(scale, contracted)
+        q = jnp.clip(jnp.round(w / expanded), -127, 127).astype(jnp.int8)
+        return Int8Weight(q=q, scale=scale, contracted=neg)
+    first, _ = _span(neg, w.ndim)
+    blocks = w.reshape(_blocked_shape(w.shape, neg, block))
+    amax = jnp.max(jnp.abs(blocks), axis=first + 1)
     scale = jnp.where(amax > 0, amax / 127, 1).astype(w.dtype)
-    expanded = jnp.expand_dims(scale, contracted)
-    q = jnp.clip(jnp.round(w / expanded), -127, 127).astype(jnp.int8)
-    return Int8Weight(q=q, scale=scale)
+    q = jnp.round(blocks / jnp.expand_dims(scale, first + 1))
+    q = jnp.clip(q, -127, 127).astype(jnp.int8).reshape(w.shape)
+    return Int8Weight(q=q, scale=scale, contracted=neg, block=block)
 
 
-def dequantize(w: Int8Weight, contracted: tuple[int, ...]) -> jax.Array:
+def dequantize(w: Int8Weight) -> jax.Array:
     """The float array that `w` stands for (tests, comparisons)."""
-    return w.q.astype(w.scale.dtype) * jnp.expand_dims(w.scale, contracted)
+    if w.block:
+        return _matrix(w, w.dtype)
+    return w.q.astype(w.dtype) * jnp.expand_dims(w.scale, w.contracted)
 
 
 def contracted_dims(name: str, axes: tuple[str, ...]) -> tuple[int, ...]:
@@ -146,11 +213,31 @@ def contracted_dims(name: str, axes: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(i for i, a in enumerate(axes) if a in CONTRACTED[name])
 
 
-def int8_specs(name: str, spec):
-    """The Int8Weight of ParamSpecs for a float weight's ParamSpec (model.ParamSpec)."""
-    keep = [i for i in range(len(spec.axes)) if i not in contracted_dims(name, spec.axes)]
-    scale = type(spec)(tuple(spec.shape[i] for i in keep), tuple(spec.axes[i] for i in keep))
-    return Int8Weight(q=spec, scale=scale)
+def int8_specs(name: str, spec, weights: str = "int8"):
+    """The Int8Weight of ParamSpecs for a float weight's ParamSpec (model.ParamSpec):
+    the scales carry the logical axes of what they scale, so they shard by the same rules
+    (block mode: the merged contraction axes are named as the first of them)."""
+    from lookahead_jax.errors import UserInputError
+
+    dims = contracted_dims(name, spec.axes)
+    neg = tuple(d - len(spec.axes) for d in dims)
+    block = BLOCKS[weights]
+    if not block:
+        keep = [i for i in range(len(spec.axes)) if i not in dims]
+        shape, axes = tuple(spec.shape[i] for i in keep), tuple(spec.axes[i] for i in keep)
+    else:
+        first, last = dims[0], dims[-1]
+        k = math.prod(spec.shape[first : last + 1])
+        if k % block:
+            inputs = " x ".join(spec.axes[first : last + 1])
+            raise UserInputError(
+                f"--weights {weights} cuts every matrix's inputs into blocks of {block}, but "
+                f"{name}'s {inputs} is {k}; --weights int8 takes any shape"
+            )
+        shape = spec.shape[:first] + (k // block,) + spec.shape[last + 1 :]
+        axes = spec.axes[: first + 1] + spec.axes[last + 1 :]
+    scale = type(spec)(shape, axes)
+    return Int8Weight(q=spec, scale=scale, contracted=neg, block=block)
 
 
 def check_weights(weights: str) -> str:
@@ -161,10 +248,11 @@ def check_weights(weights: str) -> str:
     return weights
 
 
-def quantize_params(params, cfg, shardings=None):
-    """Float LlamaParams -> the same params with every matrix of CONTRACTED an Int8Weight,
-    each placed by `shardings` (the int8 params' shardings, LlamaLM.param_shardings) when
-    given. One jitted quantization per matrix, so the float originals can go one by one."""
+def quantize_params(params, cfg, shardings=None, weights: str = "int8"):
+    """Float LlamaParams -> the same params with every matrix of CONTRACTED an Int8Weight
+    of `weights` ("int8" or "q8_0"), each placed by `shardings` (the quantized params'
+    shardings, LlamaLM.param_shardings) when given. One jitted quantization per matrix,
+    so the float originals can go one by one."""
     from lookahead_jax.model import flat_names, from_flat, param_specs
 
     specs = flat_names(param_specs(cfg))
@@ -173,8 +261,8 @@ def quantize_params(params, cfg, shardings=None):
     for name in CONTRACTED:
         if name not in flat:
             continue
-        run = jax.jit(quantize, static_argnums=1, out_shardings=where.get(name))
-        flat[name] = run(flat[name], contracted_dims(name, specs[name].axes))
+        run = jax.jit(quantize, static_argnums=(1, 2), out_shardings=where.get(name))
+        flat[name] = run(flat[name], contracted_dims(name, specs[name].axes), BLOCKS[weights])
     return from_flat(cfg, flat)
 
 

@@ -1,6 +1,7 @@
 """Weight-only int8 (quantize.py): the quantizer's bounds, the int8 forward against the
 float forward of the very weights it stands for, exactness of lookahead on the int8
-model, sharded int8 equal to one device, and the CLI flag."""
+model, sharded int8 equal to one device; Q8_0 blocks, and a Q8_0 GGUF's own int8 values
+and scales back from its converted checkpoint."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import pytest
 
 import lookahead_jax as lj
 from lookahead_jax import quantize
+from lookahead_jax.errors import UserInputError
 from lookahead_jax.model import flat_names, forward, from_flat, param_specs
 from lookahead_jax.quantize import Int8Weight
 from tests.helpers import random_prompts
@@ -27,7 +29,7 @@ def test_worked_example_and_error_bound():
     w = jnp.asarray(rng.standard_normal((3, 40, 5, 6)) * rng.uniform(0.01, 3, (3, 1, 5, 6)))
     q = quantize.quantize(w, (1,))
     assert q.scale.shape == (3, 5, 6)
-    err = np.abs(np.asarray(quantize.dequantize(q, (1,)) - w))
+    err = np.abs(np.asarray(quantize.dequantize(q) - w))
     bound = np.abs(np.asarray(w)).max(axis=1, keepdims=True) / 254
     assert (err <= bound * (1 + 1e-5)).all()
     assert np.abs(np.asarray(q.q)).max(axis=1).min() == 127  # every channel uses the range
@@ -42,16 +44,12 @@ def test_int8_forward_is_the_float_forward_of_its_dequantized_weights(tiny_ckpts
         model = lj.load(tiny_ckpts[variant][1], dtype="float64")
         int8 = lj.load(tiny_ckpts[variant][1], dtype="float64", weights="int8")
         cfg = model.cfg
-        specs = flat_names(param_specs(cfg))
         flat = flat_names(int8.params, is_leaf=lambda x: isinstance(x, Int8Weight))
         assert set(quantize.CONTRACTED) & set(flat) == {
             n for n, w in flat.items() if isinstance(w, Int8Weight)
         }
         dq = {
-            n: quantize.dequantize(w, quantize.contracted_dims(n, specs[n].axes))
-            if isinstance(w, Int8Weight)
-            else w
-            for n, w in flat.items()
+            n: quantize.dequantize(w) if isinstance(w, Int8Weight) else w for n, w in flat.items()
         }
         tokens = jnp.asarray([PROMPTS[0] + PROMPTS[1]], jnp.int32)
         pos = jnp.arange(tokens.shape[1])[None]
@@ -65,11 +63,12 @@ def test_int8_forward_is_the_float_forward_of_its_dequantized_weights(tiny_ckpts
     assert 0 < err < 0.05, err  # quantized, and close
 
 
-def test_int8_lookahead_equals_int8_plain(tiny_ckpts):
+@pytest.mark.parametrize("weights", ["int8", "q8_0"])
+def test_int8_lookahead_equals_int8_plain(tiny_ckpts, weights):
     """Greedy lookahead on the int8 model == greedy plain decoding of the same int8 model
     (float64 activations, so no near-tie can hide a difference)."""
     with jax.enable_x64(True):
-        model = lj.load(tiny_ckpts["gqa"][1], dtype="float64", weights="int8")
+        model = lj.load(tiny_ckpts["gqa"][1], dtype="float64", weights=weights)
         accepted = lj.testing.assert_lookahead_matches_plain(
             model,
             PROMPTS,
@@ -119,3 +118,88 @@ def test_chunked_int8_einsum_equals_the_whole(monkeypatch, spec, w_shape, contra
     n, _ = quantize._chunking(spec, w, x.dtype)
     assert n >= 4
     np.testing.assert_allclose(quantize.einsum(spec, x, w), whole, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------- Q8_0: blocks of 32
+
+
+def test_q8_0_blocks_worked_example_and_the_flattened_contraction():
+    """One scale per 32 consecutive inputs; wo's inputs are (heads, head_dim) flattened in
+    order, as llama.cpp's [out, heads * head_dim] row, so a block may span two heads."""
+    w = np.zeros((64, 3), np.float32)  # [in 64, out 3]
+    w[:32, 0] = 0.01 * np.arange(-16, 16)  # block 0 of channel 0: max |w| = 0.16
+    w[0, 0] = 1.27  # ... now max |w| = 1.27 -> scale 0.01
+    w[32:, 0] = 0.5  # block 1: scale 0.5 / 127, every q = 127
+    q = quantize.quantize(jnp.asarray(w), (0,), block=32)
+    assert q.scale.shape == (2, 3) and q.contracted == (-2,)
+    np.testing.assert_allclose(q.scale[:, 0], [0.01, 0.5 / 127], rtol=1e-6)
+    np.testing.assert_array_equal(q.q[:4, 0], [127, -15, -14, -13])
+    np.testing.assert_array_equal(q.q[32:, 0], 127)
+    np.testing.assert_array_equal(q.q[:, 1:], 0)  # all-zero blocks stay exactly zero
+    rng = np.random.default_rng(2)
+    wo = jnp.asarray(rng.standard_normal((3, 4, 16, 8)))  # [L, H, Dh 16, D]: 2 heads/block
+    q = quantize.quantize(wo, (1, 2), block=32)
+    assert q.scale.shape == (3, 2, 8)
+    flat = np.asarray(wo).reshape(3, 2, 32, 8)  # (H, Dh) flattened, then cut in blocks
+    np.testing.assert_allclose(q.scale, np.abs(flat).max(axis=2) / 127, rtol=1e-6)
+    err = np.abs(np.asarray(quantize.dequantize(q) - wo)).reshape(3, 2, 32, 8)
+    assert (err <= np.asarray(q.scale)[:, :, None] / 2 * (1 + 1e-5)).all()
+    x = jnp.asarray(rng.standard_normal((2, 5, 4, 16)))
+    np.testing.assert_allclose(
+        quantize.einsum("bthe,hed->btd", x, jax.tree.map(lambda a: a[0], q)),
+        jnp.einsum("bthe,hed->btd", x, quantize.dequantize(q)[0]),
+        rtol=1e-5,
+    )
+
+
+def test_q8_0_needs_whole_blocks():
+    """A contraction that is not a multiple of 32 cannot hold Q8_0 blocks: one clear line,
+    from the specs (lj.load checks them before reading any weight)."""
+    cfg = lj.LlamaConfig.from_hf_dict(
+        dict(vocab_size=16, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
+             num_attention_heads=4, num_key_value_heads=2)
+    )  # fmt: skip
+    param_specs(cfg, "int8")  # per-channel scales take any shape
+    with pytest.raises(UserInputError, match=r"q8_0 cuts .* blocks of 32, but embed's embed is 48"):
+        param_specs(cfg, "q8_0")
+
+
+@pytest.mark.parametrize("variant", ["gqa", "qwen3_bias"])
+def test_q8_0_gguf_comes_back_as_its_own_int8_values_and_scales(tmp_path, variant):
+    """A Q8_0 GGUF converted (dequantized exactly to float32) and loaded with
+    weights="q8_0" holds the file's int8 values and float16 scales exactly, for every
+    matrix (llama's q/k rows permuted back; qwen3: tied embeddings, head_dim 24 so wo's
+    blocks span heads), and its forward equals the float checkpoint's."""
+    import gguf
+
+    from lookahead_jax.convert.convert import convert
+    from tests import tiny
+    from tests.test_convert import write_tiny_gguf
+
+    hf = tiny.hf_model(variant, seed=7)
+    write_tiny_gguf(hf, tmp_path / "q8.gguf", quant="Q8_0")
+    convert(tmp_path / "q8.gguf", tmp_path / "ckpt", progress=False)
+    floats = lj.load(tmp_path / "ckpt")
+    q8 = lj.load(tmp_path / "ckpt", weights="q8_0")
+    flat = flat_names(q8.params, is_leaf=lambda x: isinstance(x, Int8Weight))
+    want = flat_names(floats.params)
+    for name in set(quantize.CONTRACTED) & set(flat):
+        np.testing.assert_array_equal(quantize.dequantize(flat[name]), want[name], err_msg=name)
+
+    # the bytes themselves: ffn_up of layer 1 is [out F, in D] in 34-byte blocks
+    reader = gguf.GGUFReader(str(tmp_path / "q8.gguf"))
+    raw = next(t for t in reader.tensors if t.name == "blk.1.ffn_up.weight")
+    assert raw.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    blocks = np.asarray(raw.data).reshape(hf.config.intermediate_size, -1, 34)
+    d = blocks[..., :2].copy().view(np.float16)[..., 0]  # [F, D / 32]
+    qs = blocks[..., 2:].copy().view(np.int8).reshape(hf.config.intermediate_size, -1)
+    up = flat["layers/w_up"]  # q [L, D, F], scale [L, D / 32, F]
+    np.testing.assert_array_equal(np.asarray(up.q[1]), qs.T)
+    np.testing.assert_array_equal(np.asarray(up.scale[1]), d.T.astype(np.float32))
+
+    tokens = jnp.asarray([PROMPTS[0]], jnp.int32)
+    pos = jnp.arange(tokens.shape[1])[None]
+    mask = jnp.tril(jnp.ones((1, tokens.shape[1], tokens.shape[1]), bool))
+    got = forward(q8.params, q8.cfg, tokens, pos, mask)[0]
+    base = forward(floats.params, floats.cfg, tokens, pos, mask)[0]
+    np.testing.assert_allclose(got, base, rtol=0, atol=1e-5)
