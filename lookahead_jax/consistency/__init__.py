@@ -1,0 +1,33 @@
+"""Training a model to be guessed: Jacobi-consistency fine-tuning (Kou et al., "CLLMs",
+ICML 2024) in JAX with optax, so that lookahead's Jacobi window converges in fewer steps.
+
+    trajectories.py  greedy outputs (fixed points) and every Jacobi state of their blocks
+    layout.py        one forward pass holding prompt, fixed point and all Jacobi blocks
+    loss.py          consistency (KL to the fixed point's distribution) + next-token loss
+    train.py         optax loop, orbax train state (resume), the tuned checkpoint
+    __main__.py      python -m lookahead_jax.consistency
+
+The tuned model is an ordinary checkpoint: lookahead decoding of it is exact (greedy
+equals its own plain greedy) like any other; what changes is how often guesses land.
+"""
+
+from lookahead_jax.consistency.loss import losses
+from lookahead_jax.consistency.train import (
+    TrainConfig,
+    TrainingInterrupted,
+    train,
+    write_checkpoint,
+)
+from lookahead_jax.consistency.trajectories import Trajectories, collect, load, save
+
+__all__ = [
+    "TrainConfig",
+    "Trajectories",
+    "TrainingInterrupted",
+    "collect",
+    "load",
+    "losses",
+    "save",
+    "train",
+    "write_checkpoint",
+]

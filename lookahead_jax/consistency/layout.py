@@ -1,0 +1,81 @@
+"""Where every token of a consistency example sits: one forward pass holds the prompt, the
+fixed point (the model's greedy output) and one Jacobi state of every n-token block.
+
+A row has S = P + 2N slots (P prompt slots, N = m * n output slots):
+
+    slots [0, P)        the prompt, left-padded: token i of a p-token prompt at slot
+                        P - p + i, position i
+    slots [P, P + N)    the fixed point y*: y*_t at slot P + t, position p + t
+    slots [P + N, S)    the guesses: block k's token j (g_k[j]) at slot P + N + k*n + j,
+                        position p + k*n + j, the position of y*_{k*n+j}
+
+Attention: the prompt and y* are one causal sequence; guess block k sees the prompt,
+y*[:k*n] (the true text before it) and its own tokens up to itself — so every block is a
+Jacobi state conditioned on the true prefix, and all m blocks are computed at once.
+Padding (prompt slots before the prompt, output slots at or past the row's output
+length `out_len`) is seen by no one; each slot always sees itself (no empty softmax).
+
+Predictions for block k's token j (the distribution of the token at position
+p + k*n + j) come from the slot holding the token at the position before it:
+
+    fixed point:  slot P + k*n + j - 1          (k = j = 0: slot P - 1, the prompt's last)
+    guess:        slot P + N + k*n + j - 1      (j >= 1; j = 0 has no guessed context)
+
+Requesting the 2N rows R = [P - 1, P + 2N - 1) gives both: fixed-point row of output
+token t is R[t], guess row of (k, j >= 1) is R[N + k*n + j].
+
+Worked example: P = 3, n = 2, m = 2 (N = 4), a 2-token prompt "a b", y* = "c d e f",
+guesses g0 = "x d", g1 = "e y":
+
+    slot      0    1  2  3  4  5  6  7  8  9  10
+    token     pad  a  b  c  d  e  f  x  d  e  y
+    position  -    0  1  2  3  4  5  2  3  4  5
+
+Slot 9 (g1[0] = e, position 4) sees a b c d (slots 1-4) and itself; not e f, not g0.
+The fixed point's distribution for y*_3 = f is row 5 (after e); block 1's guess for it
+is row 9 (after g1[0]). R = [2, 10): rows 2 3 4 5 (predicting c d e f) then 6 7 8 9.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def slots(prompt_slots: int, block: int, blocks: int) -> int:
+    """S = P + 2N."""
+    return prompt_slots + 2 * block * blocks
+
+
+def positions_and_mask(prompt_len_b, out_len_b, prompt_slots: int, block: int, blocks: int):
+    """positions [B, S] int32 and the attention mask [B, S, S] bool (row attends to
+    column) for rows with these prompt and output lengths (out_len <= N)."""
+    P, n, N = prompt_slots, block, block * blocks
+    S = P + 2 * N
+    s = jnp.arange(S)
+    p = prompt_len_b[:, None]  # [B, 1]
+    in_prompt, in_fixed, in_guess = s < P, (s >= P) & (s < P + N), s >= P + N
+    t = jnp.where(in_fixed, s - P, jnp.where(in_guess, s - P - N, 0))  # output index
+    positions = jnp.where(in_prompt, s - (P - p), p + t).astype(jnp.int32)
+    valid = jnp.where(in_prompt, s >= P - p, t < out_len_b[:, None])  # [B, S]
+
+    row, col = s[:, None], s[None, :]
+    true_seq = (row < P + N) & (col < P + N) & (col <= row)
+    block_r, block_c = t[:, None] // n, t[None, :] // n
+    guess_sees_prefix = in_guess[:, None] & (
+        in_prompt[None, :] | (in_fixed[None, :] & (t[None, :] < block_r * n))
+    )
+    guess_sees_block = in_guess[:, None] & in_guess[None, :] & (block_c == block_r) & (col <= row)
+    allowed = true_seq | guess_sees_prefix | guess_sees_block  # [S, S]
+    mask = (allowed[None] & valid[:, None, :] & valid[:, :, None]) | (row == col)[None]
+    return positions, mask
+
+
+def logits_rows(prompt_slots: int, block: int, blocks: int):
+    """The 2N slots whose logits the losses and the Jacobi update need, [2N] int32."""
+    N = block * blocks
+    return jnp.arange(prompt_slots - 1, prompt_slots + 2 * N - 1, dtype=jnp.int32)
+
+
+def tokens(prompt_bp, fixed_bn, guess_bn):
+    """[B, S] token ids: the left-padded prompt, y*, then the guess blocks."""
+    return jnp.concatenate([prompt_bp, fixed_bn, guess_bn], axis=1).astype(jnp.int32)

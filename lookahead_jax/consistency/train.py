@@ -1,0 +1,263 @@
+"""The training loop: optax AdamW (warm-up + cosine, global-norm clipping, gradient
+accumulation) on loss.py's objective over a trajectory dataset, with the whole train state
+checkpointed by orbax so that an interrupted run resumes exactly where it stopped.
+
+Determinism: micro-batch i's examples and Jacobi states are a function of (seed, i)
+alone (`sample_batch`), so a resumed run sees the batches an uninterrupted one would and
+ends with the same parameters.
+
+    WORK/state/<micro step>/   orbax: params, optimizer state
+    WORK/train.json            the TrainConfig and dataset a run started with; a resume
+                               with different ones is refused
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lookahead_jax.consistency import layout
+from lookahead_jax.consistency.loss import losses
+from lookahead_jax.consistency.trajectories import Trajectories
+from lookahead_jax.errors import UserInputError
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 200  # optimizer updates
+    batch: int = 4  # examples per micro-batch
+    accumulate: int = 1  # micro-batches per update
+    learning_rate: float = 1e-5  # peak, after warm-up; cosine to a tenth of it
+    warmup: int = 10  # updates of linear warm-up
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0  # global gradient norm
+    consistency_weight: float = 1.0
+    ar_weight: float = 1.0
+    seed: int = 0
+    save_every: int = 25  # updates between train-state checkpoints
+
+    def check(self) -> TrainConfig:
+        ints = ("steps", "batch", "accumulate", "save_every")
+        for name in ints:
+            if getattr(self, name) < 1:
+                raise UserInputError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0 or self.warmup >= self.steps:
+            raise UserInputError(f"warmup must be in [0, steps={self.steps}), got {self.warmup}")
+        for name in ("learning_rate", "clip_norm"):
+            if not getattr(self, name) > 0:
+                raise UserInputError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("weight_decay", "consistency_weight", "ar_weight"):
+            if getattr(self, name) < 0:
+                raise UserInputError(f"{name} must be >= 0, got {getattr(self, name)}")
+        return self
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training: the state at `micro_step` is saved; run again to resume."""
+
+    def __init__(self, micro_step: int):
+        super().__init__(f"training interrupted at micro-step {micro_step}; state saved")
+        self.micro_step = micro_step
+
+
+def make_optimizer(tc: TrainConfig):
+    import optax
+
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=tc.learning_rate,
+        warmup_steps=tc.warmup,
+        decay_steps=tc.steps,
+        end_value=tc.learning_rate / 10,
+    )
+    opt = optax.chain(
+        optax.clip_by_global_norm(tc.clip_norm),
+        optax.adamw(schedule, weight_decay=tc.weight_decay),
+    )
+    return optax.MultiSteps(opt, every_k_schedule=tc.accumulate) if tc.accumulate > 1 else opt
+
+
+def sample_batch(data: Trajectories, micro_step: int, batch: int, seed: int) -> dict:
+    """Micro-batch `micro_step`: examples in a per-epoch shuffled order, and for each
+    block one Jacobi state drawn uniformly from those before its fixed point (a block
+    whose guess was already right contributes its fixed point: no consistency term)."""
+    E, n, m = len(data), data.block, data.blocks
+    idx = np.arange(micro_step * batch, (micro_step + 1) * batch)
+    epochs = idx // E
+    order = {e: np.random.default_rng([seed, 1, int(e)]).permutation(E) for e in set(epochs)}
+    rows = np.asarray([order[e][i % E] for e, i in zip(epochs, idx, strict=True)])
+    rng = np.random.default_rng([seed, 2, micro_step])
+    iters = data.iters[rows]  # [B, m]
+    pick = np.minimum((rng.random(iters.shape) * iters).astype(np.int32), np.maximum(iters - 1, 0))
+    states = data.states[rows].reshape(batch, n + 1, m, n)  # [B, n + 1, m, n]
+    guess = np.take_along_axis(states, pick[:, None, :, None], axis=1)[:, 0]  # [B, m, n]
+    return {
+        "prompt": data.prompt[rows],
+        "prompt_len": data.prompt_len[rows],
+        "fixed": data.fixed[rows],
+        "out_len": data.out_len[rows],
+        "guess": guess.reshape(batch, m * n),
+    }
+
+
+def batch_logits(lm, params, batch: dict, block: int):
+    """[B, 2N, V]: the logits of layout.logits_rows for one micro-batch."""
+    P, N = batch["prompt"].shape[1], batch["fixed"].shape[1]
+    m = N // block
+    tokens = layout.tokens(batch["prompt"], batch["fixed"], batch["guess"])
+    positions, mask = layout.positions_and_mask(batch["prompt_len"], batch["out_len"], P, block, m)
+    rows = jnp.broadcast_to(layout.logits_rows(P, block, m), (tokens.shape[0], 2 * N))
+    return lm.apply(params, tokens, positions, mask, None, rows)[0]
+
+
+def loss_fn(lm, params, batch: dict, tc: TrainConfig, block: int):
+    """(weighted total, (consistency, ar)) of one micro-batch."""
+    logits = batch_logits(lm, params, batch, block)
+    consistency, ar = losses(logits, batch["fixed"], batch["guess"], batch["out_len"], block)
+    return tc.consistency_weight * consistency + tc.ar_weight * ar, (consistency, ar)
+
+
+@functools.lru_cache(maxsize=8)
+def make_train_step(lm, tc: TrainConfig, block: int):
+    """(optimizer, jitted step): one compilation per model, config and block size."""
+    import optax
+
+    opt = make_optimizer(tc)
+
+    def step(params, opt_state, batch):
+        grad_fn = jax.value_and_grad(lambda p: loss_fn(lm, p, batch, tc, block), has_aux=True)
+        (total, (consistency, ar)), grads = grad_fn(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": total, "consistency": consistency, "ar": ar}
+
+    return opt, jax.jit(step, donate_argnums=(0, 1))
+
+
+def _put_batch(batch: dict, mesh):
+    if mesh is None:
+        return {k: jnp.asarray(v) for k, v in batch.items()}
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rows = NamedSharding(mesh, P("data"))
+    return {k: jax.device_put(v, rows) for k, v in batch.items()}
+
+
+def _fingerprint(tc: TrainConfig, data: Trajectories) -> dict:
+    return {"train": dataclasses.asdict(tc), "data": {**data.meta, "examples": len(data)}}
+
+
+def train(model, data: Trajectories, work_dir, tc: TrainConfig, progress: bool = True,
+          stop_after: int | None = None):  # fmt: skip
+    """Train model.params on `data`; returns the trained params. Resumes from the newest
+    state in `work_dir` when there is one. `stop_after`: stop (state saved) once this
+    many updates are done, as an interruption would (tests)."""
+    import orbax.checkpoint as ocp
+    from tqdm import tqdm
+
+    tc.check()
+    mesh = getattr(model, "mesh", None)
+    if mesh is not None and tc.batch % mesh.shape["data"]:
+        raise UserInputError(
+            f"batch {tc.batch} must divide by the mesh's data={mesh.shape['data']}"
+        )
+    work = Path(work_dir).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    record = work / "train.json"
+    want = json.loads(json.dumps(_fingerprint(tc, data)))
+    if record.exists() and json.loads(record.read_text()) != want:
+        raise UserInputError(
+            f"{work} holds a run with other settings or data ({record}); "
+            "give a new work directory or the same settings"
+        )
+    record.write_text(json.dumps(want, indent=2) + "\n")
+
+    opt, step_fn = make_train_step(model.lm, tc, data.block)
+    params = jax.tree.map(jnp.copy, model.params)  # the step donates its params
+    opt_state = jax.jit(opt.init)(params)
+    manager = ocp.CheckpointManager(
+        work / "state", options=ocp.CheckpointManagerOptions(max_to_keep=2)
+    )
+    micro = 0
+    if manager.latest_step() is not None:
+        micro = manager.latest_step()
+        like = _leaves({"params": params, "opt": opt_state})
+        abstract = {
+            k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in like.items()
+        }
+        restored = manager.restore(micro, args=ocp.args.StandardRestore(abstract))
+        state = _unleaves(restored, {"params": params, "opt": opt_state})
+        params, opt_state = state["params"], state["opt"]
+
+    def save(step):
+        manager.save(
+            step, args=ocp.args.StandardSave(_leaves({"params": params, "opt": opt_state}))
+        )
+        manager.wait_until_finished()
+
+    total_micro = tc.steps * tc.accumulate
+    stop_micro = total_micro if stop_after is None else min(total_micro, stop_after * tc.accumulate)
+    bar = tqdm(total=tc.steps, initial=micro // tc.accumulate, unit="step", disable=not progress,
+               desc="consistency training")  # fmt: skip
+    tokens, t0 = 0, time.perf_counter()
+    try:
+        while micro < stop_micro:
+            batch = sample_batch(data, micro, tc.batch, tc.seed)
+            params, opt_state, metrics = step_fn(params, opt_state, _put_batch(batch, mesh))
+            micro += 1
+            tokens += int(batch["out_len"].sum())
+            if micro % tc.accumulate == 0:
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{float(metrics['loss']):.4f}",
+                    consistency=f"{float(metrics['consistency']):.4f}",
+                    ar=f"{float(metrics['ar']):.4f}",
+                    tok_s=f"{tokens / (time.perf_counter() - t0):.0f}",
+                )
+                if (micro // tc.accumulate) % tc.save_every == 0:
+                    save(micro)
+    except KeyboardInterrupt:
+        save(micro)
+        manager.close()
+        bar.close()
+        raise TrainingInterrupted(micro) from None
+    if manager.latest_step() != micro:
+        save(micro)
+    manager.close()
+    bar.close()
+    return params
+
+
+def _leaves(tree) -> dict:
+    """A pytree as {'00000': leaf, ...} (orbax stores plain dicts of arrays)."""
+    return {f"{i:05d}": x for i, x in enumerate(jax.tree.leaves(tree))}
+
+
+def _unleaves(flat: dict, like):
+    treedef = jax.tree.structure(like)
+    return jax.tree.unflatten(treedef, [flat[f"{i:05d}"] for i in range(treedef.num_leaves)])
+
+
+def write_checkpoint(model, params, out, source: dict, force: bool = False) -> Path:
+    """The trained params as a normal checkpoint at `out` (atomic; the base checkpoint's
+    tokenizer files copied), which --ckpt and lj.load take."""
+    from lookahead_jax import checkpoint
+    from lookahead_jax.convert.hf import copy_tokenizer
+    from lookahead_jax.model import LlamaLM, flat_names
+
+    if not isinstance(model.lm, LlamaLM) or model.lm.weights != "float":
+        raise UserInputError("writing a checkpoint needs a Llama-family model with float weights")
+    flat = {name: np.asarray(x) for name, x in flat_names(params).items()}
+    with checkpoint.staging_dir(Path(out), force=force) as tmp:
+        if getattr(model, "path", None) is not None:
+            copy_tokenizer(Path(model.path), tmp)
+        checkpoint.write_params(tmp, model.cfg, flat, source)
+    return Path(out)

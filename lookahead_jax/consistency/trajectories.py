@@ -1,0 +1,216 @@
+"""Jacobi trajectories: for each prompt, the model's greedy output (the fixed point) cut
+into n-token blocks, and every Jacobi state of each block from a guessed start, stored as
+a compact dataset.
+
+A Jacobi iteration replaces every token of a block at once by the model's greedy choice
+after the tokens before it (the true text before the block, then the block's current
+guesses): g_k <- [argmax p(. | x, y*[:k*n]), argmax p(. | x, y*[:k*n], g_k[:1]), ...].
+Token j is right after at most j + 1 iterations, so n iterations reach the fixed point.
+All blocks of all rows iterate together, one forward pass per iteration (layout.py).
+
+The fixed point comes from plain greedy decoding (lj.generate); the first iteration also
+checks that the pass here predicts the same tokens (it is a different arithmetic order,
+and a near-tie can flip). A row's output is cut at its first disagreement, and to whole
+blocks, so every stored trajectory ends at a true fixed point of this computation.
+
+On disk (`save` / `load`, one .npz written atomically):
+
+    prompt   [E, P] int32   left-padded prompts (pad 0)
+    prompt_len [E]  int32
+    fixed    [E, N] int32   y* (zeros past out_len)
+    out_len  [E]    int32   whole blocks of y* kept (a multiple of n)
+    states   [E, n + 1, N] int32  Jacobi state s of every block (s = 0: the guess)
+    iters    [E, m] int32   iterations block k took to reach y* (0..n)
+    meta     json: block, blocks, prompt_slots, base checkpoint, seed, counts
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lookahead_jax.consistency import layout
+from lookahead_jax.errors import CheckpointError, UserInputError
+
+FORMAT = "lookahead_jax.trajectories/1"
+
+
+@dataclasses.dataclass
+class Trajectories:
+    prompt: np.ndarray
+    prompt_len: np.ndarray
+    fixed: np.ndarray
+    out_len: np.ndarray
+    states: np.ndarray
+    iters: np.ndarray
+    meta: dict
+
+    @property
+    def block(self) -> int:
+        return self.meta["block"]
+
+    @property
+    def blocks(self) -> int:
+        return self.meta["blocks"]
+
+    @property
+    def prompt_slots(self) -> int:
+        return self.meta["prompt_slots"]
+
+    def __len__(self) -> int:
+        return len(self.prompt)
+
+
+def jacobi_update(lm, params, prompt_bp, fixed_bn, guess_bn, prompt_len_b, out_len_b, block):
+    """One Jacobi iteration of every block: (new guesses [B, N], the fixed-point rows'
+    own greedy tokens [B, N] — equal to y* where y* is a fixed point of this pass)."""
+    P, N = prompt_bp.shape[1], fixed_bn.shape[1]
+    m = N // block
+    tokens = layout.tokens(prompt_bp, fixed_bn, guess_bn)
+    positions, mask = layout.positions_and_mask(prompt_len_b, out_len_b, P, block, m)
+    rows = jnp.broadcast_to(layout.logits_rows(P, block, m), (tokens.shape[0], 2 * N))
+    logits = lm.apply(params, tokens, positions, mask, None, rows)[0]
+    best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, 2N]
+    from_fixed, from_guess = best[:, :N], best[:, N:]
+    first = (jnp.arange(N) % block) == 0  # j = 0: predicted from the true text alone
+    return jnp.where(first[None], from_fixed, from_guess), from_fixed
+
+
+def _trajectory_fn(lm, block: int):
+    def run(params, prompt, fixed, guess0, prompt_len, out_len):
+        _, own = jacobi_update(lm, params, prompt, fixed, guess0, prompt_len, out_len, block)
+
+        def body(guess, _):
+            new, _ = jacobi_update(lm, params, prompt, fixed, guess, prompt_len, out_len, block)
+            return new, new
+
+        _, states = jax.lax.scan(body, guess0, None, length=block)
+        return jnp.concatenate([guess0[None], states]), own  # [n + 1, B, N], [B, N]
+
+    return jax.jit(run)
+
+
+def collect(
+    model,
+    prompts: list[list[int]],
+    block: int = 16,
+    blocks: int = 4,
+    prompt_slots: int = 256,
+    batch: int = 8,
+    seed: int = 0,
+    progress=None,
+) -> Trajectories:
+    """Trajectories of `model` (an lj.Model) for token-id prompts: greedy outputs of up to
+    N = block * blocks tokens, then n Jacobi iterations of every block from a start of
+    random prompt tokens. Prompts longer than `prompt_slots` are skipped (counted in
+    meta). `progress(done, total)` is called after each batch."""
+    import lookahead_jax as lj
+
+    if block < 2 or blocks < 1 or prompt_slots < 1 or batch < 1:
+        raise UserInputError(
+            f"block must be >= 2 and blocks, prompt_slots, batch >= 1; got block={block}, "
+            f"blocks={blocks}, prompt_slots={prompt_slots}, batch={batch}"
+        )
+    kept = [p for p in prompts if 0 < len(p) <= prompt_slots]
+    if not kept:
+        raise UserInputError(f"no prompt fits in {prompt_slots} tokens (of {len(prompts)})")
+    N = block * blocks
+    run = _trajectory_fn(model.lm, block)
+    rng = np.random.default_rng(seed)
+    parts = []
+    for start in range(0, len(kept), batch):
+        rows = kept[start : start + batch]
+        outs = lj.generate(model, rows, max_new_tokens=N).token_ids
+        B = len(rows)  # the arrays keep `batch` rows: one compilation
+        prompt = np.zeros((batch, prompt_slots), np.int32)
+        fixed = np.zeros((batch, N), np.int32)
+        prompt_len = np.ones(batch, np.int32)
+        out_len = np.zeros(batch, np.int32)
+        guess0 = np.zeros((batch, N), np.int32)
+        for b, (p, y) in enumerate(zip(rows, outs, strict=True)):
+            prompt[b, prompt_slots - len(p) :] = p
+            prompt_len[b] = len(p)
+            fixed[b, : len(y)] = y
+            out_len[b] = len(y) // block * block
+            guess0[b] = rng.choice(np.asarray(p), N)
+        states, own = run(model.params, prompt, fixed, guess0, prompt_len, out_len)
+        states, own = np.asarray(states).transpose(1, 0, 2), np.asarray(own)
+        for b in range(B):
+            agree = own[b, : out_len[b]] == fixed[b, : out_len[b]]
+            if not agree.all():  # a near-tie flipped: keep the blocks before it
+                out_len[b] = int(np.argmin(agree)) // block * block
+        parts.append((prompt, prompt_len, fixed, out_len, states, B))
+        if progress is not None:
+            progress(min(start + batch, len(kept)), len(kept))
+    cat = {
+        name: np.concatenate([p[i][: p[5]] for p in parts])
+        for i, name in enumerate(("prompt", "prompt_len", "fixed", "out_len", "states"))
+    }
+    for e in range(len(cat["fixed"])):  # nothing of y* past the kept blocks
+        cat["fixed"][e, cat["out_len"][e] :] = 0
+        cat["states"][e, :, cat["out_len"][e] :] = 0
+    iters = iterations(cat["states"], cat["fixed"], block)
+    meta = {
+        "format": FORMAT,
+        "block": block,
+        "blocks": blocks,
+        "prompt_slots": prompt_slots,
+        "seed": seed,
+        "base": str(getattr(model, "path", None)),
+        "prompts_given": len(prompts),
+        "prompts_skipped_too_long": len(prompts) - len(kept),
+        "tokens": int(cat["out_len"].sum()),
+        "mean_iterations_per_block": mean_iterations(iters, cat["out_len"], block),
+    }
+    return Trajectories(**cat, iters=iters, meta=meta)
+
+
+def iterations(states_esn, fixed_en, block: int) -> np.ndarray:
+    """[E, m]: the first Jacobi state of each block equal to y*'s block (n + 1 if none)."""
+    E, S, N = states_esn.shape
+    same = (states_esn == fixed_en[:, None]).reshape(E, S, N // block, block).all(-1)
+    return np.where(same.any(1), same.argmax(1), S).astype(np.int32)
+
+
+def mean_iterations(iters_em, out_len_e, block: int) -> float:
+    """Mean iterations per kept block: n / this is the Jacobi compression."""
+    kept = np.arange(iters_em.shape[1])[None] < (out_len_e // block)[:, None]
+    return float(iters_em[kept].mean()) if kept.any() else float("nan")
+
+
+def save(trajectories: Trajectories, path) -> Path:
+    """Write the dataset to `path` (.npz) atomically: a temporary file renamed in place."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            arrays = {k: v for k, v in dataclasses.asdict(trajectories).items() if k != "meta"}
+            np.savez_compressed(f, meta=np.asarray(json.dumps(trajectories.meta)), **arrays)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load(path) -> Trajectories:
+    """Read a dataset written by `save`, with a clear error for anything else."""
+    path = Path(path)
+    try:
+        with np.load(path) as z:
+            meta = json.loads(str(z["meta"]))
+            arrays = {
+                f.name: z[f.name] for f in dataclasses.fields(Trajectories) if f.name != "meta"
+            }
+    except (OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path} is not a trajectory dataset: {e}") from e
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    return Trajectories(**arrays, meta=meta)

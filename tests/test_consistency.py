@@ -1,0 +1,163 @@
+"""Jacobi-consistency fine-tuning (lookahead_jax.consistency) on a tiny model: the layout's
+worked example, the trajectories end at the greedy output, the loss is zero at the fixed
+point and its gradient matches finite differences, training lowers the Jacobi iterations
+and its checkpoint decodes exactly, and a resumed run equals an uninterrupted one."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lookahead_jax as lj
+from lookahead_jax import consistency as C
+from lookahead_jax.consistency import layout
+from lookahead_jax.consistency.loss import losses
+from lookahead_jax.consistency.train import batch_logits, loss_fn, sample_batch
+from tests.helpers import random_prompts
+
+PROMPTS = random_prompts(16, 128, 2, 10, seed=3)
+BLOCK, BLOCKS, SLOTS = 4, 3, 12
+
+
+@pytest.fixture(scope="module")
+def base(tiny_ckpts):
+    with jax.enable_x64(True):
+        model = lj.load(tiny_ckpts["gqa"][1], dtype="float64")
+        data = C.collect(model, PROMPTS, BLOCK, BLOCKS, SLOTS, batch=8)
+    return model, data
+
+
+def test_layout_worked_example():
+    """layout.py's docstring: P = 3, n = 2, m = 2, a 2-token prompt, out_len 4."""
+    pos, mask = layout.positions_and_mask(jnp.asarray([2]), jnp.asarray([4]), 3, 2, 2)
+    np.testing.assert_array_equal(pos[0, 1:], [0, 1, 2, 3, 4, 5, 2, 3, 4, 5])
+    sees = {r: np.flatnonzero(mask[0, r]).tolist() for r in range(11)}
+    assert sees[0] == [0]  # padding sees only itself
+    assert sees[5] == [1, 2, 3, 4, 5]  # f: the causal true text
+    assert sees[7] == [1, 2, 7]  # g0[0]: the prompt, itself
+    assert sees[8] == [1, 2, 7, 8]  # g0[1]
+    assert sees[9] == [1, 2, 3, 4, 9]  # g1[0]: the prompt, y*[:2], itself
+    assert sees[10] == [1, 2, 3, 4, 9, 10]
+    np.testing.assert_array_equal(layout.logits_rows(3, 2, 2), np.arange(2, 10))
+
+
+def test_trajectories_end_at_the_greedy_output(base):
+    model, data = base
+    with jax.enable_x64(True):
+        greedy = lj.generate(model, PROMPTS, max_new_tokens=BLOCK * BLOCKS).token_ids
+    assert data.meta["tokens"] > 0.8 * len(PROMPTS) * BLOCK * BLOCKS  # few EOS cuts
+    for e, y in enumerate(greedy):
+        n_kept = data.out_len[e]
+        assert n_kept % BLOCK == 0 and list(data.fixed[e, :n_kept]) == y[:n_kept]
+        np.testing.assert_array_equal(data.states[e, BLOCK, :n_kept], data.fixed[e, :n_kept])
+    kept = np.arange(BLOCKS)[None] < (data.out_len // BLOCK)[:, None]
+    assert (data.iters[kept] <= BLOCK).all() and data.iters[kept].mean() > 2  # real work
+
+
+def test_loss_is_zero_at_the_fixed_point_and_its_gradient_is_right(base):
+    """Consistency is exactly 0 when the guesses are y* and positive away from it. The
+    gradient (the fixed point's distributions held constant) matches a central finite
+    difference of  ar(θ) + consistency(fixed-point logits at θ0, guess logits at θ)
+    along a random direction (float64)."""
+    model, data = base
+    tc = C.TrainConfig()
+    batch = {k: jnp.asarray(v) for k, v in sample_batch(data, 0, 4, seed=0).items()}
+    at_fixed = dict(batch, guess=batch["fixed"])
+    N = BLOCK * BLOCKS
+    with jax.enable_x64(True):
+        _, (cons, ar) = loss_fn(model.lm, model.params, at_fixed, tc, BLOCK)
+        assert float(cons) == 0.0 and float(ar) > 0
+        _, (cons, _) = loss_fn(model.lm, model.params, batch, tc, BLOCK)
+        assert float(cons) > 1e-3
+
+        grads = jax.jit(jax.grad(lambda p: loss_fn(model.lm, p, batch, tc, BLOCK)[0]))(model.params)
+        target = batch_logits(model.lm, model.params, batch, BLOCK)[:, :N]
+
+        @jax.jit
+        def held(params):  # the target frozen at θ0 by hand, not by stop_gradient
+            logits = batch_logits(model.lm, params, batch, BLOCK)
+            cons, _ = losses(jnp.concatenate([target, logits[:, N:]], 1), batch["fixed"],
+                             batch["guess"], batch["out_len"], BLOCK)  # fmt: skip
+            _, ar = losses(logits, batch["fixed"], batch["guess"], batch["out_len"], BLOCK)
+            return cons + ar
+
+        leaves, treedef = jax.tree.flatten(model.params)
+        keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
+        direction = treedef.unflatten(
+            [jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves, strict=True)]
+        )
+        eps = 1e-6
+        moved = [jax.tree.map(lambda p, d, s=s: p + s * eps * d, model.params, direction)
+                 for s in (1, -1)]  # fmt: skip
+        numeric = (float(held(moved[0])) - float(held(moved[1]))) / (2 * eps)
+        pairs = zip(jax.tree.leaves(grads), jax.tree.leaves(direction), strict=True)
+        analytic = sum(float(jnp.vdot(g, d)) for g, d in pairs)
+    assert abs(numeric - analytic) <= 1e-6 * abs(analytic), (numeric, analytic)
+
+
+def test_training_lowers_jacobi_iterations_and_decodes_exactly(base, tmp_path):
+    """A few dozen updates on the model's own trajectories: its Jacobi iterations per
+    block fall (re-collected with the tuned model), and the written checkpoint loads and
+    passes the exactness harness (lookahead greedy == plain greedy, float64)."""
+    model, data = base
+    tc = C.TrainConfig(steps=30, batch=8, learning_rate=3e-3, warmup=2, save_every=10)
+    with jax.enable_x64(True):
+        params = C.train(model, data, tmp_path / "work", tc, progress=False)
+        out = C.write_checkpoint(model, params, tmp_path / "tuned", {"kind": "consistency"})
+        tuned = lj.load(out, dtype="float64")
+        after = C.collect(tuned, PROMPTS, BLOCK, BLOCKS, SLOTS, batch=8)
+        lj.testing.assert_lookahead_matches_plain(
+            tuned,
+            PROMPTS[:6],
+            configs=(lj.LookaheadConfig.for_budget(8),),
+            max_new_tokens=16,
+            batch_sizes=(6,),
+        )
+    before_i = data.meta["mean_iterations_per_block"]
+    after_i = after.meta["mean_iterations_per_block"]
+    assert after_i < 0.9 * before_i, (before_i, after_i)
+
+
+def test_resume_after_an_interruption_equals_an_uninterrupted_run(base, tmp_path):
+    model, data = base
+    tc = C.TrainConfig(steps=4, batch=4, accumulate=2, learning_rate=1e-3, warmup=1, save_every=1)
+    with jax.enable_x64(True):
+        straight = C.train(model, data, tmp_path / "a", tc, progress=False)
+        C.train(model, data, tmp_path / "b", tc, progress=False, stop_after=2)
+        resumed = C.train(model, data, tmp_path / "b", tc, progress=False)
+        with pytest.raises(lj.UserInputError, match="other settings"):
+            C.train(model, data, tmp_path / "b", dataclasses.replace(tc, seed=1), progress=False)
+    for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not all(
+        np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(model.params), strict=True)
+    )
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--prompts", "{missing}"], "--prompts not found"),
+        (["--prompts", "{bad}"], "bad.jsonl:2: needs a non-empty 'prompt'"),
+        (["--prompts", "{good}", "--block", "1"], "--block must be >= 2"),
+        (["--prompts", "{good}", "--warmup", "300"], "warmup must be in [0, steps=200)"),
+    ],
+)
+def test_cli_bad_input_is_one_line(tiny_ckpts, tmp_path, args, needle):
+    (tmp_path / "good.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "hi"}\n{"text": "no"}\n')
+    paths = {"missing": tmp_path / "nope.jsonl", "bad": tmp_path / "bad.jsonl"}
+    paths["good"] = tmp_path / "good.jsonl"
+    argv = [a.format(**paths) for a in args]
+    cmd = [sys.executable, "-m", "lookahead_jax.consistency", "--ckpt", str(tiny_ckpts["gqa"][1])]
+    cmd += ["--out", str(tmp_path / "out"), *argv]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
