@@ -19,7 +19,8 @@ from tests.helpers import random_prompts
 PROMPTS = random_prompts(4, 128, 2, 12, seed=31)
 RUNS = {  # name: (mesh sizes, lookahead (n, w, g) or None, temperature)
     "data2_model4_plain": (dict(data=2, model=4), None, 0.0),
-    "data2_model4_lookahead": (dict(data=2, model=4), (4, 3, 3), 0.0),
+    # lookahead with sampling: the lookahead program and the per-row noise across hosts
+    # (greedy lookahead on a mesh is tests/test_sharding.py's, in one process)
     "data2_model4_sampling": (dict(data=2, model=4), (4, 3, 3), 1.0),
 }
 
