@@ -100,12 +100,13 @@ def main() -> None:
     from lookahead_jax.convert.convert import convert
     from lookahead_jax.default_model import gguf_path
 
-    tmp = Path(tempfile.mkdtemp(prefix="q8_0_gguf."))
-    t0 = time.perf_counter()
-    sources = requantize_gguf(gguf_path(), tmp / "smollm2-q8_0.gguf")
-    convert(tmp / "smollm2-q8_0.gguf", tmp / "ckpt", progress=False)
-    print(f"wrote and converted the Q8_0 GGUF in {time.perf_counter() - t0:.0f} s", flush=True)
-    models = {w: lj.load(tmp / "ckpt", weights=w) for w in WEIGHTS}
+    with tempfile.TemporaryDirectory(prefix="q8_0_gguf.") as d:  # removed once loaded
+        tmp = Path(d)
+        t0 = time.perf_counter()
+        sources = requantize_gguf(gguf_path(), tmp / "smollm2-q8_0.gguf")
+        convert(tmp / "smollm2-q8_0.gguf", tmp / "ckpt", progress=False)
+        print(f"wrote and converted the Q8_0 GGUF in {time.perf_counter() - t0:.0f} s", flush=True)
+        models = {w: lj.load(tmp / "ckpt", weights=w) for w in WEIGHTS}
     exact = exact_matrices(models["q8_0"], models["float"])
     print("q8_0 exact:", exact, flush=True)
 

@@ -79,20 +79,27 @@ def test_int8_lookahead_equals_int8_plain(tiny_ckpts, weights):
     assert all(n > 0 for n in accepted.values()), accepted
 
 
-def test_int8_params_shard_and_match_one_device(tiny_ckpts):
+@pytest.mark.parametrize("weights", ["int8", "q8_0"])
+def test_int8_params_shard_and_match_one_device(tiny_ckpts, weights):
     """On a data=2 x model=4 mesh the int8 values shard as the float weights would and the
-    scales as the weights' output axes; the tokens equal one device's."""
+    scales with them (per channel: the output axes; q8_0: block scales also split where
+    the blocks do, as w_down's over its input); the tokens equal one device's."""
     ckpt = tiny_ckpts["eight_heads"][1]
     with jax.enable_x64(True):
-        single = lj.load(ckpt, dtype="float64", weights="int8")
-        sharded = lj.load(ckpt, dtype="float64", weights="int8", mesh=lj.make_mesh(2, 4))
+        single = lj.load(ckpt, dtype="float64", weights=weights)
+        sharded = lj.load(ckpt, dtype="float64", weights=weights, mesh=lj.make_mesh(2, 4))
         P = jax.sharding.PartitionSpec
         layers = sharded.params.layers
         assert layers.wq.q.sharding.spec == P(None, None, "model", None)
-        assert layers.wq.scale.sharding.spec == P(None, "model", None)
         assert layers.w_down.q.sharding.spec == P(None, "model", None)
-        assert layers.w_down.scale.sharding.spec == P(None, None)
-        assert sharded.params.embed.scale.sharding.spec == P("model")
+        if weights == "int8":
+            assert layers.wq.scale.sharding.spec == P(None, "model", None)
+            assert layers.w_down.scale.sharding.spec == P(None, None)
+            assert sharded.params.embed.scale.sharding.spec == P("model")
+        else:  # [L, D / 32, H, hd] and [L, F / 32, D]
+            assert layers.wq.scale.sharding.spec == P(None, None, "model", None)
+            assert layers.w_down.scale.sharding.spec == P(None, "model", None)
+            assert sharded.params.embed.scale.sharding.spec == P("model", None)
         la = lj.LookaheadConfig(4, 3, 3)
         want = lj.generate(single, PROMPTS, max_new_tokens=12, lookahead=la).token_ids
         got = lj.generate(sharded, PROMPTS, max_new_tokens=12, lookahead=la).token_ids
@@ -100,24 +107,31 @@ def test_int8_params_shard_and_match_one_device(tiny_ckpts):
 
 
 @pytest.mark.parametrize(
-    "spec,w_shape,contracted,x_shape",
+    "spec,w_shape,contracted,x_shape,block",
     [
-        ("brd,vd->brv", (64, 12), (1,), (2, 3, 12)),  # the tied LM head: rows are outputs
-        ("btd,dhe->bthe", (12, 4, 16), (0,), (2, 3, 12)),  # wq: chunks of the head_dim axis
-        ("bthe,hed->btd", (4, 6, 32), (0, 1), (1, 2, 4, 6)),  # wo: two contracted axes
+        ("brd,vd->brv", (64, 12), (1,), (2, 3, 12), 0),  # the tied LM head: rows are outputs
+        ("btd,dhe->bthe", (12, 4, 16), (0,), (2, 3, 12), 0),  # wq: chunks of head_dim
+        ("bthe,hed->btd", (4, 6, 32), (0, 1), (1, 2, 4, 6), 0),  # wo: two contracted axes
+        # q8_0: the block scales are cut with their values
+        ("brd,vd->brv", (64, 64), (1,), (2, 3, 64), 32),
+        ("btd,dhe->bthe", (64, 4, 16), (0,), (2, 3, 64), 32),
+        ("bthe,hed->btd", (4, 16, 32), (0, 1), (1, 2, 4, 16), 32),
     ],
 )
-def test_chunked_int8_einsum_equals_the_whole(monkeypatch, spec, w_shape, contracted, x_shape):
+def test_chunked_int8_einsum_equals_the_whole(
+    monkeypatch, spec, w_shape, contracted, x_shape, block
+):
     """On CPU a large int8 matrix is converted a chunk at a time; tiny chunks here, so
     every output axis position and chunk boundary is crossed."""
     rng = np.random.default_rng(1)
-    w = quantize.quantize(jnp.asarray(rng.standard_normal(w_shape)), contracted)
+    w = quantize.quantize(jnp.asarray(rng.standard_normal(w_shape)), contracted, block=block)
     x = jnp.asarray(rng.standard_normal(x_shape), jnp.float32)
     whole = quantize.einsum(spec, x, w)
     monkeypatch.setattr(quantize, "CHUNK_BYTES", 64)
     n, _ = quantize._chunking(spec, w, x.dtype)
     assert n >= 4
-    np.testing.assert_allclose(quantize.einsum(spec, x, w), whole, rtol=1e-6, atol=1e-6)
+    tol = 1e-5 if block else 1e-6  # block scales: more float32 terms, other order
+    np.testing.assert_allclose(quantize.einsum(spec, x, w), whole, rtol=tol, atol=tol)
 
 
 # ---------------------------------------------------------------- Q8_0: blocks of 32
