@@ -1,8 +1,8 @@
 """A consistency-tuned checkpoint against its base, side by side: lookahead compression
 (tokens per forward pass) at the small (tokens=16) and large (tokens=128) layouts, pure
 Jacobi compression (n / iterations per n-token block, from the block's guessed start),
-decode tokens/s at tokens=16, per-token NLL of held-out ShareGPT responses and how often
-greedy outputs agree on held-out prompts.
+decode tokens/s at tokens=16 (one prompt at a time), per-token NLL of held-out ShareGPT
+responses and how often greedy outputs agree on held-out prompts.
 
     python scripts/sharegpt.py --train 256 --held-out 32 --out /tmp/sharegpt
     python -m lookahead_jax.consistency --ckpt smollm2-135m --prompts /tmp/sharegpt.train.jsonl \\
@@ -31,22 +31,55 @@ from lookahead_jax import consistency as C  # noqa: E402
 from lookahead_jax.testing import first_divergence, full_pass_logits  # noqa: E402
 
 BUDGETS = (16, 128)
-JACOBI_BLOCK = 16
+JACOBI_BLOCK, JACOBI_BLOCKS = 16, 2  # as trained: blocks of 16, the first two of each answer
 
 
-def measure_set(model, ids: list[list[int]], max_new_tokens: int) -> dict:
+def compression(model, ids: list[list[int]], max_new_tokens: int, config, batch: int) -> dict:
+    """New tokens per forward pass over all prompts, decoded `batch` rows at a time (per-row
+    acceptance: the same count as one prompt at a time)."""
+    new = steps = 0
+    for i in range(0, len(ids), batch):
+        out = lj.generate(model, ids[i : i + batch], max_new_tokens, lookahead=config)
+        new, steps = new + out.stats["new_tokens"], steps + out.stats["steps"]
+    return {"prompts": len(ids), "new_tokens": new, "steps": steps, "compression": new / steps}
+
+
+def measure_set(model, ids: list[list[int]], args) -> dict:
+    """Compression at tokens=16 on every prompt, at tokens=128 and of pure Jacobi decoding
+    on the first `--subset` (the CPU's budget: a 128-token tree per step is 8x the work)."""
     row = {}
     for budget in BUDGETS:
+        some = ids if budget == 16 else ids[: args.subset]
         config = lj.LookaheadConfig.for_budget(budget)
-        lj.generate(model, ids[:1], max_new_tokens=8, lookahead=config)  # compile
-        out = lj.generate(model, ids, max_new_tokens=max_new_tokens, lookahead=config)
-        row[f"compression_t{budget}"] = out.stats["compression"]
-        row[f"tokens_per_s_t{budget}"] = out.stats.get("tokens_per_s")
-    blocks = max(max_new_tokens // JACOBI_BLOCK, 1)
-    slots = max(len(p) for p in ids)
-    data = C.collect(model, ids, JACOBI_BLOCK, blocks, slots, batch=len(ids))
-    row["jacobi_compression"] = JACOBI_BLOCK / data.meta["mean_iterations_per_block"]
+        row[f"t{budget}"] = compression(model, some, args.max_new_tokens, config, args.batch)
+    some = ids[: args.subset]
+    slots = max(len(p) for p in some)
+    data = C.collect(model, some, JACOBI_BLOCK, JACOBI_BLOCKS, slots, batch=args.batch)
+    row["jacobi"] = {
+        "prompts": len(some),
+        "blocks": int((data.out_len // JACOBI_BLOCK).sum()),
+        "iterations_per_block": data.meta["mean_iterations_per_block"],
+        "compression": JACOBI_BLOCK / data.meta["mean_iterations_per_block"],
+    }
     return row
+
+
+def tokens_per_s(models: dict, ids: list[list[int]], max_new_tokens: int, repeats: int) -> dict:
+    """One prompt at a time at tokens=16, the CPU default, interleaved between the models
+    so that noise hits both: best and median over repeats of the summed decode tokens/s
+    (noise only slows a run down)."""
+    config = lj.LookaheadConfig.for_budget(16)
+    for model in models.values():  # compile, untimed
+        lj.generate(model, ids[:1], max_new_tokens=max_new_tokens, lookahead=config)
+    runs = {w: [] for w in models}
+    for _ in range(repeats):
+        for w, model in models.items():
+            new = secs = 0.0
+            for p in ids:
+                out = lj.generate(model, [p], max_new_tokens=max_new_tokens, lookahead=config)
+                new, secs = new + out.stats["new_tokens"], secs + out.stats["decode_s"]
+            runs[w].append(new / secs)
+    return {w: {"max": max(r), "median": float(np.median(r)), "runs": r} for w, r in runs.items()}
 
 
 def response_nll(model, prompt_ids: list[int], response_ids: list[int]) -> np.ndarray:
@@ -64,7 +97,12 @@ def main() -> None:
     ap.add_argument("--held-out", required=True, help="scripts/sharegpt.py's held_out.jsonl")
     ap.add_argument("--mt", type=int, default=80, help="MT-bench prompts (first N)")
     ap.add_argument("--code", type=int, default=20, help="code prompts (first N)")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--subset", type=int, default=16, help="prompts per set at tokens=128 "
+                    "and for Jacobi (first N)")  # fmt: skip
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=10, help="rows per generate call")
+    ap.add_argument("--speed-prompts", type=int, default=4, help="MT-bench prompts timed")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--nll-tokens", type=int, default=256, help="response tokens per text")
     ap.add_argument("--out", default="benchmarks/cpu/consistency")
     args = ap.parse_args()
@@ -76,8 +114,12 @@ def main() -> None:
         ids = [tok.encode_prompt(r["prompt"], chat=True) for r in prompt_set(name)[:n]]
         sets[name] = {"prompts": len(ids)}
         for which, model in models.items():
-            sets[name][which] = measure_set(model, ids, args.max_new_tokens)
+            sets[name][which] = measure_set(model, ids, args)
             print(name, which, sets[name][which], flush=True)
+        if name == "mt_bench":
+            speed_prompts = len(ids[: args.speed_prompts])
+            speed = tokens_per_s(models, ids[:speed_prompts], 128, args.repeats)
+            print("tokens/s", speed, flush=True)
 
     held = [json.loads(line) for line in Path(args.held_out).read_text().splitlines() if line]
     nll = {w: [] for w in models}
@@ -102,7 +144,9 @@ def main() -> None:
         "cpu": cpu_model(),
         "tuned_source": manifest.get("source"),
         "max_new_tokens": args.max_new_tokens,
+        "subset": args.subset,
         "sets": sets,
+        "tokens_per_s_t16": {"prompts": speed_prompts, "max_new_tokens": 128, **speed},
         "held_out_nll": {**nll_mean, "tokens": int(sum(len(v) for v in nll["base"]))},
         "greedy_agreement": agreement,
     }
@@ -118,29 +162,36 @@ def markdown(r: dict) -> str:
     lines = [
         f"# Consistency fine-tuning: tuned against base ({r['cpu']})",
         "",
-        f"`{r['command']}`; tuned with {json.dumps(src.get('train'))} on "
-        f"{src.get('tokens_per_epoch')} trajectory tokens per epoch.",
+        f"`{r['command']}`",
         "",
-        "| set | model | compression tokens=16 | tokens=128 | Jacobi (n=16) | tok/s tokens=16 |",
-        "|---|---|---|---|---|---|",
+        f"Tuned with {json.dumps(src.get('train'))} on {src.get('tokens_per_epoch')} "
+        "trajectory tokens per epoch. Compression: new tokens per forward pass, "
+        f"{r['max_new_tokens']} new tokens per prompt; tokens=128 and pure Jacobi (blocks of "
+        f"{JACOBI_BLOCK}, from a guess of random prompt tokens) on the first "
+        f"{r['subset']} prompts of each set.",
+        "",
+        "| set | model | tokens=16 | tokens=128 | Jacobi n=16 |",
+        "|---|---|---|---|---|",
     ]
     for name, s in r["sets"].items():
         for which in ("base", "tuned"):
             v = s[which]
             lines.append(
-                f"| {name} ({s['prompts']}) | {which} | {v['compression_t16']:.3f} | "
-                f"{v['compression_t128']:.3f} | {v['jacobi_compression']:.3f} | "
-                f"{v['tokens_per_s_t16'] or float('nan'):.1f} |"
+                f"| {name} ({v['t16']['prompts']} / {v['t128']['prompts']}) | {which} | "
+                f"{v['t16']['compression']:.3f} | {v['t128']['compression']:.3f} | "
+                f"{v['jacobi']['compression']:.3f} |"
             )
         b, t = s["base"], s["tuned"]
-        lines.append(
-            f"| {name} | tuned / base | {t['compression_t16'] / b['compression_t16']:.3f}x | "
-            f"{t['compression_t128'] / b['compression_t128']:.3f}x | "
-            f"{t['jacobi_compression'] / b['jacobi_compression']:.3f}x | |"
-        )
-    n = r["held_out_nll"]
-    g = r["greedy_agreement"]
+        ratios = [t[k]["compression"] / b[k]["compression"] for k in ("t16", "t128", "jacobi")]
+        lines.append(f"| {name} | tuned / base | " + " | ".join(f"{x:.3f}x" for x in ratios) + " |")
+    n, g, v = r["held_out_nll"], r["greedy_agreement"], r["tokens_per_s_t16"]
     lines += [
+        "",
+        f"Decode tokens/s at tokens=16, one prompt at a time ({v['prompts']} MT-bench prompts, "
+        f"{v['max_new_tokens']} tokens, best / median of {len(v['base']['runs'])} interleaved "
+        f"runs): base {v['base']['max']:.1f} / {v['base']['median']:.1f}, tuned "
+        f"{v['tuned']['max']:.1f} / {v['tuned']['median']:.1f} (median ratio "
+        f"{v['tuned']['median'] / v['base']['median']:.3f}x).",
         "",
         f"Held-out ShareGPT responses ({n['tokens']} tokens): NLL base {n['base']:.4f}, "
         f"tuned {n['tuned']:.4f} ({n['tuned'] / n['base'] - 1:+.2%}). Greedy outputs (64 "

@@ -5,8 +5,9 @@ consistency fine-tuning — never a benchmark prompt.
 
 writes OUT.train.jsonl ({"prompt": first human turn}) and OUT.held_out.jsonl ({"prompt",
 "response": first gpt turn}). Conversations split by a hash of their id: a tenth are
-held out, the rest may train. Any conversation whose first turn shares a 40-character
-window with an MT-bench or code-set prompt is dropped from both.
+held out, the rest may train, and a held-out prompt that also occurs on the training side
+(ShareGPT repeats some) is dropped. Any conversation whose first turn shares a
+40-character window with an MT-bench or code-set prompt is dropped from both.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def split(max_chars: int):
             continue
         digest = hashlib.sha256(str(conv.get("id")).encode()).digest()[0]
         (held_out if digest % 10 == 0 else train).append((prompt, response))
+    # ShareGPT repeats prompts under other ids: none held out may be one that can train
+    seen = {" ".join(p.split()) for p, _ in train}
+    held_out = [(p, r) for p, r in held_out if " ".join(p.split()) not in seen]
     return train, held_out
 
 

@@ -4,9 +4,12 @@ point and its gradient matches finite differences, training lowers the Jacobi it
 and its checkpoint decodes exactly, and a resumed run equals an uninterrupted one."""
 
 import dataclasses
+import importlib
 import json
+import signal
 import subprocess
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +21,12 @@ from lookahead_jax import consistency as C
 from lookahead_jax.consistency import layout
 from lookahead_jax.consistency.loss import losses
 from lookahead_jax.consistency.train import batch_logits, loss_fn, sample_batch
+from lookahead_jax.model import flat_names
 from tests.helpers import random_prompts
 
 PROMPTS = random_prompts(16, 128, 2, 10, seed=3)
+# the module (the package's `train` attribute is the function of that name)
+TRAIN_MODULE = importlib.import_module("lookahead_jax.consistency.train")
 BLOCK, BLOCKS, SLOTS = 4, 3, 12
 
 
@@ -57,6 +63,18 @@ def test_trajectories_end_at_the_greedy_output(base):
         np.testing.assert_array_equal(data.states[e, BLOCK, :n_kept], data.fixed[e, :n_kept])
     kept = np.arange(BLOCKS)[None] < (data.out_len // BLOCK)[:, None]
     assert (data.iters[kept] <= BLOCK).all() and data.iters[kept].mean() > 2  # real work
+
+
+def test_trajectories_file_round_trip_and_bad_files(base, tmp_path):
+    _, data = base
+    path = C.save_trajectories(data, tmp_path / "t.npz")
+    again = C.load_trajectories(path)
+    assert again.meta == data.meta
+    for f in ("prompt", "prompt_len", "fixed", "out_len", "states", "iters"):
+        np.testing.assert_array_equal(getattr(again, f), getattr(data, f))
+    path.write_bytes(path.read_bytes()[:100])  # cut short
+    with pytest.raises(lj.CheckpointError, match="not a trajectory dataset"):
+        C.load_trajectories(path)
 
 
 def test_loss_is_zero_at_the_fixed_point_and_its_gradient_is_right(base):
@@ -123,15 +141,34 @@ def test_training_lowers_jacobi_iterations_and_decodes_exactly(base, tmp_path):
     assert after_i < 0.9 * before_i, (before_i, after_i)
 
 
-def test_resume_after_an_interruption_equals_an_uninterrupted_run(base, tmp_path):
+def test_resume_after_an_interruption_equals_an_uninterrupted_run(base, tmp_path, monkeypatch):
+    """SIGTERM arrives while micro-batch 2 is made (mid-accumulation: 2 per update): that
+    step finishes, the state after it is saved, and running again ends where an
+    uninterrupted run does. A changed setting is refused by name."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers need the main thread")
     model, data = base
-    tc = C.TrainConfig(steps=4, batch=4, accumulate=2, learning_rate=1e-3, warmup=1, save_every=1)
+    tc = C.TrainConfig(steps=4, batch=4, accumulate=2, learning_rate=1e-3, warmup=1, save_every=4)
+
+    def sample_and_signal(data, micro_step, batch, seed):
+        if micro_step == 2:
+            signal.raise_signal(signal.SIGTERM)
+        return sample_batch(data, micro_step, batch, seed)
+
     with jax.enable_x64(True):
         straight = C.train(model, data, tmp_path / "a", tc, progress=False)
-        C.train(model, data, tmp_path / "b", tc, progress=False, stop_after=2)
+        with monkeypatch.context() as m:
+            m.setattr(TRAIN_MODULE, "sample_batch", sample_and_signal)
+            with pytest.raises(C.TrainingInterrupted, match="SIGTERM after micro-step 3"):
+                C.train(model, data, tmp_path / "b", tc, progress=False)
         resumed = C.train(model, data, tmp_path / "b", tc, progress=False)
-        with pytest.raises(lj.UserInputError, match="other settings"):
+        with pytest.raises(lj.UserInputError, match=r"train\.seed \(0 then, 1 now\)"):
             C.train(model, data, tmp_path / "b", dataclasses.replace(tc, seed=1), progress=False)
+        bf16 = dataclasses.replace(
+            model, params=jax.tree.map(lambda x: x.astype(jnp.bfloat16), model.params)
+        )
+        with pytest.raises(lj.UserInputError, match="float32 or float64"):
+            C.train(bf16, data, tmp_path / "c", tc, progress=False)
     for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert not all(
@@ -161,3 +198,36 @@ def test_cli_bad_input_is_one_line(tiny_ckpts, tmp_path, args, needle):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_training_on_a_mesh_equals_one_device(tiny_ckpts, tmp_path):
+    """Data parallel (batch rows over data=2) and model parallel (heads and MLP over
+    model=4, the decoding rules): the trained params equal one device's."""
+    ckpt = tiny_ckpts["eight_heads"][1]
+    tc = C.TrainConfig(steps=2, batch=4, learning_rate=1e-3, warmup=1)
+    with jax.enable_x64(True):
+        single = lj.load(ckpt, dtype="float64")
+        data = C.collect(single, PROMPTS[:4], BLOCK, 2, SLOTS, batch=4)
+        sharded = lj.load(ckpt, dtype="float64", mesh=lj.make_mesh(2, 4))
+        want = C.train(single, data, tmp_path / "one", tc, progress=False)
+        got = C.train(sharded, data, tmp_path / "mesh", tc, progress=False)
+    assert got.layers.w_up.sharding.spec == sharded.params.layers.w_up.sharding.spec
+    assert not np.array_equal(np.asarray(want.layers.w_up), np.asarray(single.params.layers.w_up))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-12)
+
+
+def test_weight_decay_spares_norms_and_biases(tiny_ckpts):
+    """The layers are stacked ([L, D] norms, [L, F] biases): the mask goes by name."""
+    norms = ["final_norm", "layers/attn_norm", "layers/mlp_norm"]
+    want = {
+        "llama_bias": ["layers/b_down", "layers/b_gate", "layers/b_up", "layers/bk",
+                       "layers/bo", "layers/bq", "layers/bv"],
+        "qwen3_bias": ["layers/bk", "layers/bo", "layers/bq", "layers/bv", "layers/k_norm",
+                       "layers/q_norm"],
+    }  # fmt: skip
+    for variant, spared_too in want.items():
+        mask = flat_names(TRAIN_MODULE.decayed(lj.load(tiny_ckpts[variant][1]).params))
+        spared = sorted(name for name, decays in mask.items() if not decays)
+        assert spared == sorted(norms + spared_too), (variant, spared)
+        assert mask["layers/wq"] and mask["layers/w_down"] and mask["embed"]

@@ -18,16 +18,21 @@ from lookahead_jax.consistency.train import (
     train,
     write_checkpoint,
 )
-from lookahead_jax.consistency.trajectories import Trajectories, collect, load, save
+from lookahead_jax.consistency.trajectories import (
+    Trajectories,
+    collect,
+    load_trajectories,
+    save_trajectories,
+)
 
 __all__ = [
     "TrainConfig",
     "Trajectories",
     "TrainingInterrupted",
     "collect",
-    "load",
+    "load_trajectories",
     "losses",
-    "save",
+    "save_trajectories",
     "train",
     "write_checkpoint",
 ]

@@ -7,8 +7,10 @@ run) and writes TUNED, an ordinary checkpoint. WORK defaults to TUNED.work besid
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -86,9 +88,12 @@ def read_prompts(path: str, limit: int | None) -> list[str]:
 
 
 def _run(args) -> int:
+    import jax.numpy as jnp
+
     import lookahead_jax as lj
     from lookahead_jax import checkpoint
     from lookahead_jax import consistency as C
+    from lookahead_jax.consistency.trajectories import mismatches
     from lookahead_jax.loading import resolve_dtype
     from lookahead_jax.sharding import parse_mesh
 
@@ -102,7 +107,11 @@ def _run(args) -> int:
         raise UserInputError("--block must be >= 2; --blocks, --prompt-slots, --collect-batch >= 1")
     if args.max_prompts is not None and args.max_prompts < 1:
         raise UserInputError(f"--max-prompts must be >= 1, got {args.max_prompts}")
-    resolve_dtype(args.dtype)
+    if resolve_dtype(args.dtype) not in (jnp.float32, jnp.float64):
+        raise UserInputError(
+            f"--dtype {args.dtype}: training needs float32 or float64 (AdamW's small updates "
+            "vanish in bfloat16); decode the tuned checkpoint in any dtype afterwards"
+        )
     mesh_sizes = parse_mesh(args.mesh) if args.mesh else None
     out = checkpoint.check_out(args.out, args.force)
     texts = read_prompts(args.prompts, args.max_prompts)
@@ -115,36 +124,49 @@ def _run(args) -> int:
         raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; text prompts need one")
     work.mkdir(parents=True, exist_ok=True)
     data_path = work / "trajectories.npz"
+    ids = [model.tokenizer.encode_prompt(t, args.chat) for t in texts]
     settings = dict(block=args.block, blocks=args.blocks, prompt_slots=args.prompt_slots)
-    settings.update(seed=args.seed, base=str(model.path), prompts_given=len(texts))
+    settings.update(seed=args.seed, base=str(model.path), dtype=args.dtype)
+    settings["prompts_given"] = len(texts)
+    # the token ids of the prompts, --chat included
+    settings["prompts_sha256"] = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     if data_path.exists():
-        data = C.load(data_path)
-        if any(data.meta.get(k) != v for k, v in settings.items()):
+        data = C.load_trajectories(data_path)
+        shown = {k: v for k, v in settings.items() if k != "prompts_sha256"}
+        changed = mismatches(data.meta, shown)
+        if data.meta.get("prompts_sha256") != settings["prompts_sha256"]:
+            changed.append("the prompts' token ids (--prompts, --chat, --max-prompts)")
+        if changed:
             raise UserInputError(
-                f"{data_path} was collected with other settings; give a new --work"
+                f"{data_path} was collected otherwise: {'; '.join(changed)}; give a new --work"
             )
         print(f"trajectories: {data_path} ({len(data)} prompts)", file=sys.stderr)
     else:
-        ids = [model.tokenizer.encode_prompt(t, args.chat) for t in texts]
 
         def report(done, total):
             if progress:
                 print(f"\rcollecting trajectories {done}/{total}", end="", file=sys.stderr)
+            elif not args.quiet:
+                print(f"collecting trajectories {done}/{total}", file=sys.stderr)
 
         data = C.collect(model, ids, args.block, args.blocks, args.prompt_slots,
                          args.collect_batch, args.seed, report)  # fmt: skip
-        C.save(data, data_path)
+        data.meta.update(dtype=args.dtype, prompts_sha256=settings["prompts_sha256"])
+        C.save_trajectories(data, data_path)
+        if progress:
+            print(file=sys.stderr)  # end the \r line
         print(
-            f"\ntrajectories: {len(data)} prompts, {data.meta['tokens']} tokens, "
+            f"trajectories: {len(data)} prompts, {data.meta['tokens']} tokens, "
             f"{data.meta['mean_iterations_per_block']:.2f} Jacobi iterations per "
             f"{args.block}-token block; saved to {data_path}",
             file=sys.stderr,
         )
     try:
-        params = C.train(model, data, work, tc, progress=progress)
+        log = None if progress or args.quiet else (lambda line: print(line, file=sys.stderr))
+        params = C.train(model, data, work, tc, progress=progress, log=log)
     except C.TrainingInterrupted as e:
         print(f"{e}; run the same command again to resume from {work}", file=sys.stderr)
-        raise
+        return 128 + signal.Signals[e.signal_name].value  # 130 for Ctrl-C, 143 for SIGTERM
     source = {
         "kind": "consistency",
         "base": str(model.path),

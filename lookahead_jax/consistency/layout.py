@@ -79,3 +79,14 @@ def logits_rows(prompt_slots: int, block: int, blocks: int):
 def tokens(prompt_bp, fixed_bn, guess_bn):
     """[B, S] token ids: the left-padded prompt, y*, then the guess blocks."""
     return jnp.concatenate([prompt_bp, fixed_bn, guess_bn], axis=1).astype(jnp.int32)
+
+
+def logits(lm, params, prompt_bp, fixed_bn, guess_bn, prompt_len_b, out_len_b, block: int):
+    """[B, 2N, V]: one forward pass of the layout, the logits of `logits_rows`: the first
+    N rows predict y* from the true text, the next N each block's tokens from its guesses."""
+    P, N = prompt_bp.shape[1], fixed_bn.shape[1]
+    blocks = N // block
+    seq = tokens(prompt_bp, fixed_bn, guess_bn)
+    positions, mask = positions_and_mask(prompt_len_b, out_len_b, P, block, blocks)
+    rows = jnp.broadcast_to(logits_rows(P, block, blocks), (seq.shape[0], 2 * N))
+    return lm.apply(params, seq, positions, mask, None, rows)[0]

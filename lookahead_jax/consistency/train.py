@@ -7,8 +7,13 @@ alone (`sample_batch`), so a resumed run sees the batches an uninterrupted one w
 ends with the same parameters.
 
     WORK/state/<micro step>/   orbax: params, optimizer state
-    WORK/train.json            the TrainConfig and dataset a run started with; a resume
-                               with different ones is refused
+    WORK/train.json            the TrainConfig, dtype and dataset the saved state belongs
+                               to; a resume with different ones is refused, naming them
+
+Interruptions: Ctrl-C (SIGINT) or SIGTERM during training sets a flag that the loop reads
+between steps, so the state saved is a finished step's (the jitted step donates its
+inputs: stopping inside it would leave nothing whole to save). A second Ctrl-C stops at
+once, keeping the last saved state.
 """
 
 from __future__ import annotations
@@ -16,6 +21,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
+import re
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -60,11 +69,14 @@ class TrainConfig:
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C during training: the state at `micro_step` is saved; run again to resume."""
+    """Ctrl-C or SIGTERM during training: the state after micro-step `micro_step` is
+    saved; run again to resume."""
 
-    def __init__(self, micro_step: int):
-        super().__init__(f"training interrupted at micro-step {micro_step}; state saved")
-        self.micro_step = micro_step
+    def __init__(self, micro_step: int, signal_name: str = "SIGINT"):
+        super().__init__(
+            f"training stopped by {signal_name} after micro-step {micro_step}; state saved"
+        )
+        self.micro_step, self.signal_name = micro_step, signal_name
 
 
 def make_optimizer(tc: TrainConfig):
@@ -77,11 +89,28 @@ def make_optimizer(tc: TrainConfig):
         decay_steps=tc.steps,
         end_value=tc.learning_rate / 10,
     )
+
     opt = optax.chain(
         optax.clip_by_global_norm(tc.clip_norm),
-        optax.adamw(schedule, weight_decay=tc.weight_decay),
+        optax.adamw(schedule, weight_decay=tc.weight_decay, mask=decayed),
     )
     return optax.MultiSteps(opt, every_k_schedule=tc.accumulate) if tc.accumulate > 1 else opt
+
+
+# norms and biases by name: LayerParams' attn_norm, q_norm, final_norm, bq..bo, b_gate..;
+# Flax's "scale" (of a norm) and "bias". Their leading axis may be the layer stack, so
+# the number of dimensions cannot tell them from matrices.
+_NOT_DECAYED = re.compile(r"(norm$|^b[qkvo]$|^b_\w+$|^bias$|^scale$)")
+
+
+def decayed(params):
+    """The weight-decay mask: True for every leaf but norms and biases."""
+
+    def is_decayed(path, _):
+        key = path[-1]
+        return not _NOT_DECAYED.search(str(getattr(key, "name", getattr(key, "key", key))))
+
+    return jax.tree_util.tree_map_with_path(is_decayed, params)
 
 
 def sample_batch(data: Trajectories, micro_step: int, batch: int, seed: int) -> dict:
@@ -109,12 +138,10 @@ def sample_batch(data: Trajectories, micro_step: int, batch: int, seed: int) -> 
 
 def batch_logits(lm, params, batch: dict, block: int):
     """[B, 2N, V]: the logits of layout.logits_rows for one micro-batch."""
-    P, N = batch["prompt"].shape[1], batch["fixed"].shape[1]
-    m = N // block
-    tokens = layout.tokens(batch["prompt"], batch["fixed"], batch["guess"])
-    positions, mask = layout.positions_and_mask(batch["prompt_len"], batch["out_len"], P, block, m)
-    rows = jnp.broadcast_to(layout.logits_rows(P, block, m), (tokens.shape[0], 2 * N))
-    return lm.apply(params, tokens, positions, mask, None, rows)[0]
+    return layout.logits(
+        lm, params, batch["prompt"], batch["fixed"], batch["guess"], batch["prompt_len"],
+        batch["out_len"], block,
+    )  # fmt: skip
 
 
 def loss_fn(lm, params, batch: dict, tc: TrainConfig, block: int):
@@ -151,19 +178,78 @@ def _put_batch(batch: dict, mesh):
     return {k: jax.device_put(v, rows) for k, v in batch.items()}
 
 
-def _fingerprint(tc: TrainConfig, data: Trajectories) -> dict:
-    return {"train": dataclasses.asdict(tc), "data": {**data.meta, "examples": len(data)}}
+def _fingerprint(tc: TrainConfig, data: Trajectories, dtype) -> dict:
+    """What a saved state belongs to, as JSON values (NaN written as the string "NaN")."""
+    settings = dataclasses.asdict(tc)
+    del settings["save_every"]  # how often states are saved does not change the run
+    record = {
+        "train": settings,
+        "dtype": str(np.dtype(dtype)),
+        "data": {**data.meta, "examples": len(data)},
+    }
+    return json.loads(json.dumps(record), parse_constant=str)
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two fingerprints."""
+    keys = sorted(set(old) | set(new))
+    out = []
+    for k in keys:
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            then = "absent" if k not in old else repr(a)
+            now = "absent" if k not in new else repr(b)
+            out.append(f"{prefix}{k} ({then} then, {now} now)")
+    return out
+
+
+def _write_json(path: Path, value) -> None:
+    """`path` replaced atomically: a crash leaves the old file or the new one, whole."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class _StopRequests:
+    """SIGINT and SIGTERM as a flag the training loop reads between steps (main thread
+    only; elsewhere signals keep their handlers). A second signal raises at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self):
+        self.requested, self._old = None, {}
+        if threading.current_thread() is threading.main_thread():
+            self._old = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested is not None:
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():  # None: a handler set outside Python
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        return False
 
 
 def train(model, data: Trajectories, work_dir, tc: TrainConfig, progress: bool = True,
-          stop_after: int | None = None):  # fmt: skip
+          log=None):  # fmt: skip
     """Train model.params on `data`; returns the trained params. Resumes from the newest
-    state in `work_dir` when there is one. `stop_after`: stop (state saved) once this
-    many updates are done, as an interruption would (tests)."""
+    state in `work_dir` when there is one. `progress`: a tqdm bar (loss, tokens/s);
+    `log(line)`, if given, gets the same figures as a line at every saved state (for logs
+    that are not a terminal)."""
     import orbax.checkpoint as ocp
-    from tqdm import tqdm
 
     tc.check()
+    dtype = jax.tree.leaves(model.params)[0].dtype
+    if dtype not in (np.float32, np.float64):
+        raise UserInputError(
+            f"training needs float32 or float64 parameters, the model holds {dtype}: "
+            "AdamW's small updates vanish in bfloat16/float16; load with dtype='float32'"
+        )
     mesh = getattr(model, "mesh", None)
     if mesh is not None and tc.batch % mesh.shape["data"]:
         raise UserInputError(
@@ -171,21 +257,48 @@ def train(model, data: Trajectories, work_dir, tc: TrainConfig, progress: bool =
         )
     work = Path(work_dir).absolute()
     work.mkdir(parents=True, exist_ok=True)
-    record = work / "train.json"
-    want = json.loads(json.dumps(_fingerprint(tc, data)))
-    if record.exists() and json.loads(record.read_text()) != want:
-        raise UserInputError(
-            f"{work} holds a run with other settings or data ({record}); "
-            "give a new work directory or the same settings"
-        )
-    record.write_text(json.dumps(want, indent=2) + "\n")
-
-    opt, step_fn = make_train_step(model.lm, tc, data.block)
-    params = jax.tree.map(jnp.copy, model.params)  # the step donates its params
-    opt_state = jax.jit(opt.init)(params)
     manager = ocp.CheckpointManager(
         work / "state", options=ocp.CheckpointManagerOptions(max_to_keep=2)
     )
+    try:
+        _check_or_record(work, manager.latest_step() is not None, _fingerprint(tc, data, dtype))
+        return _train_loop(model, data, tc, manager, progress, log)
+    finally:
+        manager.close()
+
+
+def _check_or_record(work: Path, resuming: bool, want: dict) -> None:
+    """A fresh run records its fingerprint in WORK/train.json; a resumed one must match."""
+    record = work / "train.json"
+    if not resuming:
+        _write_json(record, want)
+        return
+    try:
+        had = json.loads(record.read_text(), parse_constant=str)
+    except (OSError, ValueError):
+        had = None
+    if not isinstance(had, dict):
+        raise UserInputError(
+            f"{work / 'state'} holds a saved state but {record} is missing or unreadable; "
+            "give a new work directory"
+        )
+    changed = _differences(had, want)
+    if changed:
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        raise UserInputError(
+            f"{work} holds a run with other settings or data: {'; '.join(changed[:4])}{more}; "
+            "give a new work directory or the same settings"
+        )
+
+
+def _train_loop(model, data: Trajectories, tc: TrainConfig, manager, progress: bool, log):
+    import orbax.checkpoint as ocp
+    from tqdm import tqdm
+
+    mesh = getattr(model, "mesh", None)
+    opt, step_fn = make_train_step(model.lm, tc, data.block)
+    params = jax.tree.map(jnp.copy, model.params)  # the step donates its params
+    opt_state = jax.jit(opt.init)(params)
     micro = 0
     if manager.latest_step() is not None:
         micro = manager.latest_step()
@@ -203,36 +316,32 @@ def train(model, data: Trajectories, work_dir, tc: TrainConfig, progress: bool =
         )
         manager.wait_until_finished()
 
-    total_micro = tc.steps * tc.accumulate
-    stop_micro = total_micro if stop_after is None else min(total_micro, stop_after * tc.accumulate)
-    bar = tqdm(total=tc.steps, initial=micro // tc.accumulate, unit="step", disable=not progress,
-               desc="consistency training")  # fmt: skip
+    stop_micro = tc.steps * tc.accumulate
     tokens, t0 = 0, time.perf_counter()
-    try:
-        while micro < stop_micro:
+    with (
+        tqdm(total=tc.steps, initial=micro // tc.accumulate, unit="step", disable=not progress,
+             desc="consistency training") as bar,
+        _StopRequests() as stop,
+    ):  # fmt: skip
+        while micro < stop_micro and stop.requested is None:
             batch = sample_batch(data, micro, tc.batch, tc.seed)
             params, opt_state, metrics = step_fn(params, opt_state, _put_batch(batch, mesh))
             micro += 1
             tokens += int(batch["out_len"].sum())
             if micro % tc.accumulate == 0:
+                figures = {k: f"{float(v):.4f}" for k, v in metrics.items()}
+                figures["tok_s"] = f"{tokens / (time.perf_counter() - t0):.0f}"
                 bar.update(1)
-                bar.set_postfix(
-                    loss=f"{float(metrics['loss']):.4f}",
-                    consistency=f"{float(metrics['consistency']):.4f}",
-                    ar=f"{float(metrics['ar']):.4f}",
-                    tok_s=f"{tokens / (time.perf_counter() - t0):.0f}",
-                )
+                bar.set_postfix(figures)
                 if (micro // tc.accumulate) % tc.save_every == 0:
                     save(micro)
-    except KeyboardInterrupt:
-        save(micro)
-        manager.close()
-        bar.close()
-        raise TrainingInterrupted(micro) from None
-    if manager.latest_step() != micro:
-        save(micro)
-    manager.close()
-    bar.close()
+                    if log is not None:
+                        text = " ".join(f"{k} {v}" for k, v in figures.items())
+                        log(f"update {micro // tc.accumulate}/{tc.steps}: {text}")
+        if manager.latest_step() != micro:
+            save(micro)
+    if micro < stop_micro:  # stopped by a signal (one during the last step changes nothing)
+        raise TrainingInterrupted(micro, stop.requested)
     return params
 
 

@@ -9,11 +9,13 @@ Token j is right after at most j + 1 iterations, so n iterations reach the fixed
 All blocks of all rows iterate together, one forward pass per iteration (layout.py).
 
 The fixed point comes from plain greedy decoding (lj.generate); the first iteration also
-checks that the pass here predicts the same tokens (it is a different arithmetic order,
-and a near-tie can flip). A row's output is cut at its first disagreement, and to whole
-blocks, so every stored trajectory ends at a true fixed point of this computation.
+checks that the pass here predicts the same tokens from y* (it is a different arithmetic
+order, and a near-tie can flip). A row's output is cut at its first disagreement, and to
+whole blocks. A block's iterations then reach y* unless a near-tie splits the guess rows
+from the fixed-point rows (same tokens, other places in the sequence); such a block
+records n + 1 iterations and is still trained towards y*.
 
-On disk (`save` / `load`, one .npz written atomically):
+On disk (`save_trajectories` / `load_trajectories`, one .npz written atomically):
 
     prompt   [E, P] int32   left-padded prompts (pad 0)
     prompt_len [E]  int32
@@ -30,6 +32,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 
 import jax
@@ -71,12 +74,10 @@ class Trajectories:
 def jacobi_update(lm, params, prompt_bp, fixed_bn, guess_bn, prompt_len_b, out_len_b, block):
     """One Jacobi iteration of every block: (new guesses [B, N], the fixed-point rows'
     own greedy tokens [B, N] — equal to y* where y* is a fixed point of this pass)."""
-    P, N = prompt_bp.shape[1], fixed_bn.shape[1]
-    m = N // block
-    tokens = layout.tokens(prompt_bp, fixed_bn, guess_bn)
-    positions, mask = layout.positions_and_mask(prompt_len_b, out_len_b, P, block, m)
-    rows = jnp.broadcast_to(layout.logits_rows(P, block, m), (tokens.shape[0], 2 * N))
-    logits = lm.apply(params, tokens, positions, mask, None, rows)[0]
+    N = fixed_bn.shape[1]
+    logits = layout.logits(
+        lm, params, prompt_bp, fixed_bn, guess_bn, prompt_len_b, out_len_b, block
+    )
     best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, 2N]
     from_fixed, from_guess = best[:, :N], best[:, N:]
     first = (jnp.arange(N) % block) == 0  # j = 0: predicted from the true text alone
@@ -85,14 +86,13 @@ def jacobi_update(lm, params, prompt_bp, fixed_bn, guess_bn, prompt_len_b, out_l
 
 def _trajectory_fn(lm, block: int):
     def run(params, prompt, fixed, guess0, prompt_len, out_len):
-        _, own = jacobi_update(lm, params, prompt, fixed, guess0, prompt_len, out_len, block)
-
         def body(guess, _):
-            new, _ = jacobi_update(lm, params, prompt, fixed, guess, prompt_len, out_len, block)
-            return new, new
+            new, own = jacobi_update(lm, params, prompt, fixed, guess, prompt_len, out_len, block)
+            return new, (new, own)
 
-        _, states = jax.lax.scan(body, guess0, None, length=block)
-        return jnp.concatenate([guess0[None], states]), own  # [n + 1, B, N], [B, N]
+        _, (states, owns) = jax.lax.scan(body, guess0, None, length=block)
+        # the fixed-point rows see only prompt and y*: every iteration's `own` is the same
+        return jnp.concatenate([guess0[None], states]), owns[0]  # [n + 1, B, N], [B, N]
 
     return jax.jit(run)
 
@@ -124,7 +124,7 @@ def collect(
     N = block * blocks
     run = _trajectory_fn(model.lm, block)
     rng = np.random.default_rng(seed)
-    parts = []
+    parts = []  # one dict of [batch, ...] arrays per batch, with "rows": how many are real
     for start in range(0, len(kept), batch):
         rows = kept[start : start + batch]
         outs = lj.generate(model, rows, max_new_tokens=N).token_ids
@@ -146,13 +146,17 @@ def collect(
             agree = own[b, : out_len[b]] == fixed[b, : out_len[b]]
             if not agree.all():  # a near-tie flipped: keep the blocks before it
                 out_len[b] = int(np.argmin(agree)) // block * block
-        parts.append((prompt, prompt_len, fixed, out_len, states, B))
+        parts.append(dict(prompt=prompt, prompt_len=prompt_len, fixed=fixed, out_len=out_len,
+                          states=states, rows=B))  # fmt: skip
         if progress is not None:
             progress(min(start + batch, len(kept)), len(kept))
-    cat = {
-        name: np.concatenate([p[i][: p[5]] for p in parts])
-        for i, name in enumerate(("prompt", "prompt_len", "fixed", "out_len", "states"))
-    }
+    names = ("prompt", "prompt_len", "fixed", "out_len", "states")
+    cat = {name: np.concatenate([p[name][: p["rows"]] for p in parts]) for name in names}
+    if not cat["out_len"].any():
+        raise UserInputError(
+            f"no prompt gave a whole block of {block} tokens (greedy outputs ended sooner, "
+            f"or a near-tie cut them); give more or longer-answered prompts or a smaller block"
+        )
     for e in range(len(cat["fixed"])):  # nothing of y* past the kept blocks
         cat["fixed"][e, cat["out_len"][e] :] = 0
         cat["states"][e, :, cat["out_len"][e] :] = 0
@@ -172,6 +176,16 @@ def collect(
     return Trajectories(**cat, iters=iters, meta=meta)
 
 
+def mismatches(meta: dict, settings: dict) -> list[str]:
+    """The settings a stored dataset's meta does not share, as "key (then, now)"."""
+    out = []
+    for key, now in settings.items():
+        if meta.get(key) != now:
+            then = repr(meta[key]) if key in meta else "absent"
+            out.append(f"{key} ({then} then, {now!r} now)")
+    return out
+
+
 def iterations(states_esn, fixed_en, block: int) -> np.ndarray:
     """[E, m]: the first Jacobi state of each block equal to y*'s block (n + 1 if none)."""
     E, S, N = states_esn.shape
@@ -185,7 +199,7 @@ def mean_iterations(iters_em, out_len_e, block: int) -> float:
     return float(iters_em[kept].mean()) if kept.any() else float("nan")
 
 
-def save(trajectories: Trajectories, path) -> Path:
+def save_trajectories(trajectories: Trajectories, path) -> Path:
     """Write the dataset to `path` (.npz) atomically: a temporary file renamed in place."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
@@ -200,8 +214,8 @@ def save(trajectories: Trajectories, path) -> Path:
     return path
 
 
-def load(path) -> Trajectories:
-    """Read a dataset written by `save`, with a clear error for anything else."""
+def load_trajectories(path) -> Trajectories:
+    """Read a dataset written by `save_trajectories`, with a clear error for anything else."""
     path = Path(path)
     try:
         with np.load(path) as z:
@@ -209,7 +223,7 @@ def load(path) -> Trajectories:
             arrays = {
                 f.name: z[f.name] for f in dataclasses.fields(Trajectories) if f.name != "meta"
             }
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"{path} is not a trajectory dataset: {e}") from e
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
