@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
 from prompts import prompt_set  # noqa: E402
+from results import write_results  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
 from lookahead_jax import consistency as C  # noqa: E402
@@ -150,11 +151,7 @@ def main() -> None:
         "held_out_nll": {**nll_mean, "tokens": int(sum(len(v) for v in nll["base"]))},
         "greedy_agreement": agreement,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_name(out.name + ".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_name(out.name + ".md").write_text(markdown(result))
-    print(markdown(result))
+    write_results(args.out, result, markdown(result))
 
 
 def markdown(r: dict) -> str:

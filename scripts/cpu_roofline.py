@@ -12,7 +12,6 @@ Effective GB/s = bytes of the params / time per token. Writes OUT.json and OUT.m
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ import lookahead_jax as lj  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
+from results import write_results  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm, in ten paragraphs."
 
@@ -189,11 +189,7 @@ def main() -> None:
         "pytorch_roofline_gbps": roof,
         "layer_loop": loop_rows,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_name(out.name + ".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_name(out.name + ".md").write_text(markdown(result))
-    print(markdown(result))
+    write_results(args.out, result, markdown(result))
 
 
 def markdown(r: dict) -> str:

@@ -15,7 +15,6 @@ import argparse
 import email
 import importlib.metadata
 import inspect
-import json
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
 from prompts import prompt_set  # noqa: E402
+from results import write_results  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
 from lookahead_jax.testing import first_divergence, full_pass_logits  # noqa: E402
@@ -121,11 +121,7 @@ def main() -> None:
             )
         },
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_name(out.name + ".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_name(out.name + ".md").write_text(markdown(result))
-    print(markdown(result))
+    write_results(args.out, result, markdown(result))
 
 
 def param_bytes(ckpt, dtype: str, weights: str) -> int:

@@ -14,7 +14,6 @@ Writes OUT.json and OUT.md (the GGUF and its checkpoint go to a temporary direct
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from int8_quality import held_out_texts, nll  # noqa: E402
 from machine import cpu_model  # noqa: E402
 from prompts import prompt_set  # noqa: E402
+from results import write_results  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
 from lookahead_jax.model import flat_names  # noqa: E402
@@ -173,11 +173,7 @@ def main() -> None:
         "greedy_tokens": args.greedy_tokens,
         "param_bytes": {w: param_bytes(m) for w, m in models.items()},
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_name(out.name + ".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_name(out.name + ".md").write_text(markdown(result))
-    print(markdown(result))
+    write_results(args.out, result, markdown(result))
 
 
 def markdown(r: dict) -> str:
