@@ -34,22 +34,15 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-@contextlib.contextmanager
 def exclusive(lock_path: Path):
-    """Hold an exclusive advisory lock on `lock_path` (created if missing) for the block:
-    e.g. two processes converting the default model at once wait for each other."""
+    """A context manager that holds an exclusive lock on `lock_path` (created if missing)
+    for its block, between processes and threads: e.g. two processes converting the
+    default model at once wait for each other. (filelock: also what JAX's compilation
+    cache locks its directory with.)"""
+    import filelock
+
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # no advisory locks on this platform
-        yield
-        return
-    with open(lock_path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return filelock.FileLock(lock_path)
 
 
 # Programs that compile faster than this are not stored: the decode loops (seconds each)
