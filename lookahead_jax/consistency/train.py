@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import re
 import signal
 import threading
@@ -32,9 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lookahead_jax.cache_dir import write_atomic
 from lookahead_jax.consistency import layout
 from lookahead_jax.consistency.loss import losses
-from lookahead_jax.consistency.trajectories import Trajectories
+from lookahead_jax.consistency.trajectories import Trajectories, differences
 from lookahead_jax.errors import UserInputError
 
 
@@ -190,28 +190,6 @@ def _fingerprint(tc: TrainConfig, data: Trajectories, dtype) -> dict:
     return json.loads(json.dumps(record), parse_constant=str)
 
 
-def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """The dotted keys whose values differ between two fingerprints."""
-    keys = sorted(set(old) | set(new))
-    out = []
-    for k in keys:
-        a, b = old.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, f"{prefix}{k}.")
-        elif a != b:
-            then = "absent" if k not in old else repr(a)
-            now = "absent" if k not in new else repr(b)
-            out.append(f"{prefix}{k} ({then} then, {now} now)")
-    return out
-
-
-def _write_json(path: Path, value) -> None:
-    """`path` replaced atomically: a crash leaves the old file or the new one, whole."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 class _StopRequests:
     """SIGINT and SIGTERM as a flag the training loop reads between steps (main thread
     only; elsewhere signals keep their handlers). A second signal raises at once."""
@@ -271,7 +249,7 @@ def _check_or_record(work: Path, resuming: bool, want: dict) -> None:
     """A fresh run records its fingerprint in WORK/train.json; a resumed one must match."""
     record = work / "train.json"
     if not resuming:
-        _write_json(record, want)
+        write_atomic(record, json.dumps(want, indent=2) + "\n")
         return
     try:
         had = json.loads(record.read_text(), parse_constant=str)
@@ -282,7 +260,7 @@ def _check_or_record(work: Path, resuming: bool, want: dict) -> None:
             f"{work / 'state'} holds a saved state but {record} is missing or unreadable; "
             "give a new work directory"
         )
-    changed = _differences(had, want)
+    changed = differences(had, want)
     if changed:
         more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
         raise UserInputError(

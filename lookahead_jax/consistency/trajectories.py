@@ -176,14 +176,24 @@ def collect(
     return Trajectories(**cat, iters=iters, meta=meta)
 
 
-def mismatches(meta: dict, settings: dict) -> list[str]:
-    """The settings a stored dataset's meta does not share, as "key (then, now)"."""
+def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested dicts of settings, each as
+    "key (then, now)" ("absent" for a key one side lacks)."""
     out = []
-    for key, now in settings.items():
-        if meta.get(key) != now:
-            then = repr(meta[key]) if key in meta else "absent"
-            out.append(f"{key} ({then} then, {now!r} now)")
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{k}.")
+        elif a != b:
+            then = "absent" if k not in old else repr(a)
+            now = "absent" if k not in new else repr(b)
+            out.append(f"{prefix}{k} ({then} then, {now} now)")
     return out
+
+
+def mismatches(meta: dict, settings: dict) -> list[str]:
+    """The settings a stored dataset's meta does not share (its other keys not compared)."""
+    return differences({k: meta[k] for k in settings if k in meta}, settings)
 
 
 def iterations(states_esn, fixed_en, block: int) -> np.ndarray:
