@@ -23,13 +23,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agreement import agreement  # noqa: E402
 from machine import cpu_model  # noqa: E402
 from prompts import prompt_set  # noqa: E402
 from results import write_results  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
 from lookahead_jax import consistency as C  # noqa: E402
-from lookahead_jax.testing import first_divergence, full_pass_logits  # noqa: E402
+from lookahead_jax.testing import full_pass_logits  # noqa: E402
 
 BUDGETS = (16, 128)
 JACOBI_BLOCK, JACOBI_BLOCKS = 16, 2  # as trained: blocks of 16, the first two of each answer
@@ -132,13 +133,7 @@ def main() -> None:
     nll_mean = {w: float(np.concatenate(v).mean()) for w, v in nll.items()}
     prompts = [tok.encode_prompt(row["prompt"], chat=True) for row in held]
     outs = {w: lj.generate(m, prompts, max_new_tokens=64).token_ids for w, m in models.items()}
-    pairs = list(zip(outs["base"], outs["tuned"], strict=True))
-    prefix = [len(a) if (i := first_divergence(a, b)) is None else i for a, b in pairs]
-    agreement = {
-        "prompts": len(pairs),
-        "identical": sum(a == b for a, b in pairs),
-        "mean_common_prefix": float(np.mean(prefix)),
-    }
+    agreed = agreement(outs["base"], outs["tuned"])
     manifest = json.loads((Path(args.tuned) / "manifest.json").read_text())
     result = {
         "command": " ".join(["python", *sys.argv]),
@@ -149,7 +144,7 @@ def main() -> None:
         "sets": sets,
         "tokens_per_s_t16": {"prompts": speed_prompts, "max_new_tokens": 128, **speed},
         "held_out_nll": {**nll_mean, "tokens": int(sum(len(v) for v in nll["base"]))},
-        "greedy_agreement": agreement,
+        "greedy_agreement": agreed,
     }
     write_results(args.out, result, markdown(result))
 

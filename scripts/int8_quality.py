@@ -22,12 +22,12 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agreement import agreement, greedy_on_set  # noqa: E402
 from machine import cpu_model  # noqa: E402
-from prompts import prompt_set  # noqa: E402
 from results import write_results  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
-from lookahead_jax.testing import first_divergence, full_pass_logits  # noqa: E402
+from lookahead_jax.testing import full_pass_logits  # noqa: E402
 
 STDLIB = [
     "argparse", "base64", "bisect", "calendar", "csv", "difflib", "fractions", "glob",
@@ -84,21 +84,8 @@ def main() -> None:
 
     greedy = {}
     for set_name in ("mt_bench", "code"):
-        rows = prompt_set(set_name)[: args.greedy_prompts]
-        prompts = [tok.encode_prompt(r["prompt"], chat=True) for r in rows]
-        outs = {
-            w: lj.generate(m, prompts, max_new_tokens=args.max_new_tokens).token_ids
-            for w, m in models.items()
-        }
-        prefix = [
-            len(a) if (i := first_divergence(a, b)) is None else i
-            for a, b in zip(outs["float"], outs["int8"], strict=True)
-        ]
-        greedy[set_name] = {
-            "prompts": len(prompts),
-            "identical": sum(a == b for a, b in zip(outs["float"], outs["int8"], strict=True)),
-            "mean_common_prefix": float(np.mean(prefix)),
-        }
+        outs = greedy_on_set(models, tok, set_name, args.greedy_prompts, args.max_new_tokens)
+        greedy[set_name] = agreement(outs["float"], outs["int8"])
         print(set_name, greedy[set_name], flush=True)
 
     summary = {kind: {w: mean_nll(kind, w) for w in models} for kind in ("code", "prose", "")}

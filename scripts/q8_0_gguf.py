@@ -23,15 +23,14 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from agreement import agreement, greedy_on_set  # noqa: E402
 from int8_quality import held_out_texts, nll  # noqa: E402
 from machine import cpu_model  # noqa: E402
-from prompts import prompt_set  # noqa: E402
 from results import write_results  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
 from lookahead_jax.model import flat_names  # noqa: E402
 from lookahead_jax.quantize import CONTRACTED, Int8Weight, dequantize  # noqa: E402
-from lookahead_jax.testing import first_divergence  # noqa: E402
 
 WEIGHTS = ("float", "q8_0", "int8")
 PROMPT = "Write a long story about a lighthouse keeper and a storm, in ten paragraphs."
@@ -142,21 +141,8 @@ def main() -> None:
 
     greedy = {}
     for set_name in ("mt_bench", "code"):
-        rows = prompt_set(set_name)[: args.greedy_prompts]
-        prompts = [tok.encode_prompt(r["prompt"], chat=True) for r in rows]
-        outs = {
-            w: lj.generate(m, prompts, max_new_tokens=args.greedy_tokens).token_ids
-            for w, m in models.items()
-        }
-        greedy[set_name] = {}
-        for w in ("q8_0", "int8"):
-            pairs = list(zip(outs["float"], outs[w], strict=True))
-            prefix = [len(a) if (i := first_divergence(a, b)) is None else i for a, b in pairs]
-            greedy[set_name][w] = {
-                "prompts": len(prompts),
-                "identical": sum(a == b for a, b in pairs),
-                "mean_common_prefix": float(np.mean(prefix)),
-            }
+        outs = greedy_on_set(models, tok, set_name, args.greedy_prompts, args.greedy_tokens)
+        greedy[set_name] = {w: agreement(outs["float"], outs[w]) for w in ("q8_0", "int8")}
         print(set_name, greedy[set_name], flush=True)
 
     result = {
