@@ -4,10 +4,16 @@
 `start` and the loop it runs (`step` for the host loop, `run_loop` for the device
 loop), compiled ahead of time once per (spec, budget, mesh, argument shapes) in this
 process — and, through JAX's persistent compilation cache, across processes.
+
+At most `MAX_KEPT` executables are kept, the least recently used dropped first: each
+compiled XLA:CPU executable holds a few dozen to hundreds of memory mappings of JIT code,
+and a process that compiles without bound reaches Linux's vm.max_map_count (65530 by
+default), where the next compile segfaults (seen in long-lived pytest workers).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -19,8 +25,9 @@ import jax.numpy as jnp
 from lookahead_jax import decoding
 from lookahead_jax.decode_state import DecodeSpec
 
+MAX_KEPT = 32  # compiled executables kept per process (assign to change)
 _JITTED: dict = {}  # program key -> (decoding.Jitted, state shape)
-_COMPILED: dict = {}  # (program key, entry point) -> compiled executable
+_COMPILED = collections.OrderedDict()  # (program key, entry point) -> executable, LRU first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +91,7 @@ def compiled(model, spec: DecodeSpec, cap: int, start_args, name: str):
     'run_loop'."""
     key = _key(model, spec, cap, start_args)
     if (key, name) in _COMPILED:
+        _COMPILED.move_to_end((key, name))
         return _COMPILED[(key, name)], 0.0
     t = time.perf_counter()
     if key not in _JITTED:
@@ -101,7 +109,17 @@ def compiled(model, spec: DecodeSpec, cap: int, start_args, name: str):
     with precision_scope(spec.cache_dtype):
         exe = getattr(fns, name).lower(*lower_args).compile(compiler_options())
     _COMPILED[(key, name)] = exe
+    _forget_least_recent()
     return exe, time.perf_counter() - t
+
+
+def _forget_least_recent() -> None:
+    """Drop executables beyond MAX_KEPT, oldest use first, and the jitted functions no
+    kept executable comes from (so that JAX's own caches let go of them too)."""
+    while len(_COMPILED) > max(MAX_KEPT, 2):  # a decode needs its start and its loop
+        (key, _), _ = _COMPILED.popitem(last=False)
+        if all(kept != key for kept, _ in _COMPILED):
+            _JITTED.pop(key, None)
 
 
 def programs(model, spec: DecodeSpec, cap: int, start_args, loop: str) -> Programs:

@@ -9,19 +9,50 @@ os.environ.setdefault(
     "LOOKAHEAD_JAX_CACHE", str(Path(__file__).resolve().parent.parent / ".cache" / "test")
 )
 # No persistent compilation cache in the suite (tests/test_cache_dir.py turns it on in a
-# process of its own): a fresh clone gains little from it. NB: pytest workers have died
-# inside XLA:CPU itself -- an abort in executable.serialize() with the cache on, and a
-# segfault compiling a jnp.full in test_properties.py::test_verify_then_emit with it off
-# -- so the cache is not the whole cause; not yet found.
+# process of its own): a fresh clone gains little from it.
 os.environ.setdefault("LOOKAHEAD_JAX_NO_COMPILE_CACHE", "1")
 
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
+import gc  # noqa: E402
+
 import pytest  # noqa: E402
 
+from lookahead_jax import programs  # noqa: E402
 from tests import tiny  # noqa: E402
+
+
+def _memory_maps() -> int:
+    """How many memory mappings this process has (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def _max_memory_maps() -> int:
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530  # Linux's default
+
+
+@pytest.fixture(autouse=True)
+def _few_memory_maps():
+    """Drop every compiled program once the process holds half the mappings Linux allows.
+
+    Each XLA:CPU executable maps its JIT code in a few dozen to hundreds of regions, and
+    a pytest worker compiles thousands of programs: at vm.max_map_count (65530) the next
+    compile segfaults (workers died so at 64660 mappings, in whatever test came next).
+    """
+    yield
+    if _memory_maps() > _max_memory_maps() // 2:
+        programs.clear()
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

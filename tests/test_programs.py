@@ -2,6 +2,8 @@
 otherwise run them in TF32 and break exactness: benchmarks/gpu/), the user's choice of
 precision respected, and cuBLAS matmuls on NVIDIA GPUs."""
 
+import gc
+import os
 import re
 
 import jax
@@ -64,3 +66,33 @@ def test_compiler_options_turn_triton_gemm_off_on_gpus_only(monkeypatch):
 
     monkeypatch.setattr(jax, "devices", lambda *a: [FakeGpu()])
     assert programs.compiler_options() == {"xla_gpu_enable_triton_gemm": False}
+
+
+def memory_maps() -> int:
+    with open("/proc/self/maps", "rb") as f:
+        return sum(1 for _ in f)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
+def test_programs_beyond_max_kept_are_dropped_and_their_code_unmapped(monkeypatch):
+    """The least recently used executables go, and with them their JIT code's memory
+    mappings: a process that decodes many shapes stays below vm.max_map_count."""
+    monkeypatch.setattr(programs, "MAX_KEPT", 2)
+    programs.clear()
+    model = Model(LlamaLM(CFG), init_params(CFG, jax.random.PRNGKey(0), jnp.float32), eos_ids=())
+
+    def decode_batch(b: int) -> int:  # new shapes: a start and a loop program
+        lj.generate(model, [[1, 2, 3]] * b, max_new_tokens=2)
+        gc.collect()
+        return memory_maps()
+
+    first = decode_batch(1)
+    pair_1 = set(programs._COMPILED)
+    evicting = decode_batch(2) - first  # pair 1 dropped as pair 2 came
+    assert len(programs._COMPILED) == 2 and not pair_1 & set(programs._COMPILED)
+    assert len(programs._JITTED) == 1
+    monkeypatch.setattr(programs, "MAX_KEPT", 100)
+    keeping = decode_batch(3) - first - evicting  # nothing dropped
+    assert len(programs._COMPILED) == 4
+    programs.clear()
+    assert evicting < keeping / 2, (evicting, keeping)
