@@ -862,7 +862,19 @@ def test_every_issue_input_has_a_row():
 # ------------------------------------------------------------------ signals and pipes
 
 
+@pytest.fixture
+def ctrl_c_reaches_children():
+    """SIGINT at its default in the children started here. A suite started in the
+    background by a non-interactive shell (`cmd &`) has SIGINT ignored; children inherit
+    that, and Python then keeps ignoring Ctrl-C, as Unix programs should: the tests below
+    would see a CLI that never stops. (A handler set here is reset to the default on exec.)"""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 @pytest.mark.smollm
+@pytest.mark.usefixtures("ctrl_c_reaches_children")
 def test_ctrl_c_during_stream_prints_the_text_so_far_and_the_stats(smollm2_ckpt):
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
@@ -933,6 +945,7 @@ def test_stream_into_head_exits_quietly(smollm2_ckpt, tmp_path):
 
 
 @pytest.mark.smollm
+@pytest.mark.usefixtures("ctrl_c_reaches_children")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupted_conversion_leaves_no_output(sig, tmp_path):
     """Ctrl-C (or SIGTERM) while converting the SmolLM2 GGUF: exit 130, no --out, no
