@@ -22,15 +22,7 @@ import pytest  # noqa: E402
 
 from lookahead_jax import programs  # noqa: E402
 from tests import tiny  # noqa: E402
-
-
-def _memory_maps() -> int:
-    """How many memory mappings this process has (0 where /proc is missing)."""
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            return sum(1 for _ in f)
-    except OSError:
-        return 0
+from tests.helpers import memory_maps  # noqa: E402
 
 
 def _max_memory_maps() -> int:
@@ -49,7 +41,7 @@ def _few_memory_maps():
     compile segfaults (workers died so at 64660 mappings, in whatever test came next).
     """
     yield
-    if _memory_maps() > _max_memory_maps() // 2:
+    if memory_maps() > _max_memory_maps() // 2:
         programs.clear()
         jax.clear_caches()
         gc.collect()

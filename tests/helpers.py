@@ -1,4 +1,4 @@
-"""Shared test helpers: teacher-forced references and the near-tie check."""
+"""Shared test helpers: teacher-forced references, the near-tie check, memory mappings."""
 
 from __future__ import annotations
 
@@ -55,3 +55,12 @@ def random_prompts(n: int, vocab: int, low: int, high: int, seed: int) -> list[l
     rng = np.random.default_rng(seed)
     # avoid ids 0..2 (pad/bos/eos of the tiny models) inside prompts
     return [rng.integers(3, vocab, rng.integers(low, high + 1)).tolist() for _ in range(n)]
+
+
+def memory_maps() -> int:
+    """How many memory mappings this process has (0 where /proc is missing: not Linux)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0

@@ -15,6 +15,7 @@ from lookahead_jax import programs
 from lookahead_jax.config import LlamaConfig
 from lookahead_jax.loading import Model
 from lookahead_jax.model import LlamaLM, init_params
+from tests.helpers import memory_maps
 
 CFG = LlamaConfig(
     vocab_size=64,
@@ -66,11 +67,6 @@ def test_compiler_options_turn_triton_gemm_off_on_gpus_only(monkeypatch):
 
     monkeypatch.setattr(jax, "devices", lambda *a: [FakeGpu()])
     assert programs.compiler_options() == {"xla_gpu_enable_triton_gemm": False}
-
-
-def memory_maps() -> int:
-    with open("/proc/self/maps", "rb") as f:
-        return sum(1 for _ in f)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
