@@ -32,6 +32,9 @@ def _max_memory_maps() -> int:
         return 65530  # Linux's default
 
 
+MAX_MEMORY_MAPS = _max_memory_maps()  # read once: the kernel setting does not change mid-run
+
+
 @pytest.fixture(autouse=True)
 def _few_memory_maps():
     """Drop every compiled program once the process holds half the mappings Linux allows.
@@ -41,7 +44,7 @@ def _few_memory_maps():
     compile segfaults (workers died so at 64660 mappings, in whatever test came next).
     """
     yield
-    if memory_maps() > _max_memory_maps() // 2:
+    if memory_maps() > MAX_MEMORY_MAPS // 2:
         programs.clear()
         jax.clear_caches()
         gc.collect()
