@@ -10,7 +10,9 @@ responses and how often greedy outputs agree on held-out prompts.
     python scripts/consistency_bench.py --tuned /tmp/tuned \\
         --held-out /tmp/sharegpt.held_out.jsonl --out benchmarks/cpu/consistency
 
-Writes OUT.json and OUT.md.
+Writes OUT.json and OUT.md. --base-results OLD.json reuses an earlier run's base
+compression (same base, prompt counts, --subset, --max-new-tokens; greedy decoding of the
+base is deterministic), which halves the time; the rest is measured afresh.
 """
 
 from __future__ import annotations
@@ -66,6 +68,20 @@ def measure_set(model, ids: list[list[int]], args) -> dict:
     return row
 
 
+def reused_base(earlier: dict, name: str, prompts: int, args) -> dict:
+    """The base's compression on set `name` from an earlier run measured the same way."""
+    same = {
+        "base": (earlier.get("base", "smollm2-135m"), args.base),
+        "max_new_tokens": (earlier["max_new_tokens"], args.max_new_tokens),
+        "subset": (earlier["subset"], args.subset),
+        f"{name} prompts": (earlier["sets"].get(name, {}).get("prompts"), prompts),
+    }
+    differ = [f"{k} {a} (there) != {b}" for k, (a, b) in same.items() if a != b]
+    if differ:
+        raise SystemExit(f"--base-results {args.base_results}: measured otherwise: {differ}")
+    return earlier["sets"][name]["base"]
+
+
 def tokens_per_s(models: dict, ids: list[list[int]], max_new_tokens: int, repeats: int) -> dict:
     """One prompt at a time at tokens=16, the CPU default, interleaved between the models
     so that noise hits both: best and median over repeats of the summed decode tokens/s
@@ -106,8 +122,11 @@ def main() -> None:
     ap.add_argument("--speed-prompts", type=int, default=4, help="MT-bench prompts timed")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--nll-tokens", type=int, default=256, help="response tokens per text")
+    ap.add_argument("--base-results", default=None, help="an earlier OUT.json whose base "
+                    "compression to reuse")  # fmt: skip
     ap.add_argument("--out", default="benchmarks/cpu/consistency")
     args = ap.parse_args()
+    earlier = json.loads(Path(args.base_results).read_text()) if args.base_results else None
 
     models = {"base": lj.load(args.base), "tuned": lj.load(args.tuned)}
     tok = models["base"].tokenizer
@@ -116,7 +135,10 @@ def main() -> None:
         ids = [tok.encode_prompt(r["prompt"], chat=True) for r in prompt_set(name)[:n]]
         sets[name] = {"prompts": len(ids)}
         for which, model in models.items():
-            sets[name][which] = measure_set(model, ids, args)
+            if which == "base" and earlier is not None:
+                sets[name][which] = reused_base(earlier, name, len(ids), args)
+            else:
+                sets[name][which] = measure_set(model, ids, args)
             print(name, which, sets[name][which], flush=True)
         if name == "mt_bench":
             speed_prompts = len(ids[: args.speed_prompts])
@@ -137,6 +159,8 @@ def main() -> None:
     manifest = json.loads((Path(args.tuned) / "manifest.json").read_text())
     result = {
         "command": " ".join(["python", *sys.argv]),
+        "base": args.base,
+        "base_compression_from": args.base_results,
         "cpu": cpu_model(),
         "tuned_source": manifest.get("source"),
         "max_new_tokens": args.max_new_tokens,
@@ -162,6 +186,10 @@ def markdown(r: dict) -> str:
         f"{JACOBI_BLOCK}, from a guess of random prompt tokens) on the first "
         f"{r['subset']} prompts of each set.",
         "",
+    ]
+    if r.get("base_compression_from"):
+        lines += [f"Base compression reused from `{r['base_compression_from']}`.", ""]
+    lines += [
         "| set | model | tokens=16 | tokens=128 | Jacobi n=16 |",
         "|---|---|---|---|---|",
     ]

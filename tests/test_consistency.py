@@ -118,12 +118,51 @@ def test_loss_is_zero_at_the_fixed_point_and_its_gradient_is_right(base):
     assert abs(numeric - analytic) <= 1e-6 * abs(analytic), (numeric, analytic)
 
 
-def test_training_lowers_jacobi_iterations_and_decodes_exactly(base, tmp_path):
+def test_base_teacher_is_a_distance_to_the_base_and_its_gradient_is_right(base):
+    """Teacher "base": at the base's own parameters the next-token KL is 0 and the
+    consistency term is the "self" teacher's; moved away from them both are positive, and
+    the gradient (the base is a separate constant: no stop-gradient involved) matches a
+    central finite difference of the loss itself (float64)."""
+    model, data = base
+    tc = C.TrainConfig(teacher="base")
+    batch = {k: jnp.asarray(v) for k, v in sample_batch(data, 0, 4, seed=0).items()}
+    with jax.enable_x64(True):
+        _, (cons, ar) = loss_fn(model.lm, model.params, batch, tc, BLOCK, model.params)
+        _, (cons_self, _) = loss_fn(model.lm, model.params, batch, C.TrainConfig(), BLOCK)
+        assert abs(float(ar)) < 1e-12 and float(cons) == pytest.approx(float(cons_self), 1e-12)
+
+        leaves, treedef = jax.tree.flatten(model.params)
+        keys = jax.random.split(jax.random.PRNGKey(1), 2 * len(leaves))
+        d1, d2 = (
+            treedef.unflatten([jax.random.normal(k, x.shape, x.dtype)
+                               for k, x in zip(keys[i::2], leaves, strict=True)])
+            for i in (0, 1)
+        )  # fmt: skip
+        moved = jax.tree.map(lambda p, d: p + 1e-2 * d, model.params, d1)
+
+        @jax.jit
+        def total(params):
+            return loss_fn(model.lm, params, batch, tc, BLOCK, model.params)
+
+        (_, (_, ar_moved)), grads = total(moved), jax.jit(jax.grad(lambda p: total(p)[0]))(moved)
+        assert float(ar_moved) > 1e-4
+        eps = 1e-6
+        ends = [jax.tree.map(lambda p, d, s=s: p + s * eps * d, moved, d2) for s in (1, -1)]
+        numeric = (float(total(ends[0])[0]) - float(total(ends[1])[0])) / (2 * eps)
+        pairs = zip(jax.tree.leaves(grads), jax.tree.leaves(d2), strict=True)
+        analytic = sum(float(jnp.vdot(g, d)) for g, d in pairs)
+    assert abs(numeric - analytic) <= 1e-6 * abs(analytic), (numeric, analytic)
+
+
+@pytest.mark.parametrize("teacher", ["self", "base"])
+def test_training_lowers_jacobi_iterations_and_decodes_exactly(base, tmp_path, teacher):
     """A few dozen updates on the model's own trajectories: its Jacobi iterations per
     block fall (re-collected with the tuned model), and the written checkpoint loads and
     passes the exactness harness (lookahead greedy == plain greedy, float64)."""
     model, data = base
-    tc = C.TrainConfig(steps=30, batch=8, learning_rate=3e-3, warmup=2, save_every=10)
+    tc = C.TrainConfig(
+        steps=30, batch=8, learning_rate=3e-3, warmup=2, save_every=10, teacher=teacher
+    )
     with jax.enable_x64(True):
         params = C.train(model, data, tmp_path / "work", tc, progress=False)
         out = C.write_checkpoint(model, params, tmp_path / "tuned", {"kind": "consistency"})
@@ -184,6 +223,7 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(base, tmp_path
         (["--prompts", "{bad}"], "bad.jsonl:2: needs a non-empty 'prompt'"),
         (["--prompts", "{good}", "--block", "1"], "--block must be >= 2"),
         (["--prompts", "{good}", "--warmup", "300"], "warmup must be in [0, steps=200)"),
+        (["--prompts", "{good}", "--teacher", "me"], "teacher must be one of ('self', 'base')"),
     ],
 )
 def test_cli_bad_input_is_one_line(tiny_ckpts, tmp_path, args, needle):

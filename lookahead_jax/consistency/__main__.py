@@ -44,6 +44,9 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--clip-norm", type=float, default=1.0, help="global gradient norm")
     p.add_argument("--consistency-weight", type=float, default=1.0)
     p.add_argument("--ar-weight", type=float, default=1.0, help="next-token loss weight")
+    p.add_argument("--teacher", default="self", help="whose fixed-point distribution is "
+                   "learned: 'self' (the CLLM recipe) or 'base' (the frozen base model's: "
+                   "keeps its distribution; see consistency/loss.py)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=25, help="updates between saved states")
     p.add_argument("--dtype", default="float32", help="float32 (default) or float64")
@@ -101,7 +104,7 @@ def _run(args) -> int:
         steps=args.steps, batch=args.batch, accumulate=args.accumulate,
         learning_rate=args.lr, warmup=args.warmup, weight_decay=args.weight_decay,
         clip_norm=args.clip_norm, consistency_weight=args.consistency_weight,
-        ar_weight=args.ar_weight, seed=args.seed, save_every=args.save_every,
+        ar_weight=args.ar_weight, teacher=args.teacher, seed=args.seed, save_every=args.save_every,
     ).check()  # fmt: skip
     if args.block < 2 or args.blocks < 1 or args.prompt_slots < 1 or args.collect_batch < 1:
         raise UserInputError("--block must be >= 2; --blocks, --prompt-slots, --collect-batch >= 1")

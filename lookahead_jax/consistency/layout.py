@@ -81,12 +81,15 @@ def tokens(prompt_bp, fixed_bn, guess_bn):
     return jnp.concatenate([prompt_bp, fixed_bn, guess_bn], axis=1).astype(jnp.int32)
 
 
-def logits(lm, params, prompt_bp, fixed_bn, guess_bn, prompt_len_b, out_len_b, block: int):
+def logits(lm, params, prompt_bp, fixed_bn, guess_bn, prompt_len_b, out_len_b, block: int,
+           fixed_only: bool = False):  # fmt: skip
     """[B, 2N, V]: one forward pass of the layout, the logits of `logits_rows`: the first
-    N rows predict y* from the true text, the next N each block's tokens from its guesses."""
+    N rows predict y* from the true text, the next N each block's tokens from its guesses.
+    fixed_only: [B, N, V], the first N rows alone (a teacher needs no more)."""
     P, N = prompt_bp.shape[1], fixed_bn.shape[1]
     blocks = N // block
     seq = tokens(prompt_bp, fixed_bn, guess_bn)
     positions, mask = positions_and_mask(prompt_len_b, out_len_b, P, block, blocks)
-    rows = jnp.broadcast_to(logits_rows(P, block, blocks), (seq.shape[0], 2 * N))
+    wanted = logits_rows(P, block, blocks)[: N if fixed_only else 2 * N]
+    rows = jnp.broadcast_to(wanted, (seq.shape[0], wanted.shape[0]))
     return lm.apply(params, seq, positions, mask, None, rows)[0]

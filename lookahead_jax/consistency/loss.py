@@ -1,13 +1,24 @@
 """The training objective: consistency (a Jacobi state's predictions pulled toward the
 fixed point's) plus a next-token loss on the fixed point, from one forward pass in
-layout.py's arrangement.
+layout.py's arrangement. Two teachers say what "the fixed point's" distribution is:
+
+teacher "self" (the CLLM recipe): the model being trained, held constant (stop-gradient)
 
     consistency = mean over informative (k, j) of
                   KL( p(. | x, y*[:k*n+j])  ||  p(. | x, y*[:k*n], g_k[:j]) )
     ar          = mean over t < out_len of  -log p(y*_t | x, y*[:t])
 
-The fixed point's distributions are held constant (stop-gradient): the model learns to
-reach, from any point of a trajectory, what it would predict at its end. A position
+teacher "base": the frozen base model q (its logits passed in as `teacher_bnv`)
+
+    consistency = mean over informative (k, j) of
+                  KL( q(. | x, y*[:k*n+j])  ||  p(. | x, y*[:k*n], g_k[:j]) )
+    ar          = mean over t < out_len of  KL( q(. | x, y*[:t])  ||  p(. | x, y*[:t]) )
+
+"self"'s next-token loss trains on the greedy tokens, which sharpens the model toward its
+own argmax (held-out NLL rises); "base" distils the whole distribution, so the tuned
+model keeps the base's where the text is right and learns only to reach it from Jacobi
+states. Either way the model learns to reach, from any point of a trajectory, what is
+predicted at its end. A position
 (k, j) is informative when g_k differs from y* somewhere before j (j >= 1): before the
 first wrong guess both contexts are the same text and the KL is zero, so they are left
 out of the mean — and at the fixed point itself the consistency loss is exactly 0.
@@ -17,6 +28,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+TEACHERS = ("self", "base")
 
 
 def informative(fixed_bn, guess_bn, out_len_b, block: int):
@@ -29,20 +42,30 @@ def informative(fixed_bn, guess_bn, out_len_b, block: int):
     return wrong_before.reshape(B, N) & inside
 
 
-def losses(logits_brv, fixed_bn, guess_bn, out_len_b, block: int):
+def kl(target_lp, lp):
+    """KL(target || p) over the last axis, from log-probabilities."""
+    return jnp.sum(jnp.exp(target_lp) * (target_lp - lp), axis=-1)
+
+
+def losses(logits_brv, fixed_bn, guess_bn, out_len_b, block: int, teacher_bnv=None):
     """(consistency, ar), each a scalar mean. logits_brv: the 2N rows of
     layout.logits_rows — fixed-point rows first (row t predicts y*_t), then guess rows
-    (row N + k*n + j predicts block k's token j from g_k[:j], for j >= 1)."""
+    (row N + k*n + j predicts block k's token j from g_k[:j], for j >= 1).
+    teacher_bnv: None (teacher "self") or the base model's N fixed-point rows [B, N, V]."""
     N = fixed_bn.shape[1]
     logp = jax.nn.log_softmax(logits_brv, axis=-1)
     fixed_lp, guess_lp = logp[:, :N], logp[:, N:]
 
     inside = jnp.arange(N)[None] < out_len_b[:, None]
-    nll = -jnp.take_along_axis(fixed_lp, fixed_bn[..., None], axis=-1)[..., 0]
-    ar = jnp.sum(nll * inside) / jnp.maximum(jnp.sum(inside), 1)
+    if teacher_bnv is None:
+        target = jax.lax.stop_gradient(fixed_lp)
+        per_token = -jnp.take_along_axis(fixed_lp, fixed_bn[..., None], axis=-1)[..., 0]
+    else:
+        target = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_bnv), axis=-1)
+        per_token = kl(target, fixed_lp)
+    ar = jnp.sum(per_token * inside) / jnp.maximum(jnp.sum(inside), 1)
 
-    target = jax.lax.stop_gradient(fixed_lp)
-    kl = jnp.sum(jnp.exp(target) * (target - guess_lp), axis=-1)  # [B, N]
+    kl_bn = kl(target, guess_lp)  # [B, N]
     where = informative(fixed_bn, guess_bn, out_len_b, block)
-    consistency = jnp.sum(jnp.where(where, kl, 0)) / jnp.maximum(jnp.sum(where), 1)
+    consistency = jnp.sum(jnp.where(where, kl_bn, 0)) / jnp.maximum(jnp.sum(where), 1)
     return consistency, ar

@@ -33,7 +33,7 @@ import numpy as np
 
 from lookahead_jax.cache_dir import write_atomic
 from lookahead_jax.consistency import layout
-from lookahead_jax.consistency.loss import losses
+from lookahead_jax.consistency.loss import TEACHERS, losses
 from lookahead_jax.consistency.trajectories import Trajectories, differences
 from lookahead_jax.errors import UserInputError
 
@@ -49,6 +49,7 @@ class TrainConfig:
     clip_norm: float = 1.0  # global gradient norm
     consistency_weight: float = 1.0
     ar_weight: float = 1.0
+    teacher: str = "self"  # whose fixed-point distribution is learned: loss.py's TEACHERS
     seed: int = 0
     save_every: int = 25  # updates between train-state checkpoints
 
@@ -62,6 +63,8 @@ class TrainConfig:
         for name in ("learning_rate", "clip_norm"):
             if not getattr(self, name) > 0:
                 raise UserInputError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.teacher not in TEACHERS:
+            raise UserInputError(f"teacher must be one of {TEACHERS}, got {self.teacher!r}")
         for name in ("weight_decay", "consistency_weight", "ar_weight"):
             if getattr(self, name) < 0:
                 raise UserInputError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -136,30 +139,40 @@ def sample_batch(data: Trajectories, micro_step: int, batch: int, seed: int) -> 
     }
 
 
-def batch_logits(lm, params, batch: dict, block: int):
-    """[B, 2N, V]: the logits of layout.logits_rows for one micro-batch."""
+def batch_logits(lm, params, batch: dict, block: int, fixed_only: bool = False):
+    """[B, 2N, V]: the logits of layout.logits_rows for one micro-batch ([B, N, V], the
+    fixed-point rows, with fixed_only)."""
     return layout.logits(
         lm, params, batch["prompt"], batch["fixed"], batch["guess"], batch["prompt_len"],
-        batch["out_len"], block,
+        batch["out_len"], block, fixed_only,
     )  # fmt: skip
 
 
-def loss_fn(lm, params, batch: dict, tc: TrainConfig, block: int):
-    """(weighted total, (consistency, ar)) of one micro-batch."""
+def loss_fn(lm, params, batch: dict, tc: TrainConfig, block: int, base_params=None):
+    """(weighted total, (consistency, ar)) of one micro-batch. base_params: the frozen
+    base model, needed by teacher "base" (its fixed-point logits are the targets)."""
     logits = batch_logits(lm, params, batch, block)
-    consistency, ar = losses(logits, batch["fixed"], batch["guess"], batch["out_len"], block)
+    teacher = None
+    if tc.teacher == "base":
+        teacher = batch_logits(lm, jax.lax.stop_gradient(base_params), batch, block, True)
+    consistency, ar = losses(
+        logits, batch["fixed"], batch["guess"], batch["out_len"], block, teacher
+    )
     return tc.consistency_weight * consistency + tc.ar_weight * ar, (consistency, ar)
 
 
 @functools.lru_cache(maxsize=8)
 def make_train_step(lm, tc: TrainConfig, block: int):
-    """(optimizer, jitted step): one compilation per model, config and block size."""
+    """(optimizer, jitted step(params, opt_state, batch, base_params)): one compilation per
+    model, config and block size. base_params: None unless tc.teacher is "base"."""
     import optax
 
     opt = make_optimizer(tc)
 
-    def step(params, opt_state, batch):
-        grad_fn = jax.value_and_grad(lambda p: loss_fn(lm, p, batch, tc, block), has_aux=True)
+    def step(params, opt_state, batch, base_params):
+        grad_fn = jax.value_and_grad(
+            lambda p: loss_fn(lm, p, batch, tc, block, base_params), has_aux=True
+        )
         (total, (consistency, ar)), grads = grad_fn(params)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
@@ -276,6 +289,7 @@ def _train_loop(model, data: Trajectories, tc: TrainConfig, manager, progress: b
     mesh = getattr(model, "mesh", None)
     opt, step_fn = make_train_step(model.lm, tc, data.block)
     params = jax.tree.map(jnp.copy, model.params)  # the step donates its params
+    base_params = model.params if tc.teacher == "base" else None
     opt_state = jax.jit(opt.init)(params)
     micro = 0
     if manager.latest_step() is not None:
@@ -303,7 +317,9 @@ def _train_loop(model, data: Trajectories, tc: TrainConfig, manager, progress: b
     ):  # fmt: skip
         while micro < stop_micro and stop.requested is None:
             batch = sample_batch(data, micro, tc.batch, tc.seed)
-            params, opt_state, metrics = step_fn(params, opt_state, _put_batch(batch, mesh))
+            params, opt_state, metrics = step_fn(
+                params, opt_state, _put_batch(batch, mesh), base_params
+            )
             micro += 1
             tokens += int(batch["out_len"].sum())
             if micro % tc.accumulate == 0:
