@@ -216,6 +216,18 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(base, tmp_path
     )
 
 
+def test_mix_walks_from_the_base_to_the_trained_parameters(base):
+    model, _ = base
+    with jax.enable_x64(True):
+        trained = jax.tree.map(lambda x: 2 * x + 1, model.params)
+        for fraction in (0.25, 1.0):
+            mixed = C.mix(model.params, trained, fraction)
+            for b, m in zip(jax.tree.leaves(model.params), jax.tree.leaves(mixed), strict=True):
+                np.testing.assert_allclose(m, b + fraction * (b + 1), rtol=1e-12)
+    with pytest.raises(lj.UserInputError, match="mix must be in"):
+        C.mix(model.params, trained, 1.5)
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -224,6 +236,7 @@ def test_resume_after_an_interruption_equals_an_uninterrupted_run(base, tmp_path
         (["--prompts", "{good}", "--block", "1"], "--block must be >= 2"),
         (["--prompts", "{good}", "--warmup", "300"], "warmup must be in [0, steps=200)"),
         (["--prompts", "{good}", "--teacher", "me"], "teacher must be one of ('self', 'base')"),
+        (["--prompts", "{good}", "--mix", "0"], "--mix must be in (0, 1], got 0.0"),
     ],
 )
 def test_cli_bad_input_is_one_line(tiny_ckpts, tmp_path, args, needle):

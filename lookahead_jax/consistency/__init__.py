@@ -15,6 +15,7 @@ from lookahead_jax.consistency.loss import losses
 from lookahead_jax.consistency.train import (
     TrainConfig,
     TrainingInterrupted,
+    mix,
     train,
     write_checkpoint,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "collect",
     "load_trajectories",
     "losses",
+    "mix",
     "save_trajectories",
     "train",
     "write_checkpoint",

@@ -47,6 +47,10 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--teacher", default="self", help="whose fixed-point distribution is "
                    "learned: 'self' (the CLLM recipe) or 'base' (the frozen base model's: "
                    "keeps its distribution; see consistency/loss.py)")  # fmt: skip
+    p.add_argument("--mix", type=float, default=1.0, help="write base + MIX * (trained - "
+                   "base), 0 < MIX <= 1 (weight interpolation: less speed-up, quality closer "
+                   "to the base); run again with another --mix and --force to rewrite "
+                   "without training again")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=25, help="updates between saved states")
     p.add_argument("--dtype", default="float32", help="float32 (default) or float64")
@@ -106,6 +110,8 @@ def _run(args) -> int:
         clip_norm=args.clip_norm, consistency_weight=args.consistency_weight,
         ar_weight=args.ar_weight, teacher=args.teacher, seed=args.seed, save_every=args.save_every,
     ).check()  # fmt: skip
+    if not 0 < args.mix <= 1:
+        raise UserInputError(f"--mix must be in (0, 1], got {args.mix}")
     if args.block < 2 or args.blocks < 1 or args.prompt_slots < 1 or args.collect_batch < 1:
         raise UserInputError("--block must be >= 2; --blocks, --prompt-slots, --collect-batch >= 1")
     if args.max_prompts is not None and args.max_prompts < 1:
@@ -176,7 +182,10 @@ def _run(args) -> int:
         "trajectories": str(data_path),
         "train": json.loads(json.dumps(tc.__dict__)),
         "tokens_per_epoch": data.meta["tokens"],
+        "mix": args.mix,
     }
+    if args.mix != 1:
+        params = C.mix(model.params, params, args.mix)
     C.write_checkpoint(model, params, out, source, force=args.force)
     print(f"wrote {out}", file=sys.stderr)
     return 0
