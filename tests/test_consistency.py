@@ -83,7 +83,7 @@ def test_loss_is_zero_at_the_fixed_point_and_its_gradient_is_right(base):
     difference of  ar(θ) + consistency(fixed-point logits at θ0, guess logits at θ)
     along a random direction (float64)."""
     model, data = base
-    tc = C.TrainConfig()
+    tc = C.TrainConfig(teacher="self")
     batch = {k: jnp.asarray(v) for k, v in sample_batch(data, 0, 4, seed=0).items()}
     at_fixed = dict(batch, guess=batch["fixed"])
     N = BLOCK * BLOCKS
@@ -128,7 +128,9 @@ def test_base_teacher_is_a_distance_to_the_base_and_its_gradient_is_right(base):
     batch = {k: jnp.asarray(v) for k, v in sample_batch(data, 0, 4, seed=0).items()}
     with jax.enable_x64(True):
         _, (cons, ar) = loss_fn(model.lm, model.params, batch, tc, BLOCK, model.params)
-        _, (cons_self, _) = loss_fn(model.lm, model.params, batch, C.TrainConfig(), BLOCK)
+        _, (cons_self, _) = loss_fn(
+            model.lm, model.params, batch, C.TrainConfig(teacher="self"), BLOCK
+        )
         assert abs(float(ar)) < 1e-12 and float(cons) == pytest.approx(float(cons_self), 1e-12)
 
         leaves, treedef = jax.tree.flatten(model.params)

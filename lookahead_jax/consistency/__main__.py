@@ -38,15 +38,15 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--steps", type=int, default=200, help="optimizer updates")
     p.add_argument("--batch", type=int, default=4, help="examples per micro-batch")
     p.add_argument("--accumulate", type=int, default=1, help="micro-batches per update")
-    p.add_argument("--lr", type=float, default=1e-5, help="peak learning rate (AdamW)")
-    p.add_argument("--warmup", type=int, default=10, help="warm-up updates")
+    p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup", type=int, default=20, help="warm-up updates")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--clip-norm", type=float, default=1.0, help="global gradient norm")
     p.add_argument("--consistency-weight", type=float, default=1.0)
     p.add_argument("--ar-weight", type=float, default=1.0, help="next-token loss weight")
-    p.add_argument("--teacher", default="self", help="whose fixed-point distribution is "
-                   "learned: 'self' (the CLLM recipe) or 'base' (the frozen base model's: "
-                   "keeps its distribution; see consistency/loss.py)")  # fmt: skip
+    p.add_argument("--teacher", default="base", help="whose fixed-point distribution is "
+                   "learned: 'base' (default: the frozen base model's, which keeps its "
+                   "distribution) or 'self' (the CLLM recipe); consistency/loss.py")  # fmt: skip
     p.add_argument("--mix", type=float, default=1.0, help="write base + MIX * (trained - "
                    "base), 0 < MIX <= 1 (weight interpolation: less speed-up, quality closer "
                    "to the base); run again with another --mix and --force to rewrite "

@@ -43,13 +43,13 @@ class TrainConfig:
     steps: int = 200  # optimizer updates
     batch: int = 4  # examples per micro-batch
     accumulate: int = 1  # micro-batches per update
-    learning_rate: float = 1e-5  # peak, after warm-up; cosine to a tenth of it
-    warmup: int = 10  # updates of linear warm-up
+    learning_rate: float = 5e-5  # peak, after warm-up; cosine to a tenth of it
+    warmup: int = 20  # updates of linear warm-up
     weight_decay: float = 0.0
     clip_norm: float = 1.0  # global gradient norm
     consistency_weight: float = 1.0
     ar_weight: float = 1.0
-    teacher: str = "self"  # whose fixed-point distribution is learned: loss.py's TEACHERS
+    teacher: str = "base"  # whose fixed-point distribution is learned: loss.py's TEACHERS
     seed: int = 0
     save_every: int = 25  # updates between train-state checkpoints
 
