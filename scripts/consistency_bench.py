@@ -187,6 +187,8 @@ def markdown(r: dict) -> str:
         f"{r['subset']} prompts of each set.",
         "",
     ]
+    if src.get("mix", 1) != 1:
+        lines += [f"Written as base + {src['mix']:g} * (trained - base) (`--mix`).", ""]
     if r.get("base_compression_from"):
         lines += [f"Base compression reused from `{r['base_compression_from']}`.", ""]
     lines += [

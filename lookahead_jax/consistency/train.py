@@ -351,9 +351,10 @@ def _unleaves(flat: dict, like):
 
 def mix(base_params, trained_params, fraction: float):
     """base + fraction * (trained - base), leaf by leaf: weight interpolation (WiSE-FT,
-    Wortsman et al. 2022). Quality falls faster than the speed-up near the trained end, so
-    part of the way keeps most of the speed-up at a fraction of the cost (measured on
-    SmolLM2: README "Training for lookahead")."""
+    Wortsman et al. 2022), a dial from the trained model's speed-up back to the base's
+    quality after training. Measured on SmolLM2 (README "Training for lookahead"), both
+    move mostly near the trained end: a fraction of 0.6 kept a quarter to a third of the
+    MT-bench compression gain (none on code) and a fifth of the held-out NLL cost."""
     if not 0 < fraction <= 1:
         raise UserInputError(f"mix must be in (0, 1], got {fraction}")
     return jax.tree.map(lambda b, t: b + fraction * (t - b), base_params, trained_params)
