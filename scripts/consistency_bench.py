@@ -12,7 +12,8 @@ responses and how often greedy outputs agree on held-out prompts.
 
 Writes OUT.json and OUT.md. --base-results OLD.json reuses an earlier run's base
 compression (same base, prompt counts, --subset, --max-new-tokens; greedy decoding of the
-base is deterministic), which halves the time; the rest is measured afresh.
+base is deterministic), which halves the compression measurements (most of the time);
+tokens/s, NLL and agreement are measured afresh for both.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def measure_set(model, ids: list[list[int]], args) -> dict:
 def reused_base(earlier: dict, name: str, prompts: int, args) -> dict:
     """The base's compression on set `name` from an earlier run measured the same way."""
     same = {
+        # as given on the command line (files from before this key: the default)
         "base": (earlier.get("base", "smollm2-135m"), args.base),
         "max_new_tokens": (earlier["max_new_tokens"], args.max_new_tokens),
         "subset": (earlier["subset"], args.subset),
@@ -106,6 +108,17 @@ def response_nll(model, prompt_ids: list[int], response_ids: list[int]) -> np.nd
     shifted = logits - logits.max(-1, keepdims=True)
     logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     return -logp[np.arange(len(response_ids)), response_ids]
+
+
+def held_out_nll(model, held: list[dict], tokens: int) -> tuple[float, int]:
+    """Mean per-token NLL of held-out responses (the first `tokens` of each, after their
+    prompt in the chat template), and how many tokens that is."""
+    tok, nll = model.tokenizer, []
+    for row in held:
+        p = tok.encode_prompt(row["prompt"], chat=True)
+        r = tok.encode(row["response"], add_special_tokens=False)[:tokens]
+        nll.append(response_nll(model, p, r))
+    return float(np.concatenate(nll).mean()), int(sum(len(v) for v in nll))
 
 
 def main() -> None:
@@ -146,13 +159,7 @@ def main() -> None:
             print("tokens/s", speed, flush=True)
 
     held = [json.loads(line) for line in Path(args.held_out).read_text().splitlines() if line]
-    nll = {w: [] for w in models}
-    for row in held:
-        p = tok.encode_prompt(row["prompt"], chat=True)
-        r = tok.encode(row["response"], add_special_tokens=False)[: args.nll_tokens]
-        for w, m in models.items():
-            nll[w].append(response_nll(m, p, r))
-    nll_mean = {w: float(np.concatenate(v).mean()) for w, v in nll.items()}
+    nll = {w: held_out_nll(m, held, args.nll_tokens) for w, m in models.items()}
     prompts = [tok.encode_prompt(row["prompt"], chat=True) for row in held]
     outs = {w: lj.generate(m, prompts, max_new_tokens=64).token_ids for w, m in models.items()}
     agreed = agreement(outs["base"], outs["tuned"])
@@ -167,7 +174,7 @@ def main() -> None:
         "subset": args.subset,
         "sets": sets,
         "tokens_per_s_t16": {"prompts": speed_prompts, "max_new_tokens": 128, **speed},
-        "held_out_nll": {**nll_mean, "tokens": int(sum(len(v) for v in nll["base"]))},
+        "held_out_nll": {**{w: v[0] for w, v in nll.items()}, "tokens": nll["base"][1]},
         "greedy_agreement": agreed,
     }
     write_results(args.out, result, markdown(result))

@@ -11,29 +11,18 @@ Writes OUT.json and OUT.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from consistency_bench import response_nll  # noqa: E402
+from consistency_bench import held_out_nll  # noqa: E402
 from machine import cpu_model  # noqa: E402
 from results import write_results  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
 from lookahead_jax import consistency as C  # noqa: E402
-
-
-def held_out_nll(model, held: list[dict], tokens: int) -> float:
-    """Mean per-token NLL of the held-out responses (first `tokens` of each)."""
-    tok, nll = model.tokenizer, []
-    for row in held:
-        p = tok.encode_prompt(row["prompt"], chat=True)
-        r = tok.encode(row["response"], add_special_tokens=False)[:tokens]
-        nll.append(response_nll(model, p, r))
-    return float(np.concatenate(nll).mean())
 
 
 def main() -> None:
@@ -45,22 +34,26 @@ def main() -> None:
     ap.add_argument("--nll-tokens", type=int, default=256, help="response tokens per text")
     ap.add_argument("--out", default="benchmarks/cpu/consistency_mix_nll")
     args = ap.parse_args()
+    mixes = [float(x) for x in args.mix.split(",")]
+    if not all(0 < m <= 1 for m in mixes):
+        raise SystemExit(f"--mix {args.mix}: every value must be in (0, 1]")
 
+    source = json.loads((Path(args.tuned) / "manifest.json").read_text()).get("source") or {}
+    if source.get("mix", 1) != 1:
+        raise SystemExit(f"{args.tuned} was itself written with --mix; give the unmixed one")
     base, tuned = lj.load(args.base), lj.load(args.tuned)
     held = [json.loads(line) for line in Path(args.held_out).read_text().splitlines() if line]
-    base_nll = held_out_nll(base, held, args.nll_tokens)
+    base_nll, _ = held_out_nll(base, held, args.nll_tokens)
     rows = []
-    for mix in [float(x) for x in args.mix.split(",")]:
-        mixed = lj.load(args.tuned)
-        mixed.params = C.mix(base.params, tuned.params, mix)
-        nll = held_out_nll(mixed, held, args.nll_tokens)
+    for mix in mixes:
+        mixed = dataclasses.replace(tuned, params=C.mix(base.params, tuned.params, mix))
+        nll, _ = held_out_nll(mixed, held, args.nll_tokens)
         rows.append({"mix": mix, "nll": nll, "change": nll / base_nll - 1})
         print(rows[-1], flush=True)
-    manifest = json.loads((Path(args.tuned) / "manifest.json").read_text())
     result = {
         "command": " ".join(["python", *sys.argv]),
         "cpu": cpu_model(),
-        "tuned_source": manifest.get("source"),
+        "tuned_source": source,
         "texts": len(held),
         "base_nll": base_nll,
         "rows": rows,

@@ -3,8 +3,10 @@ ICML 2024) in JAX with optax, so that lookahead's Jacobi window converges in few
 
     trajectories.py  greedy outputs (fixed points) and every Jacobi state of their blocks
     layout.py        one forward pass holding prompt, fixed point and all Jacobi blocks
-    loss.py          consistency (KL to the fixed point's distribution) + next-token loss
-    train.py         optax loop, orbax train state (resume), the tuned checkpoint
+    loss.py          consistency (KL to the fixed point's distribution) + next-token loss,
+                     the fixed point's distribution the model's own or the frozen base's
+    train.py         optax loop, orbax train state (resume), the tuned checkpoint, and
+                     mix (base + fraction * (trained - base))
     __main__.py      python -m lookahead_jax.consistency
 
 The tuned model is an ordinary checkpoint: lookahead decoding of it is exact (greedy

@@ -45,12 +45,12 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--consistency-weight", type=float, default=1.0)
     p.add_argument("--ar-weight", type=float, default=1.0, help="next-token loss weight")
     p.add_argument("--teacher", default="base", help="whose fixed-point distribution is "
-                   "learned: 'base' (default: the frozen base model's, which keeps its "
-                   "distribution) or 'self' (the CLLM recipe); consistency/loss.py")  # fmt: skip
+                   "learned: 'base' (default: the frozen base model's, pulling the model "
+                   "toward its distribution) or 'self' (the CLLM recipe)")  # fmt: skip
     p.add_argument("--mix", type=float, default=1.0, help="write base + MIX * (trained - "
                    "base), 0 < MIX <= 1 (weight interpolation: less speed-up, quality closer "
-                   "to the base); run again with another --mix and --force to rewrite "
-                   "without training again")  # fmt: skip
+                   "to the base); run again with the same --work (default OUT.work) and "
+                   "another --mix (--force to replace OUT): no training again")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=25, help="updates between saved states")
     p.add_argument("--dtype", default="float32", help="float32 (default) or float64")

@@ -15,13 +15,16 @@ teacher "base": the frozen base model q (its logits passed in as `teacher_bnv`)
     ar          = mean over t < out_len of  KL( q(. | x, y*[:t])  ||  p(. | x, y*[:t]) )
 
 "self"'s next-token loss trains on the greedy tokens, which sharpens the model toward its
-own argmax (held-out NLL rises); "base" distils the whole distribution, so the tuned
-model keeps the base's where the text is right and learns only to reach it from Jacobi
-states. Either way the model learns to reach, from any point of a trajectory, what is
-predicted at its end. A position
-(k, j) is informative when g_k differs from y* somewhere before j (j >= 1): before the
-first wrong guess both contexts are the same text and the KL is zero, so they are left
-out of the mean — and at the fixed point itself the consistency loss is exactly 0.
+own argmax (held-out NLL rises); "base" distils the whole distribution, pulling the tuned
+model toward the base's where the text is right (measured on SmolLM2 it still drifts:
+README "Training for lookahead"). Either way the model learns to reach, from any point
+of a trajectory, what is predicted at its end. `ar` is thus an NLL with one teacher and
+a KL with the other: its values are not comparable between the two.
+
+A position (k, j) is informative when g_k differs from y* somewhere before j (j >= 1):
+before the first wrong guess both contexts are the same text, so the term is the
+fixed point's own (zero for "self"; for "base" the KL that `ar` already counts) and is
+left out of the mean — at the fixed point itself the consistency loss is exactly 0.
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ def informative(fixed_bn, guess_bn, out_len_b, block: int):
     return wrong_before.reshape(B, N) & inside
 
 
-def kl(target_lp, lp):
-    """KL(target || p) over the last axis, from log-probabilities."""
-    return jnp.sum(jnp.exp(target_lp) * (target_lp - lp), axis=-1)
+def kl(target_bnv, logp_bnv):
+    """[B, N]: KL(target || p) over the vocabulary axis, from log-probabilities."""
+    return jnp.sum(jnp.exp(target_bnv) * (target_bnv - logp_bnv), axis=-1)
 
 
 def losses(logits_brv, fixed_bn, guess_bn, out_len_b, block: int, teacher_bnv=None):

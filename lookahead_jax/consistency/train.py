@@ -150,13 +150,14 @@ def batch_logits(lm, params, batch: dict, block: int, fixed_only: bool = False):
 
 def loss_fn(lm, params, batch: dict, tc: TrainConfig, block: int, base_params=None):
     """(weighted total, (consistency, ar)) of one micro-batch. base_params: the frozen
-    base model, needed by teacher "base" (its fixed-point logits are the targets)."""
-    logits = batch_logits(lm, params, batch, block)
-    teacher = None
+    base model, needed by teacher "base" (its fixed-point logits are the targets; no
+    gradient reaches them: losses() stops it)."""
+    logits_brv = batch_logits(lm, params, batch, block)
+    teacher_bnv = None
     if tc.teacher == "base":
-        teacher = batch_logits(lm, jax.lax.stop_gradient(base_params), batch, block, True)
+        teacher_bnv = batch_logits(lm, base_params, batch, block, fixed_only=True)
     consistency, ar = losses(
-        logits, batch["fixed"], batch["guess"], batch["out_len"], block, teacher
+        logits_brv, batch["fixed"], batch["guess"], batch["out_len"], block, teacher_bnv
     )
     return tc.consistency_weight * consistency + tc.ar_weight * ar, (consistency, ar)
 
@@ -352,9 +353,7 @@ def _unleaves(flat: dict, like):
 def mix(base_params, trained_params, fraction: float):
     """base + fraction * (trained - base), leaf by leaf: weight interpolation (WiSE-FT,
     Wortsman et al. 2022), a dial from the trained model's speed-up back to the base's
-    quality after training. Measured on SmolLM2 (README "Training for lookahead"), both
-    move mostly near the trained end: a fraction of 0.6 kept a quarter to a third of the
-    MT-bench compression gain (none on code) and a fifth of the held-out NLL cost."""
+    quality after training (what it gave on SmolLM2: README "Training for lookahead")."""
     if not 0 < fraction <= 1:
         raise UserInputError(f"mix must be in (0, 1], got {fraction}")
     return jax.tree.map(lambda b, t: b + fraction * (t - b), base_params, trained_params)
