@@ -85,11 +85,14 @@ def logits(lm, params, prompt_bp, fixed_bn, guess_bn, prompt_len_b, out_len_b, b
            fixed_only: bool = False):  # fmt: skip
     """[B, 2N, V]: one forward pass of the layout, the logits of `logits_rows`: the first
     N rows predict y* from the true text, the next N each block's tokens from its guesses.
-    fixed_only: [B, N, V], the first N rows alone (a teacher needs no more)."""
+    fixed_only: [B, N, V], the first N rows alone (a teacher needs no more); they see
+    only the prompt and y*, so the pass leaves the guess slots out (P + N slots, not S)."""
     P, N = prompt_bp.shape[1], fixed_bn.shape[1]
     blocks = N // block
     seq = tokens(prompt_bp, fixed_bn, guess_bn)
     positions, mask = positions_and_mask(prompt_len_b, out_len_b, P, block, blocks)
+    if fixed_only:
+        seq, positions, mask = seq[:, : P + N], positions[:, : P + N], mask[:, : P + N, : P + N]
     wanted = logits_rows(P, block, blocks)[: N if fixed_only else 2 * N]
     rows = jnp.broadcast_to(wanted, (seq.shape[0], wanted.shape[0]))
     return lm.apply(params, seq, positions, mask, None, rows)[0]
