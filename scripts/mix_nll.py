@@ -34,9 +34,10 @@ def main() -> None:
     ap.add_argument("--nll-tokens", type=int, default=256, help="response tokens per text")
     ap.add_argument("--out", default="benchmarks/cpu/consistency_mix_nll")
     args = ap.parse_args()
-    mixes = [float(x) for x in args.mix.split(",")]
-    if not all(0 < m <= 1 for m in mixes):
-        raise SystemExit(f"--mix {args.mix}: every value must be in (0, 1]")
+    try:
+        mixes = [C.check_mix(float(x), "--mix") for x in args.mix.split(",")]
+    except lj.UserInputError as e:
+        raise SystemExit(str(e)) from None
 
     source = json.loads((Path(args.tuned) / "manifest.json").read_text()).get("source") or {}
     if source.get("mix", 1) != 1:

@@ -17,6 +17,7 @@ from lookahead_jax.consistency.loss import losses
 from lookahead_jax.consistency.train import (
     TrainConfig,
     TrainingInterrupted,
+    check_mix,
     mix,
     train,
     write_checkpoint,
@@ -32,6 +33,7 @@ __all__ = [
     "TrainConfig",
     "Trajectories",
     "TrainingInterrupted",
+    "check_mix",
     "collect",
     "load_trajectories",
     "losses",

@@ -110,8 +110,7 @@ def _run(args) -> int:
         clip_norm=args.clip_norm, consistency_weight=args.consistency_weight,
         ar_weight=args.ar_weight, teacher=args.teacher, seed=args.seed, save_every=args.save_every,
     ).check()  # fmt: skip
-    if not 0 < args.mix <= 1:
-        raise UserInputError(f"--mix must be in (0, 1], got {args.mix}")
+    C.check_mix(args.mix, "--mix")  # before the model loads and trains
     if args.block < 2 or args.blocks < 1 or args.prompt_slots < 1 or args.collect_batch < 1:
         raise UserInputError("--block must be >= 2; --blocks, --prompt-slots, --collect-batch >= 1")
     if args.max_prompts is not None and args.max_prompts < 1:

@@ -350,12 +350,18 @@ def _unleaves(flat: dict, like):
     return jax.tree.unflatten(treedef, [flat[f"{i:05d}"] for i in range(treedef.num_leaves)])
 
 
+def check_mix(fraction: float, name: str = "mix") -> float:
+    """`fraction` if mix() takes it; else a UserInputError naming it as `name`."""
+    if not 0 < fraction <= 1:
+        raise UserInputError(f"{name} must be in (0, 1], got {fraction}")
+    return fraction
+
+
 def mix(base_params, trained_params, fraction: float):
     """base + fraction * (trained - base), leaf by leaf: weight interpolation (WiSE-FT,
     Wortsman et al. 2022), a dial from the trained model's speed-up back to the base's
     quality after training (what it gave on SmolLM2: README "Training for lookahead")."""
-    if not 0 < fraction <= 1:
-        raise UserInputError(f"mix must be in (0, 1], got {fraction}")
+    check_mix(fraction)
     return jax.tree.map(lambda b, t: b + fraction * (t - b), base_params, trained_params)
 
 
