@@ -3,6 +3,7 @@
 from lookahead_jax import decoding, seam, testing
 from lookahead_jax.api import GenerationInterrupted, GenerationOutput, generate
 from lookahead_jax.config import LlamaConfig
+from lookahead_jax.engine import Engine, Request, Result
 from lookahead_jax.errors import CheckpointError, MissingFileError, UserInputError
 from lookahead_jax.loading import Model, ModelInfo, inspect, load
 from lookahead_jax.lookahead_config import DEFAULT_LOOKAHEAD, LookaheadConfig
@@ -14,6 +15,7 @@ from lookahead_jax.streaming import StreamDetokenizer
 __all__ = [
     "DEFAULT_LOOKAHEAD",
     "CheckpointError",
+    "Engine",
     "GenerationInterrupted",
     "GenerationOutput",
     "LlamaConfig",
@@ -21,6 +23,8 @@ __all__ = [
     "MissingFileError",
     "Model",
     "ModelInfo",
+    "Request",
+    "Result",
     "SamplingConfig",
     "StreamDetokenizer",
     "UserInputError",

@@ -164,8 +164,10 @@ def measure_cost_curve(
     context: int = 256,
     repeats: int = 9,
     stop_above: float = float("inf"),
+    batch: int = 1,
 ) -> dict:
-    """{T: seconds} (the fastest of `repeats`) for one forward step of T tokens.
+    """{T: seconds} (the fastest of `repeats`) for one forward step of T tokens per row
+    over `batch` rows.
 
     Sizes are compiled in increasing order and probing stops once a step costs more
     than `stop_above` one-token steps (no config that large can pay off, and each size
@@ -174,7 +176,7 @@ def measure_cost_curve(
     """
     exes, rough = {}, {}
     for t in sorted(tokens):
-        exes[t] = compiled_step(model.lm, model.params, t, context)
+        exes[t] = compiled_step(model.lm, model.params, t, context, batch=batch)
         rough[t] = min(run_time(*exes[t]) for _ in range(2))
         if t > 1 and rough[t] / rough[min(rough)] > stop_above:
             break
@@ -236,12 +238,15 @@ BUSY_CORES = 0.25
 _UNSAVED_CURVES: dict[Path, dict] = {}
 
 
-def cost_curve(model, stop_above: float = float("inf")) -> dict:
-    """The cached cost curve for this device/model/dtype, measuring it on first use.
+def cost_curve(model, stop_above: float = float("inf"), batch: int = 1) -> dict:
+    """The cached cost curve for this device/model/dtype and batch size, measuring it on
+    first use (a step of B rows can be compute-bound where one row is not, so each batch
+    size the engine runs at has its own curve).
 
     On a CPU device a curve measured while other processes kept cores busy (see
     OtherCpuUse) serves this process only and is measured again by the next one."""
-    path = _tune_dir() / f"cost-{_device_key(model)}.json"
+    rows = "" if batch == 1 else f"-b{batch}"
+    path = _tune_dir() / f"cost-{_device_key(model)}{rows}.json"
     if path.is_file():
         try:
             return {int(k): v for k, v in json.loads(path.read_text())["curve"].items()}
@@ -250,7 +255,7 @@ def cost_curve(model, stop_above: float = float("inf")) -> dict:
     if path in _UNSAVED_CURVES:
         return _UNSAVED_CURVES[path]
     with OtherCpuUse() as others:
-        curve = measure_cost_curve(model, stop_above=stop_above)
+        curve = measure_cost_curve(model, stop_above=stop_above, batch=batch)
     busy = others.cores is not None and others.cores > BUSY_CORES
     if busy and jax.devices()[0].platform == "cpu":
         # measured beside other work: good for this process, not for the cache
@@ -318,13 +323,13 @@ def expected_compression(config_key, factor: float) -> float:
     return 1.0 + (PRIORS[config_key] - 1.0) * factor
 
 
-def choose(model, max_step_tokens: int | None = None, sampling=None) -> Choice:
-    """The config with the best expected speedup for this model, device and decoding
-    mode (`sampling`: a SamplingConfig, None = greedy), or plain decoding."""
+def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int = 1) -> Choice:
+    """The config with the best expected speedup for this model, device, decoding
+    mode (`sampling`: a SamplingConfig, None = greedy) and batch size, or plain decoding."""
     factor = acceptance_factor(model, sampling)
     # a config costing more than its best-case compression cannot win: stop probing there
     best_case = max(expected_compression(k, max(factor, 1.0)) for k in PRIORS)
-    curve = cost_curve(model, stop_above=best_case)
+    curve = cost_curve(model, stop_above=best_case, batch=batch)
     best, table = None, {}
     for key in PRIORS:
         cfg = LookaheadConfig.for_budget(key)
@@ -388,10 +393,10 @@ class AutoRun:
     guard is off (a mid-way switch would need every process to agree).
     """
 
-    def __init__(self, model, sampling, max_step_tokens: int | None = None):
+    def __init__(self, model, sampling, max_step_tokens: int | None = None, batch: int = 1):
         from lookahead_jax import multihost
 
-        choice = choose(model, max_step_tokens, sampling)
+        choice = choose(model, max_step_tokens, sampling, batch)
         if multihost.is_multiprocess():
             choice = dataclasses.replace(choice, config=_agree_on(choice.config))
         self.model, self.sampling, self.choice = model, sampling, choice
@@ -416,17 +421,9 @@ class AutoRun:
         """None to carry on, or (plain executable, plain state) to switch."""
         from lookahead_jax import multihost
 
-        if self.guard is None or self.after_steps is not None:
-            return None
         steps = int(multihost.local_rows(state.steps).max())
-        if steps - self._last_steps < self.guard.window_steps:
-            return None
-        # the lookahead phase's compression so far, not the last window's: acceptance
-        # comes in bursts, and one dry window of 32 steps must not end a winning run
         hist = multihost.local_rows(state.accept_hist)
-        compression, _ = hist_compression(hist)
-        self._last_steps = steps
-        if self.guard.keep_going(compression, steps):
+        if not self.gives_up(hist, steps):
             return None
         exe, self.compile_s = self.plain_program()
         self.after_steps, self.lookahead_hist = steps, hist
@@ -434,6 +431,19 @@ class AutoRun:
             state, draft=None, accept_hist=jnp.zeros((hist.shape[0], 1), jnp.int32)
         )
         return exe, plain_state
+
+    def gives_up(self, hist_bc, steps: int) -> bool:
+        """Whether to hand over to plain decoding, judged every `window_steps` steps from
+        the lookahead phase's accepted-length histogram so far [B, C] (not the last
+        window's: acceptance comes in bursts, and one dry window of 32 steps must not end
+        a winning run) after `steps` steps."""
+        if self.guard is None or self.after_steps is not None:
+            return False
+        if steps - self._last_steps < self.guard.window_steps:
+            return False
+        self._last_steps = steps
+        compression, _ = hist_compression(hist_bc)
+        return not self.guard.keep_going(compression, steps)
 
     def report(self, state, stats: dict, interrupted: bool) -> None:
         """Add the choice to `stats['config']`; fold the lookahead phase's acceptance into

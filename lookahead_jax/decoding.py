@@ -6,7 +6,7 @@ All three are pure functions of (params, state) with a static `DecodeSpec`:
     state = start(params, prompt [B, P], prompt_len [B], max_new [B], rng [B, 2],
                   spec=spec, max_new_cap=C)     # right-padded prompts, first token emitted
     state = step(params, state, spec=spec)      # every active row emits 1..max_emit tokens
-    state = run_loop(params, state, max_steps, spec=spec)   # lax.while_loop of step
+    state = run_loop(params, state, max_steps, stop_at_finish, spec=spec)  # while_loop
 
 `DecodeState` (decode_state.py) holds each row's tokens [B, S], lengths and flags; a
 row's new tokens are `tokens[b, prompt_len[b] : prompt_len[b] + n_out[b]]`. Example:
@@ -63,14 +63,19 @@ def step(params, state: DecodeState, *, spec: DecodeSpec) -> DecodeState:
     return lookahead_step(params, state, spec)
 
 
-def run_loop(params, state: DecodeState, max_steps, *, spec: DecodeSpec) -> DecodeState:
+def run_loop(
+    params, state: DecodeState, max_steps, stop_at_finish=False, *, spec: DecodeSpec
+) -> DecodeState:
     """Step until every row is done, or `max_steps` more steps ran (the cap lets a caller
     return to the host now and then, e.g. to honour Ctrl-C, without changing any
-    token)."""
+    token), or — with `stop_at_finish` (a traced bool) — as soon as a row that was
+    active at the call finishes (the engine then refills its slot)."""
+    done_at_call = state.done
 
     def cond(carry):
         state, i = carry
-        return jnp.any(~state.done) & (i < max_steps)
+        finished = jnp.any(state.done & ~done_at_call)
+        return jnp.any(~state.done) & (i < max_steps) & ~(stop_at_finish & finished)
 
     def body(carry):
         state, i = carry
@@ -117,7 +122,7 @@ def jitted(spec: DecodeSpec, max_new_cap: int, mesh, start_args) -> Jitted:
         ),
         run_loop=jax.jit(
             loop_fn,
-            in_shardings=(params_sh, state_sh, scalar),
+            in_shardings=(params_sh, state_sh, scalar, scalar),
             out_shardings=state_sh,
             donate_argnums=1,
         ),

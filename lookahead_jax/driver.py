@@ -31,7 +31,7 @@ NO_WATCH = _NoWatch()
 def on_device(params, exe, state: DecodeState, steps_per_call: int, watch=NO_WATCH):
     try:
         while True:
-            state = exe(params, state, jnp.int32(steps_per_call))
+            state = exe(params, state, jnp.int32(steps_per_call), jnp.bool_(False))
             if multihost.all_true(state.done):
                 return state
             if (swapped := watch.check(state)) is not None:

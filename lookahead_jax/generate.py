@@ -1,8 +1,10 @@
 """Command line: python -m lookahead_jax.generate [--ckpt CKPT] --prompt TEXT [options]
+             or: python -m lookahead_jax.generate --prompts IN.jsonl --output OUT.jsonl
 
-Prints the generated text on stdout (or one JSON object with --json) and a
-stats line on stderr. Bad input: one line on stderr, exit code 2. Ctrl-C: the
-text so far and the stats, exit code 130.
+One prompt: prints the generated text on stdout (or one JSON object with --json) and a
+stats line on stderr. A file of prompts (dataset.py): decodes them all through the
+engine's slots (engine.py), one result line each, resumable. Bad input: one line on
+stderr, exit code 2. Ctrl-C: what is done so far, exit code 130.
 """
 
 from __future__ import annotations
@@ -41,6 +43,26 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", help="read the prompt from this file (all of it)")
+    src.add_argument(
+        "--prompts",
+        metavar="IN.jsonl",
+        help="dataset mode: one JSON object a line ('prompt' or 'messages', optional 'id', "
+        "'max_new_tokens', 'temperature', 'top_k', 'top_p'); '-' reads stdin",
+    )
+    p.add_argument(
+        "--output",
+        default="-",
+        metavar="OUT.jsonl",
+        help="dataset mode: append one JSON line per prompt here, in finish order (default "
+        "'-': stdout); a rerun skips the ids already in it",
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=8,
+        help="dataset mode: prompts decoded at once; a finished slot takes the next prompt "
+        "(default 8)",
+    )
     p.add_argument(
         "--chat",
         action="store_true",
@@ -181,7 +203,8 @@ def _read_prompt(args) -> str:
 
 
 def _validate(args):
-    """Everything checkable from the flags alone, so bad flags fail fast."""
+    """Everything checkable from the flags alone, so bad flags fail fast. Returns the
+    prompt text (None in dataset mode) and the lookahead setting."""
     from lookahead_jax.inputs import check_max_new_tokens
     from lookahead_jax.loading import resolve_dtype
     from lookahead_jax.quantize import check_weights
@@ -189,6 +212,14 @@ def _validate(args):
 
     if args.stream and args.json:
         raise UserInputError("--stream and --json cannot be combined; choose one")
+    if args.prompts is not None:
+        for flag in ("stream", "json", "color", "distributed"):
+            if getattr(args, flag):
+                raise UserInputError(f"--{flag} does not apply to --prompts (dataset mode)")
+        if args.batch < 1:
+            raise UserInputError(f"--batch must be >= 1, got {args.batch}")
+    elif args.output != "-":
+        raise UserInputError("--output is for dataset mode: give --prompts IN.jsonl too")
     check_max_new_tokens(args.max_new_tokens)
     SamplingConfig(args.temperature, args.top_k, args.top_p)
     resolve_dtype(args.dtype)
@@ -199,7 +230,7 @@ def _validate(args):
         lookahead = "auto"
     else:
         lookahead = parse_lookahead(args.lookahead)
-    return _read_prompt(args), lookahead
+    return (None if args.prompts is not None else _read_prompt(args)), lookahead
 
 
 def _check_against_checkpoint(args, prompt: str, lookahead):
@@ -235,6 +266,8 @@ def _run(args, t_start: float) -> int:
     import lookahead_jax as lj
     from lookahead_jax.streaming import StreamDetokenizer, steps_of
 
+    if args.prompts is not None:
+        return _run_dataset(args, lookahead, mesh_sizes, t_start)
     if args.distributed or os.environ.get("LOOKAHEAD_JAX_DISTRIBUTED") == "1":
         from lookahead_jax import multihost
 
@@ -286,6 +319,84 @@ def _run(args, t_start: float) -> int:
         print(out.texts[0], flush=True)
     print(stats_line(out, total_s), file=sys.stderr)
     return EXIT_INTERRUPTED if interrupted else 0
+
+
+def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
+    """--prompts: check every line, skip what the output already holds, decode the rest
+    through the engine, one flushed line per result."""
+    from tqdm import tqdm
+
+    import lookahead_jax as lj
+    from lookahead_jax import dataset
+    from lookahead_jax.inputs import check_budget
+
+    info = lj.inspect(args.ckpt)
+    context = info.cfg.max_position_embeddings
+    if lookahead not in ("auto", None):
+        lookahead.check_fits(context)
+    check_budget(context, args.max_new_tokens)
+    if info.tokenizer is None:
+        raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; --prompts needs one")
+    lines = dataset.read_prompts(
+        args.prompts, info.tokenizer, context, args.max_new_tokens, args.chat
+    )
+    done = dataset.done_ids(args.output)
+    todo = [line for line in lines if line.id not in done]
+    where = "stdout" if args.output == dataset.STDIO else args.output
+    if not todo:
+        print(f"all {len(lines)} prompts are already in {where}", file=sys.stderr)
+        return 0
+    mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else "auto"
+    model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
+    engine = lj.Engine(
+        model,
+        batch=args.batch,
+        max_new_tokens=args.max_new_tokens,
+        lookahead=lookahead,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        steps_per_call=32,
+    )
+    requests = [
+        lj.Request(
+            line.token_ids, line.id, line.max_new_tokens, line.temperature, line.top_k, line.top_p
+        )
+        for line in todo
+    ]
+    writer = dataset.ResultWriter(args.output)
+    written, tokens = 0, 0
+    bar = tqdm(total=len(todo), unit="prompt", file=sys.stderr, dynamic_ncols=True)
+    try:
+        for result in engine.run(requests):
+            writer.write(dataset.record(result))
+            written, tokens = written + 1, tokens + len(result.token_ids)
+            bar.update(1)
+            bar.set_postfix({"tokens/s": f"{tokens / bar.format_dict['elapsed']:.1f}"})
+    except KeyboardInterrupt:
+        bar.close()
+        writer.close()
+        print(
+            f"interrupted: {written} of {len(todo)} prompts written to {where}; run the same "
+            "command again to finish the rest",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    bar.close()
+    writer.close()
+    s = engine.stats
+    modes = ", ".join(
+        "plain" if g["lookahead"] is None else g["lookahead"]["name"] for g in s["groups"]
+    )
+    print(
+        f"[{modes}] {s['prompts']} prompts, {s['new_tokens']} tokens in {s['wall_s']:.2f} s "
+        f"({s['tokens_per_s']:.1f} tokens/s), compression {s['compression']:.2f}, batch "
+        f"{args.batch}, prompt buckets {s['prompt_buckets']}, compile {s['compile_s']:.2f} s, "
+        f"total {time.perf_counter() - t_start:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -70,26 +70,41 @@ def encode_prompts(model, prompts, chat: bool) -> list[list[int]]:
         prompts = [prompts]
     if not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise UserInputError("prompts must be a non-empty list of strings or of token-id lists")
+    return [encode_prompt(model, p, chat, f"prompt {i}") for i, p in enumerate(prompts)]
+
+
+def encode_prompt(model, prompt, chat: bool, what: str) -> list[int]:
+    """One prompt's token ids: a string through the model's tokenizer (with the chat
+    template if `chat`), a list of chat messages ({"role", "content"} dicts) through the
+    chat template, or token ids as they are; checked against the vocabulary. `what`
+    names the prompt in errors."""
     vocab = model.lm.vocab_size
-    out = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, str):
-            if model.tokenizer is None:
-                raise UserInputError("this checkpoint has no tokenizer; pass token ids")
-            if not p.strip():
-                raise UserInputError(f"prompt {i} is empty")
-            ids = model.tokenizer.encode_prompt(p, chat)
+    is_messages = isinstance(prompt, list | tuple) and bool(prompt) and isinstance(prompt[0], dict)
+    if isinstance(prompt, str) or is_messages:
+        if model.tokenizer is None:
+            raise UserInputError("this checkpoint has no tokenizer; pass token ids")
+        if isinstance(prompt, str) and not prompt.strip():
+            raise UserInputError(f"{what} is empty")
+        if is_messages:
+            text = model.tokenizer.apply_chat_template(list(prompt))
+            ids = model.tokenizer.encode(text, add_special_tokens=False)
         else:
-            if chat:
-                raise UserInputError("chat=True needs text prompts, not token ids")
-            ids = [int(t) for t in p]
-        if not ids:
-            raise UserInputError(f"prompt {i} encodes to no tokens")
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise UserInputError(f"prompt {i} has token ids outside [0, {vocab}): {bad[:5]}")
-        out.append(ids)
-    return out
+            ids = model.tokenizer.encode_prompt(prompt, chat)
+    else:
+        if chat:
+            raise UserInputError("chat=True needs text prompts, not token ids")
+        try:
+            ids = [int(t) for t in prompt]
+        except (TypeError, ValueError):
+            raise UserInputError(
+                f"{what} must be a string, a list of chat messages or a list of token ids"
+            ) from None
+    if not ids:
+        raise UserInputError(f"{what} encodes to no tokens")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise UserInputError(f"{what} has token ids outside [0, {vocab}): {bad[:5]}")
+    return ids
 
 
 def device_inputs(model, ids: list[list[int]], max_new_tokens: int, seed: int):

@@ -105,7 +105,7 @@ def compiled(model, spec: DecodeSpec, cap: int, start_args, name: str):
     lower_args = {
         "start": start_args,
         "step": (model.params, state),
-        "run_loop": (model.params, state, jnp.int32(0)),
+        "run_loop": (model.params, state, jnp.int32(0), jnp.bool_(False)),
     }[name]
     with precision_scope(spec.cache_dtype):
         exe = getattr(fns, name).lower(*lower_args).compile(compiler_options())

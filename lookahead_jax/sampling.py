@@ -64,8 +64,15 @@ class SamplingConfig:
 
 def row_keys(seed: int, batch: int) -> jax.Array:
     """Raw uint32 keys [B, 2]: row b's key is fold_in(PRNGKey(seed), b)."""
+    return keys_for(seed, jnp.arange(batch, dtype=jnp.uint32))
+
+
+def keys_for(seed: int, keys_b) -> jax.Array:
+    """Raw uint32 keys [B, 2]: fold_in(PRNGKey(seed), keys_b[b]) for uint32 keys_b [B]
+    (the engine keys a prompt by its id, so its slot never changes its noise)."""
     base = jax.random.PRNGKey(seed)
-    return jax.vmap(lambda b: jax.random.fold_in(base, b))(jnp.arange(batch, dtype=jnp.uint32))
+    keys_b = jnp.asarray(keys_b, jnp.uint32)
+    return jax.vmap(lambda k: jax.random.fold_in(base, k))(keys_b)
 
 
 def process_logits(logits, cfg: SamplingConfig):

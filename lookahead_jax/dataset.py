@@ -1,0 +1,234 @@
+"""Dataset mode of the command line: a JSONL file of prompts in, one JSONL line per prompt
+out, through the engine (engine.py).
+
+Input, one JSON object a line (blank lines are skipped):
+
+    {"id": "q1", "prompt": "Write a haiku", "max_new_tokens": 64, "temperature": 0.7}
+    {"messages": [{"role": "user", "content": "Hi"}]}
+
+`prompt` (text) or `messages` (chat turns, through the tokenizer's chat template), and
+optionally `id` (an integer or a string; default: the line number), `max_new_tokens`,
+`temperature`, `top_k`, `top_p` (default: the command line's). Every line is checked
+before any decoding starts; a bad one stops the job with `FILE line N: what is wrong`
+(exit 2) and the output file untouched.
+
+Output: one object a line, {"id", "text", "token_ids", "new_tokens", "finish", "steps",
+"prompt_tokens", "time_s"}, in finish order, each written whole and flushed, so Ctrl-C or
+a crash leaves only whole lines (a torn last line, from a kill mid-write, is cut off when
+the job is run again). Running the same command again skips the ids already in the
+output and decodes the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+from lookahead_jax.errors import UserInputError
+
+KEYS = ("id", "prompt", "messages", "max_new_tokens", "temperature", "top_k", "top_p")
+STDIO = "-"
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """One checked input line: its number, id, token ids and settings (None = default)."""
+
+    number: int
+    id: int | str
+    token_ids: list[int]
+    max_new_tokens: int | None
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_settings(obj: dict, max_new_tokens: int) -> str | None:
+    """What is wrong with a line's optional settings, or None."""
+    m = obj.get("max_new_tokens")
+    if m is not None and not (_int(m) and m > 0):
+        return f"max_new_tokens must be an integer > 0, got {m!r}"
+    t = obj.get("temperature")
+    if t is not None and not (_number(t) and t >= 0):
+        return f"temperature must be a number >= 0, got {t!r}"
+    k = obj.get("top_k")
+    if k is not None and not (_int(k) and k >= 0):
+        return f"top_k must be an integer >= 0, got {k!r}"
+    p = obj.get("top_p")
+    if p is not None and not (_number(p) and 0 < p <= 1):
+        return f"top_p must be a number in (0, 1], got {p!r}"
+    return None
+
+
+def _check_messages(messages) -> str | None:
+    if not isinstance(messages, list) or not messages:
+        return 'messages must be a non-empty list of {"role", "content"} objects'
+    for i, m in enumerate(messages):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            return f'messages[{i}] must be an object with string "role" and "content"'
+    return None
+
+
+def read_prompts(
+    path: str, tokenizer, max_context: int, max_new_tokens: int, chat: bool
+) -> list[Line]:
+    """Every line of `path` ('-': stdin) parsed, tokenized and checked; the first bad line
+    raises UserInputError('FILE line N: ...')."""
+    name = "stdin" if path == STDIO else path
+    try:
+        if path == STDIO:
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+    except FileNotFoundError:
+        raise UserInputError(f"--prompts not found: {path}; give a JSONL file") from None
+    except IsADirectoryError:
+        raise UserInputError(f"--prompts {path} is a directory; give a JSONL file") from None
+    except UnicodeDecodeError as e:
+        raise UserInputError(f"{name} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    out: list[Line] = []
+    first_line_of: dict = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+
+        def bad(what: str, number=number):
+            return UserInputError(f"{name} line {number}: {what}")
+
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise bad(f"not JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise bad(f"expected a JSON object, got {type(obj).__name__}")
+        unknown = sorted(set(obj) - set(KEYS))
+        if unknown:
+            raise bad(f"unknown key {unknown[0]!r} (known keys: {', '.join(KEYS)})")
+        if ("prompt" in obj) == ("messages" in obj):
+            raise bad('give exactly one of "prompt" (text) and "messages" (chat turns)')
+        pid = obj.get("id", number)
+        if not (_int(pid) or isinstance(pid, str)):
+            raise bad(f"id must be an integer or a string, got {pid!r}")
+        if pid in first_line_of:
+            raise bad(f"id {pid!r} is used again (first on line {first_line_of[pid]})")
+        first_line_of[pid] = number
+        if (problem := _check_settings(obj, max_new_tokens)) is not None:
+            raise bad(problem)
+        if "messages" in obj:
+            if (problem := _check_messages(obj["messages"])) is not None:
+                raise bad(problem)
+            try:
+                ids = tokenizer.encode(
+                    tokenizer.apply_chat_template(obj["messages"]), add_special_tokens=False
+                )
+            except UserInputError as e:
+                raise bad(str(e)) from None
+        else:
+            prompt = obj["prompt"]
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise bad(f"prompt must be a non-empty string, got {prompt!r}")
+            ids = tokenizer.encode_prompt(prompt, chat)
+        if not ids:
+            raise bad("the prompt encodes to no tokens")
+        budget = obj.get("max_new_tokens") or max_new_tokens
+        if len(ids) + budget > max_context:
+            raise bad(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({budget}) exceeds the model's "
+                f"context of {max_context} tokens"
+            )
+        out.append(
+            Line(
+                number,
+                pid,
+                ids,
+                obj.get("max_new_tokens"),
+                obj.get("temperature"),
+                obj.get("top_k"),
+                obj.get("top_p"),
+            )
+        )
+    if not out:
+        raise UserInputError(f"{name} holds no prompts")
+    return out
+
+
+def done_ids(path: str) -> set:
+    """The ids already in an output file (read only: nothing is changed here). A torn
+    last line (no newline: a kill mid-write) does not count; any other line that is not
+    a JSON object with an id means the file is not this command's output."""
+    if path == STDIO or not os.path.exists(path):
+        return set()
+    with open(path, "rb") as f:
+        data = f.read()
+    ids = set()
+    for number, raw in enumerate(data.split(b"\n")[:-1], start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+            ids.add(obj["id"])
+        except (ValueError, KeyError, TypeError):
+            raise UserInputError(
+                f"{path} line {number}: not a result line of this command; give another "
+                "--output (a rerun appends to it and skips the ids already there)"
+            ) from None
+    return ids
+
+
+class ResultWriter:
+    """Appends one whole, flushed line per result to a file ('-': stdout)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        if path == STDIO:
+            self._file = sys.stdout.buffer
+            return
+        _cut_torn_line(path)
+        self._file = open(path, "ab")  # noqa: SIM115 (closed by close())
+
+    def write(self, record: dict) -> None:
+        self._file.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+        self._file.flush()
+
+    def close(self) -> None:
+        if self.path != STDIO:
+            self._file.close()
+
+
+def _cut_torn_line(path: str) -> None:
+    """Drop a last line without its newline (left by a kill in the middle of a write)."""
+    if not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def record(result) -> dict:
+    """The output line of one engine Result."""
+    return {
+        "id": result.id,
+        "text": result.text,
+        "token_ids": result.token_ids,
+        "new_tokens": len(result.token_ids),
+        "finish": result.finish,
+        "steps": result.steps,
+        "prompt_tokens": result.prompt_tokens,
+        "time_s": round(result.time_s, 4),
+    }

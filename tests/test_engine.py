@@ -1,0 +1,176 @@
+"""The dataset engine (engine.py): each prompt's tokens equal a plain decode of it alone.
+
+Float64 tiny model, so any difference is a bug. The reference is one static plain batch
+through lj.generate (row b's noise is keyed by b, as the engine keys prompt id b); a
+prompt with a smaller budget must give the prefix of its reference row. Prompts of very
+different lengths (two prompt buckets), budgets from 1 up, an EOS that ends rows
+mid-way, arrival orders shuffled, several batch sizes.
+"""
+
+import dataclasses
+import functools
+from collections import Counter
+
+import jax
+import numpy as np
+import pytest
+
+import lookahead_jax as lj
+from lookahead_jax import autotune
+from lookahead_jax.inputs import bucket
+from tests import tiny
+from tests.helpers import random_prompts, with_eos
+
+MAX_NEW = 16
+SEED = 3
+# 1..40 tokens: prompt buckets 16, 32 and 64
+PROMPTS = random_prompts(9, tiny.VOCAB, 1, 40, seed=31)
+PROMPTS[0] = PROMPTS[0][:1]
+BUDGETS = [MAX_NEW, 1, 7, MAX_NEW, 13, 2, MAX_NEW, 9, MAX_NEW]
+
+
+@pytest.fixture(scope="module")
+def model64(tiny_ckpts):
+    """The tiny float64 model with an EOS that its plain greedy outputs emit mid-way."""
+    with jax.enable_x64(True):
+        model = with_eos(lj.load(tiny_ckpts["gqa"][1], dtype="float64"), ())
+        out = lj.generate(model, PROMPTS, max_new_tokens=MAX_NEW)
+        eos = Counter(t for row in out.token_ids for t in row[2:10]).most_common(1)[0][0]
+        yield with_eos(model, (eos,))
+
+
+_REFERENCES: dict = {}
+
+
+def reference(model, temperature: float) -> list[list[int]]:
+    """Each prompt's plain decode (static batch; row b keyed by b), cached per model."""
+    key = (id(model), temperature)
+    if key not in _REFERENCES:
+        with jax.enable_x64(True):
+            _REFERENCES[key] = lj.generate(
+                model, PROMPTS, max_new_tokens=MAX_NEW, temperature=temperature, seed=SEED
+            ).token_ids
+    return _REFERENCES[key]
+
+
+def check_against_reference(model, results, temperature: float) -> None:
+    ref = reference(model, temperature)
+    assert sorted(r.id for r in results) == list(range(len(PROMPTS)))
+    ended_by_eos = 0
+    for r in results:
+        want = ref[r.id][: BUDGETS[r.id]]
+        assert r.token_ids == want, (r.id, r.token_ids, want)
+        finish = "eos" if len(ref[r.id]) < BUDGETS[r.id] else "length"
+        assert r.finish == finish, r
+        assert r.prompt_tokens == len(PROMPTS[r.id])
+        ended_by_eos += finish == "eos"
+    if temperature == 0:  # the EOS (picked from greedy outputs) really ends rows mid-way
+        assert ended_by_eos >= 1
+
+
+def requests(order_seed: int) -> list[lj.Request]:
+    order = np.random.default_rng(order_seed).permutation(len(PROMPTS))
+    return [lj.Request(PROMPTS[i], id=int(i), max_new_tokens=BUDGETS[i]) for i in order]
+
+
+CASES = [  # (lookahead, batch, temperature)
+    (None, 2, 0.0),
+    (lj.LookaheadConfig.for_budget(16), 3, 0.0),
+    (lj.LookaheadConfig.for_budget(16), 1, 0.0),
+    (lj.LookaheadConfig.for_budget(16), 4, 0.9),
+]
+
+
+@pytest.mark.parametrize("lookahead,batch,temperature", CASES)
+def test_engine_equals_plain_decoding_alone(model64, lookahead, batch, temperature):
+    with jax.enable_x64(True):
+        engine = lj.Engine(
+            model64,
+            batch=batch,
+            max_new_tokens=MAX_NEW,
+            lookahead=lookahead,
+            temperature=temperature,
+            seed=SEED,
+            steps_per_call=5,
+        )
+        results = list(engine.run(requests(order_seed=batch)))
+    check_against_reference(model64, results, temperature)
+    stats = engine.stats
+    assert stats["prompts"] == len(PROMPTS)
+    assert stats["new_tokens"] == sum(len(r.token_ids) for r in results)
+    assert sorted(stats["prompt_buckets"]) == sorted({bucket(len(p)) for p in PROMPTS})
+    if batch < len(PROMPTS):  # slots were refilled while others decoded
+        assert stats["rounds"] > 1
+
+
+def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tmp_path):
+    """auto's guard calls a losing lookahead off in the middle of a run, with slots
+    mid-decode and prompts still queued: every prompt's tokens are still exact."""
+    monkeypatch.setenv("LOOKAHEAD_JAX_CACHE", str(tmp_path))
+    config = lj.LookaheadConfig.for_budget(8)
+    monkeypatch.setattr(
+        autotune,
+        "choose",
+        lambda *a, **k: autotune.Choice(config, 2.0, 50.0, 2.0, {}),  # costs 50 plain steps
+    )
+    monkeypatch.setattr(
+        autotune, "Guard", functools.partial(autotune.Guard, warmup_steps=4, window_steps=2)
+    )
+    with jax.enable_x64(True):
+        engine = lj.Engine(model64, batch=3, max_new_tokens=MAX_NEW, lookahead="auto", seed=SEED)
+        results = list(engine.run(requests(order_seed=7)))
+    group = engine.stats["groups"][0]
+    assert group["lookahead"]["name"] == config.name
+    assert group["switched_to_plain_after_steps"] is not None
+    check_against_reference(model64, results, 0.0)
+
+
+def test_per_prompt_sampling_settings_run_as_groups(model64):
+    """A prompt with its own temperature gets the tokens of a decode at that temperature."""
+    with jax.enable_x64(True):
+        engine = lj.Engine(model64, batch=2, max_new_tokens=MAX_NEW, lookahead=None, seed=SEED)
+        reqs = [
+            dataclasses.replace(r, temperature=0.9) if r.id % 2 else r
+            for r in requests(order_seed=1)
+        ]
+        results = {r.id: r.token_ids for r in engine.run(reqs)}
+    greedy, sampled = reference(model64, 0.0), reference(model64, 0.9)
+    for i, tokens in results.items():
+        assert tokens == (sampled if i % 2 else greedy)[i][: BUDGETS[i]]
+    assert len(engine.stats["groups"]) == 2
+
+
+def test_string_ids_key_the_noise_not_the_slot(model64):
+    """The same prompt under the same id gives the same sampled tokens in any slot and
+    batch; another id gives other noise."""
+    prompt = PROMPTS[3]
+    with jax.enable_x64(True):
+
+        def sampled(batch, ids):
+            engine = lj.Engine(
+                model64, batch=batch, max_new_tokens=MAX_NEW, lookahead=None, temperature=1.0
+            )
+            reqs = [lj.Request(prompt, id=i) for i in ids]
+            return {r.id: r.token_ids for r in engine.run(reqs)}
+
+        alone = sampled(1, ["q"])["q"]
+        crowd = sampled(2, ["a", "b", "q", "c"])
+    assert crowd["q"] == alone
+    assert len({tuple(t) for t in crowd.values()}) > 1
+
+
+@pytest.mark.parametrize(
+    "kwargs,requests_,needle",
+    [
+        ({"batch": 0}, [[5, 6]], "batch"),
+        ({}, [lj.Request([5, 6], id="x"), lj.Request([7], id="x")], "used twice"),
+        ({}, [[5] * 1020], "exceeds the model's context"),
+        ({}, [lj.Request([5, 6], max_new_tokens=0)], "max_new_tokens"),
+        ({}, [[5, 999]], "outside"),
+        ({}, [], "no prompts"),
+    ],
+)
+def test_bad_requests_are_refused_before_decoding(model64, kwargs, requests_, needle):
+    with pytest.raises(lj.UserInputError, match=needle):
+        engine = lj.Engine(model64, **{"max_new_tokens": MAX_NEW, "lookahead": None, **kwargs})
+        list(engine.run(requests_))
