@@ -108,13 +108,13 @@ def jitted(spec: DecodeSpec, max_new_cap: int, mesh, start_args) -> Jitted:
             run_loop=jax.jit(loop_fn, donate_argnums=1),
         )
     params_sh = spec.lm.param_shardings(mesh)
-    by_row = NamedSharding(mesh, P(sharding.DATA))
+    by_row = tuple(sharding.batch_major(x, mesh) for x in start_args[1:])
     state_sh = sharding.state_shardings(jax.eval_shape(start_fn, *start_args), mesh)
     scalar = NamedSharding(mesh, P())
     return Jitted(
         start=jax.jit(
             start_fn,
-            in_shardings=(params_sh, by_row, by_row, by_row, by_row),
+            in_shardings=(params_sh, *by_row),
             out_shardings=state_sh,
         ),
         step=jax.jit(

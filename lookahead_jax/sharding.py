@@ -130,15 +130,18 @@ def shardings_for(specs, mesh: Mesh | None):
 KV_CACHE_AXES = ("layers", "batch", "slots", "kv_heads", "head_dim")
 
 
+def batch_major(x, mesh: Mesh) -> NamedSharding:
+    """An array [B, ...] split over data along B (replicated where B does not divide,
+    e.g. the engine's one-row prefill)."""
+    return NamedSharding(mesh, spec_for(("batch",) + ("_",) * (x.ndim - 1), x.shape, mesh))
+
+
 def state_shardings(state_shape, mesh: Mesh):
     """Shardings for a DecodeState (given as shapes): batch-major leaves over data, the
     KV cache [L, B, S, K, Dh] by KV_CACHE_AXES (K/V heads over model when divisible)."""
     import dataclasses
 
-    def batch_major(x):
-        return NamedSharding(mesh, spec_for(("batch",) + ("_",) * (x.ndim - 1), x.shape, mesh))
-
-    out = jax.tree.map(batch_major, state_shape)
+    out = jax.tree.map(lambda x: batch_major(x, mesh), state_shape)
     kv = NamedSharding(mesh, spec_for(KV_CACHE_AXES, state_shape.cache.k.shape, mesh))
     cache = dataclasses.replace(out.cache, k=kv, v=kv)
     return dataclasses.replace(out, cache=cache)

@@ -52,6 +52,20 @@ def test_mesh_gives_the_same_tokens(eight_heads, single_device_reference, sizes)
                 )
 
 
+def test_engine_slots_over_the_data_axis_give_the_same_tokens(eight_heads, single_device_reference):
+    """The engine's 4 slots split over data=2 (heads over model=4), 8 prompts through them:
+    each prompt's tokens equal the single-device static batch's row."""
+    with jax.enable_x64(True):
+        model = lj.load(eight_heads, dtype="float64", mesh=lj.make_mesh(data=2, model=4))
+        for temp in (0.0, 1.0):
+            engine = lj.Engine(
+                model, batch=4, max_new_tokens=20, lookahead=LA, temperature=temp, seed=5
+            )
+            got = {r.id: r.token_ids for r in engine.run(PROMPTS)}
+            assert [got[i] for i in range(len(PROMPTS))] == single_device_reference[(True, temp)]
+            assert engine.stats["rounds"] > 1
+
+
 def test_params_are_really_sharded(eight_heads):
     model = lj.load(eight_heads, mesh=lj.make_mesh(data=2, model=4))
     layers = model.params.layers

@@ -1,0 +1,122 @@
+"""Dataset mode of the CLI (--prompts / --output): bad lines stop the job before any
+decoding with the output untouched; Ctrl-C leaves whole lines; a rerun finishes the rest
+and skips what is done; stdin and stdout work. Run in this process (main()), so the
+compiled programs are shared between the runs."""
+
+import importlib
+import io
+import json
+
+import pytest
+
+from lookahead_jax import dataset
+
+# the module, not lj.generate (the package exports the function under that name)
+generate = importlib.import_module("lookahead_jax.generate")
+
+pytestmark = pytest.mark.smollm
+
+PROMPTS = [
+    {"id": "haiku", "prompt": "Write a haiku about the sea."},
+    {"messages": [{"role": "user", "content": "What is 2+2?"}], "max_new_tokens": 3},
+    {"prompt": "def fib(n):", "max_new_tokens": 1},
+    {"id": 9, "prompt": "List three colors:", "temperature": 0.7},
+]
+ARGS = ["--max-new-tokens", "6", "--no-lookahead", "--batch", "2"]
+
+
+def write_lines(path, lines):
+    """Strings as they are, objects as one JSON line each."""
+    path.write_text("".join(x if isinstance(x, str) else json.dumps(x) + "\n" for x in lines))
+
+
+def ids_of(text: str) -> list:
+    return [json.loads(line)["id"] for line in text.splitlines()]
+
+
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ("{not json\n", "not JSON"),
+        ('["a"]\n', "expected a JSON object"),
+        ('{"prompt": "x", "colour": 1}\n', "unknown key 'colour'"),
+        ('{"id": 3}\n', 'exactly one of "prompt"'),
+        ('{"prompt": "  "}\n', "non-empty string"),
+        ('{"prompt": "x", "max_new_tokens": 0}\n', "max_new_tokens must be"),
+        ('{"prompt": "x", "top_p": 2}\n', "top_p must be"),
+        ('{"messages": [{"role": "user"}]}\n', "messages[0] must be"),
+        ('{"id": "haiku", "prompt": "again"}\n', "used again (first on line 1)"),
+        ('{"prompt": "' + "word " * 9000 + '"}\n', "exceeds the model's context"),
+    ],
+)
+def test_bad_line_exits_2_naming_it_and_leaves_output_untouched(
+    smollm2_ckpt, tmp_path, capsys, line, needle
+):
+    prompts, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_lines(prompts, [PROMPTS[0], "\n", line])
+    out.write_text('{"id": "old"}\n')
+    code = generate.main(
+        ["--ckpt", str(smollm2_ckpt), "--prompts", str(prompts), "--output", str(out), *ARGS]
+    )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{prompts} line 3: " in err and needle in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert out.read_text() == '{"id": "old"}\n'
+
+
+def test_interrupt_then_rerun_finishes_the_rest_and_stdio_agrees(
+    smollm2_ckpt, tmp_path, capsys, monkeypatch
+):
+    prompts, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_lines(prompts, PROMPTS)
+    out.write_bytes(b'{"id": "torn", "te')  # a kill in the middle of a write
+    argv = ["--ckpt", str(smollm2_ckpt), "--prompts", str(prompts), "--output", str(out), *ARGS]
+
+    # Ctrl-C after the first result is written
+    real_write = dataset.ResultWriter.write
+    calls = []
+
+    def write_then_interrupt(self, record):
+        real_write(self, record)
+        calls.append(record["id"])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dataset.ResultWriter, "write", write_then_interrupt)
+    assert generate.main(argv) == 130
+    assert "run the same command again" in capsys.readouterr().err
+    first = out.read_text()
+    assert ids_of(first) == calls  # the torn line is gone, one whole line written
+
+    monkeypatch.setattr(dataset.ResultWriter, "write", real_write)
+    assert generate.main(argv) == 0
+    text = out.read_text()
+    assert text.startswith(first) and text.endswith("\n")
+    records = [json.loads(line) for line in text.splitlines()]
+    assert sorted(map(str, ids_of(text))) == sorted(["haiku", "2", "3", "9"])
+    by_id = {r["id"]: r for r in records}
+    assert by_id[3]["new_tokens"] == 1 and by_id[3]["finish"] == "length"
+    assert by_id[2]["new_tokens"] <= 3
+    for r in records:
+        assert set(r) == {
+            "id",
+            "text",
+            "token_ids",
+            "new_tokens",
+            "finish",
+            "steps",
+            "prompt_tokens",
+            "time_s",
+        }
+        assert len(r["token_ids"]) == r["new_tokens"] and isinstance(r["text"], str)
+    capsys.readouterr()
+
+    assert generate.main(argv) == 0  # nothing left to do
+    assert "already in" in capsys.readouterr().err
+    assert out.read_text() == text
+
+    # stdin -> stdout: the same tokens
+    monkeypatch.setattr("sys.stdin", io.StringIO(prompts.read_text()))
+    assert generate.main(["--ckpt", str(smollm2_ckpt), "--prompts", "-", *ARGS]) == 0
+    piped = {r["id"]: r["token_ids"] for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert piped == {r["id"]: r["token_ids"] for r in records}
