@@ -149,6 +149,10 @@ class Engine:
     seed: prompt `id`'s noise is fold_in(PRNGKey(seed), prompt_key(id)).
     steps_per_call: the device loop returns to the host at least this often (progress,
     Ctrl-C) even when no slot finished.
+    max_prompt_tokens: fix the prompt side of the run's shapes (longer prompts are
+    refused), so that runs over other prompts reuse the same compiled programs; default:
+    each run sizes for its longest prompt. The budget side is max_new_tokens (or a
+    request's larger one), rounded up to a power of two.
     """
 
     def __init__(
@@ -163,6 +167,7 @@ class Engine:
         seed: int = 0,
         chat: bool = False,
         steps_per_call: int = 64,
+        max_prompt_tokens: int | None = None,
     ):
         if not hasattr(model, "lm") or not hasattr(model, "params"):
             raise UserInputError(
@@ -186,6 +191,9 @@ class Engine:
         self.max_new_tokens, self.seed, self.chat = max_new_tokens, seed, chat
         self.sampling = SamplingConfig(float(temperature), top_k, top_p)
         self.steps_per_call = steps_per_call
+        if max_prompt_tokens is not None:
+            inputs.check_context(model.lm.max_context, max_prompt_tokens, max_new_tokens)
+        self.max_prompt_tokens = max_prompt_tokens
         self.stats: dict = {}
 
     # ------------------------------------------------------------------ requests
@@ -207,6 +215,11 @@ class Engine:
             max_new = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
             inputs.check_max_new_tokens(max_new)
             inputs.check_context(self.model.lm.max_context, len(ids), max_new)
+            if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+                raise UserInputError(
+                    f"{what} has {len(ids)} tokens, more than the engine's max_prompt_tokens "
+                    f"({self.max_prompt_tokens})"
+                )
             sampling = SamplingConfig(
                 self.sampling.temperature if r.temperature is None else float(r.temperature),
                 self.sampling.top_k if r.top_k is None else r.top_k,
@@ -224,8 +237,8 @@ class Engine:
         Result as its prompt finishes. `self.stats` is complete once the iterator is
         exhausted."""
         requests = self.encode(prompts)
-        P_max = inputs.bucket(max(len(r.ids) for r in requests))
-        cap = inputs.bucket(max(r.max_new for r in requests))
+        P_max = inputs.bucket(self.max_prompt_tokens or max(len(r.ids) for r in requests))
+        cap = inputs.bucket(max(self.max_new_tokens, *(r.max_new for r in requests)))
         groups: dict[SamplingConfig, list[_Encoded]] = {}
         for r in requests:
             groups.setdefault(r.sampling, []).append(r)
