@@ -421,25 +421,27 @@ class AutoRun:
         """None to carry on, or (plain executable, plain state) to switch."""
         from lookahead_jax import multihost
 
+        if not self.watching:
+            return None
         steps = int(multihost.local_rows(state.steps).max())
         hist = multihost.local_rows(state.accept_hist)
         if not self.gives_up(hist, steps):
             return None
         exe, self.compile_s = self.plain_program()
         self.after_steps, self.lookahead_hist = steps, hist
-        plain_state = dataclasses.replace(
-            state, draft=None, accept_hist=jnp.zeros((hist.shape[0], 1), jnp.int32)
-        )
-        return exe, plain_state
+        return exe, to_plain(state)
+
+    @property
+    def watching(self) -> bool:
+        """Whether the guard still judges (lookahead chosen, guard on, no switch yet)."""
+        return self.guard is not None and self.after_steps is None
 
     def gives_up(self, hist_bc, steps: int) -> bool:
         """Whether to hand over to plain decoding, judged every `window_steps` steps from
         the lookahead phase's accepted-length histogram so far [B, C] (not the last
         window's: acceptance comes in bursts, and one dry window of 32 steps must not end
         a winning run) after `steps` steps."""
-        if self.guard is None or self.after_steps is not None:
-            return False
-        if steps - self._last_steps < self.guard.window_steps:
+        if not self.watching or steps - self._last_steps < self.guard.window_steps:
             return False
         self._last_steps = steps
         compression, _ = hist_compression(hist_bc)
@@ -460,6 +462,14 @@ class AutoRun:
                 hist = multihost.local_rows(state.accept_hist)
             compression, steps = hist_compression(hist)
             record_acceptance(self.model, self.config, compression, steps, self.sampling)
+
+
+def to_plain(state):
+    """A lookahead DecodeState handed over to plain decoding: the same rows, lengths and
+    buffers (a plain spec with min_slack = the lookahead's max_emit keeps their sizes),
+    without the guess sources, with a fresh one-column accepted-length histogram."""
+    B = state.accept_hist.shape[0]
+    return dataclasses.replace(state, draft=None, accept_hist=jnp.zeros((B, 1), jnp.int32))
 
 
 def _agree_on(config: LookaheadConfig | None) -> LookaheadConfig | None:

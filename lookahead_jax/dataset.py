@@ -26,6 +26,7 @@ import json
 import os
 import sys
 
+from lookahead_jax import inputs
 from lookahead_jax.errors import UserInputError
 
 KEYS = ("id", "prompt", "messages", "max_new_tokens", "temperature", "top_k", "top_p")
@@ -34,9 +35,8 @@ STDIO = "-"
 
 @dataclasses.dataclass(frozen=True)
 class Line:
-    """One checked input line: its number, id, token ids and settings (None = default)."""
+    """One checked input line: its id, token ids and settings (None = default)."""
 
-    number: int
     id: int | str
     token_ids: list[int]
     max_new_tokens: int | None
@@ -53,14 +53,14 @@ def _number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _check_settings(obj: dict, max_new_tokens: int) -> str | None:
+def _check_settings(obj: dict) -> str | None:
     """What is wrong with a line's optional settings, or None."""
     m = obj.get("max_new_tokens")
     if m is not None and not (_int(m) and m > 0):
         return f"max_new_tokens must be an integer > 0, got {m!r}"
     t = obj.get("temperature")
-    if t is not None and not (_number(t) and t >= 0):
-        return f"temperature must be a number >= 0, got {t!r}"
+    if t is not None and not (_number(t) and 0 <= t < float("inf")):
+        return f"temperature must be a finite number >= 0, got {t!r}"
     k = obj.get("top_k")
     if k is not None and not (_int(k) and k >= 0):
         return f"top_k must be an integer >= 0, got {k!r}"
@@ -84,10 +84,10 @@ def _check_messages(messages) -> str | None:
 
 
 def read_prompts(
-    path: str, tokenizer, max_context: int, max_new_tokens: int, chat: bool
+    path: str, tokenizer, vocab: int, max_context: int, max_new_tokens: int, chat: bool
 ) -> list[Line]:
-    """Every line of `path` ('-': stdin) parsed, tokenized and checked; the first bad line
-    raises UserInputError('FILE line N: ...')."""
+    """Every line of `path` ('-': stdin) parsed, tokenized (inputs.encode_prompt) and
+    checked; the first bad line raises UserInputError('FILE line N: ...')."""
     name = "stdin" if path == STDIO else path
     try:
         if path == STDIO:
@@ -127,33 +127,23 @@ def read_prompts(
         if pid in first_line_of:
             raise bad(f"id {pid!r} is used again (first on line {first_line_of[pid]})")
         first_line_of[pid] = number
-        if (problem := _check_settings(obj, max_new_tokens)) is not None:
+        if (problem := _check_settings(obj)) is not None:
             raise bad(problem)
         if "messages" in obj:
-            if (problem := _check_messages(obj["messages"])) is not None:
+            prompt = obj["messages"]
+            if (problem := _check_messages(prompt)) is not None:
                 raise bad(problem)
-            try:
-                ids = tokenizer.encode(
-                    tokenizer.apply_chat_template(obj["messages"]), add_special_tokens=False
-                )
-            except UserInputError as e:
-                raise bad(str(e)) from None
         else:
             prompt = obj["prompt"]
             if not isinstance(prompt, str) or not prompt.strip():
                 raise bad(f"prompt must be a non-empty string, got {prompt!r}")
-            ids = tokenizer.encode_prompt(prompt, chat)
-        if not ids:
-            raise bad("the prompt encodes to no tokens")
-        budget = obj.get("max_new_tokens") or max_new_tokens
-        if len(ids) + budget > max_context:
-            raise bad(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({budget}) exceeds the model's "
-                f"context of {max_context} tokens"
-            )
+        try:
+            ids = inputs.encode_prompt(tokenizer, vocab, prompt, chat, "the prompt")
+            inputs.check_context(max_context, len(ids), obj.get("max_new_tokens") or max_new_tokens)
+        except UserInputError as e:
+            raise bad(str(e)) from None
         out.append(
             Line(
-                number,
                 pid,
                 ids,
                 obj.get("max_new_tokens"),

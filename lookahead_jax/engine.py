@@ -24,10 +24,15 @@ The host holds the queue of prompts, which prompt sits in which slot, and the re
 it sees the device only between `generate` calls (one per finished slot at most, never
 one per token).
 
-Fixed shapes: S = P_max + C + E (the longest prompt's bucket, the budget's bucket, the
-widest step's emit) for the whole run. A prompt of bucket P is prefilled with budget
-S - P - E, so its 1-row state has the same S. New programs: one prefill per prompt
-bucket (`stats["prompt_buckets"]`), one loop and one insert per run.
+Fixed shapes: the state's S = P + C + E (a prompt bucket, the budget's bucket, the widest
+step's emit). Prompts are taken shortest bucket first (stable within a bucket), starting
+with P = the first prompt's bucket; a prompt of a longer bucket first grows the state
+(`grow_slots`: the S axis padded, rows in flight untouched), so attention never spans
+slots sized for the longest prompt of the dataset while short ones decode. A prompt of
+bucket P' is prefilled with budget S - P' - E, so its state has the current S. New
+programs: one prefill per prompt bucket (`stats["prompt_buckets"]`), one loop and one
+insert per S (`stats["cache_slots"]`). `max_prompt_tokens` fixes P for the whole run
+(arrival order kept, no growth).
 
 Exactness: a row's tokens depend only on its prompt, budget and PRNG key (decode_state.py,
 sampling.py), and the key is fold_in(PRNGKey(seed), prompt key) — an integer id is its
@@ -52,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax import autotune, inputs, programs, seam, sharding
+from lookahead_jax import autotune, inputs, multihost, programs, seam, sharding
 from lookahead_jax.decode_state import DecodeSpec, DecodeState
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.kv_cache import KVCache
@@ -94,16 +99,17 @@ class _Encoded:
 def prompt_key(prompt_id) -> int:
     """The uint32 that keys a prompt's sampling noise: an integer id in [0, 2**32) is its
     own key (so `lj.generate`'s row b and the engine's prompt b get the same noise),
-    any other id the first 4 bytes of the SHA-256 of its text."""
+    any other id the first 4 bytes of the SHA-256 of its type and text (so "7" and 7 differ;
+    a string can still share a key with some integer id, 1 in 2**32)."""
     is_int = isinstance(prompt_id, int | np.integer) and not isinstance(prompt_id, bool)
     if is_int and 0 <= prompt_id < 2**32:
         return int(prompt_id)
-    digest = hashlib.sha256(str(prompt_id).encode()).digest()
+    digest = hashlib.sha256(f"{type(prompt_id).__name__}:{prompt_id}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
 
 
 def _put_rows(big, small, slot, axis: int):
-    return jax.lax.dynamic_update_slice_in_dim(big, small.astype(big.dtype), slot, axis)
+    return jax.lax.dynamic_update_slice_in_dim(big, small, slot, axis)
 
 
 def _by_row(fn, state: DecodeState, *more) -> DecodeState:
@@ -128,10 +134,42 @@ def insert(state: DecodeState, fresh: DecodeState, slot) -> DecodeState:
     return _by_row(lambda big, small, axis: _put_rows(big, small, slot, axis), state, fresh)
 
 
+def grow_slots(state: DecodeState, slots: int) -> DecodeState:
+    """The state with its S axis (token buffers [B, S], K/V [L, B, S, K, Dh]) padded with
+    zeros to `slots`. The new slots lie past every row's end, where nothing is read."""
+
+    def pad(x, axis):
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, slots - x.shape[axis])
+        return jnp.pad(x, widths)
+
+    cache = dataclasses.replace(state.cache, k=pad(state.cache.k, 2), v=pad(state.cache.v, 2))
+    return dataclasses.replace(
+        state, cache=cache, tokens=pad(state.tokens, 1), step_of_token=pad(state.step_of_token, 1)
+    )
+
+
 def empty_slots(fresh: DecodeState, batch: int) -> DecodeState:
     """A B-row state of `fresh`'s shapes whose every slot is done (nothing decodes)."""
     state = _by_row(lambda x, axis: jnp.repeat(x, batch, axis=axis), fresh)
     return dataclasses.replace(state, done=jnp.ones((batch,), bool))
+
+
+_SMALL_PROGRAMS: dict = {}
+
+
+def _small_program(fn, out_shardings, **jit_kw):
+    """`fn` (insert, empty_slots, grow_slots) jitted once per process, output sharding and
+    jit options, so that jax.jit's own cache compiles it once per shape across runs.
+    (Their compilations, a fraction of a second each, are not in stats["compile_s"].)"""
+    sh_key = None
+    if out_shardings is not None:
+        sh_key = (jax.tree.structure(out_shardings), tuple(jax.tree.leaves(out_shardings)))
+        jit_kw["out_shardings"] = out_shardings
+    key = (fn, sh_key, tuple(sorted((k, v) for k, v in jit_kw.items() if k != "out_shardings")))
+    if key not in _SMALL_PROGRAMS:
+        _SMALL_PROGRAMS[key] = jax.jit(fn, **jit_kw)
+    return _SMALL_PROGRAMS[key]
 
 
 class Engine:
@@ -178,9 +216,15 @@ class Engine:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise UserInputError(f"batch (--batch) must be an integer >= 1, got {batch!r}")
         sharding.check_batch(model.mesh, batch)
-        if jax.process_count() > 1:
-            raise UserInputError("the engine runs in one process (multi-host: use generate)")
         inputs.check_max_new_tokens(max_new_tokens)
+        for name, value in (
+            ("steps_per_call", steps_per_call),
+            ("max_prompt_tokens", max_prompt_tokens),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise UserInputError(f"{name} must be an integer >= 1, got {value!r}")
         if lookahead not in (None, "auto") and not isinstance(lookahead, LookaheadConfig):
             raise UserInputError(
                 "lookahead must be a LookaheadConfig, 'auto' or None, got " + repr(lookahead)
@@ -206,12 +250,16 @@ class Engine:
             r = p if isinstance(p, Request) else Request(p)
             pid = i if r.id is None else r.id
             what = f"prompt {pid!r}"
+            if isinstance(pid, np.integer):
+                pid = int(pid)
             if not isinstance(pid, int | str) or isinstance(pid, bool):
                 raise UserInputError(f"{what}: an id must be an integer or a string")
             if pid in seen:
                 raise UserInputError(f"{what}: the id is used twice")
             seen.add(pid)
-            ids = inputs.encode_prompt(self.model, r.prompt, self.chat, what)
+            ids = inputs.encode_prompt(
+                self.model.tokenizer, self.model.lm.vocab_size, r.prompt, self.chat, what
+            )
             max_new = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
             inputs.check_max_new_tokens(max_new)
             inputs.check_context(self.model.lm.max_context, len(ids), max_new)
@@ -228,16 +276,23 @@ class Engine:
             out.append(_Encoded(pid, ids, max_new, sampling))
         if not out:
             raise UserInputError("no prompts to decode")
+        if multihost.is_multiprocess():  # every process runs the same rounds
+            blob = repr([(r.id, r.ids, r.max_new, r.sampling) for r in out]).encode()
+            digest = int.from_bytes(hashlib.sha256(blob).digest()[:4], "little") >> 1  # int32
+            multihost.agree(digest, "prompts (all of them, in the same order)")
         return out
 
     # ------------------------------------------------------------------ running
 
     def run(self, prompts: Iterable) -> Iterator[Result]:
         """Decode every prompt (text, chat messages, token ids or Request); yield each
-        Result as its prompt finishes. `self.stats` is complete once the iterator is
-        exhausted."""
-        requests = self.encode(prompts)
-        P_max = inputs.bucket(self.max_prompt_tokens or max(len(r.ids) for r in requests))
+        Result as its prompt finishes. Every prompt is checked here, before this returns
+        (bad input raises UserInputError at once, not at the first result). `self.stats`
+        is complete once the iterator is exhausted."""
+        return self._run(self.encode(prompts))
+
+    def _run(self, requests: list[_Encoded]) -> Iterator[Result]:
+        fixed_P = None if self.max_prompt_tokens is None else inputs.bucket(self.max_prompt_tokens)
         cap = inputs.bucket(max(self.max_new_tokens, *(r.max_new for r in requests)))
         groups: dict[SamplingConfig, list[_Encoded]] = {}
         for r in requests:
@@ -249,12 +304,13 @@ class Engine:
             "rounds": 0,
             "compile_s": 0.0,
             "prompt_buckets": [],
+            "cache_slots": [],
             "batch": self.batch,
             "groups": [],
         }
         t0 = time.perf_counter()
         for sampling, group in groups.items():
-            yield from _GroupRun(self, sampling, group, P_max, cap).run()
+            yield from _GroupRun(self, sampling, group, fixed_P, cap).run()
         wall = time.perf_counter() - t0
         s = self.stats
         s["wall_s"] = wall
@@ -265,9 +321,11 @@ class Engine:
 class _GroupRun:
     """One sampling mode's prompts through the slots (see the module docstring)."""
 
-    def __init__(self, engine: Engine, sampling, requests, P_max: int, cap: int):
+    def __init__(self, engine: Engine, sampling, requests, fixed_P: int | None, cap: int):
         model = engine.model
         self.engine, self.model, self.B = engine, model, engine.batch
+        if fixed_P is None:  # shortest bucket first: the cache grows once per bucket at most
+            requests = sorted(requests, key=lambda r: inputs.bucket(len(r.ids)))
         self.queue = collections.deque(requests)
         self.auto = None
         lookahead = engine.lookahead
@@ -284,25 +342,11 @@ class _GroupRun:
             cache_dtype=jnp.dtype(model.dtype).name,
         )
         self.slack = self.spec.max_emit
-        self.P_max, self.cap = P_max, cap
+        self.cap = cap
         self.slots: list = [None] * self.B  # (request, insert time) per slot
         self.hist_done = None  # accepted-length histogram of results read [C]
-        mesh = model.mesh
-        self.loop_args = (
-            model.params,
-            jax.ShapeDtypeStruct((self.B, P_max), jnp.int32),
-            *(jax.ShapeDtypeStruct((self.B,), jnp.int32) for _ in range(2)),
-            jax.ShapeDtypeStruct((self.B, 2), jnp.uint32),
-        )
-        self.loop = self._compiled(self.spec, self.cap, self.loop_args, "run_loop")
-        state_shape = self._state_shape(self.spec)
-        self.state_sh = None if mesh is None else sharding.state_shardings(state_shape, mesh)
-        self.insert = jax.jit(insert, donate_argnums=0, out_shardings=self.state_sh)
-        self.empty = jax.jit(empty_slots, static_argnums=1, out_shardings=self.state_sh)
-        self.replicated = None
-        if mesh is not None:
-            self.replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         self.state = None
+        self._set_shape(fixed_P or inputs.bucket(len(self.queue[0].ids)))
         engine.stats["groups"].append(
             {
                 "sampling": sampling.describe(),
@@ -311,6 +355,32 @@ class _GroupRun:
                 "auto": None if self.auto is None else self.auto.choice.describe(),
             }
         )
+
+    def _set_shape(self, P: int) -> None:
+        """Programs for the state of prompt side P: S = P + cap + slack (the loop compiled
+        now, the insert at its first use)."""
+        self.P = P
+        self.loop_args = (
+            self.model.params,
+            jax.ShapeDtypeStruct((self.B, P), jnp.int32),
+            *(jax.ShapeDtypeStruct((self.B,), jnp.int32) for _ in range(2)),
+            jax.ShapeDtypeStruct((self.B, 2), jnp.uint32),
+        )
+        self.loop = self._compiled(self.spec, self.cap, self.loop_args, "run_loop")
+        shape = self._state_shape(self.spec)
+        mesh = self.model.mesh
+        self.state_sh = None if mesh is None else sharding.state_shardings(shape, mesh)
+        self.insert = _small_program(insert, self.state_sh, donate_argnums=0)
+        self.slots_S = shape.tokens.shape[1]
+        self.engine.stats["cache_slots"].append(self.slots_S)
+
+    def _grow(self, P: int) -> None:
+        """Move to a longer prompt side P: the rows in flight keep decoding in a state
+        whose S axis is padded (the new slots lie past every row's end)."""
+        self._set_shape(P)
+        if self.state is not None:
+            grow = _small_program(grow_slots, self.state_sh, static_argnums=1)
+            self.state = grow(self.state, self.slots_S)
 
     def _state_shape(self, spec):
         """The B-row state's shapes under `spec`."""
@@ -334,24 +404,27 @@ class _GroupRun:
             np.asarray([r.max_new], np.int32),
             np.asarray(keys_for(self.engine.seed, [prompt_key(r.id)])),
         )
-        if self.replicated is not None:
-            rows = tuple(jax.device_put(a, self.replicated) for a in rows)
+        if self.model.mesh is not None:
+            rows = tuple(multihost.replicated(self.model.mesh, a) for a in rows)
         args = (self.model.params, *rows)
         buckets = self.engine.stats["prompt_buckets"]
         if P not in buckets:
             buckets.append(P)
-        # the budget that gives this bucket's state the run's S = P_max + cap + slack
-        start = self._compiled(self.spec, self.P_max + self.cap - P, args, "start")
+        # the budget that gives this bucket's state the state's S = self.P + cap + slack
+        start = self._compiled(self.spec, self.P + self.cap - P, args, "start")
         return start(*args)
 
     def _fill(self) -> None:
         for s in range(self.B):
             if self.slots[s] is None and self.queue:
                 r = self.queue.popleft()
+                if inputs.bucket(len(r.ids)) > self.P:
+                    self._grow(inputs.bucket(len(r.ids)))
                 fresh = self._prefill(r)
                 if self.state is None:
-                    self.state = self.empty(fresh, self.B)
-                self.state = self.insert(self.state, fresh, jnp.int32(s))
+                    empty = _small_program(empty_slots, self.state_sh, static_argnums=1)
+                    self.state = empty(fresh, self.B)
+                self.state = self.insert(self.state, fresh, np.int32(s))
                 self.slots[s] = (r, time.perf_counter())
 
     def run(self) -> Iterator[Result]:
@@ -360,7 +433,7 @@ class _GroupRun:
             self._fill()
             if all(x is None for x in self.slots):
                 break
-            done = np.asarray(self.state.done)
+            done = multihost.all_rows(self.state.done)
             finished = [s for s, x in enumerate(self.slots) if x is not None and done[s]]
             if finished:
                 yield from self._read(finished)
@@ -384,7 +457,7 @@ class _GroupRun:
             self.state.steps,
             self.state.accept_hist,
         )
-        tokens, prompt_len, n_out, max_new, steps, hist = (np.asarray(a) for a in fields)
+        tokens, prompt_len, n_out, max_new, steps, hist = map(multihost.all_rows, fields)
         now = time.perf_counter()
         stats = self.engine.stats
         tokenizer = self.model.tokenizer
@@ -407,13 +480,17 @@ class _GroupRun:
             )
 
     def _add_hist(self, hist_c) -> None:
+        """Count a finished row's accepted-length histogram [C] into the lookahead phase's
+        (the plain phase after auto's hand-over is not counted)."""
+        if self.auto is not None and self.auto.after_steps is not None:
+            return
         if self.hist_done is None:
             self.hist_done = np.zeros_like(hist_c)
-        self.hist_done[: len(hist_c)] += hist_c
+        self.hist_done += hist_c
 
     def _lookahead_hist(self):
         """[1 + B, C]: the read results' histogram, then each occupied slot's."""
-        live = np.asarray(self.state.accept_hist)
+        live = multihost.all_rows(self.state.accept_hist)
         occupied = np.asarray([x is not None for x in self.slots])
         rows = [self.hist_done if self.hist_done is not None else np.zeros(live.shape[1])]
         return np.concatenate([np.asarray(rows, live.dtype), live[occupied]], axis=0)
@@ -421,7 +498,7 @@ class _GroupRun:
     def _watch(self) -> None:
         """auto: hand a losing lookahead over to plain decoding, mid-run, for every slot
         (the same state without the guess sources; buffers keep their sizes)."""
-        if self.auto is None or self.auto.guard is None or self.auto.after_steps is not None:
+        if self.auto is None or not self.auto.watching:
             return
         hist = self._lookahead_hist()
         steps = int(hist.sum()) // self.B  # the lookahead phase's device steps, about
@@ -429,15 +506,10 @@ class _GroupRun:
             return
         self.auto.after_steps, self.auto.lookahead_hist = steps, hist.sum(0, keepdims=True)
         self.spec = dataclasses.replace(self.spec, lookahead=None, min_slack=self.slack)
-        self.loop = self._compiled(self.spec, self.cap, self.loop_args, "run_loop")
-        self.state = dataclasses.replace(
-            self.state, draft=None, accept_hist=jnp.zeros((self.B, 1), jnp.int32)
-        )
+        self._set_shape(self.P)  # plain programs; the state has no guess sources now
+        self.state = autotune.to_plain(self.state)
         if self.state_sh is not None:
-            shape = self._state_shape(self.spec)
-            self.state_sh = sharding.state_shardings(shape, self.model.mesh)
             self.state = jax.device_put(self.state, self.state_sh)
-            self.insert = jax.jit(insert, donate_argnums=0, out_shardings=self.state_sh)
         self.engine.stats["groups"][-1]["switched_to_plain_after_steps"] = steps
 
     def _record_acceptance(self) -> None:
@@ -446,6 +518,5 @@ class _GroupRun:
         if auto is None or auto.config is None or self.hist_done is None:
             return
         hist = auto.lookahead_hist if auto.lookahead_hist is not None else self.hist_done[None]
-        compression, _ = autotune.hist_compression(hist)
-        steps = int(np.asarray(hist).sum()) // self.B
+        compression, steps = autotune.hist_compression(hist)  # steps: row-steps, as generate's
         autotune.record_acceptance(self.model, auto.config, compression, steps, auto.sampling)

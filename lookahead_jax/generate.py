@@ -18,6 +18,8 @@ import time
 from lookahead_jax.cli_errors import EXIT_INTERRUPTED, OneLineArgumentParser, run_cli
 from lookahead_jax.errors import MissingFileError, UserInputError
 
+DEFAULT_BATCH = 8  # --batch: the engine's slots in dataset mode
+
 
 def parse_lookahead(text: str):
     """'auto' -> 'auto'; anything else -> LookaheadConfig.parse (tokens=T, N,W,G, ...)."""
@@ -59,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch",
         type=int,
-        default=8,
+        default=None,
         help="dataset mode: prompts decoded at once; a finished slot takes the next prompt "
-        "(default 8)",
+        f"(default {DEFAULT_BATCH})",
     )
     p.add_argument(
         "--chat",
@@ -216,10 +218,16 @@ def _validate(args):
         for flag in ("stream", "json", "color", "distributed"):
             if getattr(args, flag):
                 raise UserInputError(f"--{flag} does not apply to --prompts (dataset mode)")
+        if args.batch is None:
+            args.batch = DEFAULT_BATCH
         if args.batch < 1:
             raise UserInputError(f"--batch must be >= 1, got {args.batch}")
-    elif args.output != "-":
-        raise UserInputError("--output is for dataset mode: give --prompts IN.jsonl too")
+        if args.output != "-" and os.path.abspath(args.output) == os.path.abspath(args.prompts):
+            raise UserInputError("--output must not be the --prompts file")
+    else:
+        for flag, value in (("output", args.output != "-"), ("batch", args.batch is not None)):
+            if value:
+                raise UserInputError(f"--{flag} is for dataset mode: give --prompts IN.jsonl too")
     check_max_new_tokens(args.max_new_tokens)
     SamplingConfig(args.temperature, args.top_k, args.top_p)
     resolve_dtype(args.dtype)
@@ -338,7 +346,7 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
     if info.tokenizer is None:
         raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; --prompts needs one")
     lines = dataset.read_prompts(
-        args.prompts, info.tokenizer, context, args.max_new_tokens, args.chat
+        args.prompts, info.tokenizer, info.cfg.vocab_size, context, args.max_new_tokens, args.chat
     )
     done = dataset.done_ids(args.output)
     todo = [line for line in lines if line.id not in done]
@@ -357,7 +365,6 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
-        steps_per_call=32,
     )
     requests = [
         lj.Request(
@@ -365,11 +372,12 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
         )
         for line in todo
     ]
+    results = engine.run(requests)  # checks every request before the output is touched
     writer = dataset.ResultWriter(args.output)
     written, tokens = 0, 0
     bar = tqdm(total=len(todo), unit="prompt", file=sys.stderr, dynamic_ncols=True)
     try:
-        for result in engine.run(requests):
+        for result in results:
             writer.write(dataset.record(result))
             written, tokens = written + 1, tokens + len(result.token_ids)
             bar.update(1)

@@ -70,26 +70,28 @@ def encode_prompts(model, prompts, chat: bool) -> list[list[int]]:
         prompts = [prompts]
     if not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise UserInputError("prompts must be a non-empty list of strings or of token-id lists")
-    return [encode_prompt(model, p, chat, f"prompt {i}") for i, p in enumerate(prompts)]
+    return [
+        encode_prompt(model.tokenizer, model.lm.vocab_size, p, chat, f"prompt {i}")
+        for i, p in enumerate(prompts)
+    ]
 
 
-def encode_prompt(model, prompt, chat: bool, what: str) -> list[int]:
-    """One prompt's token ids: a string through the model's tokenizer (with the chat
-    template if `chat`), a list of chat messages ({"role", "content"} dicts) through the
-    chat template, or token ids as they are; checked against the vocabulary. `what`
-    names the prompt in errors."""
-    vocab = model.lm.vocab_size
+def encode_prompt(tokenizer, vocab: int, prompt, chat: bool, what: str) -> list[int]:
+    """One prompt's token ids: a string through `tokenizer` (with the chat template if
+    `chat`), a list of chat messages ({"role", "content"} dicts) through the chat
+    template, or token ids as they are; checked against the vocabulary [0, vocab).
+    `what` names the prompt in errors."""
     is_messages = isinstance(prompt, list | tuple) and bool(prompt) and isinstance(prompt[0], dict)
     if isinstance(prompt, str) or is_messages:
-        if model.tokenizer is None:
+        if tokenizer is None:
             raise UserInputError("this checkpoint has no tokenizer; pass token ids")
         if isinstance(prompt, str) and not prompt.strip():
             raise UserInputError(f"{what} is empty")
         if is_messages:
-            text = model.tokenizer.apply_chat_template(list(prompt))
-            ids = model.tokenizer.encode(text, add_special_tokens=False)
+            text = tokenizer.apply_chat_template(list(prompt))
+            ids = tokenizer.encode(text, add_special_tokens=False)
         else:
-            ids = model.tokenizer.encode_prompt(prompt, chat)
+            ids = tokenizer.encode_prompt(prompt, chat)
     else:
         if chat:
             raise UserInputError("chat=True needs text prompts, not token ids")
@@ -112,10 +114,8 @@ def device_inputs(model, ids: list[list[int]], max_new_tokens: int, seed: int):
     and the budget bucket. With several processes `ids` are this process's rows; all
     processes must agree on the shapes, so the bucket covers everyone's longest prompt."""
     B = len(ids)
-    if multihost.agree_max(B) != B or multihost.agree_max(-B) != -B:
-        raise UserInputError("every process must pass the same number of prompts")
-    if multihost.agree_max(max_new_tokens) != max_new_tokens:
-        raise UserInputError("every process must pass the same max_new_tokens")
+    multihost.agree(B, "number of prompts")
+    multihost.agree(max_new_tokens, "max_new_tokens")
     P = bucket(multihost.agree_max(max(len(p) for p in ids)))
     check_batch(model.mesh, B * jax.process_count())
     prompt = np.zeros((B, P), np.int32)

@@ -9,6 +9,9 @@ laid out over the mesh's `data` axis. These helpers are no-ops with one process.
     agree_max(x)             the maximum of x over all processes
     global_rows(mesh, a)     a global [B, ...] array from this process's rows
     local_rows(arr)          this process's rows of a global [B, ...] array, as numpy
+    all_rows(arr)            every row of a global array, as numpy, on every process
+    replicated(mesh, a)      a global array holding the same `a` on every device
+    agree(value, what)       raise unless every process passed the same int
 """
 
 from __future__ import annotations
@@ -67,6 +70,33 @@ def local_rows(arr: jax.Array) -> np.ndarray:
         start = shard.index[0].start or 0
         blocks.setdefault(start, np.asarray(shard.data))  # replicas along `model` repeat
     return np.concatenate([blocks[k] for k in sorted(blocks)])
+
+
+def all_rows(arr: jax.Array) -> np.ndarray:
+    """The whole of a (possibly multi-process) array, as numpy, on every process."""
+    if arr.is_fully_addressable:
+        return np.asarray(arr)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(arr, tiled=True))
+
+
+def replicated(mesh, value: np.ndarray) -> jax.Array:
+    """`value` (the same on every process) on every device of the mesh; on one device
+    without a mesh."""
+    if mesh is None:
+        return jnp.asarray(value)
+    sharding = NamedSharding(mesh, P())
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
+def agree(value: int, what: str) -> None:
+    """Raise UserInputError naming `what` unless every process passed the same `value`
+    (an int32: the gather goes through a device array)."""
+    if agree_max(value) != value or agree_max(-value) != -value:
+        from lookahead_jax.errors import UserInputError
+
+        raise UserInputError(f"every process must pass the same {what}")
 
 
 @jax.jit

@@ -47,8 +47,8 @@ class SamplingConfig:
     top_p: float | None = None
 
     def __post_init__(self):
-        if not self.temperature >= 0:  # also rejects NaN
-            raise UserInputError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # also rejects NaN
+            raise UserInputError(f"temperature must be finite and >= 0, got {self.temperature}")
         if self.top_k is not None and self.top_k < 0:
             raise UserInputError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:

@@ -23,6 +23,7 @@ Writes OUT.json after every measurement, OUT.md and OUT.png at the end.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -50,7 +51,7 @@ def pick_prompts(per_category: int) -> list[dict]:
     return rows
 
 
-def run_engine(model, ids, batch, lookahead, max_new, max_prompt):
+def run_engine(model, ids, batch, lookahead, max_new):
     import lookahead_jax as lj
 
     if isinstance(lookahead, int):
@@ -59,10 +60,10 @@ def run_engine(model, ids, batch, lookahead, max_new, max_prompt):
         batch=batch,
         max_new_tokens=max_new,
         lookahead=lookahead,
-        max_prompt_tokens=max_prompt,
         steps_per_call=64,
     )
-    # warm-up: the run's shapes (every prompt bucket, the same S), one token each
+    # warm-up: the run's shapes (every prompt bucket, so every S the state grows to), one
+    # token each
     from lookahead_jax.inputs import bucket
 
     buckets = {}
@@ -247,7 +248,22 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--cache-dir", default=None, help="default: a new temporary directory")
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--reuse",
+        default=None,
+        metavar="FILE.json:SYSTEM,...",
+        help="take these systems' runs from an earlier result file of the same prompts "
+        "instead of measuring them again (e.g. hf, which no engine change affects)",
+    )
     args = ap.parse_args()
+    reused = {}
+    if args.reuse:
+        path, names = args.reuse.rsplit(":", 1)
+        earlier = json.loads(Path(path).read_text())
+        reused = {
+            B: {k: r for k, r in runs.items() if k in names.split(",")}
+            for B, runs in earlier["runs"].items()
+        }
     os.environ["LOOKAHEAD_JAX_CACHE"] = args.cache_dir or tempfile.mkdtemp(prefix="engine_")
 
     import jax
@@ -278,10 +294,13 @@ def main() -> None:
         "agreement": {},
     }
     out = Path(args.out)
-    max_prompt = max(map(len, ids))
     for B in map(int, args.batches.split(",")):
         runs = results["runs"].setdefault(str(B), {})
         for name in systems:
+            if name in reused.get(str(B), {}):
+                runs[name] = {**reused[str(B)][name], "reused_from": args.reuse}
+                print(f"B={B} {name}: reused from {args.reuse}", flush=True)
+                continue
             t = time.perf_counter()
             if name == "static_plain":
                 runs[name] = run_static(model, ids, B, args.max_new_tokens)
@@ -289,9 +308,7 @@ def main() -> None:
                 eos = set(model.eos_ids)
                 runs[name] = run_hf(hf, ids, B, args.max_new_tokens, min(eos), eos)
             else:
-                runs[name] = run_engine(
-                    model, ids, B, LOOKAHEAD[name], args.max_new_tokens, max_prompt
-                )
+                runs[name] = run_engine(model, ids, B, LOOKAHEAD[name], args.max_new_tokens)
             new = sum(len(x) for x in runs[name]["tokens"])
             print(
                 f"B={B} {name}: {new / runs[name]['seconds']:.1f} tokens/s "

@@ -39,5 +39,13 @@ for name, (sizes, la, temp) in RUNS.items():
         "devices": len(jax.devices()),
         "local": len(jax.local_devices()),
     }
+# the engine: both processes run the same rounds over all prompts, 2 slots over data=2
+sizes, la, temp = RUNS["data2_model4_sampling"]
+model = lj.load(ckpt, mesh=lj.make_mesh(**sizes))
+engine = lj.Engine(
+    model, batch=2, max_new_tokens=16, lookahead=lj.LookaheadConfig(*la), temperature=temp, seed=9
+)
+by_id = {r.id: r.token_ids for r in engine.run(PROMPTS)}
+results["engine"] = {"tokens": [by_id[i] for i in range(len(PROMPTS))], "stats": engine.stats}
 with open(out, "w") as f:
     json.dump(results, f)

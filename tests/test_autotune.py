@@ -29,14 +29,14 @@ def model(tiny_ckpts):
 
 
 def test_choice_follows_the_cost_curve(model, tmp_cache, monkeypatch):
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: FLAT)
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: FLAT)
     flat = autotune.choose(model)
     # big steps are (nearly) free: the layout with the best prior compression wins
     assert flat.config is not None and flat.config.key == max(
         autotune.PRIORS, key=autotune.PRIORS.get
     )
     assert flat.expected_speedup == max(flat.table.values())
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: STEEP)
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: STEEP)
     steep = autotune.choose(model)
     assert steep.config is None and steep.expected_speedup == 1.0  # nothing can win
     assert all(v < autotune.MARGIN for v in steep.table.values())
@@ -105,7 +105,7 @@ def test_sampling_keeps_its_own_acceptance_factor(model, tmp_cache, monkeypatch)
     assert autotune.acceptance_factor(model, lj.SamplingConfig(temperature=1.0)) == 1.0
     # a sampling generation with auto records under its own bucket too
     cheap = {t: 1e-6 * (1 + t / 1000) for t in FLAT}
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: cheap)
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: cheap)
     lj.generate(model, [[5, 6, 7]], max_new_tokens=40, lookahead="auto", temperature=1.0)
     assert autotune.acceptance_factor(model, lj.SamplingConfig(temperature=1.0)) != 1.0
     assert autotune.acceptance_factor(model) == greedy_before
@@ -122,7 +122,7 @@ def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache
     # A curve that promises lookahead a nearly free win, and a guard that demands the
     # impossible (100x): it must call the lookahead off after warm-up, mid-generation.
     fake = {t: 1e-6 * (1 + t / 1000) for t in FLAT}
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: fake)
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: fake)
     monkeypatch.setattr(autotune, "Guard", functools.partial(autotune.Guard, give_up_below=100))
     prompts = random_prompts(3, 128, 5, 12, seed=41)
     # enough tokens that even a well-guessing layout runs past the guard's warm-up
@@ -140,7 +140,7 @@ def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache
 
 
 def test_auto_can_choose_plain(model, tmp_cache, monkeypatch):
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None: STEEP)
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: STEEP)
     out = lj.generate(model, [[5, 6, 7]], max_new_tokens=10, lookahead="auto")
     assert out.stats["config"]["lookahead"] is None
     assert out.stats["config"]["lookahead_auto"]["chosen"] is None

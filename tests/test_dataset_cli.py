@@ -44,6 +44,7 @@ def ids_of(text: str) -> list:
         ('{"prompt": "  "}\n', "non-empty string"),
         ('{"prompt": "x", "max_new_tokens": 0}\n', "max_new_tokens must be"),
         ('{"prompt": "x", "top_p": 2}\n', "top_p must be"),
+        ('{"prompt": "x", "temperature": Infinity}\n', "temperature must be"),
         ('{"messages": [{"role": "user"}]}\n', "messages[0] must be"),
         ('{"id": "haiku", "prompt": "again"}\n', "used again (first on line 1)"),
         ('{"prompt": "' + "word " * 9000 + '"}\n', "exceeds the model's context"),
@@ -63,6 +64,21 @@ def test_bad_line_exits_2_naming_it_and_leaves_output_untouched(
     assert f"{prompts} line 3: " in err and needle in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert out.read_text() == '{"id": "old"}\n'
+
+
+def test_dataset_flags_are_checked_before_anything_loads(tmp_path, capsys):
+    prompts = tmp_path / "in.jsonl"
+    write_lines(prompts, PROMPTS)
+    for argv, needle in [
+        (["--prompts", str(prompts), "--output", str(prompts)], "must not be the --prompts"),
+        (["--prompt", "x", "--batch", "2"], "--batch is for dataset mode"),
+        (["--prompt", "x", "--output", "o.jsonl"], "--output is for dataset mode"),
+        (["--prompts", str(prompts), "--stream"], "--stream does not apply"),
+        (["--prompts", str(prompts), "--batch", "0"], "--batch must be >= 1"),
+    ]:
+        assert generate.main(["--ckpt", "/nonexistent", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert needle in err, (argv, err)
 
 
 def test_interrupt_then_rerun_finishes_the_rest_and_stdio_agrees(

@@ -73,16 +73,17 @@ def requests(order_seed: int) -> list[lj.Request]:
     return [lj.Request(PROMPTS[i], id=int(i), max_new_tokens=BUDGETS[i]) for i in order]
 
 
-CASES = [  # (lookahead, batch, temperature)
-    (None, 2, 0.0),
-    (lj.LookaheadConfig.for_budget(16), 3, 0.0),
-    (lj.LookaheadConfig.for_budget(16), 1, 0.0),
-    (lj.LookaheadConfig.for_budget(16), 4, 0.9),
+LONGEST = max(map(len, PROMPTS))
+CASES = [  # (lookahead, batch, temperature, max_prompt_tokens: None = the state grows)
+    (None, 2, 0.0, None),
+    (lj.LookaheadConfig.for_budget(16), 3, 0.0, None),
+    (lj.LookaheadConfig.for_budget(16), 1, 0.0, LONGEST),
+    (lj.LookaheadConfig.for_budget(16), 4, 0.9, LONGEST),
 ]
 
 
-@pytest.mark.parametrize("lookahead,batch,temperature", CASES)
-def test_engine_equals_plain_decoding_alone(model64, lookahead, batch, temperature):
+@pytest.mark.parametrize("lookahead,batch,temperature,max_prompt", CASES)
+def test_engine_equals_plain_decoding_alone(model64, lookahead, batch, temperature, max_prompt):
     with jax.enable_x64(True):
         engine = lj.Engine(
             model64,
@@ -92,6 +93,7 @@ def test_engine_equals_plain_decoding_alone(model64, lookahead, batch, temperatu
             temperature=temperature,
             seed=SEED,
             steps_per_call=5,
+            max_prompt_tokens=max_prompt,
         )
         results = list(engine.run(requests(order_seed=batch)))
     check_against_reference(model64, results, temperature)
@@ -101,6 +103,9 @@ def test_engine_equals_plain_decoding_alone(model64, lookahead, batch, temperatu
     assert sorted(stats["prompt_buckets"]) == sorted({bucket(len(p)) for p in PROMPTS})
     if batch < len(PROMPTS):  # slots were refilled while others decoded
         assert stats["rounds"] > 1
+    # growing: one S per prompt bucket, shortest first; fixed: one S for the run
+    assert len(stats["cache_slots"]) == (1 if max_prompt else len(stats["prompt_buckets"]))
+    assert stats["cache_slots"] == sorted(stats["cache_slots"])
 
 
 def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tmp_path):
@@ -117,7 +122,14 @@ def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tm
         autotune, "Guard", functools.partial(autotune.Guard, warmup_steps=4, window_steps=2)
     )
     with jax.enable_x64(True):
-        engine = lj.Engine(model64, batch=3, max_new_tokens=MAX_NEW, lookahead="auto", seed=SEED)
+        engine = lj.Engine(
+            model64,
+            batch=3,
+            max_new_tokens=MAX_NEW,
+            lookahead="auto",
+            seed=SEED,
+            max_prompt_tokens=LONGEST,
+        )
         results = list(engine.run(requests(order_seed=7)))
     group = engine.stats["groups"][0]
     assert group["lookahead"]["name"] == config.name
@@ -128,7 +140,14 @@ def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tm
 def test_per_prompt_sampling_settings_run_as_groups(model64):
     """A prompt with its own temperature gets the tokens of a decode at that temperature."""
     with jax.enable_x64(True):
-        engine = lj.Engine(model64, batch=2, max_new_tokens=MAX_NEW, lookahead=None, seed=SEED)
+        engine = lj.Engine(
+            model64,
+            batch=2,
+            max_new_tokens=MAX_NEW,
+            lookahead=None,
+            seed=SEED,
+            max_prompt_tokens=LONGEST,
+        )
         reqs = [
             dataclasses.replace(r, temperature=0.9) if r.id % 2 else r
             for r in requests(order_seed=1)
@@ -163,6 +182,8 @@ def test_string_ids_key_the_noise_not_the_slot(model64):
     "kwargs,requests_,needle",
     [
         ({"batch": 0}, [[5, 6]], "batch"),
+        ({"steps_per_call": 0}, [[5, 6]], "steps_per_call"),
+        ({"max_prompt_tokens": 4}, [[5] * 5], "max_prompt_tokens"),
         ({}, [lj.Request([5, 6], id="x"), lj.Request([7], id="x")], "used twice"),
         ({}, [[5] * 1020], "exceeds the model's context"),
         ({}, [lj.Request([5, 6], max_new_tokens=0)], "max_new_tokens"),

@@ -1,7 +1,8 @@
 """Two processes x 4 CPU devices (loopback, gloo collectives) = one 8-device mesh.
 
 Each process feeds its own rows of the batch and reads back only its own rows;
-together they must produce exactly the single-process tokens.
+together they must produce exactly the single-process tokens. The engine runs the same
+rounds on both processes over all prompts, its slots split over the processes.
 """
 
 import json
@@ -78,4 +79,8 @@ def test_two_processes_equal_one(tiny_ckpts, tmp_path):
         got = results[0][name]["tokens"] + results[1][name]["tokens"]
         assert got == want, name
         assert results[0][name]["streamed"] + results[1][name]["streamed"] == want, name
+        if name == "data2_model4_sampling":  # the engine ran these settings over all prompts
+            for pid in (0, 1):
+                assert results[pid]["engine"]["tokens"] == want, pid
+                assert results[pid]["engine"]["stats"]["rounds"] > 1
         assert results[0][name]["devices"] == 8 and results[0][name]["local"] == 4
