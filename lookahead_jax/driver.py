@@ -13,6 +13,9 @@ swap in another program and state mid-way. On Ctrl-C both raise KeyboardInterrup
 
 from __future__ import annotations
 
+import signal
+import threading
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -28,16 +31,41 @@ class _NoWatch:
 NO_WATCH = _NoWatch()
 
 
+def uninterrupted(exe, *args):
+    """exe(*args) with Ctrl-C held until it returns. A step donates its input state, so
+    an interrupt raised in the middle of the call would leave the caller holding deleted
+    buffers and nothing to return; held, it is raised after, with the new state in hand
+    (KeyboardInterrupt with `.state`). Only where Python's own SIGINT handler is in place
+    (the main thread); elsewhere the call runs as it is."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        return exe(*args)
+    held = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        out = exe(*args)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        e = KeyboardInterrupt()
+        e.state = out
+        raise e
+    return out
+
+
 def on_device(params, exe, state: DecodeState, steps_per_call: int, watch=NO_WATCH):
     try:
         while True:
-            state = exe(params, state, jnp.int32(steps_per_call), jnp.bool_(False))
+            state = uninterrupted(exe, params, state, jnp.int32(steps_per_call), jnp.bool_(False))
             if multihost.all_true(state.done):
                 return state
             if (swapped := watch.check(state)) is not None:
                 exe, state = swapped
     except KeyboardInterrupt as e:
-        e.state = state
+        if getattr(e, "state", None) is None:  # else: the state of a step that completed
+            e.state = state
         raise
 
 
@@ -60,11 +88,14 @@ def on_host(params, exe, state: DecodeState, stream, watch=NO_WATCH):
     try:
         flush(state)
         while not multihost.all_true(state.done):
-            state = exe(params, state)
+            state = uninterrupted(exe, params, state)
             flush(state)
             if (swapped := watch.check(state)) is not None:
                 exe, state = swapped
         return state
     except KeyboardInterrupt as e:
-        e.state = state
+        if getattr(e, "state", None) is None:
+            e.state = state
+        else:  # a step completed under the held Ctrl-C: stream its tokens too
+            flush(e.state)
         raise

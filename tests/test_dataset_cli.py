@@ -3,16 +3,25 @@ decoding with the output untouched; Ctrl-C leaves whole lines; a rerun finishes 
 and skips what is done; stdin and stdout work. Run in this process (main()), so the
 compiled programs are shared between the runs."""
 
-import importlib
 import io
 import json
+import runpy
+import types
 
 import pytest
 
+import lookahead_jax as lj
 from lookahead_jax import dataset
 
-# the module, not lj.generate (the package exports the function under that name)
-generate = importlib.import_module("lookahead_jax.generate")
+# The CLI module's main(), run in this process. Not imported: importing the submodule
+# lookahead_jax.generate would rebind the package's name `generate` (lj.generate, the
+# function) to the module for every later test in this worker.
+generate = types.SimpleNamespace(main=runpy.run_module("lookahead_jax.generate")["main"])
+
+
+def test_the_package_keeps_its_generate_function():
+    assert callable(lj.generate) and lj.generate.__module__ == "lookahead_jax.api"
+
 
 pytestmark = pytest.mark.smollm
 
