@@ -17,7 +17,7 @@ import argparse
 import sys
 import traceback
 
-from lookahead_jax.errors import UserInputError
+from lookahead_jax.errors import MissingFileError, UserInputError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -37,6 +37,25 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         print(f"error: {one_line(message)} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+
+
+def read_user_file(path, flag: str, kind: str) -> str:
+    """The UTF-8 text of the file a user named with `flag`; each way reading it can fail
+    is one line naming the flag, the path and what to give instead (`kind`, e.g. 'a text
+    file')."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise MissingFileError(f"{flag} not found: {path}; give {kind}") from None
+    except IsADirectoryError:
+        raise UserInputError(f"{flag} {path} is a directory; give {kind}") from None
+    except UnicodeDecodeError as e:
+        raise UserInputError(
+            f"{flag} {path} is not UTF-8 text ({e.reason} at byte {e.start}); give {kind}"
+        ) from None
+    except OSError as e:
+        raise UserInputError(f"cannot read {flag} {path}: {e.strerror or e}") from None
 
 
 def run_cli(work, debug: bool = False) -> int:

@@ -27,6 +27,7 @@ import os
 import sys
 
 from lookahead_jax import inputs
+from lookahead_jax.cli_errors import read_user_file
 from lookahead_jax.errors import UserInputError
 
 KEYS = ("id", "prompt", "messages", "max_new_tokens", "temperature", "top_k", "top_p")
@@ -89,18 +90,7 @@ def read_prompts(
     """Every line of `path` ('-': stdin) parsed, tokenized (inputs.encode_prompt) and
     checked; the first bad line raises UserInputError('FILE line N: ...')."""
     name = "stdin" if path == STDIO else path
-    try:
-        if path == STDIO:
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-    except FileNotFoundError:
-        raise UserInputError(f"--prompts not found: {path}; give a JSONL file") from None
-    except IsADirectoryError:
-        raise UserInputError(f"--prompts {path} is a directory; give a JSONL file") from None
-    except UnicodeDecodeError as e:
-        raise UserInputError(f"{name} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    text = sys.stdin.read() if path == STDIO else read_user_file(path, "--prompts", "a JSONL file")
     out: list[Line] = []
     first_line_of: dict = {}
     for number, raw in enumerate(text.splitlines(), start=1):

@@ -15,8 +15,13 @@ import os
 import sys
 import time
 
-from lookahead_jax.cli_errors import EXIT_INTERRUPTED, OneLineArgumentParser, run_cli
-from lookahead_jax.errors import MissingFileError, UserInputError
+from lookahead_jax.cli_errors import (
+    EXIT_INTERRUPTED,
+    OneLineArgumentParser,
+    read_user_file,
+    run_cli,
+)
+from lookahead_jax.errors import UserInputError
 
 DEFAULT_BATCH = 8  # --batch: the engine's slots in dataset mode
 
@@ -174,26 +179,7 @@ def main(argv=None) -> int:
 
 def _read_prompt(args) -> str:
     if args.prompt_file is not None:
-        try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise MissingFileError(
-                f"--prompt-file not found: {args.prompt_file}; give an existing text file"
-            ) from None
-        except IsADirectoryError:
-            raise UserInputError(
-                f"--prompt-file {args.prompt_file} is a directory; give a text file"
-            ) from None
-        except UnicodeDecodeError as e:
-            raise UserInputError(
-                f"--prompt-file {args.prompt_file} is not UTF-8 text ({e.reason} at byte "
-                f"{e.start}); give a UTF-8 text file"
-            ) from None
-        except OSError as e:
-            raise UserInputError(
-                f"cannot read --prompt-file {args.prompt_file}: {e.strerror or e}"
-            ) from None
+        text = read_user_file(args.prompt_file, "--prompt-file", "a UTF-8 text file")
         where = f"--prompt-file {args.prompt_file}"
     elif args.prompt is not None:
         text, where = args.prompt, "--prompt"
@@ -202,6 +188,11 @@ def _read_prompt(args) -> str:
     if not text.strip():
         raise UserInputError(f"the prompt is empty ({where} holds {text!r}); give some text")
     return text
+
+
+def _sampling(args) -> dict:
+    """The sampling flags as keyword arguments of lj.generate / lj.Engine."""
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 
 def _validate(args):
@@ -294,14 +285,7 @@ def _run(args, t_start: float) -> int:
         sys.stdout.write(printer.add_step(new_rows[0]))
         sys.stdout.flush()
 
-    kwargs = dict(
-        max_new_tokens=args.max_new_tokens,
-        lookahead=lookahead,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-    )
+    kwargs = dict(max_new_tokens=args.max_new_tokens, lookahead=lookahead, **_sampling(args))
     interrupted = False
     try:
         if printer is not None:
@@ -361,10 +345,7 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
         batch=args.batch,
         max_new_tokens=args.max_new_tokens,
         lookahead=lookahead,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
+        **_sampling(args),
     )
     requests = [
         lj.Request(

@@ -14,8 +14,8 @@ import signal
 import sys
 from pathlib import Path
 
-from lookahead_jax.cli_errors import OneLineArgumentParser, run_cli
-from lookahead_jax.errors import MissingFileError, UserInputError
+from lookahead_jax.cli_errors import OneLineArgumentParser, read_user_file, run_cli
+from lookahead_jax.errors import UserInputError
 
 
 def build_parser() -> OneLineArgumentParser:
@@ -63,14 +63,7 @@ def build_parser() -> OneLineArgumentParser:
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
     """The prompt texts of a JSON-lines file, with the line number of anything wrong."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise MissingFileError(f"--prompts not found: {path}; give a JSON-lines file") from None
-    except IsADirectoryError:
-        raise UserInputError(f"--prompts {path} is a directory; give a JSON-lines file") from None
-    except UnicodeDecodeError as e:
-        raise UserInputError(f"--prompts {path} is not UTF-8 text ({e.reason})") from None
+    lines = read_user_file(path, "--prompts", "a JSON-lines file").splitlines()
     prompts = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
