@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
-from lookahead_jax.cli_errors import OneLineArgumentParser, run_cli
-from lookahead_jax.convert.convert import DTYPES, convert
+from lookahead_jax.checkpoints.convert.convert import DTYPES, convert
+from lookahead_jax.cli.errors import OneLineArgumentParser, run_cli
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,5 @@
 """Bring your own model: a tiny Flax NNX causal LM written against the seam's call
-(lookahead_jax/seam.py), decoded with lookahead through lj.from_nnx, and checked with the
+(lookahead_jax/models/seam.py), decoded with lookahead through lj.from_nnx, and checked with the
 public exactness harness. Run it:
 
     python examples/tiny_nnx_lm.py
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import lookahead_jax as lj
-from lookahead_jax.kv_cache import KVCache
+from lookahead_jax.models.kv_cache import KVCache
 
 VOCAB, DIM, HEADS, LAYERS = 40, 32, 2, 2
 

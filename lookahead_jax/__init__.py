@@ -1,16 +1,19 @@
 """lookahead_jax: exact lookahead decoding for Llama-family models in JAX."""
 
-from lookahead_jax import decoding, seam, testing
-from lookahead_jax.api import GenerationInterrupted, GenerationOutput, generate
-from lookahead_jax.config import LlamaConfig
-from lookahead_jax.engine import Engine, Request, Result
+from lookahead_jax import decoding
+from lookahead_jax.checkpoints.loading import ModelInfo, inspect, load
+from lookahead_jax.decoding.sampling import SamplingConfig
+from lookahead_jax.distributed.sharding import make_mesh
+from lookahead_jax.engine import testing
+from lookahead_jax.engine.continuous import Engine, Request, Result
+from lookahead_jax.engine.generate import GenerationInterrupted, GenerationOutput, generate
+from lookahead_jax.engine.streaming import StreamDetokenizer
 from lookahead_jax.errors import CheckpointError, MissingFileError, UserInputError
-from lookahead_jax.loading import Model, ModelInfo, inspect, load
-from lookahead_jax.lookahead_config import DEFAULT_LOOKAHEAD, LookaheadConfig
-from lookahead_jax.nnx_model import from_nnx
-from lookahead_jax.sampling import SamplingConfig
-from lookahead_jax.sharding import make_mesh
-from lookahead_jax.streaming import StreamDetokenizer
+from lookahead_jax.guesses.lookahead_config import DEFAULT_LOOKAHEAD, LookaheadConfig
+from lookahead_jax.models import seam
+from lookahead_jax.models.bundle import Model
+from lookahead_jax.models.config import LlamaConfig
+from lookahead_jax.models.nnx_model import from_nnx
 
 __all__ = [
     "DEFAULT_LOOKAHEAD",

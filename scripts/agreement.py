@@ -7,7 +7,7 @@ import numpy as np
 from prompts import prompt_set
 
 import lookahead_jax as lj
-from lookahead_jax.testing import first_divergence
+from lookahead_jax.engine.testing import first_divergence
 
 
 def agreement(reference: list[list[int]], other: list[list[int]]) -> dict:

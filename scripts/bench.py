@@ -30,7 +30,7 @@ from prompts import category_ranks, prompt_set  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
-from lookahead_jax.inputs import bucket  # noqa: E402
+from lookahead_jax.engine.inputs import bucket  # noqa: E402
 
 # layouts by tokens per step, then the paper's (N, W, G) for comparison
 SWEEP = ["tokens=8", "tokens=12", "tokens=16", "4,1,2", "5,1,1"]
@@ -92,7 +92,7 @@ def load_hf(model: lj.Model):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from lookahead_jax import default_model
+    from lookahead_jax.checkpoints import default_model
 
     src = Path(str(model.path))
     if str(model.path) == str(default_model.checkpoint_path()):

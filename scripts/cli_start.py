@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lookahead_jax import default_model  # noqa: E402
 from lookahead_jax.cache_dir import cache_root  # noqa: E402
+from lookahead_jax.checkpoints import default_model  # noqa: E402
 
 PROMPT = "Explain in two sentences why the sky is blue."
 

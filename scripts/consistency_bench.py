@@ -5,7 +5,7 @@ decode tokens/s at tokens=16 (one prompt at a time), per-token NLL of held-out S
 responses and how often greedy outputs agree on held-out prompts.
 
     python scripts/sharegpt.py --train 256 --held-out 32 --out /tmp/sharegpt
-    python -m lookahead_jax.consistency --ckpt smollm2-135m --prompts /tmp/sharegpt.train.jsonl \\
+    python -m lookahead_jax.training --ckpt smollm2-135m --prompts /tmp/sharegpt.train.jsonl \\
         --chat --out /tmp/tuned [...]
     python scripts/consistency_bench.py --tuned /tmp/tuned \\
         --held-out /tmp/sharegpt.held_out.jsonl --out benchmarks/cpu/consistency
@@ -32,8 +32,8 @@ from prompts import prompt_set  # noqa: E402
 from results import write_results  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
-from lookahead_jax import consistency as C  # noqa: E402
-from lookahead_jax.testing import full_pass_logits  # noqa: E402
+from lookahead_jax import training as C  # noqa: E402
+from lookahead_jax.engine.testing import full_pass_logits  # noqa: E402
 
 BUDGETS = (16, 128)
 JACOBI_BLOCK, JACOBI_BLOCKS = 16, 2  # as trained: blocks of 16, the first two of each answer

@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.autotune import step_latencies
-from lookahead_jax.config import LlamaConfig, RopeScaling
-from lookahead_jax.loading import resolve_dtype
-from lookahead_jax.model import LlamaLM, init_params
+from lookahead_jax.checkpoints.loading import resolve_dtype
+from lookahead_jax.decoding.autotune import step_latencies
+from lookahead_jax.models.config import LlamaConfig, RopeScaling
+from lookahead_jax.models.llama import LlamaLM, init_params
 
 SHAPES = {
     "smollm2-135m": dict(

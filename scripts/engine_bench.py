@@ -64,7 +64,7 @@ def run_engine(model, ids, batch, lookahead, max_new):
     )
     # warm-up: the run's shapes (every prompt bucket, so every S the state grows to), one
     # token each
-    from lookahead_jax.inputs import bucket
+    from lookahead_jax.engine.inputs import bucket
 
     buckets = {}
     for i, p in enumerate(ids):
@@ -134,7 +134,7 @@ def agreement(model, prompts_ids, got, want) -> dict:
     near-tie of the plain model (float32), else the row is counted as a mismatch."""
     import numpy as np
 
-    from lookahead_jax.testing import first_divergence, top2_gap
+    from lookahead_jax.engine.testing import first_divergence, top2_gap
     from tests.helpers import teacher_forced_logits
 
     same, near_tie, mismatch = 0, 0, []

@@ -27,7 +27,7 @@ from machine import cpu_model  # noqa: E402
 from results import write_results  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
-from lookahead_jax.testing import full_pass_logits  # noqa: E402
+from lookahead_jax.engine.testing import full_pass_logits  # noqa: E402
 
 STDLIB = [
     "argparse", "base64", "bisect", "calendar", "csv", "difflib", "fractions", "glob",

@@ -24,9 +24,9 @@ import jax
 import numpy as np
 from cost_curve import SHAPES, model_and_params
 
-from lookahead_jax.autotune import compiled_step, run_time
-from lookahead_jax.loading import resolve_dtype
-from lookahead_jax.model import LlamaLM
+from lookahead_jax.checkpoints.loading import resolve_dtype
+from lookahead_jax.decoding.autotune import compiled_step, run_time
+from lookahead_jax.models.llama import LlamaLM
 
 _SCAN = jax.lax.scan
 

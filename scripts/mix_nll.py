@@ -1,6 +1,6 @@
 """Held-out quality along the line from a base checkpoint to a consistency-tuned one:
 per-token NLL of held-out ShareGPT responses under base + mix * (tuned - base) for each
-mix (lookahead_jax.consistency --mix writes such a checkpoint), to choose a mix.
+mix (lookahead_jax.training --mix writes such a checkpoint), to choose a mix.
 
     python scripts/mix_nll.py --tuned /tmp/tunedB --held-out /tmp/sharegpt.held_out.jsonl \\
         --mix 0.25,0.5,0.6,0.7,0.8,1 --out benchmarks/cpu/consistency_mix_nll
@@ -22,7 +22,7 @@ from machine import cpu_model  # noqa: E402
 from results import write_results  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
-from lookahead_jax import consistency as C  # noqa: E402
+from lookahead_jax import training as C  # noqa: E402
 
 
 def main() -> None:

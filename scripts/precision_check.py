@@ -26,12 +26,12 @@ import numpy as np
 from cost_curve import SHAPES
 
 import lookahead_jax as lj
-from lookahead_jax import programs
-from lookahead_jax.autotune import step_latencies
-from lookahead_jax.config import LlamaConfig
-from lookahead_jax.loading import Model
-from lookahead_jax.model import LlamaLM, init_params
-from lookahead_jax.testing import first_divergence, full_pass_logits, top2_gap
+from lookahead_jax.checkpoints.loading import Model
+from lookahead_jax.decoding import programs
+from lookahead_jax.decoding.autotune import step_latencies
+from lookahead_jax.engine.testing import first_divergence, full_pass_logits, top2_gap
+from lookahead_jax.models.config import LlamaConfig
+from lookahead_jax.models.llama import LlamaLM, init_params
 
 TINY = dict(
     vocab_size=128,

@@ -29,8 +29,8 @@ from machine import cpu_model  # noqa: E402
 from results import write_results  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
-from lookahead_jax.model import flat_names  # noqa: E402
-from lookahead_jax.quantize import CONTRACTED, Int8Weight, dequantize  # noqa: E402
+from lookahead_jax.models.llama import flat_names  # noqa: E402
+from lookahead_jax.models.quantize import CONTRACTED, Int8Weight, dequantize  # noqa: E402
 
 WEIGHTS = ("float", "q8_0", "int8")
 PROMPT = "Write a long story about a lighthouse keeper and a storm, in ten paragraphs."
@@ -96,8 +96,8 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/cpu/q8_0_gguf")
     args = ap.parse_args()
 
-    from lookahead_jax.convert.convert import convert
-    from lookahead_jax.default_model import gguf_path
+    from lookahead_jax.checkpoints.convert.convert import convert
+    from lookahead_jax.checkpoints.default_model import gguf_path
 
     with tempfile.TemporaryDirectory(prefix="q8_0_gguf.") as d:  # removed once loaded
         tmp = Path(d)

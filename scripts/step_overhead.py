@@ -28,10 +28,10 @@ import numpy as np
 from cost_curve import SHAPES, model_and_params
 
 import lookahead_jax as lj
-from lookahead_jax.autotune import compiled_step, run_time
 from lookahead_jax.cache_dir import enable_compilation_cache
-from lookahead_jax.loading import Model, resolve_dtype
-from lookahead_jax.model import LlamaLM
+from lookahead_jax.checkpoints.loading import Model, resolve_dtype
+from lookahead_jax.decoding.autotune import compiled_step, run_time
+from lookahead_jax.models.llama import LlamaLM
 
 
 def random_prompts(vocab: int, batch: int, length: int, seed: int = 0) -> list[list[int]]:

@@ -7,6 +7,7 @@ bash scripts/setup_env.sh test
 export HF_HUB_OFFLINE=1
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/lint-imports --no-cache  # the layers contract (pyproject.toml)
 # One pytest worker per core, at most 4 (each holds its own models and compiled programs);
 # LOOKAHEAD_JAX_TEST_WORKERS=0 runs in this process.
 cores="$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)"  # nproc: Linux; getconf: macOS

@@ -20,7 +20,7 @@ import gc  # noqa: E402
 
 import pytest  # noqa: E402
 
-from lookahead_jax import programs  # noqa: E402
+from lookahead_jax.decoding import programs  # noqa: E402
 from tests import tiny  # noqa: E402
 from tests.helpers import memory_maps  # noqa: E402
 
@@ -60,7 +60,7 @@ def tiny_ckpts(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_ckpt():
     """The converted SmolLM2-135M checkpoint (converted once into the cache)."""
-    from lookahead_jax import default_model
+    from lookahead_jax.checkpoints import default_model
 
     try:
         default_model.gguf_path()
@@ -82,7 +82,7 @@ def smollm2_hf():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lookahead_jax import default_model
+    from lookahead_jax.checkpoints import default_model
 
     path = default_model.gguf_path()
     model = AutoModelForCausalLM.from_pretrained(

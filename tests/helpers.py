@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.decode_state import causal_mask
-from lookahead_jax.model import forward
-from lookahead_jax.testing import first_divergence, top2_gap
+from lookahead_jax.decoding.decode_state import causal_mask
+from lookahead_jax.engine.testing import first_divergence, top2_gap
+from lookahead_jax.models.llama import forward
 
 NEAR_TIE = 1e-4
 

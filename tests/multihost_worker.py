@@ -9,7 +9,7 @@ import jax
 pid, port, ckpt, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 jax.config.update("jax_num_cpu_devices", 4)
 
-from lookahead_jax import multihost  # noqa: E402
+from lookahead_jax.distributed import multihost  # noqa: E402
 
 multihost.initialize(f"127.0.0.1:{port}", 2, pid, bind_address=f"127.0.0.1:{port}")
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax import autotune
+from lookahead_jax.decoding import autotune
 from tests.helpers import random_prompts
 
 FLAT = {t: 0.010 * (1 + t / 1e4) for t in (1, 2, 4, 8, 12, 16, 32, 64, 128)}

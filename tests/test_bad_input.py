@@ -223,8 +223,8 @@ def mesh2_model(paths):
 
 
 def api_convert(args: list[str]):
-    """lookahead_jax.convert.convert.convert with the row's --src/--out/--dtype/--force."""
-    from lookahead_jax.convert.convert import convert
+    """checkpoints.convert.convert.convert with the row's --src/--out/--dtype/--force."""
+    from lookahead_jax.checkpoints.convert.convert import convert
 
     opts = dict(zip(args[::2], args[1::2], strict=False))
     return convert(
@@ -950,7 +950,7 @@ def test_stream_into_head_exits_quietly(smollm2_ckpt, tmp_path):
 def test_interrupted_conversion_leaves_no_output(sig, tmp_path):
     """Ctrl-C (or SIGTERM) while converting the SmolLM2 GGUF: exit 130, no --out, no
     staging directory."""
-    from lookahead_jax import default_model
+    from lookahead_jax.checkpoints import default_model
 
     try:
         src = default_model.gguf_path()

@@ -1,4 +1,4 @@
-"""Jacobi-consistency fine-tuning (lookahead_jax.consistency) on a tiny model: the layout's
+"""Jacobi-consistency fine-tuning (lookahead_jax.training) on a tiny model: the layout's
 worked example, the trajectories end at the greedy output, the loss is zero at the fixed
 point and its gradient matches finite differences, training lowers the Jacobi iterations
 and its checkpoint decodes exactly, and a resumed run equals an uninterrupted one."""
@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax import consistency as C
-from lookahead_jax.consistency import layout
-from lookahead_jax.consistency.loss import losses
-from lookahead_jax.consistency.train import batch_logits, loss_fn, sample_batch
-from lookahead_jax.model import flat_names
+from lookahead_jax import training as C
+from lookahead_jax.models.llama import flat_names
+from lookahead_jax.training import layout
+from lookahead_jax.training.loss import losses
+from lookahead_jax.training.train import batch_logits, loss_fn, sample_batch
 from tests.helpers import random_prompts
 
 PROMPTS = random_prompts(16, 128, 2, 10, seed=3)
 # the module (the package's `train` attribute is the function of that name)
-TRAIN_MODULE = importlib.import_module("lookahead_jax.consistency.train")
+TRAIN_MODULE = importlib.import_module("lookahead_jax.training.train")
 BLOCK, BLOCKS, SLOTS = 4, 3, 12
 
 
@@ -247,7 +247,7 @@ def test_cli_bad_input_is_one_line(tiny_ckpts, tmp_path, args, needle):
     paths = {"missing": tmp_path / "nope.jsonl", "bad": tmp_path / "bad.jsonl"}
     paths["good"] = tmp_path / "good.jsonl"
     argv = [a.format(**paths) for a in args]
-    cmd = [sys.executable, "-m", "lookahead_jax.consistency", "--ckpt", str(tiny_ckpts["gqa"][1])]
+    cmd = [sys.executable, "-m", "lookahead_jax.training", "--ckpt", str(tiny_ckpts["gqa"][1])]
     cmd += ["--out", str(tmp_path / "out"), *argv]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import lookahead_jax as lj
-from lookahead_jax.convert.convert import convert
-from lookahead_jax.model import flat_names as flatten
+from lookahead_jax.checkpoints.convert.convert import convert
+from lookahead_jax.models.llama import flat_names as flatten
 from tests import tiny
 from tests.test_model_parity import full_forward
 
@@ -254,7 +254,7 @@ def test_failed_conversion_leaves_nothing(tmp_path, tiny_ckpts):
 
 
 def test_interrupted_conversion_leaves_nothing(tmp_path, tiny_ckpts, monkeypatch):
-    from lookahead_jax import checkpoint
+    from lookahead_jax.checkpoints import checkpoint
 
     def interrupt(*a, **k):
         raise KeyboardInterrupt

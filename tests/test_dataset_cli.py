@@ -5,22 +5,22 @@ compiled programs are shared between the runs."""
 
 import io
 import json
-import runpy
-import types
 
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax import dataset
-
-# The CLI module's main(), run in this process. Not imported: importing the submodule
-# lookahead_jax.generate would rebind the package's name `generate` (lj.generate, the
-# function) to the module for every later test in this worker.
-generate = types.SimpleNamespace(main=runpy.run_module("lookahead_jax.generate")["main"])
+import lookahead_jax.generate  # noqa: F401  the `-m` entry point: Python rebinds lj.generate
+from lookahead_jax.cli import dataset, generate
+from lookahead_jax.engine import generate as api
 
 
-def test_the_package_keeps_its_generate_function():
-    assert callable(lj.generate) and lj.generate.__module__ == "lookahead_jax.api"
+def test_lj_generate_still_decodes_after_the_entry_point_is_imported(monkeypatch):
+    monkeypatch.setattr(api, "generate", lambda *a, **k: ("decoded", a, k))
+    assert lj.generate("model", [[1]], max_new_tokens=2) == (
+        "decoded",
+        ("model", [[1]]),
+        {"max_new_tokens": 2},
+    )
 
 
 pytestmark = pytest.mark.smollm

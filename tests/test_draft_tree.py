@@ -16,9 +16,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead_jax import draft_tree
-from lookahead_jax.draft_tree import ROOT
-from lookahead_jax.lookahead_layout import StepLayout
+from lookahead_jax.guesses import draft_tree
+from lookahead_jax.guesses.draft_tree import ROOT
+from lookahead_jax.guesses.lookahead_layout import StepLayout
 
 SETTINGS = settings(deadline=None, max_examples=40, database=None)
 MAX_DEPTH = 4

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax import autotune
-from lookahead_jax.inputs import bucket
+from lookahead_jax.decoding import autotune
+from lookahead_jax.engine.inputs import bucket
 from tests import tiny
 from tests.helpers import random_prompts, with_eos
 

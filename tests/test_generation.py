@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import lookahead_jax as lj
-from lookahead_jax import kv_cache
-from lookahead_jax.decode_state import causal_mask
-from lookahead_jax.model import forward
+from lookahead_jax.decoding.decode_state import causal_mask
+from lookahead_jax.models import kv_cache
+from lookahead_jax.models.llama import forward
 from tests import tiny
 from tests.helpers import assert_same_or_near_tie, random_prompts, teacher_forced_logits, with_eos
 

@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead_jax import suffix_match, token_recycling
-from lookahead_jax.draft_tree import ROOT
+from lookahead_jax.guesses import suffix_match, token_recycling
+from lookahead_jax.guesses.draft_tree import ROOT
 
 SETTINGS = settings(deadline=None, max_examples=40, database=None)
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax import quantize
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.model import flat_names, forward, from_flat, param_specs
-from lookahead_jax.quantize import Int8Weight
+from lookahead_jax.models import quantize
+from lookahead_jax.models.llama import flat_names, forward, from_flat, param_specs
+from lookahead_jax.models.quantize import Int8Weight
 from tests.helpers import random_prompts
 
 PROMPTS = random_prompts(8, 128, 1, 14, seed=31)
@@ -186,7 +186,7 @@ def test_q8_0_gguf_comes_back_as_its_own_int8_values_and_scales(tmp_path, varian
     blocks span heads), and its forward equals the float checkpoint's."""
     import gguf
 
-    from lookahead_jax.convert.convert import convert
+    from lookahead_jax.checkpoints.convert.convert import convert
     from tests import tiny
     from tests.test_convert import write_tiny_gguf
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lookahead_jax import draft_tree
-from lookahead_jax.lookahead_layout import StepLayout
+from lookahead_jax.guesses import draft_tree
+from lookahead_jax.guesses.lookahead_layout import StepLayout
 
 # N=4, W=5 and a 6-slot tree of two chains, written by hand: the input, window levels
 # a0/a1/a2 (5 columns each), chains v0/v1 (3 tokens each). Row = query, column = key.

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import lookahead_jax as lj
-from lookahead_jax.decode_state import causal_mask
-from lookahead_jax.model import forward
+from lookahead_jax.decoding.decode_state import causal_mask
+from lookahead_jax.models.llama import forward
 from tests import tiny
 
 VARIANTS = ["mha", "gqa", "mqa", "tied", "llama3", "linear"]

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax import ngram_pool
+from lookahead_jax.guesses import ngram_pool
 
 
 def insert(pool, items, row=0, batch=1):

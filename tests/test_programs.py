@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax import programs
-from lookahead_jax.config import LlamaConfig
-from lookahead_jax.loading import Model
-from lookahead_jax.model import LlamaLM, init_params
+from lookahead_jax.checkpoints.loading import Model
+from lookahead_jax.decoding import programs
+from lookahead_jax.models.config import LlamaConfig
+from lookahead_jax.models.llama import LlamaLM, init_params
 from tests.helpers import memory_maps
 
 CFG = LlamaConfig(

@@ -23,11 +23,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead_jax import decode_state, draft_tree, kv_cache, ngram_pool
-from lookahead_jax.config import LlamaConfig
-from lookahead_jax.lookahead_layout import StepLayout
-from lookahead_jax.model import LlamaLM, forward, init_params
-from lookahead_jax.sampling import SamplingConfig
+from lookahead_jax.decoding import decode_state
+from lookahead_jax.decoding.sampling import SamplingConfig
+from lookahead_jax.guesses import draft_tree, ngram_pool
+from lookahead_jax.guesses.lookahead_layout import StepLayout
+from lookahead_jax.models import kv_cache
+from lookahead_jax.models.config import LlamaConfig
+from lookahead_jax.models.llama import LlamaLM, forward, init_params
 
 SETTINGS = settings(deadline=None, max_examples=25, database=None)
 

@@ -11,10 +11,11 @@ import pytest
 from scipy import stats
 
 import lookahead_jax as lj
-from lookahead_jax import draft_tree, programs
-from lookahead_jax.decode_state import causal_mask
-from lookahead_jax.model import forward
-from lookahead_jax.sampling import SamplingConfig, process_logits
+from lookahead_jax.decoding import programs
+from lookahead_jax.decoding.decode_state import causal_mask
+from lookahead_jax.decoding.sampling import SamplingConfig, process_logits
+from lookahead_jax.guesses import draft_tree
+from lookahead_jax.models.llama import forward
 from tests import tiny
 from tests.helpers import with_eos
 
@@ -32,7 +33,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def model8(tmp_path_factory):
-    from lookahead_jax.convert.convert import convert
+    from lookahead_jax.checkpoints.convert.convert import convert
 
     root = tmp_path_factory.mktemp("v8")
     tiny.hf_model("gqa", seed=7, std=0.3, vocab_size=VOCAB).save_pretrained(root / "hf")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax.sharding import parse_mesh, spec_for
+from lookahead_jax.distributed.sharding import parse_mesh, spec_for
 from tests.helpers import assert_same_or_near_tie, random_prompts
 
 LA = lj.LookaheadConfig(4, 3, 3)
@@ -88,7 +88,7 @@ def test_params_are_really_sharded(eight_heads):
 
 
 def test_biases_shard_with_their_projection_and_qk_norms_replicate():
-    from lookahead_jax.model import LlamaLM
+    from lookahead_jax.models.llama import LlamaLM
 
     cfg = lj.LlamaConfig(
         vocab_size=128,

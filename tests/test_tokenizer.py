@@ -6,8 +6,8 @@ import pytest
 import sentencepiece as spm
 
 import lookahead_jax as lj
-from lookahead_jax.convert.convert import convert
-from lookahead_jax.tokenizer import Tokenizer
+from lookahead_jax.checkpoints.convert.convert import convert
+from lookahead_jax.checkpoints.tokenizer import Tokenizer
 from tests import tiny
 
 CORPUS = [

@@ -143,7 +143,7 @@ def save_bin(model, directory: Path, shards: int = 1) -> None:
 
 def build(root: Path, name: str) -> tuple[Path, Path]:
     """Save variant `name` as safetensors and convert it; return (hf_dir, ckpt_dir)."""
-    from lookahead_jax.convert.convert import convert
+    from lookahead_jax.checkpoints.convert.convert import convert
 
     hf_dir, ckpt = root / f"{name}-hf", root / f"{name}-ckpt"
     hf_model(name).save_pretrained(hf_dir)

@@ -1,0 +1,392 @@
+"""Command line: python -m lookahead_jax.generate [--ckpt CKPT] --prompt TEXT [options]
+             or: python -m lookahead_jax.generate --prompts IN.jsonl --output OUT.jsonl
+
+One prompt: prints the generated text on stdout (or one JSON object with --json) and a
+stats line on stderr. A file of prompts (dataset.py): decodes them all through the
+engine's slots (engine.py), one result line each, resumable. Bad input: one line on
+stderr, exit code 2. Ctrl-C: what is done so far, exit code 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from lookahead_jax.cli.errors import (
+    EXIT_INTERRUPTED,
+    OneLineArgumentParser,
+    read_user_file,
+    run_cli,
+)
+from lookahead_jax.errors import UserInputError
+
+DEFAULT_BATCH = 8  # --batch: the engine's slots in dataset mode
+
+
+def parse_lookahead(text: str):
+    """'auto' -> 'auto'; anything else -> LookaheadConfig.parse (tokens=T, N,W,G, ...)."""
+    from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+
+    if text.strip().lower() == "auto":
+        return "auto"
+    return LookaheadConfig.parse(text, what="--lookahead", or_auto=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineArgumentParser(
+        prog="python -m lookahead_jax.generate",
+        description="Generate text with lookahead decoding (exact: greedy output equals "
+        "plain greedy decoding; sampling keeps the model's distribution).",
+    )
+    p.add_argument(
+        "--ckpt",
+        default="smollm2-135m",
+        help="checkpoint directory from checkpoints_convert, or smollm2-135m for the "
+        "bundled SmolLM2-135M-Instruct (default)",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt-file", help="read the prompt from this file (all of it)")
+    src.add_argument(
+        "--prompts",
+        metavar="IN.jsonl",
+        help="dataset mode: one JSON object a line ('prompt' or 'messages', optional 'id', "
+        "'max_new_tokens', 'temperature', 'top_k', 'top_p'); '-' reads stdin",
+    )
+    p.add_argument(
+        "--output",
+        default="-",
+        metavar="OUT.jsonl",
+        help="dataset mode: append one JSON line per prompt here, in finish order (default "
+        "'-': stdout); a rerun skips the ids already in it",
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="dataset mode: prompts decoded at once; a finished slot takes the next prompt "
+        f"(default {DEFAULT_BATCH})",
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap the prompt in the tokenizer's chat template as a user turn",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=256, help="token budget (default 256)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--lookahead",
+        default=None,
+        metavar="tokens=T|N,W,G|auto",
+        help="tokens=T: the best measured draft layout feeding at most T tokens per step; "
+        "N,W,G: the paper's n-gram size, window and candidates (to reproduce older results); "
+        "auto (the default): choose T for this machine and model from a measured cost curve "
+        "and the running acceptance rate, or plain decoding when no layout is expected to win",
+    )
+    mode.add_argument("--no-lookahead", action="store_true", help="plain decoding")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    p.add_argument(
+        "--weights",
+        default="float",
+        help="float (default: every weight in --dtype), int8 (matrices quantized to int8 "
+        "with per-output-channel scales at load; a quarter of float32's bytes per step) or "
+        "q8_0 (int8 with a scale per 32 inputs, llama.cpp's Q8_0: a Q8_0 GGUF's own weights)",
+    )
+    p.add_argument(
+        "--mesh",
+        default=None,
+        metavar="data=D,model=M",
+        help="shard over a device mesh, e.g. data=2,model=4 (default: one device, "
+        "or model=all local devices when the weights do not fit on one)",
+    )
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="multi-host: join jax.distributed first (also when LOOKAHEAD_JAX_DISTRIBUTED=1); "
+        "the cluster is auto-detected on TPU slices, SLURM and Open MPI, or given with the "
+        "three flags below. Each process generates its own prompt (one row per process)",
+    )
+    p.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="HOST:PORT",
+        help="multi-host: address of process 0 (default: auto-detect)",
+    )
+    p.add_argument("--num-processes", type=int, default=None, help="multi-host: process count")
+    p.add_argument("--process-id", type=int, default=None, help="multi-host: this process")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    p.add_argument(
+        "--color",
+        action="store_true",
+        help="show tokens that came from verified guesses (2nd+ token of a step) in green",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+def stats_line(out, total_s: float) -> str:
+    s = out.stats
+    config = s["config"]["lookahead"]
+    mode = "plain" if config is None else f"lookahead {config['name']}"
+    auto = s["config"].get("lookahead_auto")
+    if auto is not None:
+        mode = f"auto: {mode}"
+        if auto.get("switched_to_plain_after_steps") is not None:
+            mode += f", plain after step {auto['switched_to_plain_after_steps']}"
+    return (
+        f"[{mode}] {s['new_tokens']} tokens in {s['decode_s'] + s['prefill_s']:.2f} s "
+        f"({s['tokens_per_s']:.1f} tokens/s), {s['steps']} steps, compression "
+        f"{s['compression']:.2f}, prefill {s['prefill_s']:.2f} s, compile {s['compile_s']:.2f} s, "
+        f"total {total_s:.1f} s" + (" (interrupted)" if s.get("interrupted") else "")
+    )
+
+
+def json_record(out, total_s: float) -> dict:
+    s = out.stats
+    return {
+        "text": out.texts[0] if out.texts else None,
+        "token_ids": out.token_ids[0],
+        "new_tokens": s["new_tokens"],
+        "steps": s["steps"],
+        "compression": s["compression"],
+        "decode_s": s["decode_s"],
+        "tokens_per_s": s["tokens_per_s"],
+        "prefill_s": s["prefill_s"],
+        "compile_s": s["compile_s"],
+        "load_s": s.get("load_s"),
+        "total_s": total_s,
+        "accepted_hist": s["accepted_hist"],
+        "sources": s.get("sources"),
+        "interrupted": s["interrupted"],
+        "config": s["config"],
+    }
+
+
+def main(argv=None) -> int:
+    t_start = time.perf_counter()
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return run_cli(lambda: _run(args, t_start), debug=args.debug)
+
+
+def _read_prompt(args) -> str:
+    if args.prompt_file is not None:
+        text = read_user_file(args.prompt_file, "--prompt-file", "a UTF-8 text file")
+        where = f"--prompt-file {args.prompt_file}"
+    elif args.prompt is not None:
+        text, where = args.prompt, "--prompt"
+    else:
+        raise UserInputError("no prompt: give --prompt TEXT or --prompt-file FILE")
+    if not text.strip():
+        raise UserInputError(f"the prompt is empty ({where} holds {text!r}); give some text")
+    return text
+
+
+def _sampling(args) -> dict:
+    """The sampling flags as keyword arguments of lj.generate / lj.Engine."""
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
+def _validate(args):
+    """Everything checkable from the flags alone, so bad flags fail fast. Returns the
+    prompt text (None in dataset mode) and the lookahead setting."""
+    from lookahead_jax.checkpoints.loading import resolve_dtype
+    from lookahead_jax.decoding.sampling import SamplingConfig
+    from lookahead_jax.engine.inputs import check_max_new_tokens
+    from lookahead_jax.models.quantize import check_weights
+
+    if args.stream and args.json:
+        raise UserInputError("--stream and --json cannot be combined; choose one")
+    if args.prompts is not None:
+        for flag in ("stream", "json", "color", "distributed"):
+            if getattr(args, flag):
+                raise UserInputError(f"--{flag} does not apply to --prompts (dataset mode)")
+        if args.batch is None:
+            args.batch = DEFAULT_BATCH
+        if args.batch < 1:
+            raise UserInputError(f"--batch must be >= 1, got {args.batch}")
+        if args.output != "-" and os.path.abspath(args.output) == os.path.abspath(args.prompts):
+            raise UserInputError("--output must not be the --prompts file")
+    else:
+        for flag, value in (("output", args.output != "-"), ("batch", args.batch is not None)):
+            if value:
+                raise UserInputError(f"--{flag} is for dataset mode: give --prompts IN.jsonl too")
+    check_max_new_tokens(args.max_new_tokens)
+    SamplingConfig(args.temperature, args.top_k, args.top_p)
+    resolve_dtype(args.dtype)
+    check_weights(args.weights)
+    if args.no_lookahead:
+        lookahead = None
+    elif args.lookahead is None:
+        lookahead = "auto"
+    else:
+        lookahead = parse_lookahead(args.lookahead)
+    return (None if args.prompts is not None else _read_prompt(args)), lookahead
+
+
+def _check_against_checkpoint(args, prompt: str, lookahead):
+    """What needs the checkpoint's config and tokenizer but not its weights: the lookahead
+    size and prompt + budget against the context. Runs before the weights are loaded.
+    Returns the checkpoint's ModelInfo and the prompt's token ids."""
+    import lookahead_jax as lj
+    from lookahead_jax.engine.inputs import check_budget, check_context
+
+    info = lj.inspect(args.ckpt)  # lj.load verifies the checksums
+    context = info.cfg.max_position_embeddings
+    if lookahead not in ("auto", None):
+        lookahead.check_fits(context)
+    check_budget(context, args.max_new_tokens)
+    if info.tokenizer is None:
+        raise UserInputError(
+            f"checkpoint {args.ckpt} has no tokenizer (tokenizer.json or tokenizer.model); "
+            "text prompts need one: convert a source that has a tokenizer"
+        )
+    ids = info.tokenizer.encode_prompt(prompt, args.chat)
+    check_context(context, len(ids), args.max_new_tokens)
+    return info, ids
+
+
+def _run(args, t_start: float) -> int:
+    prompt, lookahead = _validate(args)
+    from lookahead_jax.distributed.sharding import check_batch, parse_mesh
+
+    mesh_sizes = parse_mesh(args.mesh) if args.mesh else None
+
+    import jax
+
+    import lookahead_jax as lj
+    from lookahead_jax.engine.streaming import StreamDetokenizer, steps_of
+
+    if args.prompts is not None:
+        return _run_dataset(args, lookahead, mesh_sizes, t_start)
+    if args.distributed or os.environ.get("LOOKAHEAD_JAX_DISTRIBUTED") == "1":
+        from lookahead_jax.distributed import multihost
+
+        multihost.initialize(args.coordinator, args.num_processes, args.process_id)
+    mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else "auto"
+    if mesh_sizes is not None:
+        check_batch(mesh, jax.process_count())  # one prompt per process
+    info, ids = _check_against_checkpoint(args, prompt, lookahead)
+    t = time.perf_counter()
+    model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
+    load_s = time.perf_counter() - t
+
+    printer = StreamDetokenizer(model.tokenizer, args.color) if args.stream else None
+
+    def on_tokens(new_rows):  # one call per forward pass: one step's tokens
+        sys.stdout.write(printer.add_step(new_rows[0]))
+        sys.stdout.flush()
+
+    kwargs = dict(max_new_tokens=args.max_new_tokens, lookahead=lookahead, **_sampling(args))
+    interrupted = False
+    try:
+        if printer is not None:
+            out = lj.generate(model, [ids], stream=on_tokens, **kwargs)
+        else:
+            out = lj.generate(model, [ids], steps_per_call=16, **kwargs)
+    except lj.GenerationInterrupted as e:
+        out, interrupted = e.partial, True
+    out.stats["load_s"] = load_s
+    total_s = time.perf_counter() - t_start
+
+    if args.json:
+        print(json.dumps(json_record(out, total_s)))
+    elif printer is not None:
+        print(printer.finish(), flush=True)
+    elif args.color:
+        colored = StreamDetokenizer(model.tokenizer, color=True)
+        text = "".join(
+            colored.add_step(s) for s in steps_of(out.token_ids[0], out.step_of_token[0])
+        )
+        print(text + colored.finish(), flush=True)
+    else:
+        print(out.texts[0], flush=True)
+    print(stats_line(out, total_s), file=sys.stderr)
+    return EXIT_INTERRUPTED if interrupted else 0
+
+
+def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
+    """--prompts: check every line, skip what the output already holds, decode the rest
+    through the engine, one flushed line per result."""
+    from tqdm import tqdm
+
+    import lookahead_jax as lj
+    from lookahead_jax.cli import dataset
+    from lookahead_jax.engine.inputs import check_budget
+
+    info = lj.inspect(args.ckpt)
+    context = info.cfg.max_position_embeddings
+    if lookahead not in ("auto", None):
+        lookahead.check_fits(context)
+    check_budget(context, args.max_new_tokens)
+    if info.tokenizer is None:
+        raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; --prompts needs one")
+    lines = dataset.read_prompts(
+        args.prompts, info.tokenizer, info.cfg.vocab_size, context, args.max_new_tokens, args.chat
+    )
+    done = dataset.done_ids(args.output)
+    todo = [line for line in lines if line.id not in done]
+    where = "stdout" if args.output == dataset.STDIO else args.output
+    if not todo:
+        print(f"all {len(lines)} prompts are already in {where}", file=sys.stderr)
+        return 0
+    mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else "auto"
+    model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
+    engine = lj.Engine(
+        model,
+        batch=args.batch,
+        max_new_tokens=args.max_new_tokens,
+        lookahead=lookahead,
+        **_sampling(args),
+    )
+    requests = [
+        lj.Request(
+            line.token_ids, line.id, line.max_new_tokens, line.temperature, line.top_k, line.top_p
+        )
+        for line in todo
+    ]
+    results = engine.run(requests)  # checks every request before the output is touched
+    writer = dataset.ResultWriter(args.output)
+    written, tokens = 0, 0
+    bar = tqdm(total=len(todo), unit="prompt", file=sys.stderr, dynamic_ncols=True)
+    try:
+        for result in results:
+            writer.write(dataset.record(result))
+            written, tokens = written + 1, tokens + len(result.token_ids)
+            bar.update(1)
+            bar.set_postfix({"tokens/s": f"{tokens / bar.format_dict['elapsed']:.1f}"})
+    except KeyboardInterrupt:
+        bar.close()
+        writer.close()
+        print(
+            f"interrupted: {written} of {len(todo)} prompts written to {where}; run the same "
+            "command again to finish the rest",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    bar.close()
+    writer.close()
+    s = engine.stats
+    modes = ", ".join(
+        "plain" if g["lookahead"] is None else g["lookahead"]["name"] for g in s["groups"]
+    )
+    print(
+        f"[{modes}] {s['prompts']} prompts, {s['new_tokens']} tokens in {s['wall_s']:.2f} s "
+        f"({s['tokens_per_s']:.1f} tokens/s), compression {s['compression']:.2f}, batch "
+        f"{args.batch}, prompt buckets {s['prompt_buckets']}, compile {s['compile_s']:.2f} s, "
+        f"total {time.perf_counter() - t_start:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

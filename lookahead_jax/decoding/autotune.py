@@ -1,0 +1,482 @@
+"""`--lookahead auto`: choose the tokens per step for this machine and model, or plain
+decoding.
+
+A lookahead layout (LookaheadConfig.for_budget) pays when the tokens it emits per step
+(its compression c) outgrow how much slower its step is than a plain one (the cost ratio
+r). Both are estimated, never assumed:
+
+* r — a short cost curve measured on this device for this model: the latency of
+  one forward step of T tokens (with logits for all of them) at a few T,
+  at each candidate's T. It is measured once and
+  cached per device kind, model and dtype in the cache directory (on a CPU device, only
+  if no other process kept the cores busy meanwhile: see OtherCpuUse).
+* c — a prior per config (measured on MT-bench and a code set with SmolLM2-135M,
+  see benchmarks/), times this model's running acceptance factor: after each
+  lookahead generation, observed / prior compression, averaged (EMA) and cached
+  per model and per decoding mode (greedy, or sampling at a temperature rounded to
+  0.1: sampling accepts far less, and must not drag the greedy factor down). A model
+  that repeats itself more than SmolLM2 gets bigger configs.
+
+The choice is argmax c / r over the candidates; if no candidate is expected to
+beat plain decoding by MARGIN, plain decoding is chosen. While generating, the
+`Guard` watches the real acceptance and switches to plain decoding for the rest
+of the generation if it is too low for the config's cost ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lookahead_jax.cache_dir import cache_root, write_atomic
+from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+
+# tokens per step (a LookaheadConfig.for_budget layout): prior compression (new tokens per
+# step) on MT-bench first turns (2 per category), greedy, 256 new tokens, SmolLM2-135M
+# (benchmarks/cpu/budgets.md; 64 and 128: one per category, budgets_large.md).
+PRIORS: dict[int, float] = {
+    2: 1.36,
+    4: 1.70,
+    8: 2.02,
+    12: 2.25,
+    16: 2.39,
+    32: 2.80,
+    64: 3.34,
+    128: 3.61,
+}
+MARGIN = 1.03  # expected speedup needed to prefer lookahead over plain decoding
+# probe exactly the candidates' step sizes: XLA's speed is not smooth in T on every device
+PROBE_TOKENS = tuple(sorted({1} | {LookaheadConfig.for_budget(t).tokens_per_step for t in PRIORS}))
+FACTOR_EMA = 0.3
+
+
+@dataclasses.dataclass
+class Choice:
+    config: LookaheadConfig | None  # None: plain decoding
+    expected_speedup: float
+    cost_ratio: float
+    expected_compression: float
+    table: dict  # config -> expected speedup, for the report
+
+    def describe(self) -> dict:
+        return {
+            "auto": True,
+            "chosen": None if self.config is None else self.config.name,
+            "expected_speedup": round(self.expected_speedup, 3),
+            "expected_compression": round(self.expected_compression, 3),
+            "cost_ratio": round(self.cost_ratio, 3),
+        }
+
+
+def _tune_dir() -> Path:
+    path = cache_root() / "autotune"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def model_fingerprint(model) -> str:
+    """A short stable name for a model's architecture: its config's fingerprint, or for
+    another seam implementation a hash of its type, vocabulary and parameter shapes."""
+    cfg = getattr(model.lm, "cfg", None)
+    if cfg is not None and hasattr(cfg, "fingerprint"):
+        return cfg.fingerprint()
+    shapes = [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(model.params)]
+    blob = repr((type(model.lm).__name__, model.lm.vocab_size, shapes)).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _device_key(model) -> str:
+    d = jax.devices()[0]
+    kind = f"{d.platform}-{d.device_kind}".replace(" ", "_").replace("/", "_")
+    weights = getattr(model.lm, "weights", "float")  # int8 steps cost differently
+    suffix = "" if weights == "float" else f"-{weights}"
+    dtype = jnp.dtype(model.dtype).name
+    return f"{kind}-x{jax.device_count()}-{model_fingerprint(model)}-{dtype}{suffix}"
+
+
+def compiled_step(
+    lm,
+    params,
+    tokens: int,
+    context: int,
+    all_logits: bool = True,
+    batch: int = 1,
+    compiler_options: dict | None = None,
+):
+    """(executable, args) of one forward step of `tokens` new tokens per row over a
+    `context`-token cache for `batch` rows, with logits for every new token (or for one)."""
+    from lookahead_jax.decoding import programs
+    from lookahead_jax.decoding.decode_state import causal_mask
+
+    dtype = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)][0].dtype
+    cache = lm.init_cache(batch, context + tokens, dtype)
+    # random K/V, not zeros: matmul units can run faster on zeros than on real data
+    k_key, v_key = jax.random.split(jax.random.PRNGKey(2))
+    cache = dataclasses.replace(
+        cache,
+        k=jax.random.normal(k_key, cache.k.shape, cache.k.dtype),
+        v=jax.random.normal(v_key, cache.v.shape, cache.v.dtype),
+        lengths=jnp.full((batch,), context, jnp.int32),
+    )
+    rows = tokens if all_logits else 1
+    logits_rows = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32), (batch, rows))
+    positions = context + jnp.arange(tokens, dtype=jnp.int32)
+    args = (
+        params,
+        jax.random.randint(jax.random.PRNGKey(1), (batch, tokens), 0, lm.vocab_size, jnp.int32),
+        jnp.broadcast_to(positions, (batch, tokens)),
+        causal_mask(tokens),
+        cache,
+        logits_rows,
+    )
+    with programs.precision_scope(dtype):  # as the decode programs are traced
+        options = programs.compiler_options() if compiler_options is None else compiler_options
+        exe = jax.jit(lm.apply).lower(*args).compile(options)
+    jax.block_until_ready(exe(*args))  # warm up
+    return exe, args
+
+
+def run_time(exe, args) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(exe(*args))
+    return time.perf_counter() - t0
+
+
+def step_latencies(
+    lm, params, tokens: int, context: int, repeats: int, all_logits: bool = True, batch: int = 1
+) -> list[float]:
+    """Seconds of `repeats` forward steps (see compiled_step)."""
+    exe, args = compiled_step(lm, params, tokens, context, all_logits, batch)
+    return [run_time(exe, args) for _ in range(repeats)]
+
+
+def measure_cost_curve(
+    model,
+    tokens=PROBE_TOKENS,
+    context: int = 256,
+    repeats: int = 9,
+    stop_above: float = float("inf"),
+    batch: int = 1,
+) -> dict:
+    """{T: seconds} (the fastest of `repeats`) for one forward step of T tokens per row
+    over `batch` rows.
+
+    Sizes are compiled in increasing order and probing stops once a step costs more
+    than `stop_above` one-token steps (no config that large can pay off, and each size
+    costs a compilation). The sizes are then timed round-robin, so that a busy
+    moment of the machine slows them all rather than skewing the curve.
+    """
+    exes, rough = {}, {}
+    for t in sorted(tokens):
+        exes[t] = compiled_step(model.lm, model.params, t, context, batch=batch)
+        rough[t] = min(run_time(*exes[t]) for _ in range(2))
+        if t > 1 and rough[t] / rough[min(rough)] > stop_above:
+            break
+    curve = dict.fromkeys(exes, float("inf"))
+    for _ in range(repeats):
+        for t, (exe, args) in exes.items():
+            curve[t] = min(curve[t], run_time(exe, args))
+    return curve
+
+
+class OtherCpuUse:
+    """Cores' worth of CPU time that *other* processes used during the block (Linux:
+    /proc/stat's busy time minus this process's CPU time, over the wall time); `cores` is
+    None where that cannot be read.
+
+    On a CPU device the cost curve is only meaningful on an otherwise idle machine:
+    another process on the same cores slows a multi-threaded T-token step far more than a
+    1-token one (on 2 cores beside a test worker, T=10 measured 2.1x a 1-token step
+    against 1.2-1.36x idle), which would make auto pick plain decoding for good.
+    """
+
+    cores: float | None = None
+
+    @staticmethod
+    def _busy_seconds() -> float | None:
+        try:
+            fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+            ticks = [int(x) for x in fields]
+        except (OSError, ValueError, IndexError):
+            return None
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+        guest = sum(ticks[8:10])  # already counted in user/nice
+        return (sum(ticks) - idle - guest) / os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self):
+        self._busy, self._own, self._wall = (
+            self._busy_seconds(),
+            _own_cpu_seconds(),
+            time.perf_counter(),
+        )
+        return self
+
+    def __exit__(self, *exc):
+        busy, wall = self._busy_seconds(), time.perf_counter() - self._wall
+        if busy is not None and self._busy is not None and wall > 0:
+            own = _own_cpu_seconds() - self._own
+            self.cores = max(0.0, (busy - self._busy - own) / wall)
+        return False
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+# A CPU cost curve measured while other processes used more than this many cores is not
+# cached (it is used by the process that measured it, and measured again next time).
+BUSY_CORES = 0.25
+_UNSAVED_CURVES: dict[Path, dict] = {}
+
+
+def cost_curve(model, stop_above: float = float("inf"), batch: int = 1) -> dict:
+    """The cached cost curve for this device/model/dtype and batch size, measuring it on
+    first use (a step of B rows can be compute-bound where one row is not, so each batch
+    size the engine runs at has its own curve).
+
+    On a CPU device a curve measured while other processes kept cores busy (see
+    OtherCpuUse) serves this process only and is measured again by the next one."""
+    rows = "" if batch == 1 else f"-b{batch}"
+    path = _tune_dir() / f"cost-{_device_key(model)}{rows}.json"
+    if path.is_file():
+        try:
+            return {int(k): v for k, v in json.loads(path.read_text())["curve"].items()}
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable: measure again
+    if path in _UNSAVED_CURVES:
+        return _UNSAVED_CURVES[path]
+    with OtherCpuUse() as others:
+        curve = measure_cost_curve(model, stop_above=stop_above, batch=batch)
+    busy = others.cores is not None and others.cores > BUSY_CORES
+    if busy and jax.devices()[0].platform == "cpu":
+        # measured beside other work: good for this process, not for the cache
+        _UNSAVED_CURVES[path] = curve
+        return curve
+    record = {"curve": curve, "measured": time.time(), "other_cores": others.cores}
+    write_atomic(path, json.dumps(record))
+    return curve
+
+
+def cost_ratio(curve: dict, tokens: int) -> float:
+    """Interpolated latency of a `tokens`-token step over a one-token step (inf beyond
+    the probed sizes)."""
+    ts = sorted(curve)
+    if tokens > ts[-1]:
+        return float("inf")
+    return float(np.interp(tokens, ts, [curve[t] for t in ts])) / curve[1]
+
+
+def _factor_file(model) -> Path:
+    return _tune_dir() / f"acceptance-{model_fingerprint(model)}.json"
+
+
+def sampling_bucket(sampling) -> str:
+    """The key a running acceptance factor is kept under: 'greedy' or e.g. 't0.7'.
+
+    `sampling` is a SamplingConfig (or None: greedy). top-k/top-p are not part of the
+    key: the temperature moves acceptance most."""
+    if sampling is None or sampling.greedy:
+        return "greedy"
+    return f"t{round(sampling.temperature, 1):.1f}"
+
+
+def _factors(model) -> dict[str, float]:
+    try:
+        data = json.loads(_factor_file(model).read_text())["factors"]
+        return {str(k): float(v) for k, v in data.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def acceptance_factor(model, sampling=None) -> float:
+    """This model's running observed / prior compression for a decoding mode (1.0 until
+    a generation has been recorded)."""
+    return _factors(model).get(sampling_bucket(sampling), 1.0)
+
+
+def record_acceptance(
+    model, config: LookaheadConfig, compression: float, steps: int, sampling=None
+) -> None:
+    """Fold one generation's observed compression into the running factor of its model
+    and decoding mode."""
+    prior = PRIORS.get(config.key)
+    if prior is None or steps < 16:
+        return
+    observed = (compression - 1.0) / (prior - 1.0) if prior > 1 else 1.0
+    factors = _factors(model)
+    key = sampling_bucket(sampling)
+    factors[key] = (1 - FACTOR_EMA) * factors.get(key, 1.0) + FACTOR_EMA * max(observed, 0.05)
+    write_atomic(_factor_file(model), json.dumps({"factors": factors}))
+
+
+def expected_compression(config_key, factor: float) -> float:
+    """The prior's gain over one token per step, scaled by the model's factor."""
+    return 1.0 + (PRIORS[config_key] - 1.0) * factor
+
+
+def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int = 1) -> Choice:
+    """The config with the best expected speedup for this model, device, decoding
+    mode (`sampling`: a SamplingConfig, None = greedy) and batch size, or plain decoding."""
+    factor = acceptance_factor(model, sampling)
+    # a config costing more than its best-case compression cannot win: stop probing there
+    best_case = max(expected_compression(k, max(factor, 1.0)) for k in PRIORS)
+    curve = cost_curve(model, stop_above=best_case, batch=batch)
+    best, table = None, {}
+    for key in PRIORS:
+        cfg = LookaheadConfig.for_budget(key)
+        if max_step_tokens is not None and cfg.tokens_per_step > max_step_tokens:
+            continue
+        r = cost_ratio(curve, cfg.tokens_per_step)
+        c = expected_compression(key, factor)
+        table[key] = c / r
+        if best is None or c / r > best.expected_speedup:
+            best = Choice(cfg, c / r, r, c, table)
+    if best is None or best.expected_speedup < MARGIN:
+        return Choice(None, 1.0, 1.0, 1.0, table)
+    return best
+
+
+@dataclasses.dataclass
+class Guard:
+    """Calls off a lookahead generation whose acceptance is too low to pay for its step.
+
+    Acceptance starts low while the pool fills (on MT-bench with (5,1,1): 1.3 tokens per
+    step over the first 16 steps, 1.9 after 64), so nothing is judged before
+    `warmup_steps`; after that, every `window_steps` steps the compression so far (the
+    whole lookahead phase: a single dry window is common even in a winning run) over the
+    config's cost ratio must stay above `give_up_below`.
+
+    The cost ratio is the cost curve's (lookahead step / one-token step, both timed
+    round-robin in one measurement), not a ratio of wall times taken during decoding:
+    there is no plain step to time then, and comparing a decode-loop step (with its
+    sampling, cache and bookkeeping work, on a machine whose load changes) to the bare
+    one-token forward of the curve made the guard give up on configs that were winning.
+    """
+
+    # Loose on purpose: in benchmarks/cpu/bench_auto_final.md a guard at (64 steps, 0.9)
+    # still cut 9 of 24 winning (4,1,2) runs (auto 1.14x vs fixed 1.30x on MT-bench);
+    # it is there for the run that clearly loses, not to trim marginal ones.
+    cost_ratio: float
+    warmup_steps: int = 128
+    window_steps: int = 32
+    give_up_below: float = 0.8
+
+    def keep_going(self, compression: float, steps: int) -> bool:
+        if steps < self.warmup_steps:
+            return True
+        return compression / self.cost_ratio >= self.give_up_below
+
+
+def hist_compression(hist_bc) -> tuple[float, int]:
+    """(tokens per step, steps) from an accepted-length histogram [B, C]."""
+    counts = np.asarray(hist_bc).sum(0)
+    steps = int(counts.sum())
+    return float((counts * np.arange(1, len(counts) + 1)).sum()) / max(steps, 1), steps
+
+
+class AutoRun:
+    """The whole `lookahead="auto"` policy for one generation: choose a layout (or plain
+    decoding), watch the acceptance and hand a losing lookahead to plain decoding
+    mid-way (`check`, called by driver.py between chunks), and record what was seen
+    (`report`).
+
+    With several processes, process 0's choice is used (cost curves may differ) and the
+    guard is off (a mid-way switch would need every process to agree).
+    """
+
+    def __init__(self, model, sampling, max_step_tokens: int | None = None, batch: int = 1):
+        from lookahead_jax.distributed import multihost
+
+        choice = choose(model, max_step_tokens, sampling, batch)
+        if multihost.is_multiprocess():
+            choice = dataclasses.replace(choice, config=_agree_on(choice.config))
+        self.model, self.sampling, self.choice = model, sampling, choice
+        multi = multihost.is_multiprocess()
+        self.guard = None if choice.config is None or multi else Guard(choice.cost_ratio)
+        self.plain_program = None  # () -> (executable, compile seconds), set by the caller
+        self.compile_s = 0.0
+        self.after_steps = None  # steps before the switch to plain decoding
+        self.lookahead_hist = None  # the lookahead phase's accepted-length histogram
+        self._last_steps = 0
+
+    @property
+    def config(self) -> LookaheadConfig | None:
+        return self.choice.config
+
+    @property
+    def chunk_steps(self) -> int | None:
+        """How many steps the device loop runs between checks (None: no checks)."""
+        return self.guard.window_steps if self.guard else None
+
+    def check(self, state):
+        """None to carry on, or (plain executable, plain state) to switch."""
+        from lookahead_jax.distributed import multihost
+
+        if not self.watching:
+            return None
+        steps = int(multihost.local_rows(state.steps).max())
+        hist = multihost.local_rows(state.accept_hist)
+        if not self.gives_up(hist, steps):
+            return None
+        exe, self.compile_s = self.plain_program()
+        self.after_steps, self.lookahead_hist = steps, hist
+        return exe, to_plain(state)
+
+    @property
+    def watching(self) -> bool:
+        """Whether the guard still judges (lookahead chosen, guard on, no switch yet)."""
+        return self.guard is not None and self.after_steps is None
+
+    def gives_up(self, hist_bc, steps: int) -> bool:
+        """Whether to hand over to plain decoding, judged every `window_steps` steps from
+        the lookahead phase's accepted-length histogram so far [B, C] (not the last
+        window's: acceptance comes in bursts, and one dry window of 32 steps must not end
+        a winning run) after `steps` steps."""
+        if not self.watching or steps - self._last_steps < self.guard.window_steps:
+            return False
+        self._last_steps = steps
+        compression, _ = hist_compression(hist_bc)
+        return not self.guard.keep_going(compression, steps)
+
+    def report(self, state, stats: dict, interrupted: bool) -> None:
+        """Add the choice to `stats['config']`; fold the lookahead phase's acceptance into
+        the running factor (not for an interrupted generation)."""
+        from lookahead_jax.distributed import multihost
+
+        stats["config"]["lookahead_auto"] = {
+            **self.choice.describe(),
+            "switched_to_plain_after_steps": self.after_steps,
+        }
+        if self.config is not None and not interrupted:
+            hist = self.lookahead_hist
+            if hist is None:
+                hist = multihost.local_rows(state.accept_hist)
+            compression, steps = hist_compression(hist)
+            record_acceptance(self.model, self.config, compression, steps, self.sampling)
+
+
+def to_plain(state):
+    """A lookahead DecodeState handed over to plain decoding: the same rows, lengths and
+    buffers (a plain spec with min_slack = the lookahead's max_emit keeps their sizes),
+    without the guess sources, with a fresh one-column accepted-length histogram."""
+    B = state.accept_hist.shape[0]
+    return dataclasses.replace(state, draft=None, accept_hist=jnp.zeros((B, 1), jnp.int32))
+
+
+def _agree_on(config: LookaheadConfig | None) -> LookaheadConfig | None:
+    """Process 0's choice, on every process."""
+    from jax.experimental import multihost_utils
+
+    budgets = [None, *PRIORS]
+    index = budgets.index(None if config is None else config.key)
+    index = int(multihost_utils.broadcast_one_to_all(np.int32(index)))
+    return None if budgets[index] is None else LookaheadConfig.for_budget(budgets[index])

@@ -1,0 +1,143 @@
+"""The state of a batched decode, the prefill that creates it, and token emission.
+
+Every row keeps the invariant
+
+    tokens[b, i]       the token at sequence position i (prompt, then new tokens)
+    cache.lengths[b]   = prompt_len[b] + n_out[b] - 1: every token but the newest
+                         one has its K/V in the cache
+    tokens[b, cache.lengths[b]]   the newest token: the input of the next step
+
+so a step never needs to carry "the last token" separately. Prompts are
+right-padded to a bucket length P; the pad slots are overwritten by new tokens.
+Slots past a row's end hold garbage and are never read.
+
+Plain decoding uses the fields up to `accept_hist`; lookahead decoding also
+fills `draft` (the guess sources' state, lookahead.DraftState; None otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from lookahead_jax.decoding.sampling import SamplingConfig, choose_tokens
+from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+from lookahead_jax.models.kv_cache import KVCache, write_prefix
+
+if TYPE_CHECKING:
+    from lookahead_jax.models.seam import CausalLM
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DecodeState:
+    cache: KVCache
+    tokens: jax.Array  # [B, S] int32, see module docstring
+    step_of_token: jax.Array  # [B, S] int32: the step that emitted each new token (0 = prefill)
+    prompt_len: jax.Array  # [B] int32
+    n_out: jax.Array  # [B] int32 new tokens emitted (EOS excluded)
+    max_new: jax.Array  # [B] int32 budget per row
+    done: jax.Array  # [B] bool
+    steps: jax.Array  # [B] int32 forward passes after prefill while the row was active
+    rng: jax.Array  # [B, 2] uint32 per-row PRNG keys (sampling.row_keys)
+    accept_hist: jax.Array  # [B, C] int32: steps that emitted 1..C tokens
+    draft: object | None = None  # lookahead.DraftState (lookahead.py imports this module)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+    """Everything static about a decode: a jit static argument."""
+
+    lm: CausalLM  # the model seam (seam.py)
+    sampling: SamplingConfig
+    eos_ids: tuple[int, ...]
+    lookahead: LookaheadConfig | None = None  # None: plain decoding
+    cache_dtype: str = "float32"
+    # Buffers sized for steps of this many tokens at least: a plain decode that takes
+    # over a lookahead state mid-generation keeps that state's buffer sizes.
+    min_slack: int = 1
+
+    @property
+    def max_emit(self) -> int:
+        """Most tokens one step can emit (also the width of a KV commit)."""
+        return 1 if self.lookahead is None else self.lookahead.max_emit
+
+
+def slots_needed(prompt_bucket: int, max_new_cap: int, max_emit: int) -> int:
+    """Cache/token-buffer slots so that no fixed-size write ever goes out of bounds."""
+    return prompt_bucket + max_new_cap + max_emit
+
+
+def emit(state: DecodeState, spec: DecodeSpec, new_bc, count_b) -> DecodeState:
+    """Append up to `count_b` of the tokens `new_bc [B, C]` to each active row.
+
+    A row stops at its first EOS (the EOS itself is not kept) or when it reaches
+    its budget, even in the middle of the C tokens.
+    """
+    C = new_bc.shape[1]
+    active = ~state.done
+    count_b = jnp.where(active, count_b, 0)
+    i = jnp.arange(C)[None]
+    is_eos = jnp.isin(new_bc, jnp.asarray(spec.eos_ids, jnp.int32)) & (i < count_b[:, None])
+    first_eos = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, axis=-1), C)
+    k = jnp.minimum(jnp.minimum(count_b, first_eos), state.max_new - state.n_out)
+    k = jnp.where(active, k, 0)
+    n_out = state.n_out + k
+    done = state.done | (active & ((first_eos < count_b) | (n_out >= state.max_new)))
+
+    start = state.prompt_len + state.n_out  # first free slot of each row
+    write = jax.vmap(lambda row, vals, s: jax.lax.dynamic_update_slice(row, vals, (s,)))
+    tokens = jnp.where(active[:, None], write(state.tokens, new_bc, start), state.tokens)
+    step_id = jnp.broadcast_to(state.steps[:, None], new_bc.shape).astype(jnp.int32)
+    step_of = jnp.where(
+        active[:, None], write(state.step_of_token, step_id, start), state.step_of_token
+    )
+    return dataclasses.replace(state, tokens=tokens, step_of_token=step_of, n_out=n_out, done=done)
+
+
+def causal_mask(t: int) -> jax.Array:
+    """[1, T, T] lower-triangular mask for a plain causal pass."""
+    return jnp.tril(jnp.ones((t, t), dtype=bool))[None]
+
+
+def prefill(
+    params,
+    prompt_bp: jax.Array,
+    prompt_len_b: jax.Array,
+    max_new_b: jax.Array,
+    rng_b2: jax.Array,
+    *,
+    spec: DecodeSpec,
+    max_new_cap: int,
+) -> DecodeState:
+    """Run the prompts [B, P] (right-padded), fill the cache, emit the first new token."""
+    B, P = prompt_bp.shape
+    S = slots_needed(P, max_new_cap, max(spec.max_emit, spec.min_slack))
+    positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+    last = (prompt_len_b - 1)[:, None]
+    logits, k, v = spec.lm.apply(params, prompt_bp, positions, causal_mask(P), None, last)
+    cache = spec.lm.init_cache(B, S, jnp.dtype(spec.cache_dtype))
+    cache = write_prefix(cache, k, v, prompt_len_b)
+    tokens = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt_bp)
+    state = DecodeState(
+        cache=cache,
+        tokens=tokens,
+        step_of_token=jnp.zeros((B, S), jnp.int32),
+        prompt_len=prompt_len_b.astype(jnp.int32),
+        n_out=jnp.zeros((B,), jnp.int32),
+        max_new=max_new_b.astype(jnp.int32),
+        done=max_new_b <= 0,
+        steps=jnp.zeros((B,), jnp.int32),
+        rng=rng_b2,
+        accept_hist=jnp.zeros((B, spec.max_emit), jnp.int32),
+    )
+    first = choose_tokens(logits, spec.sampling, rng_b2, jnp.zeros((B, 1), jnp.int32))
+    return emit(state, spec, first, jnp.ones((B,), jnp.int32))
+
+
+def input_tokens(state: DecodeState) -> jax.Array:
+    """The newest token of each row [B] (not yet in the cache)."""
+    return jnp.take_along_axis(state.tokens, state.cache.lengths[:, None], axis=1)[:, 0]

@@ -1,0 +1,129 @@
+"""The jittable pieces of decoding, public for research loops that drive it themselves:
+`start` (prefill), `step` (one forward pass) and `run_loop` (steps on the device).
+
+All three are pure functions of (params, state) with a static `DecodeSpec`:
+
+    state = start(params, prompt [B, P], prompt_len [B], max_new [B], rng [B, 2],
+                  spec=spec, max_new_cap=C)     # right-padded prompts, first token emitted
+    state = step(params, state, spec=spec)      # every active row emits 1..max_emit tokens
+    state = run_loop(params, state, max_steps, stop_at_finish, spec=spec)  # while_loop
+
+`DecodeState` (decode_state.py) holds each row's tokens [B, S], lengths and flags; a
+row's new tokens are `tokens[b, prompt_len[b] : prompt_len[b] + n_out[b]]`. Example:
+
+    spec = DecodeSpec(lm=model.lm, sampling=SamplingConfig(), eos_ids=model.eos_ids,
+                      lookahead=LookaheadConfig.for_budget(16))
+    state = jax.jit(functools.partial(start, spec=spec, max_new_cap=64))(
+        model.params, prompt, prompt_len, max_new, row_keys(0, B))
+    step_fn = jax.jit(functools.partial(step, spec=spec), donate_argnums=1)
+    while not state.done.all():
+        state = step_fn(model.params, state)
+
+`jitted(...)` wraps them with `jax.jit` (the state donated, so the cache, token buffer
+and pool are updated in place); on a mesh it adds `in_shardings` and `out_shardings` from
+sharding.py's rules, so params stay where `load` put them and every state array keeps
+its batch-over-`data` layout from step to step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, prefill
+from lookahead_jax.decoding.lookahead import init_lookahead, lookahead_step
+from lookahead_jax.decoding.plain import plain_step
+from lookahead_jax.distributed import sharding
+
+
+def start(
+    params, prompt_bp, prompt_len_b, max_new_b, rng_b2, *, spec: DecodeSpec, max_new_cap: int
+) -> DecodeState:
+    """Prefill the right-padded prompts [B, P] and emit each row's first token; with
+    lookahead, also set up the window, pool and recycling tables.
+
+    max_new_cap: the largest budget any row has (sizes the token buffer and cache)."""
+    state = prefill(
+        params, prompt_bp, prompt_len_b, max_new_b, rng_b2, spec=spec, max_new_cap=max_new_cap
+    )
+    if spec.lookahead is not None:
+        state = init_lookahead(state, spec, prompt_bp.shape[1])
+    return state
+
+
+def step(params, state: DecodeState, *, spec: DecodeSpec) -> DecodeState:
+    """One forward pass: plain (1 token per row) or lookahead (1..max_emit)."""
+    if spec.lookahead is None:
+        return plain_step(params, state, spec)
+    return lookahead_step(params, state, spec)
+
+
+def run_loop(
+    params, state: DecodeState, max_steps, stop_at_finish=False, *, spec: DecodeSpec
+) -> DecodeState:
+    """Step until every row is done, or `max_steps` more steps ran (the cap lets a caller
+    return to the host now and then, e.g. to honour Ctrl-C, without changing any
+    token), or — with `stop_at_finish` (a traced bool) — as soon as a row that was
+    active at the call finishes (the engine then refills its slot)."""
+    done_at_call = state.done
+
+    def cond(carry):
+        state, i = carry
+        finished = jnp.any(state.done & ~done_at_call)
+        return jnp.any(~state.done) & (i < max_steps) & ~(stop_at_finish & finished)
+
+    def body(carry):
+        state, i = carry
+        return step(params, state, spec=spec), i + 1
+
+    state, _ = jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
+    return state
+
+
+@dataclasses.dataclass(frozen=True)
+class Jitted:
+    """The three entry points as jax.jit functions (not yet compiled)."""
+
+    start: object
+    step: object
+    run_loop: object
+
+
+def jitted(spec: DecodeSpec, max_new_cap: int, mesh, start_args) -> Jitted:
+    """`start`, `step` and `run_loop` jitted for these start arguments (params,
+    prompt [B, P], prompt_len [B], max_new [B], rng [B, 2]); on a mesh with explicit
+    in/out shardings."""
+    start_fn = functools.partial(start, spec=spec, max_new_cap=max_new_cap)
+    step_fn = functools.partial(step, spec=spec)
+    loop_fn = functools.partial(run_loop, spec=spec)
+    if mesh is None:
+        return Jitted(
+            start=jax.jit(start_fn),
+            step=jax.jit(step_fn, donate_argnums=1),
+            run_loop=jax.jit(loop_fn, donate_argnums=1),
+        )
+    params_sh = spec.lm.param_shardings(mesh)
+    by_row = tuple(sharding.batch_major(x, mesh) for x in start_args[1:])
+    state_sh = sharding.state_shardings(jax.eval_shape(start_fn, *start_args), mesh)
+    scalar = NamedSharding(mesh, P())
+    return Jitted(
+        start=jax.jit(
+            start_fn,
+            in_shardings=(params_sh, *by_row),
+            out_shardings=state_sh,
+        ),
+        step=jax.jit(
+            step_fn, in_shardings=(params_sh, state_sh), out_shardings=state_sh, donate_argnums=1
+        ),
+        run_loop=jax.jit(
+            loop_fn,
+            in_shardings=(params_sh, state_sh, scalar, scalar),
+            out_shardings=state_sh,
+            donate_argnums=1,
+        ),
+    )

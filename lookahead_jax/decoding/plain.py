@@ -1,0 +1,35 @@
+"""Plain autoregressive decoding: one forward pass per new token."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
+from lookahead_jax.decoding.sampling import choose_tokens
+from lookahead_jax.models import kv_cache
+
+
+def plain_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
+    """Feed each row's newest token at its own position; emit one token per active row."""
+    B = state.tokens.shape[0]
+    active = ~state.done
+    positions = state.cache.lengths[:, None]
+    logits, new_k, new_v = spec.lm.apply(
+        params,
+        input_tokens(state)[:, None],
+        positions,
+        jnp.ones((1, 1, 1), bool),
+        state.cache,
+    )
+    nxt = choose_tokens(logits, spec.sampling, state.rng, state.n_out[:, None])
+    one = active.astype(jnp.int32)
+    cache = kv_cache.commit(state.cache, new_k, new_v, jnp.zeros((B, 1), jnp.int32), one)
+    state = dataclasses.replace(
+        state,
+        cache=cache,
+        steps=state.steps + one,
+        accept_hist=state.accept_hist.at[:, 0].add(one),
+    )
+    return emit(state, spec, nxt, jnp.ones((B,), jnp.int32))

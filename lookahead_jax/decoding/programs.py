@@ -1,0 +1,130 @@
+"""Compiled decoding programs, kept per process and shape.
+
+`programs(model, spec, cap, start_args, loop)` returns the `Programs` for one decode:
+`start` and the loop it runs (`step` for the host loop, `run_loop` for the device
+loop), compiled ahead of time once per (spec, budget, mesh, argument shapes) in this
+process — and, through JAX's persistent compilation cache, across processes.
+
+At most `MAX_KEPT` executables are kept, the least recently used dropped first: each
+compiled XLA:CPU executable holds memory mappings of its JIT code (SmolLM2: ~160 for a
+plain program, ~420 for a lookahead one), and a process that compiles without bound
+reaches Linux's vm.max_map_count (65530 by default), where the next compile segfaults
+(seen in long-lived pytest workers). 64 lookahead programs: ~27k mappings.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+
+from lookahead_jax import decoding
+from lookahead_jax.decoding.decode_state import DecodeSpec
+
+MAX_KEPT = 64  # compiled executables kept per process (assign to change)
+_JITTED: dict = {}  # program key -> (decoding.Jitted, state shape)
+_COMPILED = collections.OrderedDict()  # (program key, entry point) -> executable, LRU first
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+    start: object  # compiled decoding.start
+    loop: object  # compiled decoding.step or decoding.run_loop
+    compile_s: float  # seconds spent compiling now (0 when all were cached)
+
+
+def clear() -> None:
+    """Forget every compiled program (tests that patch the step use this)."""
+    _JITTED.clear()
+    _COMPILED.clear()
+
+
+def matmul_precision(dtype) -> str | None:
+    """The matmul precision programs for a model of `dtype` are traced with.
+
+    The user's `jax_default_matmul_precision` if set; else 'highest' for float32 and
+    float64 models, whose exactness rests on a T-token pass agreeing with 1-token passes
+    to float32 rounding (on NVIDIA GPUs since Ampere XLA otherwise runs float32 matmuls
+    in TF32, 10-bit mantissas: see benchmarks/gpu/); else the platform's default
+    (bfloat16 models).
+    """
+    chosen = jax.config.jax_default_matmul_precision
+    if chosen is not None:
+        return chosen
+    return "highest" if jnp.dtype(dtype).itemsize >= 4 else None
+
+
+def precision_scope(dtype):
+    """A context in which to trace programs for a model of `dtype` (matmul_precision)."""
+    precision = matmul_precision(dtype)
+    if precision is None:
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision(precision)
+
+
+def compiler_options() -> dict:
+    """XLA options the decode programs are compiled with on this platform.
+
+    NVIDIA GPUs: matmuls through cuBLAS, not Triton GEMM fusions. XLA fuses the slice of
+    one layer's weights out of the stacked [L, ...] weights (the scan over layers) into
+    Triton GEMMs, which then write each slice to a new buffer before reading it: a 7B
+    step moved its weights three times, 18 ms for a plain step against 10 ms through
+    cuBLAS on an H100 (benchmarks/gpu/layer_loop.md).
+    """
+    if jax.devices()[0].platform == "gpu":
+        return {"xla_gpu_enable_triton_gemm": False}
+    return {}
+
+
+def _key(model, spec: DecodeSpec, cap: int, start_args):
+    leaves, tree = jax.tree.flatten(start_args)
+    shapes = tuple((a.shape, str(a.dtype), getattr(a, "sharding", None)) for a in leaves)
+    return (spec, cap, model.mesh, tree, shapes, matmul_precision(spec.cache_dtype))
+
+
+def compiled(model, spec: DecodeSpec, cap: int, start_args, name: str):
+    """(executable, seconds spent compiling) of entry point `name`: 'start', 'step' or
+    'run_loop'."""
+    key = _key(model, spec, cap, start_args)
+    if (key, name) in _COMPILED:
+        _COMPILED.move_to_end((key, name))
+        return _COMPILED[(key, name)], 0.0
+    t = time.perf_counter()
+    if key not in _JITTED:
+        fns = decoding.jitted(spec, cap, model.mesh, start_args)
+        state = jax.eval_shape(
+            functools.partial(decoding.start, spec=spec, max_new_cap=cap), *start_args
+        )
+        _JITTED[key] = (fns, state)
+    fns, state = _JITTED[key]
+    lower_args = {
+        "start": start_args,
+        "step": (model.params, state),
+        "run_loop": (model.params, state, jnp.int32(0), jnp.bool_(False)),
+    }[name]
+    with precision_scope(spec.cache_dtype):
+        exe = getattr(fns, name).lower(*lower_args).compile(compiler_options())
+    _COMPILED[(key, name)] = exe
+    _forget_least_recent()
+    return exe, time.perf_counter() - t
+
+
+def _forget_least_recent() -> None:
+    """Drop executables beyond MAX_KEPT, oldest use first, and the jitted functions no
+    kept executable comes from (so that JAX's own caches let go of them too)."""
+    while len(_COMPILED) > max(MAX_KEPT, 2):  # a decode needs its start and its loop
+        (key, _), _ = _COMPILED.popitem(last=False)
+        if all(kept != key for kept, _ in _COMPILED):
+            _JITTED.pop(key, None)
+
+
+def programs(model, spec: DecodeSpec, cap: int, start_args, loop: str) -> Programs:
+    """Start and `loop` ('step' or 'run_loop'), compiled (or taken from the cache)."""
+    start, a = compiled(model, spec, cap, start_args, "start")
+    loop_exe, b = compiled(model, spec, cap, start_args, loop)
+    return Programs(start=start, loop=loop_exe, compile_s=a + b)

@@ -1,0 +1,133 @@
+"""What goes into a decode: prompts (text or token ids) encoded and checked, the token
+budget checked against the model's context, and the padded device arrays.
+
+Prompts are right-padded to a bucket length (powers of two from 16) and the token
+budget is rounded up to a power of two, so a new prompt length rarely means a new
+compilation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from lookahead_jax.decoding.sampling import row_keys
+from lookahead_jax.distributed import multihost
+from lookahead_jax.distributed.sharding import check_batch
+from lookahead_jax.errors import UserInputError
+
+MIN_PROMPT_BUCKET = 16
+
+
+def bucket(n: int, minimum: int = MIN_PROMPT_BUCKET) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    return max(minimum, 1 << max(n - 1, 0).bit_length())
+
+
+def check_max_new_tokens(max_new_tokens) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
+        raise UserInputError(
+            f"max_new_tokens (--max-new-tokens) must be an integer > 0, got {max_new_tokens!r}"
+        )
+    if max_new_tokens <= 0:
+        raise UserInputError(
+            f"max_new_tokens (--max-new-tokens) must be an integer > 0, got {max_new_tokens}"
+        )
+
+
+def check_budget(max_context: int, max_new_tokens: int) -> None:
+    """Refuse a token budget that leaves no room for even a one-token prompt (checkable
+    before any prompt is tokenized; `check_context` is the full check)."""
+    if max_new_tokens >= max_context:
+        raise UserInputError(
+            f"max_new_tokens ({max_new_tokens}) does not fit the model's context of "
+            f"{max_context} tokens with any prompt; max_new_tokens can be at most "
+            f"{max_context - 1} (less the prompt's length)"
+        )
+
+
+def check_context(max_context: int, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse a prompt + token budget that does not fit in the model's context."""
+    if prompt_tokens + max_new_tokens > max_context:
+        room = max_context - prompt_tokens
+        hint = (
+            f"max_new_tokens can be at most {room} for this prompt"
+            if room > 0
+            else "the prompt alone fills it; shorten the prompt"
+        )
+        raise UserInputError(
+            f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"model's context of {max_context} tokens; {hint}"
+        )
+
+
+def encode_prompts(model, prompts, chat: bool) -> list[list[int]]:
+    """Token ids per prompt: strings through the model's tokenizer (with the chat template
+    if `chat`), token-id lists as they are; each checked against the vocabulary."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise UserInputError("prompts must be a non-empty list of strings or of token-id lists")
+    return [
+        encode_prompt(model.tokenizer, model.lm.vocab_size, p, chat, f"prompt {i}")
+        for i, p in enumerate(prompts)
+    ]
+
+
+def encode_prompt(tokenizer, vocab: int, prompt, chat: bool, what: str) -> list[int]:
+    """One prompt's token ids: a string through `tokenizer` (with the chat template if
+    `chat`), a list of chat messages ({"role", "content"} dicts) through the chat
+    template, or token ids as they are; checked against the vocabulary [0, vocab).
+    `what` names the prompt in errors."""
+    is_messages = isinstance(prompt, list | tuple) and bool(prompt) and isinstance(prompt[0], dict)
+    if isinstance(prompt, str) or is_messages:
+        if tokenizer is None:
+            raise UserInputError("this checkpoint has no tokenizer; pass token ids")
+        if isinstance(prompt, str) and not prompt.strip():
+            raise UserInputError(f"{what} is empty")
+        if is_messages:
+            text = tokenizer.apply_chat_template(list(prompt))
+            ids = tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = tokenizer.encode_prompt(prompt, chat)
+    else:
+        if chat:
+            raise UserInputError("chat=True needs text prompts, not token ids")
+        try:
+            ids = [int(t) for t in prompt]
+        except (TypeError, ValueError):
+            raise UserInputError(
+                f"{what} must be a string, a list of chat messages or a list of token ids"
+            ) from None
+    if not ids:
+        raise UserInputError(f"{what} encodes to no tokens")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise UserInputError(f"{what} has token ids outside [0, {vocab}): {bad[:5]}")
+    return ids
+
+
+def device_inputs(model, ids: list[list[int]], max_new_tokens: int, seed: int):
+    """The start arguments (params, prompt [B, P], prompt_len [B], max_new [B], rng [B, 2])
+    and the budget bucket. With several processes `ids` are this process's rows; all
+    processes must agree on the shapes, so the bucket covers everyone's longest prompt."""
+    B = len(ids)
+    multihost.agree(B, "number of prompts")
+    multihost.agree(max_new_tokens, "max_new_tokens")
+    P = bucket(multihost.agree_max(max(len(p) for p in ids)))
+    check_batch(model.mesh, B * jax.process_count())
+    prompt = np.zeros((B, P), np.int32)
+    for b, p in enumerate(ids):
+        prompt[b, : len(p)] = p
+    first_row = B * jax.process_index()
+    rng = np.asarray(row_keys(seed, first_row + B))[first_row:]
+    per_row = (
+        prompt,
+        np.asarray([len(p) for p in ids], np.int32),
+        np.full((B,), max_new_tokens, np.int32),
+        rng,
+    )
+    args = (model.params, *(multihost.global_rows(model.mesh, a) for a in per_row))
+    return args, bucket(max_new_tokens)

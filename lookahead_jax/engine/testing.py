@@ -1,0 +1,146 @@
+"""An exactness harness for any model behind the seam (a checkpoint from lj.load, or a
+researcher's own model through lj.from_nnx).
+
+Lookahead decoding is exact when the tokens it accepts are the ones plain decoding would
+produce. That holds for a model whose predictions for a token do not depend on how many
+other tokens share its forward pass: a lookahead step feeds T tokens at once where plain
+decoding feeds one, so the model's T-token pass must agree with its 1-token passes.
+Dense attention and matmuls do — bit for bit in float64; in float32 and bfloat16 they
+agree only to rounding (the matmul kernels tile T differently), so a near-tie between
+the two best tokens can flip. Hence two checks:
+
+* `pass_agreement(model, ids)`: the largest logit difference between one T-token pass
+  over `ids` and token-by-token passes with the cache — 0 or tiny for a consistent
+  model, large for one that mixes the tokens of a pass;
+* `assert_lookahead_matches_plain(model, prompts, configs)`: lookahead == plain, token
+  for token, for each config and batch size (greedy and seeded sampling alike); with
+  `near_tie` (float32), a divergence is allowed only where plain decoding's top-2 logits
+  were within `near_tie` of each other.
+
+    with jax.enable_x64(True):   # float64 params: no rounding, no excuse
+        lj.testing.assert_lookahead_matches_plain(model64, prompts)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lookahead_jax.decoding.decode_state import causal_mask
+from lookahead_jax.decoding.programs import precision_scope
+from lookahead_jax.engine.generate import generate
+from lookahead_jax.engine.inputs import encode_prompts
+from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+
+DEFAULT_CONFIGS = (
+    LookaheadConfig.for_budget(8),
+    LookaheadConfig.for_budget(16),
+    LookaheadConfig(4, 3, 3),
+)
+
+
+def full_pass_logits(model, ids: list[int]) -> np.ndarray:
+    """Logits [T, V] of one causal pass over `ids` (float64 numpy)."""
+    T = len(ids)
+    x = jnp.asarray([ids], jnp.int32)
+    with precision_scope(model.dtype):  # as the decode programs run
+        logits, _, _ = jax.jit(model.lm.apply)(
+            model.params, x, jnp.arange(T, dtype=jnp.int32)[None], causal_mask(T), None, None
+        )
+    return np.asarray(logits[0], np.float64)
+
+
+def pass_agreement(model, ids: list[int]) -> float:
+    """Max |logit| difference between one pass over `ids` and 1-token passes over the
+    same context (each token with the cache of the ones before it)."""
+    full = full_pass_logits(model, ids)
+    lm, params = model.lm, model.params
+    cache = lm.init_cache(1, len(ids), model.dtype)
+    one = jax.jit(lm.apply)
+    worst = 0.0
+    for t, token in enumerate(ids):
+        with precision_scope(model.dtype):
+            logits, k, v = one(
+                params,
+                jnp.asarray([[token]], jnp.int32),
+                jnp.asarray([[t]], jnp.int32),
+                jnp.ones((1, 1, 1), bool),
+                cache,
+                None,
+            )
+        cache = type(cache)(
+            k=cache.k.at[:, :, t].set(k[:, :, 0]),
+            v=cache.v.at[:, :, t].set(v[:, :, 0]),
+            lengths=cache.lengths + 1,
+        )
+        worst = max(worst, float(np.abs(np.asarray(logits[0, 0], np.float64) - full[t]).max()))
+    return worst
+
+
+def top2_gap(logits_v: np.ndarray) -> float:
+    """How far the best logit is ahead of the second best."""
+    top = np.sort(logits_v)[-2:]
+    return float(top[1] - top[0])
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (None: equal)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def assert_lookahead_matches_plain(
+    model,
+    prompts: list,  # token-id lists, or strings (tokenized without a chat template)
+    configs=DEFAULT_CONFIGS,
+    max_new_tokens: int = 24,
+    batch_sizes: tuple[int, ...] | None = None,
+    near_tie: float | None = None,
+    **sampling,
+) -> dict:
+    """Lookahead == plain decoding, token for token, for every config and batch size
+    (default: the whole list at once, and one prompt at a time).
+
+    near_tie: allow a divergence where plain decoding's top-2 logits were within this
+        (for float32/bfloat16 models, greedy only; leave None for float64).
+    sampling: temperature / top_k / top_p / seed, passed to both decodes.
+
+    Returns {config name: guessed tokens accepted} (a check that guesses did land:
+    a comparison where none is ever accepted proves nothing). Raises AssertionError
+    naming the config, batch size, prompt and position of a real divergence.
+    """
+    if near_tie is not None and sampling.get("temperature", 0.0) > 0:
+        # a sampled token is the argmax of processed logits plus noise: the raw top-2
+        # gap says nothing about how close that choice was
+        raise ValueError("near_tie applies to greedy decoding only")
+    ids = encode_prompts(model, prompts, chat=False)  # text prompts: tokenized as they are
+    sizes = batch_sizes or tuple(sorted({len(ids), 1}, reverse=True))
+    kw = dict(max_new_tokens=max_new_tokens, **sampling)
+    plain = generate(model, ids, **kw).token_ids
+    accepted = {}
+    for config in configs:
+        accepted[config.name] = 0
+        for size in sizes:
+            for start in range(0, len(ids), size):
+                chunk = ids[start : start + size]
+                out = generate(model, chunk, lookahead=config, **kw)
+                hist = out.stats["accepted_hist"]
+                accepted[config.name] += sum((int(k) - 1) * c for k, c in hist.items())
+                for row, got in enumerate(out.token_ids):
+                    want = plain[start + row]
+                    i = first_divergence(got, want)
+                    if i is None:
+                        continue
+                    where = f"{config.name}, batch {size}, prompt {start + row}, new token {i}"
+                    if near_tie is None or i >= min(len(got), len(want)):
+                        raise AssertionError(f"lookahead != plain ({where}): {got} vs {want}")
+                    gap = top2_gap(full_pass_logits(model, chunk[row] + want[:i])[-1])
+                    if gap >= near_tie:
+                        raise AssertionError(
+                            f"lookahead != plain ({where}) where the top-2 logit gap is "
+                            f"{gap:.3g}, not a near-tie: {got} vs {want}"
+                        )
+    return accepted

@@ -1,0 +1,292 @@
+"""What a lookahead step feeds and verifies: `LookaheadConfig`, and the draft layouts by
+tokens per step (`LookaheadConfig.for_budget`).
+
+A step feeds T tokens through the model (lookahead_layout.py): the input, the Jacobi
+window's (N-1)*W tokens and the draft tree's D slots; `tokens_per_step` is T. The knobs
+and what each source is are described in lookahead.py; `for_budget(T)` picks the best
+measured layout that feeds at most T tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from lookahead_jax.errors import UserInputError
+from lookahead_jax.guesses import token_recycling
+from lookahead_jax.guesses.lookahead_layout import StepLayout
+
+# Guess sources, in the order of the per-source stats.
+SOURCES = ("pool", "suffix", "recycle", "window")
+POOL, SUFFIX, RECYCLE, WINDOW = range(len(SOURCES))
+
+# Modelled chance that a guessed token is right when its parent is: they order the
+# proposals when more are offered than the tree has slots.
+POOL_RATES = (0.35, 0.5)  # without, with the 2-token context matching
+SUFFIX_RATES = (0.0, 0.3, 0.45, 0.6, 0.7, 0.75, 0.8, 0.8, 0.85)  # by match length
+# by candidate rank (token_recycling.candidates: up to 2k per node)
+RECYCLE_RATES = (0.45, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02) + (0.015,) * 2 + (0.01,) * 6
+
+
+@dataclasses.dataclass(frozen=True)
+class LookaheadConfig:
+    """What one lookahead step feeds and verifies (all static: a jit argument).
+
+    n, w, g     the paper's knobs: n-gram size N (window levels + 1), window columns W
+                (0: no window), pool n-grams G looked up per step (they compete with
+                the other sources for the tree's slots)
+    suffix      suffix-match continuations proposed, each up to `suffix_span` tokens,
+                keyed on up to `suffix_key` of the row's last tokens
+    recycle     token-recycling template nodes; `recycle_k` next tokens kept per token
+    tree        draft-tree slots D fed per step (None: one per proposed node)
+    pool_capacity  n-grams kept per key (None: g)
+    prompt_pool seed the pool with the prompt's n-grams
+    verify_window  also verify the window's own paths
+    window_sampling  under sampling, the window's new level is the sample at its
+                position (True) rather than the argmax
+    budget      set by for_budget: the tokens-per-step budget the layout serves
+    """
+
+    n: int = 5
+    w: int = 7
+    g: int = 7
+    prompt_pool: bool = True
+    verify_window: bool = False
+    suffix: int = 0
+    suffix_span: int = 8
+    suffix_key: int = 4
+    recycle: int = 0
+    recycle_k: int = 8
+    tree: int | None = None
+    pool_capacity: int | None = None
+    window_sampling: bool = True
+    budget: int | None = None  # set by for_budget: the tokens-per-step budget it served
+
+    def __post_init__(self):
+        lows = (
+            ("N", self.n, 2),
+            ("W", self.w, 0),
+            ("G", self.g, 0),
+            ("suffix", self.suffix, 0),
+            ("suffix_span", self.suffix_span, 1),
+            ("suffix_key", self.suffix_key, 1),
+            ("recycle", self.recycle, 0),
+            ("recycle_k", self.recycle_k, 1),
+        )
+        for name, value, low in lows:
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise UserInputError(f"lookahead {name} must be an integer >= {low}, got {value!r}")
+        for name, value, low in (("tree", self.tree, 0), ("pool_capacity", self.pool_capacity, 1)):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < low
+            ):
+                raise UserInputError(
+                    f"lookahead {name} must be None or an integer >= {low}, got {value!r}"
+                )
+        if self.pool_capacity is not None and self.pool_capacity < self.g:
+            raise UserInputError(
+                f"lookahead pool_capacity ({self.pool_capacity}) must be at least G ({self.g})"
+            )
+        if 2 * self.recycle_k > len(RECYCLE_RATES):
+            raise UserInputError(f"lookahead recycle_k must be at most {len(RECYCLE_RATES) // 2}")
+        if self.suffix_key >= len(SUFFIX_RATES):
+            raise UserInputError(f"lookahead suffix_key must be at most {len(SUFFIX_RATES) - 1}")
+        if self.tree is not None and self.tree > self.proposed_nodes:
+            raise UserInputError(
+                f"lookahead tree={self.tree} has more slots than the guess sources propose "
+                f"({self.proposed_nodes} nodes = G*(N-1) + suffix*suffix_span + recycle): "
+                "the rest would always be empty"
+            )
+
+    # ------------------------------------------------------------ derived shape
+
+    @property
+    def m(self) -> int:
+        return self.n - 1
+
+    @functools.cached_property
+    def recycle_template(self) -> token_recycling.Template:
+        return token_recycling.template(self.recycle, RECYCLE_RATES[: 2 * self.recycle_k])
+
+    @property
+    def proposed_nodes(self) -> int:
+        """Draft nodes the sources offer per step (before merging)."""
+        return self.g * self.m + self.suffix * self.suffix_span + self.recycle
+
+    @property
+    def tree_slots(self) -> int:
+        return self.proposed_nodes if self.tree is None else self.tree
+
+    @property
+    def tree_depth(self) -> int:
+        """The deepest draft-tree node any source can offer."""
+        depths = [0]
+        if self.g:
+            depths.append(self.m)
+        if self.suffix:
+            depths.append(self.suffix_span)
+        if self.recycle:
+            depths.append(self.recycle_template.max_depth)
+        return max(depths)
+
+    @property
+    def layout(self) -> StepLayout:
+        return StepLayout(self.n, self.w, self.tree_slots, self.verify_window)
+
+    @property
+    def verify_depth(self) -> int:
+        """The longest path verification can accept (tree, or window with verify_window)."""
+        window = int(self.layout.window_depths.max(initial=0)) if self.verify_window else 0
+        return max(self.tree_depth, window)
+
+    @property
+    def max_emit(self) -> int:
+        """Most tokens one step emits: the longest accepted path plus the bonus token."""
+        return self.verify_depth + 1
+
+    @property
+    def key(self) -> tuple[int, int, int] | int:
+        """What autotune keeps this config's measurements under: the budget for a
+        for_budget layout, (N, W, G) otherwise."""
+        return self.budget if self.budget is not None else (self.n, self.w, self.g)
+
+    @property
+    def name(self) -> str:
+        """How `parse` (and the CLI's --lookahead) spells this config: 'tokens=T' for a
+        for_budget layout, 'N,W,G' for the paper's knobs alone, else 'key=value,...'."""
+        if self.budget is not None:
+            return f"tokens={self.budget}"
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        changed = {
+            k: v
+            for k, v in fields.items()
+            if k not in ("n", "w", "g", "budget") and v != _DEFAULTS[k]
+        }
+        if not changed:
+            return f"{self.n},{self.w},{self.g}"
+        return ",".join(
+            f"{k}={v}" for k, v in {"n": self.n, "w": self.w, "g": self.g, **changed}.items()
+        )
+
+    @classmethod
+    def parse(cls, text: str, what: str = "lookahead", or_auto: bool = False) -> LookaheadConfig:
+        """'tokens=T' (for_budget), 'N,W,G' (e.g. 5,7,7), or LookaheadConfig fields as
+        'key=value,...' (e.g. n=3,w=1,g=2,recycle=40,suffix=2,tree=13)."""
+        text = text.strip()
+        hint = (
+            f"{what} must be tokens=T (e.g. tokens=16), N,W,G (three integers, e.g. 5,7,7) "
+            f"or fields as key=value,... (e.g. n=3,w=1,recycle=20,tree=7)"
+            + (" or auto" if or_auto else "")
+        )
+        if text.lower().startswith("tokens="):
+            try:
+                tokens = int(text.split("=", 1)[1])
+            except ValueError:
+                raise UserInputError(
+                    f"{what} tokens=T needs an integer T >= 2 (tokens per step), got {text!r}"
+                ) from None
+            return cls.for_budget(tokens)
+        if "=" not in text:
+            try:
+                n, w, g = (int(p) for p in text.split(","))
+            except ValueError:  # not three parts, or one of them not an integer
+                raise UserInputError(f"{hint}; got {text!r}") from None
+            return cls(n, w, g)
+        kwargs: dict = {}
+        for part in text.split(","):
+            key, _, value = part.partition("=")
+            key, value = key.strip(), value.strip()
+            if key not in _DEFAULTS or key == "budget":
+                raise UserInputError(f"{hint}; got {text!r} (unknown field {key!r})")
+            if value in ("True", "False", "true", "false"):
+                kwargs[key] = value.lower() == "true"
+            elif value == "None":
+                kwargs[key] = None
+            else:
+                try:
+                    kwargs[key] = int(value)
+                except ValueError:
+                    raise UserInputError(f"{hint}; got {text!r} ({key}={value!r})") from None
+        return cls(**kwargs)
+
+    @classmethod
+    def for_budget(cls, tokens: int) -> LookaheadConfig:
+        """The best measured layout that feeds at most `tokens` tokens per step (see
+        BUDGET_LAYOUTS; tokens >= 2)."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int | np.integer) or tokens < 2:
+            raise UserInputError(
+                f"lookahead tokens per step must be an integer >= 2, got {tokens!r}"
+            )
+        budget = max(t for t in BUDGET_LAYOUTS if t <= tokens)
+        return dataclasses.replace(BUDGET_LAYOUTS[budget], budget=budget)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.layout.num_tokens
+
+    def check_fits(self, max_context: int) -> None:
+        """Refuse a step whose token count is not well below the model's context."""
+        tokens, limit = self.tokens_per_step, max_step_tokens(max_context)
+        if tokens > limit:
+            raise UserInputError(
+                f"lookahead {self.name} makes {tokens} tokens per step; at most {limit} are "
+                f"allowed for this model (a quarter of its {max_context}-token context, and "
+                f"never more than {MAX_STEP_TOKENS})"
+            )
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "n": self.n,
+            "w": self.w,
+            "g": self.g,
+            "suffix": self.suffix,
+            "suffix_span": self.suffix_span,
+            "suffix_key": self.suffix_key,
+            "recycle": self.recycle,
+            "recycle_k": self.recycle_k,
+            "tree": self.tree_slots,
+            "pool_capacity": self.pool_capacity or self.g,
+            "step_tokens": self.tokens_per_step,
+            "prompt_pool": self.prompt_pool,
+            "verify_window": self.verify_window,
+            "window_sampling": self.window_sampling,
+        }
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LookaheadConfig)}
+
+# A step feeding more tokens than this (or than a quarter of the model's context) is far
+# past any useful size, and its pool and attention buffers grow without bound: refused.
+MAX_STEP_TOKENS = 1024
+
+
+def max_step_tokens(max_context: int) -> int:
+    """The most tokens a lookahead step may feed a model with this context."""
+    return min(MAX_STEP_TOKENS, max_context // 4)
+
+
+# Draft layouts by tokens fed per step (T = 1 + (N-1)*W + tree), chosen with SmolLM2-135M
+# on subsets of MT-bench and code, greedy: the best of the few layouts tried at each budget
+# up to 32 (e.g. at T=8, no window beat a (3,1,1) window by 2.17 to 2.11 tokens per step);
+# 64 and 128 are scaled up from 32, not tuned. Compression of each: benchmarks/cpu/
+# budgets.md and budgets_large.md. Small budgets spend every token on the draft tree; from
+# 16 on, a one-column window feeding the pool pays its tokens.
+BUDGET_LAYOUTS: dict[int, LookaheadConfig] = {
+    2: LookaheadConfig(2, 0, 0, recycle=4, suffix=1, suffix_span=4, tree=1),
+    4: LookaheadConfig(2, 0, 0, recycle=12, suffix=1, suffix_span=4, tree=3),
+    8: LookaheadConfig(2, 0, 0, recycle=20, suffix=2, tree=7),
+    12: LookaheadConfig(2, 0, 0, recycle=30, suffix=2, tree=11),
+    16: LookaheadConfig(3, 1, 2, recycle=40, suffix=2, tree=13),
+    32: LookaheadConfig(3, 1, 4, recycle=80, suffix=3, suffix_span=12, tree=29),
+    64: LookaheadConfig(4, 2, 4, recycle=120, suffix=4, suffix_span=16, tree=57),
+    128: LookaheadConfig(5, 4, 8, recycle=200, suffix=4, suffix_span=16, tree=111),
+}
+for _t, _la in BUDGET_LAYOUTS.items():
+    assert _la.tokens_per_step == _t, (_t, _la.tokens_per_step)
+
+# A fixed layout for callers that want one (the CLI's default is "auto", which measures
+# the machine instead).
+DEFAULT_LOOKAHEAD = LookaheadConfig.for_budget(16)

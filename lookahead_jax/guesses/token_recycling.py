@@ -1,0 +1,268 @@
+"""Token recycling (Luo et al., 2024): guesses from the model's own earlier runners-up.
+
+Every forward pass computes a full next-token distribution at each fed token, and
+decoding keeps one token of it. Token recycling keeps the top-k tokens the model
+predicted the last time it read a context, in two tables per row:
+
+    by_token   [B, V, k]  keyed by the last token t
+    by_pair    [B, H, k]  keyed by the last two tokens (s, t), hashed into H buckets;
+                          pair_key [B, H, 2] holds the pair a bucket belongs to
+
+(int32 token ids, EMPTY = -1 where nothing was seen). A node's *candidates* are the
+pair table's tokens for (its parent's token, its token), then the token table's tokens
+for its token that the pair entry does not already hold: up to 2k, best first. The
+longer context is more specific (in the project's simulations on MT-bench greedy
+outputs it added about a tenth to the tokens per step); the token table fills in where
+the pair was never seen.
+
+The step's input is expanded into a draft tree of fixed shape: a node of the static
+*template* is (parent node, rank r) and its token is its parent's r-th candidate. Both
+tables are refreshed from the logits of every token whose logits the step computes (the
+input, the window's newest level, every tree slot) — tokens the step does not keep,
+recycled. Before the first step the token table is
+seeded from the prompt: each token's entry 0 is the token that followed its last
+occurrence.
+
+`template` builds the static tree: given how often a rank-r guess is right when its
+parent is, it adds nodes best-path-first — the tree that maximises the expected number
+of accepted tokens for its size, under that model (ties: the earlier node's child
+first). Example, `template(6, (0.5, 0.2, 0.1, 0.05))`, nodes in the order added:
+
+    root ─┬─ 0: r0 (0.5) ── 1: r0 (0.25) ── 3: r0 (0.125)
+          ├─ 2: r1 (0.2) ── 5: r0 (0.1)
+          └─ 4: r2 (0.1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lookahead_jax.guesses.draft_tree import ROOT, Proposals
+
+EMPTY = -1
+SEED_PROB = 0.5  # the probability given to a prompt bigram's follower (no logits seen)
+PAIR_BITS = 14
+PAIR_BUCKETS = 1 << PAIR_BITS  # H: 2-token contexts a row remembers (a few thousand are seen)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class RecycleTable:
+    by_token: jax.Array  # [B, V, k] int32
+    by_pair: jax.Array  # [B, H, k] int32
+    pair_key: jax.Array  # [B, H, 2] int32: (previous, last) token of the bucket's pair
+    token_probs: jax.Array  # [B, V, k] float32: each entry's probability when recorded
+    pair_probs: jax.Array  # [B, H, k] float32
+
+    @property
+    def k(self) -> int:
+        return self.by_token.shape[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """A static tree: node i has parent `parents[i]` (< i, or ROOT) and takes its
+    parent's rank-`ranks[i]` candidate; `scores[i]` is the modelled chance that the
+    whole path to it is right."""
+
+    parents: tuple[int, ...]
+    ranks: tuple[int, ...]
+    scores: tuple[float, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p == ROOT else out[p] + 1)
+        return tuple(out)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths, default=0)
+
+
+def template(nodes: int, rank_rates: tuple[float, ...], max_depth: int = 16) -> Template:
+    """The `nodes`-node tree that adds, one at a time, the node whose path is most
+    likely right (a node's chance = its parent's x the rate of its rank). Ties go to the
+    shallower, then lower rank node. Children of a node are added in rank order."""
+    parents: list[int] = []
+    ranks: list[int] = []
+    scores: list[float] = []
+    # frontier: (-chance, depth, rank, parent index); each node offers its next rank
+    frontier = [(-rank_rates[0], 1, 0, ROOT)]
+    while frontier and len(parents) < nodes:
+        neg, depth, rank, parent = heapq.heappop(frontier)
+        idx = len(parents)
+        parents.append(parent)
+        ranks.append(rank)
+        scores.append(-neg)
+        parent_chance = 1.0 if parent == ROOT else scores[parent]
+        if rank + 1 < len(rank_rates):  # the sibling with the next rank
+            sibling = (-parent_chance * rank_rates[rank + 1], depth, rank + 1, parent)
+            heapq.heappush(frontier, sibling)
+        if depth < max_depth:  # this node's first child
+            heapq.heappush(frontier, (-scores[idx] * rank_rates[0], depth + 1, 0, idx))
+    return Template(tuple(parents), tuple(ranks), tuple(scores))
+
+
+def init_table(batch: int, vocab: int, k: int) -> RecycleTable:
+    return RecycleTable(
+        by_token=jnp.full((batch, vocab, k), EMPTY, jnp.int32),
+        by_pair=jnp.full((batch, PAIR_BUCKETS, k), EMPTY, jnp.int32),
+        pair_key=jnp.full((batch, PAIR_BUCKETS, 2), EMPTY, jnp.int32),
+        token_probs=jnp.zeros((batch, vocab, k), jnp.float32),
+        pair_probs=jnp.zeros((batch, PAIR_BUCKETS, k), jnp.float32),
+    )
+
+
+def pair_bucket(prev, last):
+    """Bucket of the 2-token context (prev, last), any shape (a multiplicative hash)."""
+    mix = lambda x, c: x.astype(jnp.uint32) * jnp.uint32(c)  # noqa: E731
+    h = mix(prev, 0x9E3779B1) ^ mix(last, 0x85EBCA77)
+    return (h >> jnp.uint32(32 - PAIR_BITS)).astype(jnp.int32)
+
+
+def seed_from_text(table: RecycleTable, tokens_bs, end_b) -> RecycleTable:
+    """Entry 0 of each token seen in `tokens[:, :end]` := the token after its last
+    occurrence (that has a successor)."""
+    B, S = tokens_bs.shape
+    V = table.by_token.shape[1]
+    j = jnp.arange(S)[None]
+    has_next = j < (end_b - 1)[:, None]
+    last = jnp.full((B, V), -1, jnp.int32)
+    last = jax.vmap(lambda dst, t, pos: dst.at[t].max(pos))(
+        last, tokens_bs, jnp.where(has_next, j, -1).astype(jnp.int32)
+    )
+    follower = jnp.take_along_axis(tokens_bs, jnp.clip(last + 1, 0, S - 1), axis=1)  # [B, V]
+    seen = last >= 0
+    entry0 = jnp.where(seen, follower, table.by_token[:, :, 0])
+    prob0 = jnp.where(seen, SEED_PROB, table.token_probs[:, :, 0])
+    return dataclasses.replace(
+        table,
+        by_token=table.by_token.at[:, :, 0].set(entry0),
+        token_probs=table.token_probs.at[:, :, 0].set(prob0),
+    )
+
+
+def _first_writer(index_br, prio_br, ok_br, size: int):
+    """Which of R writes into `size` slots go through: per slot, the ok writer with the
+    highest (distinct) priority; the rest get index `size` (dropped)."""
+    prio = jnp.where(ok_br, prio_br, -1).astype(jnp.int32)
+    best = jax.vmap(lambda i, p: jnp.full((size,), -1, jnp.int32).at[i].max(p))(index_br, prio)
+    wins = ok_br & (jnp.take_along_axis(best, index_br, axis=1) == prio)
+    return jnp.where(wins, index_br, size)
+
+
+def update(table: RecycleTable, prev_br, tokens_br, logits_brv, priority_br, ok_br):
+    """Refresh the entries of the R fed tokens (and of their 2-token contexts
+    (prev, token)) from their logits [B, R, V].
+
+    Where several fed tokens share an entry, the one with the highest `priority`
+    (distinct per row) writes: the result does not depend on scatter order.
+    """
+    V, H = table.by_token.shape[1], table.by_pair.shape[1]
+    top_logits, top = jax.lax.top_k(logits_brv, table.k)  # [B, R, k]
+    top = top.astype(jnp.int32)
+    probs = jnp.exp(top_logits - jax.nn.logsumexp(logits_brv, axis=-1, keepdims=True))
+    probs = probs.astype(jnp.float32)
+    write = jax.vmap(lambda dst, i, v: dst.at[i].set(v, mode="drop"))
+    token_slot = _first_writer(tokens_br, priority_br, ok_br, V)
+    bucket = _first_writer(pair_bucket(prev_br, tokens_br), priority_br, ok_br, H)
+    return RecycleTable(
+        by_token=write(table.by_token, token_slot, top),
+        by_pair=write(table.by_pair, bucket, top),
+        pair_key=write(table.pair_key, bucket, jnp.stack([prev_br, tokens_br], axis=-1)),
+        token_probs=write(table.token_probs, token_slot, probs),
+        pair_probs=write(table.pair_probs, bucket, probs),
+    )
+
+
+def candidates(table: RecycleTable, prev_bn, last_bn):
+    """Each node's candidates [B, n, 2k] int32, best first, EMPTY-padded at the end, and
+    their recorded probabilities [B, n, 2k]."""
+    B, n = last_bn.shape
+    rows = jnp.arange(B)[:, None]
+    bucket = pair_bucket(prev_bn, last_bn)
+    key = table.pair_key[rows, bucket]  # [B, n, 2]
+    hit = (key[..., 0] == prev_bn) & (key[..., 1] == last_bn)
+    pair = jnp.where(hit[..., None], table.by_pair[rows, bucket], EMPTY)  # [B, n, k]
+    pair_p = jnp.where(hit[..., None], table.pair_probs[rows, bucket], 0.0)
+    single = table.by_token[rows, last_bn]  # [B, n, k]
+    single_p = table.token_probs[rows, last_bn]
+    dup = jnp.any(single[..., :, None] == pair[..., None, :], axis=-1)
+    single = jnp.where(dup, EMPTY, single)
+    both = jnp.concatenate([pair, single], axis=-1)  # [B, n, 2k]
+    both_p = jnp.concatenate([pair_p, single_p], axis=-1)
+    # by recorded probability (the pair's entry first on ties), EMPTY last
+    order = jnp.argsort(jnp.where(both == EMPTY, jnp.inf, -both_p), axis=-1, stable=True)
+    take = lambda x: jnp.take_along_axis(x, order, axis=-1)  # noqa: E731
+    return take(both), take(both_p)
+
+
+def expand(
+    table: RecycleTable, prev_b, root_b, tmpl: Template, source: int, noise=None
+) -> Proposals:
+    """The template filled from the tables, rooted at each row's input token `root_b`
+    (whose previous token is `prev_b`).
+
+    noise: under sampling, (temperature, gumbel [B, max depth, V]): the Gumbel noise of
+    the positions the nodes guess (depth d: the d-th token after the input). A node's
+    candidates are then ranked by log(p)/temperature + noise at their token — by how
+    likely each is to be the very token sampled there (sampling.py) — instead of by p.
+    """
+    B = root_b.shape[0]
+    n = tmpl.size
+    parents = np.asarray(tmpl.parents, np.int32)
+    ranks = np.asarray(tmpl.ranks, np.int32)
+    depths = np.asarray(tmpl.depths, np.int32)
+    grand = np.where(parents >= 0, parents[np.maximum(parents, 0)], ROOT)  # parent's parent
+    tokens = jnp.zeros((B, n), jnp.int32)
+    valid = jnp.zeros((B, n), bool)
+    score = jnp.zeros((B, n), jnp.float32)
+    for d in range(1, tmpl.max_depth + 1):  # parents are filled before their children
+        nodes = np.nonzero(depths == d)[0]
+        par = parents[nodes]
+        width = len(nodes)
+        if d == 1:
+            last = jnp.broadcast_to(root_b[:, None], (B, width))
+            prev = jnp.broadcast_to(prev_b[:, None], (B, width))
+            parent_ok = jnp.ones((B, width), bool)
+            parent_score = jnp.ones((B, width), jnp.float32)
+        else:
+            last, parent_ok, parent_score = tokens[:, par], valid[:, par], score[:, par]
+            gp = grand[nodes]
+            prev = jnp.where(gp[None] >= 0, tokens[:, np.maximum(gp, 0)], root_b[:, None])
+        cands, cand_p = candidates(table, prev, last)  # [B, width, 2k]
+        if noise is not None:
+            temperature, gumbel_bdv = noise
+            g = jnp.take_along_axis(
+                gumbel_bdv[:, d - 1], jnp.maximum(cands, 0).reshape(B, -1), axis=1
+            )
+            key = jnp.log(cand_p) / temperature + g.reshape(cands.shape)
+            order = jnp.argsort(jnp.where(cands == EMPTY, jnp.inf, -key), axis=-1, stable=True)
+            cands = jnp.take_along_axis(cands, order, axis=-1)
+            cand_p = jnp.take_along_axis(cand_p, order, axis=-1)
+        rank = jnp.broadcast_to(ranks[nodes][None, :, None], (B, width, 1))
+        tok = jnp.take_along_axis(cands, rank, axis=-1)[..., 0]
+        p = jnp.take_along_axis(cand_p, rank, axis=-1)[..., 0]
+        score = score.at[:, nodes].set(parent_score * p)
+        tokens = tokens.at[:, nodes].set(jnp.maximum(tok, 0))
+        valid = valid.at[:, nodes].set(parent_ok & (tok != EMPTY))
+    bcast = lambda x: jnp.broadcast_to(jnp.asarray(x), (B, n))  # noqa: E731
+    return Proposals(
+        tokens=tokens,
+        parent=bcast(parents),
+        depth=bcast(depths),
+        score=score,
+        valid=valid,
+        source=jnp.full((B, n), source, jnp.int32),
+    )

@@ -1,0 +1,36 @@
+"""`Model`: what `lj.load` and `lj.from_nnx` return, and what `lj.generate` and
+`lj.Engine` take — a model behind the seam (seam.py) with its params, EOS ids, and
+optionally a tokenizer and the mesh its params live on."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from lookahead_jax.models.config import LlamaConfig
+
+
+@dataclasses.dataclass
+class Model:
+    """A model ready to decode: the seam (`lm`, seam.py), its params, EOS ids, and
+    optionally a tokenizer and the mesh its params live on."""
+
+    lm: object  # seam.CausalLM
+    params: object
+    eos_ids: tuple[int, ...]
+    tokenizer: object = None  # checkpoints.tokenizer.Tokenizer, or any with encode/decode
+    mesh: object = None
+    path: Path | None = None
+
+    @property
+    def cfg(self) -> LlamaConfig:
+        """The Llama config (checkpoints loaded by `load`)."""
+        return self.lm.cfg
+
+    @property
+    def dtype(self):
+        floats = [x for x in jax.tree.leaves(self.params) if jnp.issubdtype(x.dtype, jnp.floating)]
+        return floats[0].dtype

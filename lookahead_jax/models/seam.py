@@ -1,0 +1,73 @@
+"""The model seam: all that decoding (prefill, plain and lookahead steps, autotune,
+sharding) needs from a causal language model.
+
+A model is any hashable object (it is a static argument of the jitted programs) with:
+
+    vocab_size: int      logits width V; token ids are in [0, V)
+    max_context: int     the most positions a row may reach (prompt + new tokens)
+
+    apply(params, tokens [B, T], positions [B, T], mask [B|1, T, T], cache, logits_rows [B, R])
+        -> logits [B, R, V] (float32, or float64 for float64 params),
+           new_k, new_v [L, B, T, K, Dh]   the T new tokens' cache entries
+    init_cache(batch, slots, dtype) -> KVCache      k, v [L, B, S, K, Dh], lengths [B] = 0
+    param_shardings(mesh) -> the params' structure, one jax Sharding per array (mesh None:
+        one device)
+
+The contract of `apply`, which exactness rests on:
+
+* tokens t of the pass sit at `positions[b, t]` and see the row's cache slots
+  `0 .. cache.lengths[b] - 1` (slot s holds position s) and the new tokens u with
+  `mask[b, t, u]`, nothing else; a row never sees another row;
+* it reads the cache only below each row's length and never writes it: the caller
+  commits the entries of the tokens it keeps (kv_cache.commit), so guesses that turn
+  out wrong leave no trace;
+* `cache` is None for the prefill (the prompt attends only to itself);
+* logits are returned only for the rows `logits_rows` asks for.
+
+Exactness also needs the model to be *consistent*: a token's logits must not depend on
+how many other tokens share its pass, i.e. a T-token pass must agree numerically with
+1-token passes over the same context. Dense attention and matmuls do (bit-for-bit in
+float64, to float32 rounding otherwise); anything that mixes rows or positions of a
+pass (batch norm, a mixture-of-experts capacity limit shared by the pass's tokens)
+does not. `lj.testing.assert_lookahead_matches_plain` checks it for a model.
+
+The Llama forward (model.LlamaLM) is one implementation; nnx_model.from_nnx adapts a
+Flax NNX module.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from lookahead_jax.errors import UserInputError
+
+REQUIRED = ("vocab_size", "max_context", "apply", "init_cache", "param_shardings")
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    vocab_size: int
+    max_context: int
+
+    def apply(self, params, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br=None): ...
+
+    def init_cache(self, batch: int, slots: int, dtype): ...
+
+    def param_shardings(self, mesh): ...
+
+
+def check_model(lm) -> None:
+    """A clear error when `lm` does not implement the seam (or cannot be a jit static)."""
+    missing = [name for name in REQUIRED if not hasattr(lm, name)]
+    if missing:
+        raise UserInputError(
+            f"{type(lm).__name__} does not implement the model seam (lookahead_jax.models.seam): "
+            f"missing {', '.join(missing)}"
+        )
+    try:
+        hash(lm)
+    except TypeError:
+        raise UserInputError(
+            f"{type(lm).__name__} must be hashable (it is a static argument of the jitted "
+            "programs): make it a frozen dataclass"
+        ) from None

@@ -1,0 +1,42 @@
+"""The layers contract (pyproject.toml, import-linter) holds for the package and breaks
+on a planted upward import: a copy of the package where models/ imports engine/."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def lint(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(LINT), "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_layers_contract_catches_an_upward_import(tmp_path):
+    shutil.copytree(
+        ROOT / "lookahead_jax",
+        tmp_path / "lookahead_jax",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    kept = lint(tmp_path)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert re.search(r"Contracts: \d+ kept, 0 broken", kept.stdout), kept.stdout
+
+    config = tmp_path / "lookahead_jax" / "models" / "config.py"
+    config.write_text(
+        config.read_text() + "\nfrom lookahead_jax.engine import generate  # planted\n"
+    )
+    broken = lint(tmp_path)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "Parts import downward only BROKEN" in broken.stdout
+    assert "lookahead_jax.models.config -> lookahead_jax.engine.generate" in broken.stdout
