@@ -31,7 +31,7 @@ from lookahead_jax.errors import CheckpointError, MissingFileError, UserInputErr
 from lookahead_jax.models.config import LlamaConfig
 from lookahead_jax.models.llama import flat_names, from_flat, param_specs
 
-FORMAT = "lookahead_jax.checkpoints.checkpoint/1"
+FORMAT = "lookahead_jax.checkpoint/1"  # a data format id: never renamed with the module
 PARAMS_DIR = "params"
 MANIFEST = "manifest.json"
 CONFIG = "config.json"
