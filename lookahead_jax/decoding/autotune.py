@@ -376,9 +376,9 @@ class Guard:
         return compression / self.cost_ratio >= self.give_up_below
 
 
-def hist_compression(hist_bc) -> tuple[float, int]:
-    """(tokens per step, steps) from an accepted-length histogram [B, C]."""
-    counts = np.asarray(hist_bc).sum(0)
+def hist_compression(hist_be) -> tuple[float, int]:
+    """(tokens per step, steps) from an accepted-length histogram [B, E]."""
+    counts = np.asarray(hist_be).sum(0)
     steps = int(counts.sum())
     return float((counts * np.arange(1, len(counts) + 1)).sum()) / max(steps, 1), steps
 
@@ -436,15 +436,15 @@ class AutoRun:
         """Whether the guard still judges (lookahead chosen, guard on, no switch yet)."""
         return self.guard is not None and self.after_steps is None
 
-    def gives_up(self, hist_bc, steps: int) -> bool:
+    def gives_up(self, hist_be, steps: int) -> bool:
         """Whether to hand over to plain decoding, judged every `window_steps` steps from
-        the lookahead phase's accepted-length histogram so far [B, C] (not the last
+        the lookahead phase's accepted-length histogram so far [B, E] (not the last
         window's: acceptance comes in bursts, and one dry window of 32 steps must not end
         a winning run) after `steps` steps."""
         if not self.watching or steps - self._last_steps < self.guard.window_steps:
             return False
         self._last_steps = steps
-        compression, _ = hist_compression(hist_bc)
+        compression, _ = hist_compression(hist_be)
         return not self.guard.keep_going(compression, steps)
 
     def report(self, state, stats: dict, interrupted: bool) -> None:

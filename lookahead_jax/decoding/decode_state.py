@@ -43,7 +43,7 @@ class DecodeState:
     done: jax.Array  # [B] bool
     steps: jax.Array  # [B] int32 forward passes after prefill while the row was active
     rng: jax.Array  # [B, 2] uint32 per-row PRNG keys (sampling.row_keys)
-    accept_hist: jax.Array  # [B, C] int32: steps that emitted 1..C tokens
+    accept_hist: jax.Array  # [B, E] int32: steps that emitted 1..E tokens
     draft: object | None = None  # lookahead.DraftState (lookahead.py imports this module)
 
 
@@ -71,18 +71,18 @@ def slots_needed(prompt_bucket: int, max_new_cap: int, max_emit: int) -> int:
     return prompt_bucket + max_new_cap + max_emit
 
 
-def emit(state: DecodeState, spec: DecodeSpec, new_bc, count_b) -> DecodeState:
-    """Append up to `count_b` of the tokens `new_bc [B, C]` to each active row.
+def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b) -> DecodeState:
+    """Append up to `count_b` of the tokens `new_be [B, E]` to each active row.
 
     A row stops at its first EOS (the EOS itself is not kept) or when it reaches
-    its budget, even in the middle of the C tokens.
+    its budget, even in the middle of the E tokens.
     """
-    C = new_bc.shape[1]
+    E = new_be.shape[1]
     active = ~state.done
     count_b = jnp.where(active, count_b, 0)
-    i = jnp.arange(C)[None]
-    is_eos = jnp.isin(new_bc, jnp.asarray(spec.eos_ids, jnp.int32)) & (i < count_b[:, None])
-    first_eos = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, axis=-1), C)
+    i = jnp.arange(E)[None]
+    is_eos = jnp.isin(new_be, jnp.asarray(spec.eos_ids, jnp.int32)) & (i < count_b[:, None])
+    first_eos = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, axis=-1), E)
     k = jnp.minimum(jnp.minimum(count_b, first_eos), state.max_new - state.n_out)
     k = jnp.where(active, k, 0)
     n_out = state.n_out + k
@@ -90,8 +90,8 @@ def emit(state: DecodeState, spec: DecodeSpec, new_bc, count_b) -> DecodeState:
 
     start = state.prompt_len + state.n_out  # first free slot of each row
     write = jax.vmap(lambda row, vals, s: jax.lax.dynamic_update_slice(row, vals, (s,)))
-    tokens = jnp.where(active[:, None], write(state.tokens, new_bc, start), state.tokens)
-    step_id = jnp.broadcast_to(state.steps[:, None], new_bc.shape).astype(jnp.int32)
+    tokens = jnp.where(active[:, None], write(state.tokens, new_be, start), state.tokens)
+    step_id = jnp.broadcast_to(state.steps[:, None], new_be.shape).astype(jnp.int32)
     step_of = jnp.where(
         active[:, None], write(state.step_of_token, step_id, start), state.step_of_token
     )

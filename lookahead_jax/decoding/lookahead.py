@@ -8,7 +8,7 @@ Each step runs one forward pass (lookahead_layout.py) over
   trajectory; the model's token after its newest level becomes the new newest level,
   the oldest level is dropped, and the column (oldest level .. new token) is an n-gram
   that goes into the pool;
-* a draft tree of D slots (draft_tree.py) merged from the guess sources:
+* a draft tree of Z slots (draft_tree.py) merged from the guess sources:
     - pool      the pool's (N-1)-grams whose key is the input (ngram_pool.py);
     - suffix    continuations of earlier occurrences of the row's last tokens in its
                 prompt and output (suffix_match.py), up to `suffix_span` tokens long;
@@ -144,7 +144,7 @@ def propose(
         parts.append(draft_tree.chains(tails_bgm, valid_bg * config.m, score_bgm, POOL))
     if config.suffix:
         end_b = state.prompt_len + state.n_out
-        cont_bcl, length_bc, key_len_bc = suffix_match.propose(
+        cont_bcm, length_bc, key_len_bc = suffix_match.propose(
             state.tokens,
             end_b,
             key_max=config.suffix_key,
@@ -152,31 +152,33 @@ def propose(
             count=config.suffix,
         )
         rate_bc = jnp.asarray(SUFFIX_RATES, jnp.float32)[key_len_bc]
-        score_bcl = rate_bc[:, :, None] ** jnp.arange(1, config.suffix_span + 1)[None, None]
-        parts.append(draft_tree.chains(cont_bcl, length_bc, score_bcl, SUFFIX))
+        score_bcm = rate_bc[:, :, None] ** jnp.arange(1, config.suffix_span + 1)[None, None]
+        parts.append(draft_tree.chains(cont_bcm, length_bc, score_bcm, SUFFIX))
     if config.recycle:
         template = config.recycle_template
         noise = None
         if not sampling.greedy:  # the noise of the new-token indices the nodes guess
-            index_bd = state.n_out[:, None] + jnp.arange(template.max_depth)[None]
+            index_ba = state.n_out[:, None] + jnp.arange(template.max_depth)[None]
             vocab = d.recycle.by_token.shape[1]
-            noise = (sampling.temperature, gumbel_noise(state.rng, index_bd, vocab))
+            noise = (sampling.temperature, gumbel_noise(state.rng, index_ba, vocab))
         parts.append(token_recycling.expand(d.recycle, prev_b, input_b, template, RECYCLE, noise))
     if not parts:
         return draft_tree.no_proposals(B)
     return draft_tree.concat(parts)
 
 
-def window_tree(layout: StepLayout, window_bk) -> draft_tree.DraftTree:
-    """The window's own paths as a verifiable tree (verify_window): static shape."""
-    B, K = window_bk.shape
+def window_tree(layout: StepLayout, window_flat) -> draft_tree.DraftTree:
+    """The window's own paths as a verifiable tree (verify_window): static shape.
+
+    window_flat [B, M*W]: the window's tokens in window order (its M*W slots)."""
+    B, k = window_flat.shape
     bcast = lambda x: jnp.broadcast_to(jnp.asarray(x), (B, *np.shape(x)))  # noqa: E731
     return draft_tree.DraftTree(
-        tokens=window_bk,
+        tokens=window_flat,
         parent=bcast(layout.window_parents),
         depth=bcast(layout.window_depths),
-        valid=jnp.ones((B, K), bool),
-        source=jnp.full((B, K), WINDOW, jnp.int32),
+        valid=jnp.ones((B, k), bool),
+        source=jnp.full((B, k), WINDOW, jnp.int32),
         ancestors=bcast(layout.window_ancestors),
     )
 
@@ -190,7 +192,7 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     length_b = state.cache.lengths
     input_b = input_tokens(state)
     prev_b = previous_tokens(state)
-    window_bk = state.draft.window.reshape(B, layout.window_tokens)
+    window_flat = state.draft.window.reshape(B, layout.window_tokens)  # [B, M*W]
 
     # 1-2. propose and merge into the draft tree
     proposals = propose(state, config, spec.sampling, input_b, prev_b)
@@ -200,7 +202,7 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         tree = draft_tree.empty(B)
 
     # 3. one forward pass over input + window + tree
-    step_tokens_bt = jnp.concatenate([input_b[:, None], window_bk, tree.tokens], axis=1)
+    step_tokens_bt = jnp.concatenate([input_b[:, None], window_flat, tree.tokens], axis=1)
     offsets_bt = layout.offsets(tree.depth)
     logits_rows_br = jnp.broadcast_to(jnp.asarray(layout.logits_rows), (B, len(layout.logits_rows)))
     logits_brv, new_k, new_v = spec.lm.apply(
@@ -222,7 +224,7 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     chosen_br = choose_tokens(logits_brv, spec.sampling, state.rng, index_br)
     after_input_b = chosen_br[:, 0]
     after_window_bw = chosen_br[:, 1 : 1 + layout.window_rows]
-    after_tree_bd = chosen_br[:, 1 + layout.window_rows :]
+    after_tree_bz = chosen_br[:, 1 + layout.window_rows :]
     newest = slice(1 + layout.window_rows - config.w, 1 + layout.window_rows)
     if config.window_sampling:  # the window's new level: the model's own token there
         new_level_bw = chosen_br[:, newest]
@@ -232,17 +234,17 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     # 5. verify: the draft tree, and with verify_window the window's paths as well. A
     #    verified node k is step token first_index + k in both cases.
     if config.verify_window:
-        verified = draft_tree.concat_trees(window_tree(layout, window_bk), tree)
-        after_verified = jnp.concatenate([after_window_bw, after_tree_bd], axis=1)
+        verified = draft_tree.concat_trees(window_tree(layout, window_flat), tree)
+        after_verified = jnp.concatenate([after_window_bw, after_tree_bz], axis=1)
         first_index = 1
     else:
-        verified, after_verified, first_index = tree, after_tree_bd, layout.tree_start
+        verified, after_verified, first_index = tree, after_tree_bz, layout.tree_start
     acc = draft_tree.verify(verified, after_input_b, after_verified, config.verify_depth)
 
     # 6. commit the input's and the accepted path's K/V; emit; count per source
     a_b = acc.accepted
-    src_bc = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), first_index + acc.path], axis=1)
-    cache = kv_cache.commit(state.cache, new_k, new_v, src_bc, jnp.where(active_b, a_b + 1, 0))
+    src_be = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), first_index + acc.path], axis=1)
+    cache = kv_cache.commit(state.cache, new_k, new_v, src_be, jnp.where(active_b, a_b + 1, 0))
     counted_b = active_b & (a_b > 0)
     by_source = jax.nn.one_hot(acc.source, len(SOURCES), dtype=jnp.int32)  # -1: all zero
     draft = dataclasses.replace(
@@ -341,9 +343,9 @@ def feed_recycling(config: LookaheadConfig, d: DraftState, fed: FedRows, logits_
     # rows whose logits saw the true context (the input and the accepted path) win over
     # other rows holding the same token; then earlier rows win
     first_row = 1 + (0 if config.verify_window else config.layout.window_rows)
-    path_rows_bp = first_row + acc.path
+    path_rows_ba = first_row + acc.path
     on_path = (jnp.arange(acc.path.shape[1])[None] < acc.accepted[:, None])[:, :, None] & (
-        path_rows_bp[:, :, None] == jnp.arange(R)[None, None]
+        path_rows_ba[:, :, None] == jnp.arange(R)[None, None]
     )
     priority_br = R - jnp.arange(R)[None] + R * jnp.any(on_path, axis=1)
     recycle = token_recycling.update(

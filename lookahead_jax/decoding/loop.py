@@ -4,7 +4,7 @@
 All three are pure functions of (params, state) with a static `DecodeSpec`:
 
     state = start(params, prompt [B, P], prompt_len [B], max_new [B], rng [B, 2],
-                  spec=spec, max_new_cap=C)     # right-padded prompts, first token emitted
+                  spec=spec, max_new_cap=cap)   # right-padded prompts, first token emitted
     state = step(params, state, spec=spec)      # every active row emits 1..max_emit tokens
     state = run_loop(params, state, max_steps, stop_at_finish, spec=spec)  # while_loop
 
@@ -32,8 +32,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec
 
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, prefill
 from lookahead_jax.decoding.lookahead import init_lookahead, lookahead_step
@@ -110,7 +109,7 @@ def jitted(spec: DecodeSpec, max_new_cap: int, mesh, start_args) -> Jitted:
     params_sh = spec.lm.param_shardings(mesh)
     by_row = tuple(sharding.batch_major(x, mesh) for x in start_args[1:])
     state_sh = sharding.state_shardings(jax.eval_shape(start_fn, *start_args), mesh)
-    scalar = NamedSharding(mesh, P())
+    scalar = NamedSharding(mesh, PartitionSpec())
     return Jitted(
         start=jax.jit(
             start_fn,

@@ -19,8 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec
 
 
 def initialize(
@@ -56,7 +55,7 @@ def global_rows(mesh, local: np.ndarray) -> jax.Array:
     """A batch-major array whose rows are every process's `local` rows, in process order."""
     if mesh is None or not is_multiprocess():
         return jnp.asarray(local)
-    sharding = NamedSharding(mesh, P("data", *([None] * (local.ndim - 1))))
+    sharding = NamedSharding(mesh, PartitionSpec("data", *([None] * (local.ndim - 1))))
     global_shape = (local.shape[0] * jax.process_count(), *local.shape[1:])
     return jax.make_array_from_process_local_data(sharding, local, global_shape)
 
@@ -86,7 +85,7 @@ def replicated(mesh, value: np.ndarray) -> jax.Array:
     without a mesh."""
     if mesh is None:
         return jnp.asarray(value)
-    sharding = NamedSharding(mesh, P())
+    sharding = NamedSharding(mesh, PartitionSpec())
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 

@@ -26,8 +26,7 @@ jit places arrays with `in_shardings`/`out_shardings` built from these rules
 from __future__ import annotations
 
 import jax
-from jax.sharding import AxisType, Mesh, NamedSharding, SingleDeviceSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from lookahead_jax.errors import UserInputError
 
@@ -100,7 +99,7 @@ def parse_mesh(text: str) -> dict[str, int]:
     return out
 
 
-def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
+def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
     """The PartitionSpec for a tensor with these logical axes under RULES."""
     used: set[str] = set()
     parts = []
@@ -112,7 +111,7 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
         else:
             parts.append(target)
             used.add(target)
-    return P(*parts)
+    return PartitionSpec(*parts)
 
 
 def shardings_for(specs, mesh: Mesh | None):

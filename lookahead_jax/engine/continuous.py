@@ -24,10 +24,10 @@ The host holds the queue of prompts, which prompt sits in which slot, and the re
 it sees the device only between `generate` calls (one per finished slot at most, never
 one per token).
 
-Fixed shapes: the state's S = P + C + E (a prompt bucket, the budget's bucket, the widest
-step's emit). Prompts are taken shortest bucket first (stable within a bucket), starting
-with P = the first prompt's bucket; a prompt of a longer bucket first grows the state
-(`grow_slots`: the S axis padded, rows in flight untouched), so attention never spans
+Fixed shapes: the state's S = P + cap + E (a prompt bucket, the budget's bucket, the
+widest step's emit). Prompts are taken shortest bucket first (stable within a bucket),
+starting with P = the first prompt's bucket; a prompt of a longer bucket first grows the
+state (`grow_slots`: the S axis padded, rows in flight untouched), so attention never spans
 slots sized for the longest prompt of the dataset while short ones decode. A prompt of
 bucket P' is prefilled with budget S - P' - E, so its state has the current S. New
 programs: one prefill per prompt bucket (`stats["prompt_buckets"]`), one loop and one
@@ -347,7 +347,7 @@ class _GroupRun:
         self.slack = self.spec.max_emit
         self.cap = cap
         self.slots: list = [None] * self.B  # (request, insert time) per slot
-        self.hist_done = None  # accepted-length histogram of results read [C]
+        self.hist_done = None  # accepted-length histogram of results read [E]
         self.state = None
         self._set_shape(fixed_P or inputs.bucket(len(self.queue[0].ids)))
         engine.stats["groups"].append(
@@ -482,17 +482,17 @@ class _GroupRun:
                 time_s=now - t_insert,
             )
 
-    def _add_hist(self, hist_c) -> None:
-        """Count a finished row's accepted-length histogram [C] into the lookahead phase's
+    def _add_hist(self, hist_e) -> None:
+        """Count a finished row's accepted-length histogram [E] into the lookahead phase's
         (the plain phase after auto's hand-over is not counted)."""
         if self.auto is not None and self.auto.after_steps is not None:
             return
         if self.hist_done is None:
-            self.hist_done = np.zeros_like(hist_c)
-        self.hist_done += hist_c
+            self.hist_done = np.zeros_like(hist_e)
+        self.hist_done += hist_e
 
     def _lookahead_hist(self):
-        """[1 + B, C]: the read results' histogram, then each occupied slot's."""
+        """[1 + B, E]: the read results' histogram, then each occupied slot's."""
         live = multihost.all_rows(self.state.accept_hist)
         occupied = np.asarray([x is not None for x in self.slots])
         rows = [self.hist_done if self.hist_done is not None else np.zeros(live.shape[1])]

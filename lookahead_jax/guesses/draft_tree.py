@@ -7,16 +7,16 @@ estimated chance that every token on the path from the root to the node is right
 chain of k guessed tokens is k nodes, each the parent of the next; a tree template is
 nodes whose parents fan out.
 
-`merge` turns the N proposals of a row into a tree of D slots (N may exceed D):
+`merge` turns the `count` proposals of a row into a tree of Z slots (`count` may exceed Z):
 
 1. order the proposals by score, best first (a node never scores above its parent, and
    ties keep the proposal order, in which a parent always comes first);
 2. merge equal paths: a node is a *duplicate* when an earlier node has the same token,
    depth and (merged) parent, i.e. the same path from the root; duplicates take no slot;
-3. keep the first D distinct nodes. Every kept node's parent comes earlier, so it is
+3. keep the first Z distinct nodes. Every kept node's parent comes earlier, so it is
    kept too: the tree is prefix-closed and slot order is parent-before-child.
 
-Example, D=5, proposals (score order, root = r):
+Example, Z=5, proposals (score order, root = r):
 
     proposal   path       kept as slot   slot's parent
     p0         r-a        0              root
@@ -53,14 +53,14 @@ ROOT = -1  # parent index of a depth-1 node: the step's input token
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Proposals:
-    """N proposed nodes per row, in proposal order (a parent always before its child).
+    """`count` proposed nodes per row, in proposal order (a parent always before its child).
 
-    tokens  [B, N] int32
-    parent  [B, N] int32  index of the parent proposal (< own index), or ROOT
-    depth   [B, N] int32  1 for the root's children
-    score   [B, N] float32  estimated chance that the whole path is right
-    valid   [B, N] bool   a node whose parent is invalid is invalid too
-    source  [B, N] int32  which source proposed it (an index into SOURCES)
+    tokens  [B, count] int32
+    parent  [B, count] int32  index of the parent proposal (< own index), or ROOT
+    depth   [B, count] int32  1 for the root's children
+    score   [B, count] float32  estimated chance that the whole path is right
+    valid   [B, count] bool   a node whose parent is invalid is invalid too
+    source  [B, count] int32  which source proposed it (an index into SOURCES)
     """
 
     tokens: jax.Array
@@ -75,25 +75,25 @@ class Proposals:
         return self.tokens.shape[1]
 
 
-def chains(tokens_bcl, length_bc, score_bcl, source: int) -> Proposals:
-    """C chains of up to L tokens each (the root's children are token 0 of each chain).
+def chains(tokens_bcm, length_bc, score_bcm, source: int) -> Proposals:
+    """C chains of up to M tokens each (the root's children are token 0 of each chain).
 
-    tokens [B, C, L], length [B, C] (0..L real tokens), score [B, C, L]: the chance
+    tokens [B, C, M], length [B, C] (0..M real tokens), score [B, C, M]: the chance
     that the chain is right up to and including token i.
     """
-    B, C, L = tokens_bcl.shape
-    idx = jnp.arange(C * L, dtype=jnp.int32).reshape(C, L)
-    parent = jnp.where(jnp.arange(L)[None] == 0, ROOT, idx - 1)  # [C, L]
-    depth = jnp.broadcast_to(jnp.arange(1, L + 1, dtype=jnp.int32), (C, L))
-    valid = jnp.arange(L)[None, None] < length_bc[:, :, None]
-    flat = lambda x: jnp.broadcast_to(x, (B, C, L)).reshape(B, C * L)  # noqa: E731
+    B, C, M = tokens_bcm.shape
+    idx = jnp.arange(C * M, dtype=jnp.int32).reshape(C, M)
+    parent = jnp.where(jnp.arange(M)[None] == 0, ROOT, idx - 1)  # [C, M]
+    depth = jnp.broadcast_to(jnp.arange(1, M + 1, dtype=jnp.int32), (C, M))
+    valid = jnp.arange(M)[None, None] < length_bc[:, :, None]
+    flat = lambda x: jnp.broadcast_to(x, (B, C, M)).reshape(B, C * M)  # noqa: E731
     return Proposals(
-        tokens=flat(tokens_bcl).astype(jnp.int32),
+        tokens=flat(tokens_bcm).astype(jnp.int32),
         parent=flat(parent),
         depth=flat(depth),
-        score=flat(score_bcl).astype(jnp.float32),
+        score=flat(score_bcm).astype(jnp.float32),
         valid=flat(valid),
-        source=jnp.full((B, C * L), source, jnp.int32),
+        source=jnp.full((B, C * M), source, jnp.int32),
     )
 
 
@@ -120,14 +120,14 @@ def concat(parts: list[Proposals]) -> Proposals:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DraftTree:
-    """D slots per row in parent-before-child order (see the module docstring).
+    """Z slots per row in parent-before-child order (see the module docstring).
 
-    tokens     [B, D] int32   (0 in empty slots)
-    parent     [B, D] int32   slot of the parent (< own slot), or ROOT
-    depth      [B, D] int32   1.. (1 in empty slots: they sit at p + 1)
-    valid      [B, D] bool
-    source     [B, D] int32   the source of the best-scored proposal merged into the slot
-    ancestors  [B, D, D] bool slot u is on the path to slot q (q itself included)
+    tokens     [B, Z] int32   (0 in empty slots)
+    parent     [B, Z] int32   slot of the parent (< own slot), or ROOT
+    depth      [B, Z] int32   1.. (1 in empty slots: they sit at p + 1)
+    valid      [B, Z] bool
+    source     [B, Z] int32   the source of the best-scored proposal merged into the slot
+    ancestors  [B, Z, Z] bool slot u is on the path to slot q (q itself included)
     """
 
     tokens: jax.Array
@@ -173,9 +173,10 @@ def concat_trees(first: DraftTree, second: DraftTree) -> DraftTree:
     )
 
 
-def _gather_rows(x_bn, idx_bm):
-    """x[b, idx[b, m]] with ROOT (-1) indices clipped to 0 (callers mask them)."""
-    return jnp.take_along_axis(x_bn, jnp.maximum(idx_bm, 0), axis=1)
+def _gather_rows(x, idx):
+    """x[b, idx[b, j]] (x and idx [B, any width]) with ROOT (-1) indices clipped to 0
+    (callers mask them)."""
+    return jnp.take_along_axis(x, jnp.maximum(idx, 0), axis=1)
 
 
 def _propagate_down(p: Proposals, max_depth: int) -> Proposals:
@@ -192,16 +193,16 @@ def _propagate_down(p: Proposals, max_depth: int) -> Proposals:
     return dataclasses.replace(p, score=score, valid=valid)
 
 
-def ancestors_of(parent_bd, max_depth: int):
-    """[B, D, D] bool: slot u is on the path from the root to slot q (q included).
+def ancestors_of(parent_bz, max_depth: int):
+    """[B, Z, Z] bool: slot u is on the path from the root to slot q (q included).
 
     Needs parent < own index (or ROOT); `max_depth` bounds the path length."""
-    B, D = parent_bd.shape
-    eye = jnp.broadcast_to(jnp.eye(D, dtype=bool), (B, D, D))
+    B, Z = parent_bz.shape
+    eye = jnp.broadcast_to(jnp.eye(Z, dtype=bool), (B, Z, Z))
 
     def body(_, anc):
-        up = jnp.take_along_axis(anc, jnp.maximum(parent_bd, 0)[:, :, None], axis=1)
-        return eye | (up & (parent_bd != ROOT)[:, :, None])
+        up = jnp.take_along_axis(anc, jnp.maximum(parent_bz, 0)[:, :, None], axis=1)
+        return eye | (up & (parent_bz != ROOT)[:, :, None])
 
     return jax.lax.fori_loop(0, max_depth, body, eye)
 
@@ -210,11 +211,11 @@ def merge(p: Proposals, slots: int, max_depth: int) -> DraftTree:
     """Merge equal paths and keep the best `slots` distinct nodes (module docstring).
 
     max_depth: the deepest proposal (a static bound, e.g. the longest chain)."""
-    B, N = p.tokens.shape
+    B, count = p.tokens.shape
     p = _propagate_down(p, max_depth)
     # 1. best score first; invalid nodes last; ties keep proposal order (stable sort),
     #    so a parent (score >= its child's, earlier index) always precedes its child
-    order = jnp.argsort(jnp.where(p.valid, -p.score, jnp.inf), axis=1, stable=True)  # [B, N]
+    order = jnp.argsort(jnp.where(p.valid, -p.score, jnp.inf), axis=1, stable=True)  # [B, count]
     rank = jnp.argsort(order, axis=1)  # inverse permutation
     sort = lambda x: jnp.take_along_axis(x, order, axis=1)  # noqa: E731
     tokens, depth, valid, source = sort(p.tokens), sort(p.depth), sort(p.valid), sort(p.source)
@@ -235,19 +236,20 @@ def merge(p: Proposals, slots: int, max_depth: int) -> DraftTree:
 
     def body(_, same):
         # same[parent[u], parent[v]]
-        of_parent = jnp.take_along_axis(same, pu[:, :, None], axis=1)  # [B, N, N]: same[pu, v']
+        # of_parent [B, count, count]: same[pu, v']
+        of_parent = jnp.take_along_axis(same, pu[:, :, None], axis=1)
         parents_same = jnp.take_along_axis(of_parent, pu[:, None, :], axis=2)  # same[pu, pv]
         not_root = ~is_root_child[:, :, None] & ~is_root_child[:, None, :]
         return same_node & (both_root | (parents_same & not_root))
 
     same = jax.lax.fori_loop(0, max_depth, body, same_node & both_root)
-    first = jnp.argmax(same, axis=2)  # [B, N] the earliest node with u's path (u if none)
-    distinct = valid & (first == jnp.arange(N)[None])
+    first = jnp.argmax(same, axis=2)  # [B, count] the earliest node with u's path (u if none)
+    distinct = valid & (first == jnp.arange(count)[None])
 
     # 3. the first `slots` distinct nodes; a duplicate's children hang below its original
-    count = jnp.cumsum(distinct, axis=1)
-    keep = distinct & (count <= slots)
-    slot = jnp.where(keep, count - 1, slots)  # `slots` = dropped (out of range)
+    n_distinct = jnp.cumsum(distinct, axis=1)
+    keep = distinct & (n_distinct <= slots)
+    slot = jnp.where(keep, n_distinct - 1, slots)  # `slots` = dropped (out of range)
     rep_parent = jnp.where(parent == ROOT, ROOT, _gather_rows(first, parent))
     parent_slot = jnp.where(rep_parent == ROOT, ROOT, _gather_rows(slot, rep_parent))
 
@@ -272,9 +274,9 @@ class Acceptance:
     """The verified outcome of one step, per row.
 
     accepted  [B] int32     guessed tokens accepted (0..max depth)
-    path      [B, P] int32  slots of the accepted path, depth 1 first (P = max depth;
+    path      [B, A] int32  slots of the accepted path, depth 1 first (A = max depth;
                             entries >= accepted are meaningless)
-    emitted   [B, P+1] int32  the step's tokens: the accepted ones, then the bonus
+    emitted   [B, E] int32  the step's tokens (E = A + 1): the accepted ones, then the bonus
     source    [B] int32     source of the accepted path's last slot (-1 if none)
     """
 
@@ -291,32 +293,32 @@ def is_right(tokens, expected):
     return tokens == expected
 
 
-def verify(tree: DraftTree, after_root_b, after_slot_bd, max_depth: int) -> Acceptance:
+def verify(tree: DraftTree, after_root_b, after_slot_bz, max_depth: int) -> Acceptance:
     """The deepest right path, plus the model's token after it (module docstring).
 
     after_root [B]     the model's token after the input
-    after_slot [B, D]  the model's token after each slot
+    after_slot [B, Z]  the model's token after each slot
     """
-    B, D = tree.tokens.shape
-    if D == 0 or max_depth == 0:
+    B, Z = tree.tokens.shape
+    if Z == 0 or max_depth == 0:
         zeros = jnp.zeros((B,), jnp.int32)
         emitted = jnp.zeros((B, max_depth + 1), jnp.int32).at[:, 0].set(after_root_b)
         return Acceptance(zeros, jnp.zeros((B, max_depth), jnp.int32), emitted, zeros - 1)
     expected = jnp.where(
-        tree.parent == ROOT, after_root_b[:, None], _gather_rows(after_slot_bd, tree.parent)
+        tree.parent == ROOT, after_root_b[:, None], _gather_rows(after_slot_bz, tree.parent)
     )
-    right = tree.valid & is_right(tree.tokens, expected)  # [B, D]
+    right = tree.valid & is_right(tree.tokens, expected)  # [B, Z]
     path_right = tree.valid & ~jnp.any(tree.ancestors & ~right[:, None, :], axis=2)
     reach = jnp.where(path_right, tree.depth, 0)
     best = jnp.argmax(reach, axis=1)  # first deepest
     accepted = jnp.take_along_axis(reach, best[:, None], axis=1)[:, 0]
-    on_path = jnp.take_along_axis(tree.ancestors, best[:, None, None], axis=1)[:, 0]  # [B, D]
+    on_path = jnp.take_along_axis(tree.ancestors, best[:, None, None], axis=1)[:, 0]  # [B, Z]
     levels = jnp.arange(1, max_depth + 1)[None, :, None]
-    at_level = on_path[:, None, :] & (tree.depth[:, None, :] == levels)  # [B, P, D]
-    path = jnp.argmax(at_level, axis=2).astype(jnp.int32)  # [B, P]
+    at_level = on_path[:, None, :] & (tree.depth[:, None, :] == levels)  # [B, A, Z]
+    path = jnp.argmax(at_level, axis=2).astype(jnp.int32)  # [B, A]
     path_tokens = jnp.take_along_axis(tree.tokens, path, axis=1)
     bonus = jnp.where(
-        accepted > 0, jnp.take_along_axis(after_slot_bd, best[:, None], axis=1)[:, 0], after_root_b
+        accepted > 0, jnp.take_along_axis(after_slot_bz, best[:, None], axis=1)[:, 0], after_root_b
     )
     i = jnp.arange(max_depth + 1)[None]
     padded = jnp.pad(path_tokens, ((0, 0), (0, 1)))

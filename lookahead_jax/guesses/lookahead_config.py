@@ -2,7 +2,7 @@
 tokens per step (`LookaheadConfig.for_budget`).
 
 A step feeds T tokens through the model (lookahead_layout.py): the input, the Jacobi
-window's (N-1)*W tokens and the draft tree's D slots; `tokens_per_step` is T. The knobs
+window's (N-1)*W tokens and the draft tree's Z slots; `tokens_per_step` is T. The knobs
 and what each source is are described in lookahead.py; `for_budget(T)` picks the best
 measured layout that feeds at most T tokens.
 """
@@ -40,7 +40,7 @@ class LookaheadConfig:
     suffix      suffix-match continuations proposed, each up to `suffix_span` tokens,
                 keyed on up to `suffix_key` of the row's last tokens
     recycle     token-recycling template nodes; `recycle_k` next tokens kept per token
-    tree        draft-tree slots D fed per step (None: one per proposed node)
+    tree        draft-tree slots Z fed per step (None: one per proposed node)
     pool_capacity  n-grams kept per key (None: g)
     prompt_pool seed the pool with the prompt's n-grams
     verify_window  also verify the window's own paths

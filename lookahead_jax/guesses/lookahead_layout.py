@@ -1,11 +1,11 @@
 """Where each token of a lookahead step sits: its index, position and what it may see.
 
-One step feeds T = 1 + (N-1)*W + D tokens:
+One step feeds T = 1 + M*W + Z tokens (M = N-1 window levels, Z tree slots):
 
     index 0                 the input token (newest accepted), position p
     1 + l*W + j             Jacobi window level l (0 = oldest), column j,
                             position p + 1 + l + j
-    1 + (N-1)*W + q         draft-tree slot q (draft_tree.py), position p + depth[q]
+    1 + M*W + q             draft-tree slot q (draft_tree.py), position p + depth[q]
 
 Every token also sees the row's whole cache (positions < p). Among the new tokens:
 
@@ -19,11 +19,11 @@ The input and window part is static, derived from (N, W) alone in numpy at trace
 the tree part is data (each row's tree differs from step to step).
 
 Example, N=4, W=5 and a 6-slot tree holding two chains of 3 tokens, v0 and v1 (T = 22).
-Rows are queries, columns keys; `in` is the input, aLj window level L column j, vCi
-chain C token i (tree slots 0..5); [+k] is the position offset from p; x = may attend.
+Rows are queries, columns keys; `in` is the input, alj window level l column j, vci
+chain c token i (tree slots 0..5); [+k] is the position offset from p; x = may attend.
 
                in 00 01 02 03 04 10 11 12 13 14 20 21 22 23 24 00 01 02 10 11 12
-                  |<-------------- window aLj -------------->| |<-- tree vCi ->|
+                  |<-------------- window alj -------------->| |<-- tree vci ->|
     in  [+0]    x  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .
     a00 [+1]    x  x  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .
     a01 [+2]    x  x  x  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .
@@ -66,7 +66,7 @@ import numpy as np
 class StepLayout:
     n: int  # window levels + 1 (the pool's n-gram size)
     w: int  # window columns (0: no window)
-    slots: int  # draft-tree slots D
+    slots: int  # draft-tree slots Z
     verify_window: bool = False  # logits for every window token (see window_parents)
 
     @property
@@ -111,25 +111,25 @@ class StepLayout:
                 mask[q, [self.window_index(ll, j) for ll in range(1, lvl + 1)]] = True
         return mask
 
-    def offsets(self, tree_depth_bd):
+    def offsets(self, tree_depth_bz):
         """[B, T]: each token's position minus the input's (a tree slot's is its depth)."""
-        B = tree_depth_bd.shape[0]
+        B = tree_depth_bz.shape[0]
         static = jnp.broadcast_to(jnp.asarray(self.static_offsets), (B, self.tree_start))
-        return jnp.concatenate([static, tree_depth_bd.astype(jnp.int32)], axis=1)
+        return jnp.concatenate([static, tree_depth_bz.astype(jnp.int32)], axis=1)
 
-    def mask(self, tree_ancestors_bdd):
+    def mask(self, tree_ancestors_bzz):
         """[B, T, T] bool: the static part plus each row's tree (ancestors and self)."""
-        B = tree_ancestors_bdd.shape[0]
+        B = tree_ancestors_bzz.shape[0]
         s = self.tree_start
         mask = jnp.broadcast_to(jnp.asarray(self.static_mask), (B, *self.static_mask.shape))
-        return mask.at[:, s:, s:].set(tree_ancestors_bdd)
+        return mask.at[:, s:, s:].set(tree_ancestors_bzz)
 
     @functools.cached_property
     def logits_rows(self) -> np.ndarray:
         """The tokens whose predictions are used: input, window, tree.
 
         Index 0 is the input, then the window tokens that need logits — the newest
-        level's W (or, with verify_window, all (N-1)*W in window order) — then the D
+        level's W (or, with verify_window, all (N-1)*W in window order) — then the Z
         tree slots.
         """
         if self.verify_window:

@@ -4,9 +4,10 @@ Every forward pass computes a full next-token distribution at each fed token, an
 decoding keeps one token of it. Token recycling keeps the top-k tokens the model
 predicted the last time it read a context, in two tables per row:
 
-    by_token   [B, V, k]  keyed by the last token t
-    by_pair    [B, H, k]  keyed by the last two tokens (s, t), hashed into H buckets;
-                          pair_key [B, H, 2] holds the pair a bucket belongs to
+    by_token   [B, V, k]             keyed by the last token t
+    by_pair    [B, PAIR_BUCKETS, k]  keyed by the last two tokens (s, t), hashed into
+                                     PAIR_BUCKETS buckets; pair_key [B, PAIR_BUCKETS, 2]
+                                     holds the pair a bucket belongs to
 
 (int32 token ids, EMPTY = -1 where nothing was seen). A node's *candidates* are the
 pair table's tokens for (its parent's token, its token), then the token table's tokens
@@ -47,17 +48,17 @@ from lookahead_jax.guesses.draft_tree import ROOT, Proposals
 EMPTY = -1
 SEED_PROB = 0.5  # the probability given to a prompt bigram's follower (no logits seen)
 PAIR_BITS = 14
-PAIR_BUCKETS = 1 << PAIR_BITS  # H: 2-token contexts a row remembers (a few thousand are seen)
+PAIR_BUCKETS = 1 << PAIR_BITS  # 2-token contexts a row remembers (a few thousand are seen)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class RecycleTable:
     by_token: jax.Array  # [B, V, k] int32
-    by_pair: jax.Array  # [B, H, k] int32
-    pair_key: jax.Array  # [B, H, 2] int32: (previous, last) token of the bucket's pair
+    by_pair: jax.Array  # [B, PAIR_BUCKETS, k] int32
+    pair_key: jax.Array  # [B, PAIR_BUCKETS, 2] int32: (previous, last) token of the bucket's pair
     token_probs: jax.Array  # [B, V, k] float32: each entry's probability when recorded
-    pair_probs: jax.Array  # [B, H, k] float32
+    pair_probs: jax.Array  # [B, PAIR_BUCKETS, k] float32
 
     @property
     def k(self) -> int:
@@ -169,14 +170,14 @@ def update(table: RecycleTable, prev_br, tokens_br, logits_brv, priority_br, ok_
     Where several fed tokens share an entry, the one with the highest `priority`
     (distinct per row) writes: the result does not depend on scatter order.
     """
-    V, H = table.by_token.shape[1], table.by_pair.shape[1]
+    V, buckets = table.by_token.shape[1], table.by_pair.shape[1]
     top_logits, top = jax.lax.top_k(logits_brv, table.k)  # [B, R, k]
     top = top.astype(jnp.int32)
     probs = jnp.exp(top_logits - jax.nn.logsumexp(logits_brv, axis=-1, keepdims=True))
     probs = probs.astype(jnp.float32)
     write = jax.vmap(lambda dst, i, v: dst.at[i].set(v, mode="drop"))
     token_slot = _first_writer(tokens_br, priority_br, ok_br, V)
-    bucket = _first_writer(pair_bucket(prev_br, tokens_br), priority_br, ok_br, H)
+    bucket = _first_writer(pair_bucket(prev_br, tokens_br), priority_br, ok_br, buckets)
     return RecycleTable(
         by_token=write(table.by_token, token_slot, top),
         by_pair=write(table.by_pair, bucket, top),
@@ -186,21 +187,22 @@ def update(table: RecycleTable, prev_br, tokens_br, logits_brv, priority_br, ok_
     )
 
 
-def candidates(table: RecycleTable, prev_bn, last_bn):
-    """Each node's candidates [B, n, 2k] int32, best first, EMPTY-padded at the end, and
-    their recorded probabilities [B, n, 2k]."""
-    B, n = last_bn.shape
+def candidates(table: RecycleTable, prev, last):
+    """Each node's candidates [B, nodes, 2k] int32, best first, EMPTY-padded at the end,
+    and their recorded probabilities [B, nodes, 2k], for nodes whose token is `last` and
+    whose parent's is `prev` (both [B, nodes])."""
+    B = last.shape[0]
     rows = jnp.arange(B)[:, None]
-    bucket = pair_bucket(prev_bn, last_bn)
-    key = table.pair_key[rows, bucket]  # [B, n, 2]
-    hit = (key[..., 0] == prev_bn) & (key[..., 1] == last_bn)
-    pair = jnp.where(hit[..., None], table.by_pair[rows, bucket], EMPTY)  # [B, n, k]
+    bucket = pair_bucket(prev, last)
+    key = table.pair_key[rows, bucket]  # [B, nodes, 2]
+    hit = (key[..., 0] == prev) & (key[..., 1] == last)
+    pair = jnp.where(hit[..., None], table.by_pair[rows, bucket], EMPTY)  # [B, nodes, k]
     pair_p = jnp.where(hit[..., None], table.pair_probs[rows, bucket], 0.0)
-    single = table.by_token[rows, last_bn]  # [B, n, k]
-    single_p = table.token_probs[rows, last_bn]
+    single = table.by_token[rows, last]  # [B, nodes, k]
+    single_p = table.token_probs[rows, last]
     dup = jnp.any(single[..., :, None] == pair[..., None, :], axis=-1)
     single = jnp.where(dup, EMPTY, single)
-    both = jnp.concatenate([pair, single], axis=-1)  # [B, n, 2k]
+    both = jnp.concatenate([pair, single], axis=-1)  # [B, nodes, 2k]
     both_p = jnp.concatenate([pair_p, single_p], axis=-1)
     # by recorded probability (the pair's entry first on ties), EMPTY last
     order = jnp.argsort(jnp.where(both == EMPTY, jnp.inf, -both_p), axis=-1, stable=True)
@@ -214,10 +216,11 @@ def expand(
     """The template filled from the tables, rooted at each row's input token `root_b`
     (whose previous token is `prev_b`).
 
-    noise: under sampling, (temperature, gumbel [B, max depth, V]): the Gumbel noise of
-    the positions the nodes guess (depth d: the d-th token after the input). A node's
-    candidates are then ranked by log(p)/temperature + noise at their token — by how
-    likely each is to be the very token sampled there (sampling.py) — instead of by p.
+    noise: under sampling, (temperature, gumbel [B, A, V], A = the template's max depth):
+    the Gumbel noise of the positions the nodes guess (depth d: the d-th token after the
+    input). A node's candidates are then ranked by log(p)/temperature + noise at their
+    token — by how likely each is to be the very token sampled there (sampling.py) —
+    instead of by p.
     """
     B = root_b.shape[0]
     n = tmpl.size
@@ -243,9 +246,9 @@ def expand(
             prev = jnp.where(gp[None] >= 0, tokens[:, np.maximum(gp, 0)], root_b[:, None])
         cands, cand_p = candidates(table, prev, last)  # [B, width, 2k]
         if noise is not None:
-            temperature, gumbel_bdv = noise
+            temperature, gumbel_bav = noise
             g = jnp.take_along_axis(
-                gumbel_bdv[:, d - 1], jnp.maximum(cands, 0).reshape(B, -1), axis=1
+                gumbel_bav[:, d - 1], jnp.maximum(cands, 0).reshape(B, -1), axis=1
             )
             key = jnp.log(cand_p) / temperature + g.reshape(cands.shape)
             order = jnp.argsort(jnp.where(cands == EMPTY, jnp.inf, -key), axis=-1, stable=True)

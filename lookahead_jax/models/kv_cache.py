@@ -42,26 +42,26 @@ def write_prefix(cache: KVCache, new_k, new_v, lengths_b) -> KVCache:
     return KVCache(k=k, v=v, lengths=lengths_b.astype(jnp.int32))
 
 
-def commit(cache: KVCache, new_k, new_v, src_bc, count_b) -> KVCache:
+def commit(cache: KVCache, new_k, new_v, src_be, count_b) -> KVCache:
     """Append selected new tokens' K/V to each row at its own length.
 
     new_k, new_v  [L, B, T, K, Dh]  K/V of the tokens of one forward pass
-    src_bc        [B, C]            which of the T tokens to commit, in order
-    count_b       [B]               how many of the C are real (0..C)
+    src_be        [B, E]            which of the T tokens to commit, in order
+    count_b       [B]               how many of the E are real (0..E)
 
-    Row b gets `new_k[:, b, src_bc[b, c]]` at slot `lengths[b] + c` for every c < C;
+    Row b gets `new_k[:, b, src_be[b, j]]` at slot `lengths[b] + j` for every j < E;
     only the first `count_b[b]` of them lie below the new length, the rest are
     the garbage past the length that the class docstring allows. The caller
-    guarantees `lengths + C <= S` (a clamped slice would overwrite real K/V).
+    guarantees `lengths + E <= S` (a clamped slice would overwrite real K/V).
     """
     # Garbage slots are multiplied by zero attention weights, so they must stay finite:
     # clip (never fill with NaN) any index a caller computes for an unused slot.
-    idx = src_bc[None, :, :, None, None]
+    idx = src_be[None, :, :, None, None]
     take = lambda x: jnp.take_along_axis(x, idx, axis=2, mode="clip")  # noqa: E731
-    sel_k = take(new_k).astype(cache.k.dtype)  # [L, B, C, K, Dh]
+    sel_k = take(new_k).astype(cache.k.dtype)  # [L, B, E, K, Dh]
     sel_v = take(new_v).astype(cache.v.dtype)
 
-    def write_row(dst, src, start):  # dst [L, S, K, Dh], src [L, C, K, Dh]
+    def write_row(dst, src, start):  # dst [L, S, K, Dh], src [L, E, K, Dh]
         return jax.lax.dynamic_update_slice_in_dim(dst, src, start, axis=1)
 
     write = jax.vmap(write_row, in_axes=(1, 1, 0), out_axes=1)

@@ -3,13 +3,7 @@
 projection biases, per-head q/k RMSNorm, sliding-window attention per layer — is read
 from the config (config.py); a plain Llama's params and program are unchanged by it.
 
-Shape legend, used in names (`x_btd`) and einsum strings:
-
-    B batch          T new tokens in this pass     S cache slots
-    D model dim      H query heads                 K kv heads
-    Q = H/K query heads per kv head (GQA group)    Dh head dim (einsum letter e)
-    F MLP hidden     V vocab                       L layers
-    R rows whose logits are wanted                 U new tokens, as keys
+Shape letters: docs/architecture.md
 
 Params are a registered dataclass pytree (`LlamaParams`, its per-layer weights in
 `LayerParams`); `param_specs` declares every weight once — its shape and logical axis
@@ -21,7 +15,7 @@ and run with `lax.scan`, so compile time does not grow with depth.
 The forward knows nothing about lookahead: it takes explicit positions and a boolean
 mask among the new tokens, and attends to a row's cache slots below its length. A
 sliding window is applied here, from positions (a token at position p sees keys at
-positions p - W < k; cache slot s holds position s), so every caller — prefill, plain
+positions p - window < k; cache slot s holds position s), so every caller — prefill, plain
 steps, each lookahead window and draft-tree node — gets it without knowing of it. A
 lookahead step is just a particular (tokens, positions, mask). `LlamaLM` wraps it in
 the model seam (seam.py).
@@ -110,41 +104,41 @@ def param_specs(cfg: LlamaConfig, weights: str = "float") -> LlamaParams:
 def _float_specs(cfg: LlamaConfig) -> LlamaParams:
     L, D, F, V = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    S = ParamSpec
+    spec = ParamSpec
     return LlamaParams(
-        embed=S((V, D), ("vocab", "embed")),
+        embed=spec((V, D), ("vocab", "embed")),
         layers=LayerParams(
-            attn_norm=S((L, D), ("layers", "embed")),
-            wq=S((L, D, H, Dh), ("layers", "embed", "heads", "head_dim")),
-            wk=S((L, D, K, Dh), ("layers", "embed", "kv_heads", "head_dim")),
-            wv=S((L, D, K, Dh), ("layers", "embed", "kv_heads", "head_dim")),
-            wo=S((L, H, Dh, D), ("layers", "heads", "head_dim", "embed")),
-            mlp_norm=S((L, D), ("layers", "embed")),
-            w_gate=S((L, D, F), ("layers", "embed", "mlp")),
-            w_up=S((L, D, F), ("layers", "embed", "mlp")),
-            w_down=S((L, F, D), ("layers", "mlp", "embed")),
+            attn_norm=spec((L, D), ("layers", "embed")),
+            wq=spec((L, D, H, Dh), ("layers", "embed", "heads", "head_dim")),
+            wk=spec((L, D, K, Dh), ("layers", "embed", "kv_heads", "head_dim")),
+            wv=spec((L, D, K, Dh), ("layers", "embed", "kv_heads", "head_dim")),
+            wo=spec((L, H, Dh, D), ("layers", "heads", "head_dim", "embed")),
+            mlp_norm=spec((L, D), ("layers", "embed")),
+            w_gate=spec((L, D, F), ("layers", "embed", "mlp")),
+            w_up=spec((L, D, F), ("layers", "embed", "mlp")),
+            w_down=spec((L, F, D), ("layers", "mlp", "embed")),
             # biases shard as their projection's output axis; q/k norms replicate
             **_if(
                 cfg.qkv_bias,
-                bq=S((L, H, Dh), ("layers", "heads", "head_dim")),
-                bk=S((L, K, Dh), ("layers", "kv_heads", "head_dim")),
-                bv=S((L, K, Dh), ("layers", "kv_heads", "head_dim")),
+                bq=spec((L, H, Dh), ("layers", "heads", "head_dim")),
+                bk=spec((L, K, Dh), ("layers", "kv_heads", "head_dim")),
+                bv=spec((L, K, Dh), ("layers", "kv_heads", "head_dim")),
             ),
-            **_if(cfg.o_bias, bo=S((L, D), ("layers", "embed"))),
+            **_if(cfg.o_bias, bo=spec((L, D), ("layers", "embed"))),
             **_if(
                 cfg.qk_norm,
-                q_norm=S((L, Dh), ("layers", "head_dim")),
-                k_norm=S((L, Dh), ("layers", "head_dim")),
+                q_norm=spec((L, Dh), ("layers", "head_dim")),
+                k_norm=spec((L, Dh), ("layers", "head_dim")),
             ),
             **_if(
                 cfg.mlp_bias,
-                b_gate=S((L, F), ("layers", "mlp")),
-                b_up=S((L, F), ("layers", "mlp")),
-                b_down=S((L, D), ("layers", "embed")),
+                b_gate=spec((L, F), ("layers", "mlp")),
+                b_up=spec((L, F), ("layers", "mlp")),
+                b_down=spec((L, D), ("layers", "embed")),
             ),
         ),
-        final_norm=S((D,), ("embed",)),
-        lm_head=None if cfg.tie_word_embeddings else S((D, V), ("embed", "vocab")),
+        final_norm=spec((D,), ("embed",)),
+        lm_head=None if cfg.tie_word_embeddings else spec((D, V), ("embed", "vocab")),
     )
 
 
@@ -201,7 +195,7 @@ NEG_INF = -1e30
 
 def in_window(q_pos, k_pos, window):
     """Whether keys at positions `k_pos` are inside the sliding window of queries at
-    `q_pos` (broadcast together): q - W < k. window: a traced int32 scalar, 0 = no window."""
+    `q_pos` (broadcast together): q - window < k. window: a traced int32 scalar, 0 = no window."""
     return (window <= 0) | (q_pos - k_pos < window)
 
 

@@ -22,8 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-from jax.sharding import NamedSharding, SingleDeviceSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.models import kv_cache, seam
@@ -52,7 +51,11 @@ class NnxLM:
 
     def param_shardings(self, mesh):
         """Replicated on every device of the mesh (or one device without a mesh)."""
-        where = SingleDeviceSharding(jax.devices()[0]) if mesh is None else NamedSharding(mesh, P())
+        where = (
+            SingleDeviceSharding(jax.devices()[0])
+            if mesh is None
+            else NamedSharding(mesh, PartitionSpec())
+        )
         leaves = [where] * self.state_treedef.num_leaves
         return jax.tree_util.tree_unflatten(self.state_treedef, leaves)
 

@@ -91,19 +91,19 @@ def _run(args) -> int:
     import jax.numpy as jnp
 
     import lookahead_jax as lj
-    from lookahead_jax import training as C
+    from lookahead_jax import training
     from lookahead_jax.checkpoints import checkpoint
     from lookahead_jax.checkpoints.loading import resolve_dtype
     from lookahead_jax.distributed.sharding import parse_mesh
     from lookahead_jax.training.trajectories import mismatches
 
-    tc = C.TrainConfig(
+    tc = training.TrainConfig(
         steps=args.steps, batch=args.batch, accumulate=args.accumulate,
         learning_rate=args.lr, warmup=args.warmup, weight_decay=args.weight_decay,
         clip_norm=args.clip_norm, consistency_weight=args.consistency_weight,
         ar_weight=args.ar_weight, teacher=args.teacher, seed=args.seed, save_every=args.save_every,
     ).check()  # fmt: skip
-    C.check_mix(args.mix, "--mix")  # before the model loads and trains
+    training.check_mix(args.mix, "--mix")  # before the model loads and trains
     if args.block < 2 or args.blocks < 1 or args.prompt_slots < 1 or args.collect_batch < 1:
         raise UserInputError("--block must be >= 2; --blocks, --prompt-slots, --collect-batch >= 1")
     if args.max_prompts is not None and args.max_prompts < 1:
@@ -132,7 +132,7 @@ def _run(args) -> int:
     # the token ids of the prompts, --chat included
     settings["prompts_sha256"] = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     if data_path.exists():
-        data = C.load_trajectories(data_path)
+        data = training.load_trajectories(data_path)
         shown = {k: v for k, v in settings.items() if k != "prompts_sha256"}
         changed = mismatches(data.meta, shown)
         if data.meta.get("prompts_sha256") != settings["prompts_sha256"]:
@@ -150,10 +150,10 @@ def _run(args) -> int:
             elif not args.quiet:
                 print(f"collecting trajectories {done}/{total}", file=sys.stderr)
 
-        data = C.collect(model, ids, args.block, args.blocks, args.prompt_slots,
-                         args.collect_batch, args.seed, report)  # fmt: skip
+        data = training.collect(model, ids, args.block, args.blocks, args.prompt_slots,
+                                args.collect_batch, args.seed, report)  # fmt: skip
         data.meta.update(dtype=args.dtype, prompts_sha256=settings["prompts_sha256"])
-        C.save_trajectories(data, data_path)
+        training.save_trajectories(data, data_path)
         if progress:
             print(file=sys.stderr)  # end the \r line
         print(
@@ -164,8 +164,8 @@ def _run(args) -> int:
         )
     try:
         log = None if progress or args.quiet else (lambda line: print(line, file=sys.stderr))
-        params = C.train(model, data, work, tc, progress=progress, log=log)
-    except C.TrainingInterrupted as e:
+        params = training.train(model, data, work, tc, progress=progress, log=log)
+    except training.TrainingInterrupted as e:
         print(f"{e}; run the same command again to resume from {work}", file=sys.stderr)
         return 128 + signal.Signals[e.signal_name].value  # 130 for Ctrl-C, 143 for SIGTERM
     source = {
@@ -177,8 +177,8 @@ def _run(args) -> int:
         "mix": args.mix,
     }
     if args.mix != 1:
-        params = C.mix(model.params, params, args.mix)
-    C.write_checkpoint(model, params, out, source, force=args.force)
+        params = training.mix(model.params, params, args.mix)
+    training.write_checkpoint(model, params, out, source, force=args.force)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

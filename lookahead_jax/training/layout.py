@@ -1,12 +1,12 @@
 """Where every token of a consistency example sits: one forward pass holds the prompt, the
 fixed point (the model's greedy output) and one Jacobi state of every n-token block.
 
-A row has S = P + 2N slots (P prompt slots, N = m * n output slots):
+A row has S = P + 2Y slots (P prompt slots, Y = m * n output slots):
 
     slots [0, P)        the prompt, left-padded: token i of a p-token prompt at slot
                         P - p + i, position i
-    slots [P, P + N)    the fixed point y*: y*_t at slot P + t, position p + t
-    slots [P + N, S)    the guesses: block k's token j (g_k[j]) at slot P + N + k*n + j,
+    slots [P, P + Y)    the fixed point y*: y*_t at slot P + t, position p + t
+    slots [P + Y, S)    the guesses: block k's token j (g_k[j]) at slot P + Y + k*n + j,
                         position p + k*n + j, the position of y*_{k*n+j}
 
 Attention: the prompt and y* are one causal sequence; guess block k sees the prompt,
@@ -19,12 +19,12 @@ Predictions for block k's token j (the distribution of the token at position
 p + k*n + j) come from the slot holding the token at the position before it:
 
     fixed point:  slot P + k*n + j - 1          (k = j = 0: slot P - 1, the prompt's last)
-    guess:        slot P + N + k*n + j - 1      (j >= 1; j = 0 has no guessed context)
+    guess:        slot P + Y + k*n + j - 1      (j >= 1; j = 0 has no guessed context)
 
-Requesting the 2N rows R = [P - 1, P + 2N - 1) gives both: fixed-point row of output
-token t is R[t], guess row of (k, j >= 1) is R[N + k*n + j].
+Requesting the 2Y rows R = [P - 1, P + 2Y - 1) gives both: fixed-point row of output
+token t is R[t], guess row of (k, j >= 1) is R[Y + k*n + j].
 
-Worked example: P = 3, n = 2, m = 2 (N = 4), a 2-token prompt "a b", y* = "c d e f",
+Worked example: P = 3, n = 2, m = 2 (Y = 4), a 2-token prompt "a b", y* = "c d e f",
 guesses g0 = "x d", g1 = "e y":
 
     slot      0    1  2  3  4  5  6  7  8  9  10
@@ -42,24 +42,24 @@ import jax.numpy as jnp
 
 
 def slots(prompt_slots: int, block: int, blocks: int) -> int:
-    """S = P + 2N."""
+    """S = P + 2Y."""
     return prompt_slots + 2 * block * blocks
 
 
 def positions_and_mask(prompt_len_b, out_len_b, prompt_slots: int, block: int, blocks: int):
     """positions [B, S] int32 and the attention mask [B, S, S] bool (row attends to
-    column) for rows with these prompt and output lengths (out_len <= N)."""
-    P, n, N = prompt_slots, block, block * blocks
-    S = P + 2 * N
+    column) for rows with these prompt and output lengths (out_len <= Y)."""
+    P, n, Y = prompt_slots, block, block * blocks
+    S = P + 2 * Y
     s = jnp.arange(S)
     p = prompt_len_b[:, None]  # [B, 1]
-    in_prompt, in_fixed, in_guess = s < P, (s >= P) & (s < P + N), s >= P + N
-    t = jnp.where(in_fixed, s - P, jnp.where(in_guess, s - P - N, 0))  # output index
+    in_prompt, in_fixed, in_guess = s < P, (s >= P) & (s < P + Y), s >= P + Y
+    t = jnp.where(in_fixed, s - P, jnp.where(in_guess, s - P - Y, 0))  # output index
     positions = jnp.where(in_prompt, s - (P - p), p + t).astype(jnp.int32)
     valid = jnp.where(in_prompt, s >= P - p, t < out_len_b[:, None])  # [B, S]
 
     row, col = s[:, None], s[None, :]
-    true_seq = (row < P + N) & (col < P + N) & (col <= row)
+    true_seq = (row < P + Y) & (col < P + Y) & (col <= row)
     block_r, block_c = t[:, None] // n, t[None, :] // n
     guess_sees_prefix = in_guess[:, None] & (
         in_prompt[None, :] | (in_fixed[None, :] & (t[None, :] < block_r * n))
@@ -71,28 +71,28 @@ def positions_and_mask(prompt_len_b, out_len_b, prompt_slots: int, block: int, b
 
 
 def logits_rows(prompt_slots: int, block: int, blocks: int):
-    """The 2N slots whose logits the losses and the Jacobi update need, [2N] int32."""
-    N = block * blocks
-    return jnp.arange(prompt_slots - 1, prompt_slots + 2 * N - 1, dtype=jnp.int32)
+    """The 2Y slots whose logits the losses and the Jacobi update need, [2Y] int32."""
+    Y = block * blocks
+    return jnp.arange(prompt_slots - 1, prompt_slots + 2 * Y - 1, dtype=jnp.int32)
 
 
-def tokens(prompt_bp, fixed_bn, guess_bn):
+def tokens(prompt_bp, fixed_by, guess_by):
     """[B, S] token ids: the left-padded prompt, y*, then the guess blocks."""
-    return jnp.concatenate([prompt_bp, fixed_bn, guess_bn], axis=1).astype(jnp.int32)
+    return jnp.concatenate([prompt_bp, fixed_by, guess_by], axis=1).astype(jnp.int32)
 
 
-def logits(lm, params, prompt_bp, fixed_bn, guess_bn, prompt_len_b, out_len_b, block: int,
+def logits(lm, params, prompt_bp, fixed_by, guess_by, prompt_len_b, out_len_b, block: int,
            fixed_only: bool = False):  # fmt: skip
-    """[B, 2N, V]: one forward pass of the layout, the logits of `logits_rows`: the first
-    N rows predict y* from the true text, the next N each block's tokens from its guesses.
-    fixed_only: [B, N, V], the first N rows alone (a teacher needs no more); they see
-    only the prompt and y*, so the pass leaves the guess slots out (P + N slots, not S)."""
-    P, N = prompt_bp.shape[1], fixed_bn.shape[1]
-    blocks = N // block
-    seq = tokens(prompt_bp, fixed_bn, guess_bn)
+    """[B, 2Y, V]: one forward pass of the layout, the logits of `logits_rows`: the first
+    Y rows predict y* from the true text, the next Y each block's tokens from its guesses.
+    fixed_only: [B, Y, V], the first Y rows alone (a teacher needs no more); they see
+    only the prompt and y*, so the pass leaves the guess slots out (P + Y slots, not S)."""
+    P, Y = prompt_bp.shape[1], fixed_by.shape[1]
+    blocks = Y // block
+    seq = tokens(prompt_bp, fixed_by, guess_by)
     positions, mask = positions_and_mask(prompt_len_b, out_len_b, P, block, blocks)
     if fixed_only:
-        seq, positions, mask = seq[:, : P + N], positions[:, : P + N], mask[:, : P + N, : P + N]
-    wanted = logits_rows(P, block, blocks)[: N if fixed_only else 2 * N]
+        seq, positions, mask = seq[:, : P + Y], positions[:, : P + Y], mask[:, : P + Y, : P + Y]
+    wanted = logits_rows(P, block, blocks)[: Y if fixed_only else 2 * Y]
     rows = jnp.broadcast_to(wanted, (seq.shape[0], wanted.shape[0]))
     return lm.apply(params, seq, positions, mask, None, rows)[0]

@@ -8,7 +8,7 @@ teacher "self" (the CLLM recipe): the model being trained, held constant (stop-g
                   KL( p(. | x, y*[:k*n+j])  ||  p(. | x, y*[:k*n], g_k[:j]) )
     ar          = mean over t < out_len of  -log p(y*_t | x, y*[:t])
 
-teacher "base": the frozen base model q (its logits passed in as `teacher_bnv`)
+teacher "base": the frozen base model q (its logits passed in as `teacher_byv`)
 
     consistency = mean over informative (k, j) of
                   KL( q(. | x, y*[:k*n+j])  ||  p(. | x, y*[:k*n], g_k[:j]) )
@@ -35,40 +35,40 @@ import jax.numpy as jnp
 TEACHERS = ("self", "base")
 
 
-def informative(fixed_bn, guess_bn, out_len_b, block: int):
-    """[B, N] bool: block k's position j has a wrong guess before it and lies inside the
-    row's output (N = m * n, flattened as k * n + j)."""
-    B, N = fixed_bn.shape
-    wrong = (guess_bn != fixed_bn).reshape(B, N // block, block)
+def informative(fixed_by, guess_by, out_len_b, block: int):
+    """[B, Y] bool: block k's position j has a wrong guess before it and lies inside the
+    row's output (Y = m * n, flattened as k * n + j)."""
+    B, Y = fixed_by.shape
+    wrong = (guess_by != fixed_by).reshape(B, Y // block, block)
     wrong_before = jnp.cumsum(wrong, axis=-1) - wrong > 0  # any of g_k[:j] wrong
-    inside = jnp.arange(N)[None] < out_len_b[:, None]
-    return wrong_before.reshape(B, N) & inside
+    inside = jnp.arange(Y)[None] < out_len_b[:, None]
+    return wrong_before.reshape(B, Y) & inside
 
 
-def kl(target_bnv, logp_bnv):
-    """[B, N]: KL(target || p) over the vocabulary axis, from log-probabilities."""
-    return jnp.sum(jnp.exp(target_bnv) * (target_bnv - logp_bnv), axis=-1)
+def kl(target_byv, logp_byv):
+    """[B, Y]: KL(target || p) over the vocabulary axis, from log-probabilities."""
+    return jnp.sum(jnp.exp(target_byv) * (target_byv - logp_byv), axis=-1)
 
 
-def losses(logits_brv, fixed_bn, guess_bn, out_len_b, block: int, teacher_bnv=None):
-    """(consistency, ar), each a scalar mean. logits_brv: the 2N rows of
+def losses(logits_brv, fixed_by, guess_by, out_len_b, block: int, teacher_byv=None):
+    """(consistency, ar), each a scalar mean. logits_brv: the 2Y rows of
     layout.logits_rows — fixed-point rows first (row t predicts y*_t), then guess rows
-    (row N + k*n + j predicts block k's token j from g_k[:j], for j >= 1).
-    teacher_bnv: None (teacher "self") or the base model's N fixed-point rows [B, N, V]."""
-    N = fixed_bn.shape[1]
+    (row Y + k*n + j predicts block k's token j from g_k[:j], for j >= 1).
+    teacher_byv: None (teacher "self") or the base model's Y fixed-point rows [B, Y, V]."""
+    Y = fixed_by.shape[1]
     logp = jax.nn.log_softmax(logits_brv, axis=-1)
-    fixed_lp, guess_lp = logp[:, :N], logp[:, N:]
+    fixed_lp, guess_lp = logp[:, :Y], logp[:, Y:]
 
-    inside = jnp.arange(N)[None] < out_len_b[:, None]
-    if teacher_bnv is None:
+    inside = jnp.arange(Y)[None] < out_len_b[:, None]
+    if teacher_byv is None:
         target = jax.lax.stop_gradient(fixed_lp)
-        per_token = -jnp.take_along_axis(fixed_lp, fixed_bn[..., None], axis=-1)[..., 0]
+        per_token = -jnp.take_along_axis(fixed_lp, fixed_by[..., None], axis=-1)[..., 0]
     else:
-        target = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_bnv), axis=-1)
+        target = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_byv), axis=-1)
         per_token = kl(target, fixed_lp)
     ar = jnp.sum(per_token * inside) / jnp.maximum(jnp.sum(inside), 1)
 
-    kl_bn = kl(target, guess_lp)  # [B, N]
-    where = informative(fixed_bn, guess_bn, out_len_b, block)
-    consistency = jnp.sum(jnp.where(where, kl_bn, 0)) / jnp.maximum(jnp.sum(where), 1)
+    kl_by = kl(target, guess_lp)  # [B, Y]
+    where = informative(fixed_by, guess_by, out_len_b, block)
+    consistency = jnp.sum(jnp.where(where, kl_by, 0)) / jnp.maximum(jnp.sum(where), 1)
     return consistency, ar

@@ -120,11 +120,11 @@ def sample_batch(data: Trajectories, micro_step: int, batch: int, seed: int) -> 
     """Micro-batch `micro_step`: examples in a per-epoch shuffled order, and for each
     block one Jacobi state drawn uniformly from those before its fixed point (a block
     whose guess was already right contributes its fixed point: no consistency term)."""
-    E, n, m = len(data), data.block, data.blocks
+    X, n, m = len(data), data.block, data.blocks
     idx = np.arange(micro_step * batch, (micro_step + 1) * batch)
-    epochs = idx // E
-    order = {e: np.random.default_rng([seed, 1, int(e)]).permutation(E) for e in set(epochs)}
-    rows = np.asarray([order[e][i % E] for e, i in zip(epochs, idx, strict=True)])
+    epochs = idx // X
+    order = {e: np.random.default_rng([seed, 1, int(e)]).permutation(X) for e in set(epochs)}
+    rows = np.asarray([order[e][i % X] for e, i in zip(epochs, idx, strict=True)])
     rng = np.random.default_rng([seed, 2, micro_step])
     iters = data.iters[rows]  # [B, m]
     pick = np.minimum((rng.random(iters.shape) * iters).astype(np.int32), np.maximum(iters - 1, 0))
@@ -140,7 +140,7 @@ def sample_batch(data: Trajectories, micro_step: int, batch: int, seed: int) -> 
 
 
 def batch_logits(lm, params, batch: dict, block: int, fixed_only: bool = False):
-    """[B, 2N, V]: the logits of layout.logits_rows for one micro-batch ([B, N, V], the
+    """[B, 2Y, V]: the logits of layout.logits_rows for one micro-batch ([B, Y, V], the
     fixed-point rows, with fixed_only)."""
     return layout.logits(
         lm, params, batch["prompt"], batch["fixed"], batch["guess"], batch["prompt_len"],
@@ -153,11 +153,11 @@ def loss_fn(lm, params, batch: dict, tc: TrainConfig, block: int, base_params=No
     base model, needed by teacher "base" (its fixed-point logits are the targets; no
     gradient reaches them: losses() stops it)."""
     logits_brv = batch_logits(lm, params, batch, block)
-    teacher_bnv = None
+    teacher_byv = None
     if tc.teacher == "base":
-        teacher_bnv = batch_logits(lm, base_params, batch, block, fixed_only=True)
+        teacher_byv = batch_logits(lm, base_params, batch, block, fixed_only=True)
     consistency, ar = losses(
-        logits_brv, batch["fixed"], batch["guess"], batch["out_len"], block, teacher_bnv
+        logits_brv, batch["fixed"], batch["guess"], batch["out_len"], block, teacher_byv
     )
     return tc.consistency_weight * consistency + tc.ar_weight * ar, (consistency, ar)
 
@@ -185,10 +185,9 @@ def make_train_step(lm, tc: TrainConfig, block: int):
 def _put_batch(batch: dict, mesh):
     if mesh is None:
         return {k: jnp.asarray(v) for k, v in batch.items()}
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec
 
-    rows = NamedSharding(mesh, P("data"))
+    rows = NamedSharding(mesh, PartitionSpec("data"))
     return {k: jax.device_put(v, rows) for k, v in batch.items()}
 
 

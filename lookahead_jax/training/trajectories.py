@@ -17,12 +17,12 @@ records n + 1 iterations and is still trained towards y*.
 
 On disk (`save_trajectories` / `load_trajectories`, one .npz written atomically):
 
-    prompt   [E, P] int32   left-padded prompts (pad 0)
-    prompt_len [E]  int32
-    fixed    [E, N] int32   y* (zeros past out_len)
-    out_len  [E]    int32   whole blocks of y* kept (a multiple of n)
-    states   [E, n + 1, N] int32  Jacobi state s of every block (s = 0: the guess)
-    iters    [E, m] int32   iterations block k took to reach y* (0..n)
+    prompt   [X, P] int32   left-padded prompts (pad 0)
+    prompt_len [X]  int32
+    fixed    [X, Y] int32   y* (zeros past out_len)
+    out_len  [X]    int32   whole blocks of y* kept (a multiple of n)
+    states   [X, n + 1, Y] int32  Jacobi state s of every block (s = 0: the guess)
+    iters    [X, m] int32   iterations block k took to reach y* (0..n)
     meta     json: block, blocks, prompt_slots, base checkpoint, seed, counts
 """
 
@@ -71,16 +71,16 @@ class Trajectories:
         return len(self.prompt)
 
 
-def jacobi_update(lm, params, prompt_bp, fixed_bn, guess_bn, prompt_len_b, out_len_b, block):
-    """One Jacobi iteration of every block: (new guesses [B, N], the fixed-point rows'
-    own greedy tokens [B, N] — equal to y* where y* is a fixed point of this pass)."""
-    N = fixed_bn.shape[1]
+def jacobi_update(lm, params, prompt_bp, fixed_by, guess_by, prompt_len_b, out_len_b, block):
+    """One Jacobi iteration of every block: (new guesses [B, Y], the fixed-point rows'
+    own greedy tokens [B, Y] — equal to y* where y* is a fixed point of this pass)."""
+    Y = fixed_by.shape[1]
     logits = layout.logits(
-        lm, params, prompt_bp, fixed_bn, guess_bn, prompt_len_b, out_len_b, block
+        lm, params, prompt_bp, fixed_by, guess_by, prompt_len_b, out_len_b, block
     )
-    best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, 2N]
-    from_fixed, from_guess = best[:, :N], best[:, N:]
-    first = (jnp.arange(N) % block) == 0  # j = 0: predicted from the true text alone
+    best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, 2Y]
+    from_fixed, from_guess = best[:, :Y], best[:, Y:]
+    first = (jnp.arange(Y) % block) == 0  # j = 0: predicted from the true text alone
     return jnp.where(first[None], from_fixed, from_guess), from_fixed
 
 
@@ -92,7 +92,7 @@ def _trajectory_fn(lm, block: int):
 
         _, (states, owns) = jax.lax.scan(body, guess0, None, length=block)
         # the fixed-point rows see only prompt and y*: every iteration's `own` is the same
-        return jnp.concatenate([guess0[None], states]), owns[0]  # [n + 1, B, N], [B, N]
+        return jnp.concatenate([guess0[None], states]), owns[0]  # [n + 1, B, Y], [B, Y]
 
     return jax.jit(run)
 
@@ -108,7 +108,7 @@ def collect(
     progress=None,
 ) -> Trajectories:
     """Trajectories of `model` (an lj.Model) for token-id prompts: greedy outputs of up to
-    N = block * blocks tokens, then n Jacobi iterations of every block from a start of
+    Y = block * blocks tokens, then n Jacobi iterations of every block from a start of
     random prompt tokens. Prompts longer than `prompt_slots` are skipped (counted in
     meta). `progress(done, total)` is called after each batch."""
     import lookahead_jax as lj
@@ -121,25 +121,25 @@ def collect(
     kept = [p for p in prompts if 0 < len(p) <= prompt_slots]
     if not kept:
         raise UserInputError(f"no prompt fits in {prompt_slots} tokens (of {len(prompts)})")
-    N = block * blocks
+    Y = block * blocks
     run = _trajectory_fn(model.lm, block)
     rng = np.random.default_rng(seed)
     parts = []  # one dict of [batch, ...] arrays per batch, with "rows": how many are real
     for start in range(0, len(kept), batch):
         rows = kept[start : start + batch]
-        outs = lj.generate(model, rows, max_new_tokens=N).token_ids
+        outs = lj.generate(model, rows, max_new_tokens=Y).token_ids
         B = len(rows)  # the arrays keep `batch` rows: one compilation
         prompt = np.zeros((batch, prompt_slots), np.int32)
-        fixed = np.zeros((batch, N), np.int32)
+        fixed = np.zeros((batch, Y), np.int32)
         prompt_len = np.ones(batch, np.int32)
         out_len = np.zeros(batch, np.int32)
-        guess0 = np.zeros((batch, N), np.int32)
+        guess0 = np.zeros((batch, Y), np.int32)
         for b, (p, y) in enumerate(zip(rows, outs, strict=True)):
             prompt[b, prompt_slots - len(p) :] = p
             prompt_len[b] = len(p)
             fixed[b, : len(y)] = y
             out_len[b] = len(y) // block * block
-            guess0[b] = rng.choice(np.asarray(p), N)
+            guess0[b] = rng.choice(np.asarray(p), Y)
         states, own = run(model.params, prompt, fixed, guess0, prompt_len, out_len)
         states, own = np.asarray(states).transpose(1, 0, 2), np.asarray(own)
         for b in range(B):
@@ -157,9 +157,9 @@ def collect(
             f"no prompt gave a whole block of {block} tokens (greedy outputs ended sooner, "
             f"or a near-tie cut them); give more or longer-answered prompts or a smaller block"
         )
-    for e in range(len(cat["fixed"])):  # nothing of y* past the kept blocks
-        cat["fixed"][e, cat["out_len"][e] :] = 0
-        cat["states"][e, :, cat["out_len"][e] :] = 0
+    for i in range(len(cat["fixed"])):  # nothing of y* past the kept blocks
+        cat["fixed"][i, cat["out_len"][i] :] = 0
+        cat["states"][i, :, cat["out_len"][i] :] = 0
     iters = iterations(cat["states"], cat["fixed"], block)
     meta = {
         "format": FORMAT,
@@ -196,17 +196,21 @@ def mismatches(meta: dict, settings: dict) -> list[str]:
     return differences({k: meta[k] for k in settings if k in meta}, settings)
 
 
-def iterations(states_esn, fixed_en, block: int) -> np.ndarray:
-    """[E, m]: the first Jacobi state of each block equal to y*'s block (n + 1 if none)."""
-    E, S, N = states_esn.shape
-    same = (states_esn == fixed_en[:, None]).reshape(E, S, N // block, block).all(-1)
-    return np.where(same.any(1), same.argmax(1), S).astype(np.int32)
+def iterations(states, fixed_xy, block: int) -> np.ndarray:
+    """[X, m]: the first Jacobi state of each block equal to y*'s block (n + 1 if none).
+
+    states [X, n + 1, Y], fixed [X, Y]."""
+    X, n_states, Y = states.shape
+    same = (states == fixed_xy[:, None]).reshape(X, n_states, Y // block, block).all(-1)
+    return np.where(same.any(1), same.argmax(1), n_states).astype(np.int32)
 
 
-def mean_iterations(iters_em, out_len_e, block: int) -> float:
-    """Mean iterations per kept block: n / this is the Jacobi compression."""
-    kept = np.arange(iters_em.shape[1])[None] < (out_len_e // block)[:, None]
-    return float(iters_em[kept].mean()) if kept.any() else float("nan")
+def mean_iterations(iters, out_len_x, block: int) -> float:
+    """Mean iterations per kept block: n / this is the Jacobi compression.
+
+    iters [X, m], out_len [X]."""
+    kept = np.arange(iters.shape[1])[None] < (out_len_x // block)[:, None]
+    return float(iters[kept].mean()) if kept.any() else float("nan")
 
 
 def save_trajectories(trajectories: Trajectories, path) -> Path:

@@ -146,10 +146,10 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def check_quant_types(reader, path: Path) -> None:
     """Fail before any work if a tensor uses a type the gguf package cannot dequantize."""
-    from gguf import GGMLQuantizationType as Q
+    from gguf import GGMLQuantizationType
     from gguf.quants import _type_traits
 
-    supported = {Q.F32, Q.F16, *_type_traits}
+    supported = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, *_type_traits}
     bad = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in supported})
     if bad:
         ok = ", ".join(sorted(q.name for q in supported))
