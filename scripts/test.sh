@@ -12,4 +12,5 @@ export HF_HUB_OFFLINE=1
 # LOOKAHEAD_JAX_TEST_WORKERS=0 runs in this process.
 cores="$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)"  # nproc: Linux; getconf: macOS
 workers="${LOOKAHEAD_JAX_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
-exec .venv/bin/python -m pytest -q -n "$workers" "$@"
+# --durations: the slowest tests in every log, CI's included (the suite's budget is 15 min)
+exec .venv/bin/python -m pytest -q -n "$workers" --durations=25 "$@"

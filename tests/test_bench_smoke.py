@@ -27,7 +27,7 @@ def test_bench_quick(tmp_path, smollm2_ckpt):
     if not MT_BENCH.is_file():
         pytest.skip(f"the MT-bench prompts are not at {MT_BENCH} (outside this repository)")
     out = tmp_path / "bench"
-    run("scripts/bench.py", "--quick", "--sets", "mt_bench", "--out", str(out))
+    run("scripts/bench/bench.py", "--quick", "--sets", "mt_bench", "--out", str(out))
     result = json.loads(out.with_suffix(".json").read_text())
     systems = set(result["sets"]["mt_bench"]["summary"])
     assert {"plain", "lookahead_default", "hf_greedy", "hf_prompt_lookup"} <= systems
@@ -40,7 +40,7 @@ def test_bench_quick(tmp_path, smollm2_ckpt):
 def test_cost_curve_quick(tmp_path, tiny_ckpts):
     out = tmp_path / "cc"
     run(
-        "scripts/cost_curve.py",
+        "scripts/bench/cost_curve.py",
         "--model",
         str(tiny_ckpts["gqa"][1]),
         "--tokens",

@@ -1,7 +1,7 @@
 # Why the plain 7B step runs at ~30 % of the copy bandwidth: the layer loop; and what
 # 'highest' precision costs in float32.
 source scripts/gpu/env.sh
-cd scripts
+cd scripts/bench
 timeout 200 python3 layer_loop.py --model llama2-7b --dtype bfloat16 --unroll 1,2,4,all \
     --tokens 1,16 --out $OUT/layer_loop_llama2_7b 2>&1 | grep -v Warning | tail -12
 XLA_FLAGS="--xla_dump_to=/tmp/dump --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*apply.*" \

@@ -1,6 +1,6 @@
 # The figures with the fix (cuBLAS matmuls): cost curves, step overhead, compile times.
 source scripts/gpu/env.sh
-cd scripts
+cd scripts/bench
 for m in llama2-7b llama3-8b; do
   timeout 170 python3 cost_curve.py --model $m --dtype bfloat16 --batch 1,8 --context 512,2048 \
       --tokens 1,2,4,8,16,32,64,128,256 --repeats 10 --out $OUT/cost_curve_${m/-/_} 2>&1 \

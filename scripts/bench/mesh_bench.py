@@ -1,7 +1,7 @@
 """Per-device parameter bytes and tokens/s on device meshes (8 simulated CPU devices by
 default), against one device, with identical tokens checked.
 
-    python scripts/mesh_bench.py --out benchmarks/cpu/mesh
+    python scripts/bench/mesh_bench.py --out benchmarks/cpu/mesh
 
 On this CPU the 8 "devices" share 2 cores, so the tokens/s show what the collectives
 cost, not a speedup; on a GPU node or TPU slice the same command shards for real.

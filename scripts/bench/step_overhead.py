@@ -5,14 +5,14 @@ For each batch size and layout (plain, or LookaheadConfig.for_budget(T)), decode
 random prompts with a random-weight model of a real shape through `lj.generate` (the
 whole on-device loop: guess sources, tree merge, verification, commit, while loop), and
 compares its time per step with one bare forward pass of the same T tokens per row over a
-cache of the same length (scripts/cost_curve.py's pass). The difference is what the step
+cache of the same length (scripts/bench/cost_curve.py's pass). The difference is what the step
 spends outside the forward. Random weights make the guesses land rarely, which changes
 the number of steps, not what one step costs.
 
 compile_s is the first generate's compile time; run the script twice with the same
 LOOKAHEAD_JAX_CACHE to see the persistent compilation cache's effect (`--cache-label`).
 
-    python scripts/step_overhead.py --model llama2-7b --dtype bfloat16 --batch 1,8 \
+    python scripts/bench/step_overhead.py --model llama2-7b --dtype bfloat16 --batch 1,8 \
         --out benchmarks/gpu/step_overhead_llama2_7b
 """
 

@@ -2,7 +2,7 @@
 under float32 and int8 weights (teacher forced, one causal pass per text), and how often
 greedy outputs agree on the benchmark prompts.
 
-    python scripts/int8_quality.py --out benchmarks/cpu/int8_quality
+    python scripts/bench/int8_quality.py --out benchmarks/cpu/int8_quality
 
 Held-out text: the source of Python standard-library modules and the long descriptions of
 installed packages (English prose) — neither is a benchmark prompt or training data.

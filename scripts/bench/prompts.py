@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-MT_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "prompts" / "mt_bench.jsonl"
+MT_BENCH = Path(__file__).resolve().parents[2].parent / "shared" / "prompts" / "mt_bench.jsonl"
 
 
 def mt_bench(path: Path | None = None) -> list[dict]:
@@ -19,7 +19,7 @@ def mt_bench(path: Path | None = None) -> list[dict]:
     ]
 
 
-CODE = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "code.jsonl"
+CODE = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" / "code.jsonl"
 
 
 def code(path: Path | None = None) -> list[dict]:

@@ -6,7 +6,7 @@ A loop over stacked weights slices one layer's weights per iteration; if XLA cop
 the slice before the matmul instead of reading it in place, a weight-bound step moves
 its weights three times (read, write, read).
 
-    python scripts/layer_loop.py --model llama2-7b --dtype bfloat16 \
+    python scripts/bench/layer_loop.py --model llama2-7b --dtype bfloat16 \
         --out benchmarks/gpu/layer_loop_llama2_7b
 """
 

@@ -1,7 +1,7 @@
 """Step time of a real model shape with float and int8 weights (random weights), at a few
 step sizes: what int8 saves where the weights dominate the step (accelerators, batch 1).
 
-    python scripts/weights_step.py --model llama2-7b --dtype bfloat16 \
+    python scripts/bench/weights_step.py --model llama2-7b --dtype bfloat16 \
         --out benchmarks/gpu/weights_step_llama2_7b
 
 Writes OUT.json and OUT.md.

@@ -2,7 +2,7 @@
 per-token NLL of held-out ShareGPT responses under base + mix * (tuned - base) for each
 mix (lookahead_jax.training --mix writes such a checkpoint), to choose a mix.
 
-    python scripts/mix_nll.py --tuned /tmp/tunedB --held-out /tmp/sharegpt.held_out.jsonl \\
+    python scripts/bench/mix_nll.py --tuned /tmp/tunedB --held-out /tmp/sharegpt.held_out.jsonl \\
         --mix 0.25,0.5,0.6,0.7,0.8,1 --out benchmarks/cpu/consistency_mix_nll
 
 Writes OUT.json and OUT.md.
@@ -29,7 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="smollm2-135m")
     ap.add_argument("--tuned", required=True)
-    ap.add_argument("--held-out", required=True, help="scripts/sharegpt.py's held_out.jsonl")
+    ap.add_argument("--held-out", required=True, help="scripts/training/sharegpt.py's held_out.jsonl")
     ap.add_argument("--mix", default="0.25,0.5,0.6,0.7,0.8,1", help="comma-separated, (0, 1]")
     ap.add_argument("--nll-tokens", type=int, default=256, help="response tokens per text")
     ap.add_argument("--out", default="benchmarks/cpu/consistency_mix_nll")

@@ -2,8 +2,8 @@
 project's plain decoding, its lookahead default and a sweep of (N, W, G) — one run, the
 same prompts, repeats interleaved so machine noise hits every system alike.
 
-    python scripts/bench.py --out benchmarks/cpu/bench            # the full run
-    python scripts/bench.py --quick --out /tmp/bench_quick        # a smoke check
+    python scripts/bench/bench.py --out benchmarks/cpu/bench            # the full run
+    python scripts/bench/bench.py --quick --out /tmp/bench_quick        # a smoke check
 
 Writes OUT.json (every measurement), OUT.md (tables) and OUT_speedup.png /
 OUT_categories.png. Times exclude compilation (reported separately) and include

@@ -1,9 +1,9 @@
 """Dataset throughput (issue 25): the engine (continuous batching) against static batches
 through lj.generate and Hugging Face's batched generate, at several batch sizes.
 
-    python scripts/engine_bench.py --out benchmarks/cpu/engine            # 3 MT-bench a
+    python scripts/bench/engine_bench.py --out benchmarks/cpu/engine            # 3 MT-bench a
         # category + 2 code a kind, 256 tokens, B = 1 4 8 16
-    python scripts/engine_bench.py --per-category 0 --out ...             # all 100 prompts
+    python scripts/bench/engine_bench.py --per-category 0 --out ...             # all 100 prompts
 
 Systems, each over the same prompts (chat template), greedy, float32:
   engine_plain   lj.Engine, plain decoding          static_plain  lj.generate, batches of B
@@ -272,7 +272,7 @@ def main() -> None:
 
     import lookahead_jax as lj
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.helpers
     rows = pick_prompts(args.per_category)
     model = lj.load("smollm2-135m")
     ids = [model.tokenizer.encode_prompt(r["prompt"], chat=True) for r in rows]

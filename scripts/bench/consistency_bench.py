@@ -4,10 +4,10 @@ Jacobi compression (n / iterations per n-token block, from the block's guessed s
 decode tokens/s at tokens=16 (one prompt at a time), per-token NLL of held-out ShareGPT
 responses and how often greedy outputs agree on held-out prompts.
 
-    python scripts/sharegpt.py --train 256 --held-out 32 --out /tmp/sharegpt
+    python scripts/training/sharegpt.py --train 256 --held-out 32 --out /tmp/sharegpt
     python -m lookahead_jax.training --ckpt smollm2-135m --prompts /tmp/sharegpt.train.jsonl \\
         --chat --out /tmp/tuned [...]
-    python scripts/consistency_bench.py --tuned /tmp/tuned \\
+    python scripts/bench/consistency_bench.py --tuned /tmp/tuned \\
         --held-out /tmp/sharegpt.held_out.jsonl --out benchmarks/cpu/consistency
 
 Writes OUT.json and OUT.md. --base-results OLD.json reuses an earlier run's base
@@ -125,7 +125,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="smollm2-135m")
     ap.add_argument("--tuned", required=True)
-    ap.add_argument("--held-out", required=True, help="scripts/sharegpt.py's held_out.jsonl")
+    ap.add_argument("--held-out", required=True, help="scripts/training/sharegpt.py's held_out.jsonl")
     ap.add_argument("--mt", type=int, default=80, help="MT-bench prompts (first N)")
     ap.add_argument("--code", type=int, default=20, help="code prompts (first N)")
     ap.add_argument("--subset", type=int, default=16, help="prompts per set at tokens=128 "

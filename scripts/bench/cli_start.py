@@ -1,6 +1,6 @@
 """CLI cold and warm start: wall time of `python -m lookahead_jax.generate` end to end.
 
-    python scripts/cli_start.py --out benchmarks/cpu/cli_start
+    python scripts/bench/cli_start.py --out benchmarks/cpu/cli_start
 
 Cold = empty compilation cache and empty autotune cache (the converted model is reused:
 conversion is a one-time step, reported separately); warm = the same command again, with
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from lookahead_jax.cache_dir import cache_root  # noqa: E402

@@ -6,8 +6,8 @@ Two curves: logits for every new token, and logits for one token (what a plain
 step needs). Weights are random for the named shapes, so the 7B/8B shapes run
 without a download.
 
-    python scripts/cost_curve.py --model smollm2-135m --out benchmarks/cpu/cost_curve
-    python scripts/cost_curve.py --model llama2-7b --dtype bfloat16 \
+    python scripts/bench/cost_curve.py --model smollm2-135m --out benchmarks/cpu/cost_curve
+    python scripts/bench/cost_curve.py --model llama2-7b --dtype bfloat16 \
         --out benchmarks/gpu/cost_curve_llama2_7b
 """
 

@@ -4,7 +4,7 @@ step (tokens=T) beside the paper's (N, W, G), with a plot of compression against
 Later files replace earlier ones' rows of the same config (a re-run after a fix), and
 every command is recorded. Only results over the same prompts and settings are merged.
 
-    python scripts/budgets_report.py benchmarks/cpu/budgets.json \\
+    python scripts/bench/budgets_report.py benchmarks/cpu/budgets.json \\
         benchmarks/cpu/budgets_rerun.json --out benchmarks/cpu/budgets
 """
 

@@ -6,7 +6,7 @@ Measures whether q8_0 holds the file's weights exactly, per-token plain decoding
 (batch 1, interleaved repeats), per-token NLL of held-out text, greedy agreement with
 the float32 model and parameter bytes.
 
-    python scripts/q8_0_gguf.py --out benchmarks/cpu/q8_0_gguf
+    python scripts/bench/q8_0_gguf.py --out benchmarks/cpu/q8_0_gguf
 
 Writes OUT.json and OUT.md (the GGUF and its checkpoint go to a temporary directory).
 """

@@ -4,7 +4,7 @@ int8 weights, against PyTorch streaming the same float32 weight bytes through on
 matrix-vector product per matrix (the practical roofline), and the layer loop's share of
 the gap. One run, repeats interleaved.
 
-    python scripts/cpu_roofline.py --out benchmarks/cpu/roofline
+    python scripts/bench/cpu_roofline.py --out benchmarks/cpu/roofline
 
 Effective GB/s = bytes of the params / time per token. Writes OUT.json and OUT.md.
 """

@@ -6,7 +6,7 @@ real SmolLM2 on MT-bench and the code set; it does not depend on the hardware) /
 step-time ratio on the GPU (the whole on-device decode loop's time per step against the
 plain loop's, 7B shape, random weights).
 
-    python scripts/gpu_report.py
+    python scripts/bench/gpu_report.py
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def main() -> None:
     parts = [
         "# GPU figures (one NVIDIA H100 80GB HBM3)",
         "",
-        "Made by `python scripts/gpu_report.py` from the JSON files beside it, which the "
+        "Made by `python scripts/bench/gpu_report.py` from the JSON files beside it, which the "
         "device runs `scripts/gpu/call1.sh` … `call4.sh` wrote (each file holds its command; "
         "`--out` pointed at the run's output folder). Weights are random, of the real "
         "shapes; compression comes from benchmarks/cpu/.",

@@ -10,7 +10,7 @@
 3. What 'highest' costs: forward-step latency of a float32 model of a real shape at a few
    T under each precision.
 
-    python scripts/precision_check.py --out benchmarks/gpu/precision
+    python scripts/bench/precision_check.py --out benchmarks/gpu/precision
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and per guess source (which source supplied the accepted paths).
 Configs as LookaheadConfig.parse reads them: `tokens=T` (for_budget), `N,W,G` (the
 paper's knobs), or fields, e.g. `n=3,w=1,g=2,recycle=40,suffix=2,tree=13`.
 
-    python scripts/step_compression.py --sets mt_bench code \\
+    python scripts/bench/step_compression.py --sets mt_bench code \\
         --configs tokens=8 tokens=16 4,1,2 --out benchmarks/cpu/budgets
 """
 
