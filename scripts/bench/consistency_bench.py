@@ -125,7 +125,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="smollm2-135m")
     ap.add_argument("--tuned", required=True)
-    ap.add_argument("--held-out", required=True, help="scripts/training/sharegpt.py's held_out.jsonl")
+    ap.add_argument(
+        "--held-out", required=True, help="scripts/training/sharegpt.py's held_out.jsonl"
+    )
     ap.add_argument("--mt", type=int, default=80, help="MT-bench prompts (first N)")
     ap.add_argument("--code", type=int, default=20, help="code prompts (first N)")
     ap.add_argument("--subset", type=int, default=16, help="prompts per set at tokens=128 "

@@ -29,7 +29,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="smollm2-135m")
     ap.add_argument("--tuned", required=True)
-    ap.add_argument("--held-out", required=True, help="scripts/training/sharegpt.py's held_out.jsonl")
+    ap.add_argument(
+        "--held-out", required=True, help="scripts/training/sharegpt.py's held_out.jsonl"
+    )
     ap.add_argument("--mix", default="0.25,0.5,0.6,0.7,0.8,1", help="comma-separated, (0, 1]")
     ap.add_argument("--nll-tokens", type=int, default=256, help="response tokens per text")
     ap.add_argument("--out", default="benchmarks/cpu/consistency_mix_nll")
