@@ -6,7 +6,7 @@ import os
 import sys
 
 from lookahead_jax.checkpoints.convert.convert import DTYPES, convert
-from lookahead_jax.cli.errors import OneLineArgumentParser, run_cli
+from lookahead_jax.cli.exits import OneLineArgumentParser, run_cli
 
 
 def main(argv=None) -> int:

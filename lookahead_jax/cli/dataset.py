@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-from lookahead_jax.cli.errors import read_user_file
+from lookahead_jax.cli.exits import read_user_file
 from lookahead_jax.engine import inputs
 from lookahead_jax.errors import UserInputError
 

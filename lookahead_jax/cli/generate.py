@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from lookahead_jax.cli.errors import (
+from lookahead_jax.cli.exits import (
     EXIT_INTERRUPTED,
     OneLineArgumentParser,
     read_user_file,

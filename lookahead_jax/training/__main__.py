@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from lookahead_jax.cli.errors import OneLineArgumentParser, read_user_file, run_cli
+from lookahead_jax.cli.exits import OneLineArgumentParser, read_user_file, run_cli
 from lookahead_jax.errors import UserInputError
 
 
