@@ -1,4 +1,4 @@
-"""The dataset engine (engine.py): each prompt's tokens equal a plain decode of it alone.
+"""The dataset engine (engine/continuous.py): each prompt's tokens equal a plain decode of it alone.
 
 Float64 tiny model, so any difference is a bug. The reference is one static plain batch
 through lj.generate (row b's noise is keyed by b, as the engine keys prompt id b); a

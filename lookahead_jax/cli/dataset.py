@@ -1,5 +1,5 @@
 """Dataset mode of the command line: a JSONL file of prompts in, one JSONL line per prompt
-out, through the engine (engine.py).
+out, through the engine (engine/continuous.py).
 
 Input, one JSON object a line (blank lines are skipped):
 

@@ -3,7 +3,7 @@
 
 One prompt: prints the generated text on stdout (or one JSON object with --json) and a
 stats line on stderr. A file of prompts (dataset.py): decodes them all through the
-engine's slots (engine.py), one result line each, resumable. Bad input: one line on
+engine's slots (engine/continuous.py), one result line each, resumable. Bad input: one line on
 stderr, exit code 2. Ctrl-C: what is done so far, exit code 130.
 """
 
