@@ -1,8 +1,9 @@
 """The draft tree (draft_tree.py) against pure-Python references, with hypothesis:
 
 * merge: a slot's parent comes before it; `ancestors` is exactly each slot's path; no two
-  slots hold the same path; the kept paths are the best-scored distinct ones, and when
-  the slots suffice every distinct path is kept;
+  slots hold the same path; the kept paths are the best-scored distinct ones (scores
+  weighed by source and depth when a weight is given, as the acceptance record does),
+  and when the slots suffice every distinct path is kept;
 * verify: the deepest all-right path (the first on ties), its tokens and the bonus;
 * the step's mask built from a merged tree: a tree slot sees the input, its ancestors and
   itself, never another branch.
@@ -47,31 +48,41 @@ def proposals(draw):
     valid = rng.random((b, n)) < 0.85
     source = rng.integers(0, 3, (b, n)).astype(np.int32)
     slots = draw(st.integers(1, n + 2))
-    return dict(
-        tokens=tokens, parent=parent, depth=depth, score=score, valid=valid, source=source
-    ), slots
+    weight = None  # or a factor per (source, depth), from a small set so ties stay common
+    if draw(st.booleans()):
+        weight = rng.choice([0.25, 1.0, 2.0], (b, 3, MAX_DEPTH)).astype(np.float32)
+    return (
+        dict(tokens=tokens, parent=parent, depth=depth, score=score, valid=valid, source=source),
+        slots,
+        weight,
+    )
 
 
-def reference_merge(p: dict, row: int, slots: int):
-    """[(path tuple, source)] in slot order, by the rules of the module docstring."""
+def reference_merge(p: dict, row: int, slots: int, weight=None):
+    """[(path tuple, source, prior score)] in slot order, by the rules of the module
+    docstring, and the set of distinct paths."""
     n = p["tokens"].shape[1]
-    path, ok, eff = [], [], []
+    path, ok, prior, key = [], [], [], []
     for i in range(n):
         par = p["parent"][row, i]
-        base, base_ok, base_score = (
-            ((), True, np.inf) if par == ROOT else (path[par], ok[par], eff[par])
+        base, base_ok, base_prior, base_key = (
+            ((), True, np.inf, np.inf)
+            if par == ROOT
+            else (path[par], ok[par], prior[par], key[par])
         )
+        w = 1.0 if weight is None else weight[row, p["source"][row, i], p["depth"][row, i] - 1]
         path.append(base + (int(p["tokens"][row, i]),))
         ok.append(base_ok and bool(p["valid"][row, i]))
-        eff.append(min(base_score, float(p["score"][row, i])))
-    order = sorted((i for i in range(n) if ok[i]), key=lambda i: (-eff[i], i))
+        prior.append(min(base_prior, float(p["score"][row, i])))
+        key.append(min(base_key, prior[-1] * float(w)))
+    order = sorted((i for i in range(n) if ok[i]), key=lambda i: (-key[i], i))
     kept, seen = [], set()
     for i in order:
         if path[i] in seen:
             continue
         seen.add(path[i])
         if len(kept) < slots:
-            kept.append((path[i], int(p["source"][row, i])))
+            kept.append((path[i], int(p["source"][row, i]), prior[i]))
     return kept, seen
 
 
@@ -97,20 +108,26 @@ def slot_paths(tree, row: int):
 @SETTINGS
 @given(proposals())
 def test_merge_keeps_the_best_distinct_paths_as_a_prefix_closed_tree(case):
-    p, slots = case
+    p, slots, weight = case
     tree = _merge(
-        draft_tree.Proposals(**{k: jnp.asarray(v) for k, v in p.items()}), slots, MAX_DEPTH
+        draft_tree.Proposals(**{k: jnp.asarray(v) for k, v in p.items()}),
+        slots,
+        MAX_DEPTH,
+        None if weight is None else jnp.asarray(weight),
     )
-    parent, depth, valid, source, anc = (
-        np.asarray(x) for x in (tree.parent, tree.depth, tree.valid, tree.source, tree.ancestors)
+    parent, depth, valid, source, score, anc = (
+        np.asarray(x)
+        for x in (tree.parent, tree.depth, tree.valid, tree.source, tree.score, tree.ancestors)
     )
     for row in range(parent.shape[0]):
-        want, distinct = reference_merge(p, row, slots)
+        want, distinct = reference_merge(p, row, slots, weight)
         paths = slot_paths(tree, row)
         n_valid = int(valid[row].sum())
         # valid slots first, in the reference's order, with the representative's source
+        # and its prior (unweighted) score
         assert valid[row, :n_valid].all() and not valid[row, n_valid:].any()
-        assert [(paths[q], int(source[row, q])) for q in range(n_valid)] == want
+        got = [(paths[q], int(source[row, q]), float(score[row, q])) for q in range(n_valid)]
+        assert got == want
         if slots >= len(distinct):  # room for all: every distinct path is kept
             assert {paths[q] for q in range(n_valid)} == distinct
         for q in range(n_valid):
@@ -150,7 +167,7 @@ _verify = jax.jit(draft_tree.verify, static_argnums=3)
 @SETTINGS
 @given(proposals(), st.integers(0, 2**31 - 1))
 def test_verify_accepts_the_deepest_all_right_path_plus_the_bonus(case, seed):
-    p, slots = case
+    p, slots, _ = case
     tree = _merge(
         draft_tree.Proposals(**{k: jnp.asarray(v) for k, v in p.items()}), slots, MAX_DEPTH
     )
@@ -188,7 +205,7 @@ def test_verify_accepts_the_deepest_all_right_path_plus_the_bonus(case, seed):
 @SETTINGS
 @given(proposals(), st.integers(1, 4), st.integers(0, 3))
 def test_step_mask_tree_rows_see_the_input_their_ancestors_and_themselves(case, n, w):
-    p, slots = case
+    p, slots, _ = case
     tree = _merge(
         draft_tree.Proposals(**{k: jnp.asarray(v) for k, v in p.items()}), slots, MAX_DEPTH
     )

@@ -1,6 +1,7 @@
 """The guess sources against pure-Python references (hypothesis): the suffix matcher
 (suffix_match.py) and token recycling's template, tables and expansion
-(token_recycling.py)."""
+(token_recycling.py); the acceptance record that weighs them per row
+(acceptance_record.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookahead_jax.guesses import suffix_match, token_recycling
+from lookahead_jax.guesses import acceptance_record, draft_tree, suffix_match, token_recycling
 from lookahead_jax.guesses.draft_tree import ROOT
 
 SETTINGS = settings(deadline=None, max_examples=40, database=None)
@@ -149,3 +150,42 @@ def test_seed_takes_each_tokens_last_follower_and_expand_follows_the_template():
     assert np.asarray(prop.tokens)[0, [0, 1, 3]].tolist() == [3, 2, 1]
     assert np.asarray(prop.valid)[0].tolist() == [True, True, False, True]
     assert np.asarray(prop.depth)[0].tolist() == [1, 2, 1, 3]
+
+
+# ------------------------------------------------------------------ acceptance record
+
+
+def test_record_counts_offered_scores_and_accepted_slots_by_source_and_depth():
+    """The docstring's example, with a second source and a second row."""
+    assert (acceptance_record.DECAY, acceptance_record.PRIOR_TOKENS) == (0.9, 0.5)
+    # row 0: slots 0, 1 recycling (source 2) at depth 1, slot 2 suffix (1) at depth 2
+    # under slot 0; row 1: the same slots, decoding finished (its record must not move)
+    b = lambda x: jnp.asarray([x, x])  # noqa: E731
+    tree = draft_tree.DraftTree(
+        tokens=b([5, 6, 7, 0]),
+        parent=b([ROOT, ROOT, 0, ROOT]),
+        depth=b([1, 1, 2, 1]),
+        valid=b([True, True, True, False]),
+        source=b([2, 2, 1, -1]),
+        score=b([0.45, 0.15, 0.3, 0.0]),
+        ancestors=jnp.zeros((2, 4, 4), bool),  # not read
+    )
+    record = acceptance_record.init(2, 4, 3)
+    assert np.allclose(acceptance_record.weights(record), 1.0)
+    active = jnp.asarray([True, False])
+
+    def step(record, accepted, path):
+        acc = draft_tree.Acceptance(accepted=b(accepted), path=b(path), emitted=None, source=None)
+        return acceptance_record.update(record, tree, acc, active)
+
+    record = step(record, 2, [0, 2, 0])  # slot 0 then slot 2: recycling 1, suffix 2
+    expected, accepted = np.asarray(record.expected), np.asarray(record.accepted)
+    assert np.allclose(expected[0, 2], [0.6, 0, 0]) and np.allclose(expected[0, 1], [0, 0.3, 0])
+    assert np.allclose(accepted[0, 2], [1, 0, 0]) and np.allclose(accepted[0, 1], [0, 1, 0])
+    assert expected[0, [0, 3]].sum() == 0 and accepted[0, [0, 3]].sum() == 0
+    assert np.asarray(record.expected)[1].sum() == 0  # an inactive row keeps its record
+    assert np.isclose(acceptance_record.weights(record)[0, 2, 0], 1.5 / 1.1)
+    record = step(record, 0, [0, 0, 0])  # nothing accepted
+    w = np.asarray(acceptance_record.weights(record))
+    assert np.isclose(w[0, 2, 0], 1.4 / 1.64) and np.isclose(w[0, 1, 1], 1.4 / 1.07)
+    assert np.allclose(w[0, [0, 3]], 1.0) and np.allclose(w[1], 1.0)

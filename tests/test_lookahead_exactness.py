@@ -212,3 +212,10 @@ def test_config_validation():
             LA(*bad)
     assert LA(2, 1, 0).tokens_per_step == 2 and LA(5, 15, 15).tokens_per_step == 121
     assert hash(LA(5, 7, 7)) == hash(dataclasses.replace(LA(5, 7, 7)))
+    # a budget layout with fields changed: parsed, named, and parsed back
+    fixed = LA.parse("tokens=16,adapt=False")
+    assert fixed == dataclasses.replace(LA.for_budget(16), adapt=False)
+    assert fixed.name == "tokens=16,adapt=False" and LA.parse(fixed.name) == fixed
+    assert LA.for_budget(16).adapt and LA.for_budget(16).name == "tokens=16"
+    with pytest.raises(ValueError, match="unknown field 'speed'"):
+        LA.parse("tokens=16,speed=2")

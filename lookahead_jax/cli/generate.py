@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--lookahead",
         default=None,
         metavar="tokens=T|N,W,G|auto",
-        help="tokens=T: the best measured draft layout feeding at most T tokens per step; "
+        help="tokens=T: the best measured draft layout feeding at most T tokens per step "
+        "(fields may follow, e.g. tokens=16,adapt=False); "
         "N,W,G: the paper's n-gram size, window and candidates (to reproduce older results); "
         "auto (the default): choose T for this machine and model from a measured cost curve "
         "and the running acceptance rate, or plain decoding when no layout is expected to win",

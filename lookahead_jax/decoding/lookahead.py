@@ -48,7 +48,13 @@ import numpy as np
 
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
 from lookahead_jax.decoding.sampling import SamplingConfig, choose_tokens, gumbel_noise
-from lookahead_jax.guesses import draft_tree, ngram_pool, suffix_match, token_recycling
+from lookahead_jax.guesses import (
+    acceptance_record,
+    draft_tree,
+    ngram_pool,
+    suffix_match,
+    token_recycling,
+)
 from lookahead_jax.guesses.lookahead_config import (
     POOL,
     POOL_RATES,
@@ -75,6 +81,8 @@ class DraftState:
     window            [B, N-1, W] int32
     pool              NGramPool (capacity pool_capacity or G; 0 without the pool)
     recycle           RecycleTable, or None without token recycling
+    record            AcceptanceRecord [B, len(SOURCES), verify_depth], or None unless
+                      `adapt`: what each source got accepted at each depth, lately
     paths_by_source   [B, len(SOURCES)] int32  steps whose accepted path came from each
     tokens_by_source  [B, len(SOURCES)] int32  guessed tokens accepted from each
     """
@@ -82,6 +90,7 @@ class DraftState:
     window: jax.Array
     pool: ngram_pool.NGramPool
     recycle: token_recycling.RecycleTable | None
+    record: acceptance_record.AcceptanceRecord | None
     paths_by_source: jax.Array
     tokens_by_source: jax.Array
 
@@ -115,8 +124,11 @@ def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> 
     if config.recycle:
         recycle = token_recycling.init_table(B, vocab, config.recycle_k)
         recycle = token_recycling.seed_from_text(recycle, state.tokens, end)
+    record = None
+    if config.adapt:
+        record = acceptance_record.init(B, len(SOURCES), config.verify_depth)
     zeros = jnp.zeros((B, len(SOURCES)), jnp.int32)
-    draft = DraftState(window, pool, recycle, zeros, zeros)
+    draft = DraftState(window, pool, recycle, record, zeros, zeros)
     return dataclasses.replace(state, draft=draft)
 
 
@@ -179,6 +191,7 @@ def window_tree(layout: StepLayout, window_flat) -> draft_tree.DraftTree:
         depth=bcast(layout.window_depths),
         valid=jnp.ones((B, k), bool),
         source=jnp.full((B, k), WINDOW, jnp.int32),
+        score=jnp.zeros((B, k), jnp.float32),
         ancestors=bcast(layout.window_ancestors),
     )
 
@@ -194,10 +207,13 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     prev_b = previous_tokens(state)
     window_flat = state.draft.window.reshape(B, layout.window_tokens)  # [B, M*W]
 
-    # 1-2. propose and merge into the draft tree
+    # 1-2. propose and merge into the draft tree (with `adapt`, scores weighed by what
+    #      each source got accepted at each depth for this row lately)
     proposals = propose(state, config, spec.sampling, input_b, prev_b)
+    record = state.draft.record
     if layout.slots:
-        tree = draft_tree.merge(proposals, layout.slots, config.tree_depth)
+        weight_bsa = None if record is None else acceptance_record.weights(record)
+        tree = draft_tree.merge(proposals, layout.slots, config.tree_depth, weight_bsa)
     else:
         tree = draft_tree.empty(B)
 
@@ -247,8 +263,11 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     cache = kv_cache.commit(state.cache, new_k, new_v, src_be, jnp.where(active_b, a_b + 1, 0))
     counted_b = active_b & (a_b > 0)
     by_source = jax.nn.one_hot(acc.source, len(SOURCES), dtype=jnp.int32)  # -1: all zero
+    if record is not None:
+        record = acceptance_record.update(record, verified, acc, active_b)
     draft = dataclasses.replace(
         state.draft,
+        record=record,
         paths_by_source=state.draft.paths_by_source + by_source * counted_b[:, None],
         tokens_by_source=state.draft.tokens_by_source
         + by_source * jnp.where(counted_b, a_b, 0)[:, None],

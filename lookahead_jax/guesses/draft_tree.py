@@ -10,7 +10,8 @@ nodes whose parents fan out.
 `merge` turns the `count` proposals of a row into a tree of Z slots (`count` may exceed Z):
 
 1. order the proposals by score, best first (a node never scores above its parent, and
-   ties keep the proposal order, in which a parent always comes first);
+   ties keep the proposal order, in which a parent always comes first); a row's
+   acceptance record (acceptance_record.py) may weigh the scores by source and depth;
 2. merge equal paths: a node is a *duplicate* when an earlier node has the same token,
    depth and (merged) parent, i.e. the same path from the root; duplicates take no slot;
 3. keep the first Z distinct nodes. Every kept node's parent comes earlier, so it is
@@ -127,6 +128,7 @@ class DraftTree:
     depth      [B, Z] int32   1.. (1 in empty slots: they sit at p + 1)
     valid      [B, Z] bool
     source     [B, Z] int32   the source of the best-scored proposal merged into the slot
+    score      [B, Z] float32 that proposal's prior score (0 in empty slots and window paths)
     ancestors  [B, Z, Z] bool slot u is on the path to slot q (q itself included)
     """
 
@@ -135,6 +137,7 @@ class DraftTree:
     depth: jax.Array
     valid: jax.Array
     source: jax.Array
+    score: jax.Array
     ancestors: jax.Array
 
     @property
@@ -151,6 +154,7 @@ def empty(batch: int) -> DraftTree:
         z(jnp.int32, 0),
         z(bool, 0),
         z(jnp.int32, 0),
+        z(jnp.float32, 0),
         z(bool, 0, 0),
     )
 
@@ -169,6 +173,7 @@ def concat_trees(first: DraftTree, second: DraftTree) -> DraftTree:
         depth=cat(first.depth, second.depth),
         valid=cat(first.valid, second.valid),
         source=cat(first.source, second.source),
+        score=cat(first.score, second.score),
         ancestors=anc,
     )
 
@@ -179,18 +184,17 @@ def _gather_rows(x, idx):
     return jnp.take_along_axis(x, jnp.maximum(idx, 0), axis=1)
 
 
-def _propagate_down(p: Proposals, max_depth: int) -> Proposals:
-    """Make scores non-increasing and validity inherited along every path."""
+def _propagate_down(parent, score, valid, max_depth: int):
+    """Scores made non-increasing and validity inherited along every path ([B, count])."""
 
     def body(_, sv):
         score, valid = sv
-        has_parent = p.parent != ROOT
-        parent_score = jnp.where(has_parent, _gather_rows(score, p.parent), jnp.inf)
-        parent_valid = jnp.where(has_parent, _gather_rows(valid, p.parent), True)
+        has_parent = parent != ROOT
+        parent_score = jnp.where(has_parent, _gather_rows(score, parent), jnp.inf)
+        parent_valid = jnp.where(has_parent, _gather_rows(valid, parent), True)
         return jnp.minimum(score, parent_score), valid & parent_valid
 
-    score, valid = jax.lax.fori_loop(0, max_depth, body, (p.score, p.valid))
-    return dataclasses.replace(p, score=score, valid=valid)
+    return jax.lax.fori_loop(0, max_depth, body, (score, valid))
 
 
 def ancestors_of(parent_bz, max_depth: int):
@@ -207,18 +211,28 @@ def ancestors_of(parent_bz, max_depth: int):
     return jax.lax.fori_loop(0, max_depth, body, eye)
 
 
-def merge(p: Proposals, slots: int, max_depth: int) -> DraftTree:
+def merge(p: Proposals, slots: int, max_depth: int, weight_bsa=None) -> DraftTree:
     """Merge equal paths and keep the best `slots` distinct nodes (module docstring).
 
-    max_depth: the deepest proposal (a static bound, e.g. the longest chain)."""
+    max_depth: the deepest proposal (a static bound, e.g. the longest chain).
+    weight_bsa: None, or [B, S, A] factors (acceptance_record.weights): a node of source
+    s at depth d is ordered by its score x weight[s, d - 1] (then made non-increasing
+    along its path) instead of its score. The tree keeps the unweighted score."""
     B, count = p.tokens.shape
-    p = _propagate_down(p, max_depth)
-    # 1. best score first; invalid nodes last; ties keep proposal order (stable sort),
-    #    so a parent (score >= its child's, earlier index) always precedes its child
-    order = jnp.argsort(jnp.where(p.valid, -p.score, jnp.inf), axis=1, stable=True)  # [B, count]
+    prior, valid = _propagate_down(p.parent, p.score, p.valid, max_depth)
+    key = prior
+    if weight_bsa is not None:
+        S, A = weight_bsa.shape[1:]
+        cell = jnp.clip(p.source, 0, S - 1) * A + jnp.clip(p.depth - 1, 0, A - 1)
+        w = jnp.take_along_axis(weight_bsa.reshape(B, S * A), cell, axis=1)
+        key, _ = _propagate_down(p.parent, prior * w, valid, max_depth)
+    # 1. best first; invalid nodes last; ties keep proposal order (stable sort), so a
+    #    parent (key >= its child's, earlier index) always precedes its child
+    order = jnp.argsort(jnp.where(valid, -key, jnp.inf), axis=1, stable=True)  # [B, count]
     rank = jnp.argsort(order, axis=1)  # inverse permutation
     sort = lambda x: jnp.take_along_axis(x, order, axis=1)  # noqa: E731
-    tokens, depth, valid, source = sort(p.tokens), sort(p.depth), sort(p.valid), sort(p.source)
+    tokens, depth, source, score = sort(p.tokens), sort(p.depth), sort(p.source), sort(prior)
+    valid = sort(valid)
     parent = sort(p.parent)
     parent = jnp.where(parent == ROOT, ROOT, _gather_rows(rank, parent))  # sorted indices
 
@@ -264,6 +278,7 @@ def merge(p: Proposals, slots: int, max_depth: int) -> DraftTree:
         depth=scatter(depth, 1),
         valid=scatter(keep, False),
         source=scatter(source, -1),
+        score=scatter(score, 0.0),
         ancestors=ancestors_of(tree_parent, max_depth),
     )
 

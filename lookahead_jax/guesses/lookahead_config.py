@@ -46,6 +46,9 @@ class LookaheadConfig:
     verify_window  also verify the window's own paths
     window_sampling  under sampling, the window's new level is the sample at its
                 position (True) rather than the argmax
+    adapt       fill the tree by each row's acceptance record (acceptance_record.py):
+                proposals' scores weighed by what their source got accepted at their
+                depth for the row lately (False: the priors alone, as before)
     budget      set by for_budget: the tokens-per-step budget the layout serves
     """
 
@@ -62,6 +65,7 @@ class LookaheadConfig:
     tree: int | None = None
     pool_capacity: int | None = None
     window_sampling: bool = True
+    adapt: bool = True
     budget: int | None = None  # set by for_budget: the tokens-per-step budget it served
 
     def __post_init__(self):
@@ -155,10 +159,14 @@ class LookaheadConfig:
     @property
     def name(self) -> str:
         """How `parse` (and the CLI's --lookahead) spells this config: 'tokens=T' for a
-        for_budget layout, 'N,W,G' for the paper's knobs alone, else 'key=value,...'."""
-        if self.budget is not None:
-            return f"tokens={self.budget}"
+        for_budget layout (then ',key=value' for each field changed from it), 'N,W,G' for
+        the paper's knobs alone, else 'key=value,...'."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.budget is not None:
+            base = BUDGET_LAYOUTS.get(self.budget)
+            changed = {k: v for k, v in fields.items() if base is None or v != getattr(base, k)}
+            changed.pop("budget")
+            return ",".join([f"tokens={self.budget}"] + [f"{k}={v}" for k, v in changed.items()])
         changed = {
             k: v
             for k, v in fields.items()
@@ -172,8 +180,9 @@ class LookaheadConfig:
 
     @classmethod
     def parse(cls, text: str, what: str = "lookahead", or_auto: bool = False) -> LookaheadConfig:
-        """'tokens=T' (for_budget), 'N,W,G' (e.g. 5,7,7), or LookaheadConfig fields as
-        'key=value,...' (e.g. n=3,w=1,g=2,recycle=40,suffix=2,tree=13)."""
+        """'tokens=T' (for_budget; fields may follow, e.g. tokens=16,adapt=False), 'N,W,G'
+        (e.g. 5,7,7), or LookaheadConfig fields as 'key=value,...' (e.g.
+        n=3,w=1,g=2,recycle=40,suffix=2,tree=13)."""
         text = text.strip()
         hint = (
             f"{what} must be tokens=T (e.g. tokens=16), N,W,G (three integers, e.g. 5,7,7) "
@@ -181,35 +190,24 @@ class LookaheadConfig:
             + (" or auto" if or_auto else "")
         )
         if text.lower().startswith("tokens="):
+            first, *rest = text.split(",")
             try:
-                tokens = int(text.split("=", 1)[1])
+                tokens = int(first.split("=", 1)[1])
             except ValueError:
                 raise UserInputError(
                     f"{what} tokens=T needs an integer T >= 2 (tokens per step), got {text!r}"
                 ) from None
-            return cls.for_budget(tokens)
+            base = cls.for_budget(tokens)
+            if not rest:
+                return base
+            return dataclasses.replace(base, **_fields(rest, hint, text))
         if "=" not in text:
             try:
                 n, w, g = (int(p) for p in text.split(","))
             except ValueError:  # not three parts, or one of them not an integer
                 raise UserInputError(f"{hint}; got {text!r}") from None
             return cls(n, w, g)
-        kwargs: dict = {}
-        for part in text.split(","):
-            key, _, value = part.partition("=")
-            key, value = key.strip(), value.strip()
-            if key not in _DEFAULTS or key == "budget":
-                raise UserInputError(f"{hint}; got {text!r} (unknown field {key!r})")
-            if value in ("True", "False", "true", "false"):
-                kwargs[key] = value.lower() == "true"
-            elif value == "None":
-                kwargs[key] = None
-            else:
-                try:
-                    kwargs[key] = int(value)
-                except ValueError:
-                    raise UserInputError(f"{hint}; got {text!r} ({key}={value!r})") from None
-        return cls(**kwargs)
+        return cls(**_fields(text.split(","), hint, text))
 
     @classmethod
     def for_budget(cls, tokens: int) -> LookaheadConfig:
@@ -253,10 +251,32 @@ class LookaheadConfig:
             "prompt_pool": self.prompt_pool,
             "verify_window": self.verify_window,
             "window_sampling": self.window_sampling,
+            "adapt": self.adapt,
         }
 
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(LookaheadConfig)}
+
+
+def _fields(parts: list[str], hint: str, text: str) -> dict:
+    """LookaheadConfig fields from 'key=value' parts (True/False, None or integers)."""
+    kwargs: dict = {}
+    for part in parts:
+        key, _, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if key not in _DEFAULTS or key == "budget":
+            raise UserInputError(f"{hint}; got {text!r} (unknown field {key!r})")
+        if value in ("True", "False", "true", "false"):
+            kwargs[key] = value.lower() == "true"
+        elif value == "None":
+            kwargs[key] = None
+        else:
+            try:
+                kwargs[key] = int(value)
+            except ValueError:
+                raise UserInputError(f"{hint}; got {text!r} ({key}={value!r})") from None
+    return kwargs
+
 
 # A step feeding more tokens than this (or than a quarter of the model's context) is far
 # past any useful size, and its pool and attention buffers grow without bound: refused.

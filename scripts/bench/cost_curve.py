@@ -113,6 +113,22 @@ def measure(cfg, params, tokens: list[int], context: int, repeats: int, batch: i
     return rows
 
 
+def add_ratios(curve: list[dict]) -> None:
+    """Each row's `ratio_to_plain`: its step (all logits) over the plain one-token step
+    (one logit), min over min and median over median. T = 8 / T = 1 is the record's
+    regression check: a T-token step that costs more is lookahead speed lost."""
+    plain = next((r["one_logit_s"] for r in curve if r["tokens"] == 1), None)
+    if plain is None:
+        return
+    for r in curve:
+        r["ratio_to_plain"] = {k: r["all_logits_s"][k] / plain[k] for k in ("min", "median")}
+        print(
+            f"T={r['tokens']:4d} / T=1: {r['ratio_to_plain']['min']:.2f} (min) "
+            f"{r['ratio_to_plain']['median']:.2f} (median)",
+            flush=True,
+        )
+
+
 def plot(rows: list[dict], title: str, path: Path) -> None:
     import matplotlib
 
@@ -161,6 +177,7 @@ def main() -> None:
     for batch in (int(x) for x in args.batch.split(",")):
         for context in (int(x) for x in args.context.split(",")):
             curve = measure(cfg, params, tokens, context, args.repeats, batch)
+            add_ratios(curve)
             rows += curve
             plain = min(r["one_logit_s"]["min"] for r in curve if r["tokens"] == 1)
             moved = weight_bytes + cache_bytes_read(cfg, batch, context, dtype)
