@@ -189,3 +189,33 @@ def test_record_counts_offered_scores_and_accepted_slots_by_source_and_depth():
     w = np.asarray(acceptance_record.weights(record))
     assert np.isclose(w[0, 2, 0], 1.4 / 1.64) and np.isclose(w[0, 1, 1], 1.4 / 1.07)
     assert np.allclose(w[0, [0, 3]], 1.0) and np.allclose(w[1], 1.0)
+
+
+def test_under_sampling_expand_takes_the_noise_winner_scored_by_its_softmax_share():
+    """A node's candidates ranked by log(p)/temperature + noise; its score is the winner's
+    share of the softmax of those keys."""
+    table = token_recycling.init_table(1, VOCAB, 2)
+    logits = np.full((1, 1, VOCAB), -30.0, np.float32)
+    logits[0, 0, [1, 2]] = [np.log(0.75), np.log(0.25)]  # after token 4: 1 (0.75), 2 (0.25)
+    table = token_recycling.update(
+        table,
+        jnp.asarray([[0]]),
+        jnp.asarray([[4]]),
+        jnp.asarray(logits),
+        jnp.asarray([[1]]),
+        jnp.ones((1, 1), bool),
+    )
+    t = token_recycling.Template(parents=(ROOT, ROOT), ranks=(0, 1), scores=(0.5, 0.2))
+    root, prev = jnp.asarray([4]), jnp.asarray([9 % VOCAB])
+    greedy = token_recycling.expand(table, prev, root, t, source=2)
+    assert np.asarray(greedy.tokens)[0].tolist() == [1, 2]
+    assert np.allclose(np.asarray(greedy.score)[0], [0.75, 0.25], atol=1e-4)
+    gumbel = np.zeros((1, 1, VOCAB), np.float32)
+    gumbel[0, 0, 2] = 3.0  # token 2's noise: log(.25) + 3 beats log(.75) at temperature 1
+    sampled = token_recycling.expand(
+        table, prev, root, t, source=2, noise=(1.0, jnp.asarray(gumbel))
+    )
+    assert np.asarray(sampled.tokens)[0].tolist() == [2, 1]
+    keys = np.log([0.25, 0.75]) + [3.0, 0.0]
+    share = np.exp(keys) / np.exp(keys).sum()
+    assert np.allclose(np.asarray(sampled.score)[0], share, atol=1e-4)

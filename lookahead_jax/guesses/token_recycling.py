@@ -218,9 +218,11 @@ def expand(
 
     noise: under sampling, (temperature, gumbel [B, A, V], A = the template's max depth):
     the Gumbel noise of the positions the nodes guess (depth d: the d-th token after the
-    input). A node's candidates are then ranked by log(p)/temperature + noise at their
-    token — by how likely each is to be the very token sampled there (sampling.py) —
-    instead of by p.
+    input). The token sampled there is the argmax of log(p)/temperature + noise
+    (sampling.py), so a node's candidates are ranked by that key instead of by p, and a
+    candidate's chance is its share of the softmax of the keys over the candidates
+    instead of p: a candidate whose noise lifts it far above the rest is nearly sure,
+    whatever its p (with the recorded p standing in for the unknown logits there).
     """
     B = root_b.shape[0]
     n = tmpl.size
@@ -250,10 +252,13 @@ def expand(
             g = jnp.take_along_axis(
                 gumbel_bav[:, d - 1], jnp.maximum(cands, 0).reshape(B, -1), axis=1
             )
+            empty = cands == EMPTY
             key = jnp.log(cand_p) / temperature + g.reshape(cands.shape)
-            order = jnp.argsort(jnp.where(cands == EMPTY, jnp.inf, -key), axis=-1, stable=True)
+            key = jnp.where(empty, -1e30, key)  # finite: a node with no candidate gets 0s
+            order = jnp.argsort(-key, axis=-1, stable=True)
             cands = jnp.take_along_axis(cands, order, axis=-1)
-            cand_p = jnp.take_along_axis(cand_p, order, axis=-1)
+            share = jnp.where(empty, 0.0, jax.nn.softmax(key, axis=-1))
+            cand_p = jnp.take_along_axis(share, order, axis=-1)
         rank = jnp.broadcast_to(ranks[nodes][None, :, None], (B, width, 1))
         tok = jnp.take_along_axis(cands, rank, axis=-1)[..., 0]
         p = jnp.take_along_axis(cand_p, rank, axis=-1)[..., 0]
