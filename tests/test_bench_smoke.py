@@ -55,6 +55,13 @@ def test_cost_curve_quick(tmp_path, tiny_ckpts):
     result = json.loads(out.with_suffix(".json").read_text())
     assert [(r["batch"], r["tokens"]) for r in result["rows"]] == [(1, 1), (1, 4), (2, 1), (2, 4)]
     assert all(r["all_logits_s"]["min"] > 0 for r in result["rows"])
+    for r in result["rows"]:  # each step against its batch's plain one-token step
+        plain = next(
+            q["one_logit_s"]
+            for q in result["rows"]
+            if q["batch"] == r["batch"] and q["tokens"] == 1
+        )
+        assert r["ratio_to_plain"]["min"] == r["all_logits_s"]["min"] / plain["min"]
     assert [r["batch"] for r in result["plain_roofline"]] == [1, 2]
     assert all(r["plain_step_s"] > 0 for r in result["plain_roofline"])
     assert out.with_suffix(".png").stat().st_size > 1000
