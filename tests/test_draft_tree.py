@@ -4,7 +4,8 @@
   slots hold the same path; the kept paths are the best-scored distinct ones (scores
   weighed by source and depth when a weight is given, as the acceptance record does),
   and when the slots suffice every distinct path is kept;
-* verify: the deepest all-right path (the first on ties), its tokens and the bonus;
+* verify: the deepest all-right path (the first on ties), its tokens and the bonus, and
+  which slots' paths are right;
 * the step's mask built from a merged tree: a tree slot sees the input, its ancestors and
   itself, never another branch.
 """
@@ -145,8 +146,8 @@ def test_merge_keeps_the_best_distinct_paths_as_a_prefix_closed_tree(case):
 
 
 def reference_verify(paths, tokens, parent, after_root, after_slot):
-    """(accepted, best slot or None) per the one rule."""
-    best, best_depth = None, 0
+    """(accepted, best slot or None, the slots whose whole path is right) per the one rule."""
+    best, best_depth, all_right = None, 0, set()
     for q, path in enumerate(paths):
         if path is None:
             continue
@@ -156,9 +157,11 @@ def reference_verify(paths, tokens, parent, after_root, after_slot):
             expected = after_root if par == ROOT else after_slot[par]
             right &= int(tokens[node]) == int(expected)
             node = par
+        if right:
+            all_right.add(q)
         if right and len(path) > best_depth:
             best, best_depth = q, len(path)
-    return best_depth, best
+    return best_depth, best, all_right
 
 
 _verify = jax.jit(draft_tree.verify, static_argnums=3)
@@ -188,9 +191,10 @@ def test_verify_accepts_the_deepest_all_right_path_plus_the_bonus(case, seed):
     )
     for row in range(b):
         paths = slot_paths(tree, row)
-        want_a, best = reference_verify(
+        want_a, best, all_right = reference_verify(
             paths, tokens[row], parent[row], after_root[row], after_slot[row]
         )
+        assert set(np.flatnonzero(np.asarray(acc.right)[row]).tolist()) == all_right
         assert accepted[row] == want_a
         if want_a == 0:
             assert emitted[row, 0] == after_root[row] and source[row] == -1

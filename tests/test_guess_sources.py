@@ -155,7 +155,7 @@ def test_seed_takes_each_tokens_last_follower_and_expand_follows_the_template():
 # ------------------------------------------------------------------ acceptance record
 
 
-def test_record_counts_offered_scores_and_accepted_slots_by_source_and_depth():
+def test_record_counts_offered_scores_and_right_slots_by_source_and_depth():
     """The docstring's example, with a second source and a second row."""
     assert (acceptance_record.DECAY, acceptance_record.PRIOR_TOKENS) == (0.9, 0.5)
     # row 0: slots 0, 1 recycling (source 2) at depth 1, slot 2 suffix (1) at depth 2
@@ -174,18 +174,22 @@ def test_record_counts_offered_scores_and_accepted_slots_by_source_and_depth():
     assert np.allclose(acceptance_record.weights(record), 1.0)
     active = jnp.asarray([True, False])
 
-    def step(record, accepted, path):
-        acc = draft_tree.Acceptance(accepted=b(accepted), path=b(path), emitted=None, source=None)
+    def step(record, right):
+        acc = draft_tree.Acceptance(
+            accepted=None, path=None, emitted=None, source=None, right=b(right)
+        )
         return acceptance_record.update(record, tree, acc, active)
 
-    record = step(record, 2, [0, 2, 0])  # slot 0 then slot 2: recycling 1, suffix 2
+    # slot 0 then slot 2 right: recycling at depth 1, suffix at depth 2 (the padding slot's
+    # `right` is ignored: it is not valid)
+    record = step(record, [True, False, True, True])
     expected, accepted = np.asarray(record.expected), np.asarray(record.accepted)
     assert np.allclose(expected[0, 2], [0.6, 0, 0]) and np.allclose(expected[0, 1], [0, 0.3, 0])
     assert np.allclose(accepted[0, 2], [1, 0, 0]) and np.allclose(accepted[0, 1], [0, 1, 0])
     assert expected[0, [0, 3]].sum() == 0 and accepted[0, [0, 3]].sum() == 0
     assert np.asarray(record.expected)[1].sum() == 0  # an inactive row keeps its record
     assert np.isclose(acceptance_record.weights(record)[0, 2, 0], 1.5 / 1.1)
-    record = step(record, 0, [0, 0, 0])  # nothing accepted
+    record = step(record, [False, False, False, False])  # nothing right
     w = np.asarray(acceptance_record.weights(record))
     assert np.isclose(w[0, 2, 0], 1.4 / 1.64) and np.isclose(w[0, 1, 1], 1.4 / 1.07)
     assert np.allclose(w[0, [0, 3]], 1.0) and np.allclose(w[1], 1.0)

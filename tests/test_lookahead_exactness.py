@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
+from lookahead_jax.guesses import draft_tree
 from tests import tiny
 from tests.helpers import assert_same_or_near_tie, random_prompts, with_eos
 
@@ -103,6 +104,33 @@ def test_lookahead_equals_plain_float64(model64, plain64, la):
         assert accepted > 0, "no guess was ever accepted: the comparison would be vacuous"
     else:
         assert accepted == 0
+
+
+def test_the_acceptance_record_weighs_the_merge_and_never_changes_the_output(
+    model64, plain64, monkeypatch
+):
+    """With and without the record (`adapt`) the tokens are plain decoding's; with it the
+    merge gets the record's weights and the rows' weights leave 1 (the update ran)."""
+    seen = []
+    merge = draft_tree.merge
+
+    def spy(p, slots, max_depth, weight_bja=None):  # runs when the step is traced
+        seen.append(weight_bja is not None)
+        return merge(p, slots, max_depth, weight_bja)
+
+    monkeypatch.setattr(draft_tree, "merge", spy)
+    # recycle_k=7: a layout no other test compiles, so that both programs are traced here
+    la = dataclasses.replace(LA.for_budget(8), recycle_k=7)
+    with jax.enable_x64(True):
+        on = run(model64, PROMPTS[:16], 8, lookahead=la)
+        on_seen = seen[:]
+        seen.clear()
+        off = run(model64, PROMPTS[:16], 8, lookahead=dataclasses.replace(la, adapt=False))
+    assert on_seen and all(on_seen) and seen and not any(seen)
+    assert on[0] == off[0] == plain64[:16]
+    weights = [w for st in on[2] for s in st["sources"].values() for w in s["weight_by_depth"]]
+    assert any(abs(w - 1) > 0.05 for w in weights)
+    assert all("weight_by_depth" not in s for st in off[2] for s in st["sources"].values())
 
 
 @pytest.mark.parametrize("variant", ["llama_bias", "mistral", "qwen2", "qwen3"])

@@ -14,7 +14,9 @@ Each step runs one forward pass (lookahead_layout.py) over
                 prompt and output (suffix_match.py), up to `suffix_span` tokens long;
     - recycle   token recycling: each token's top-k next tokens from earlier logits,
                 expanded into a static tree template (token_recycling.py);
-  and, with `verify_window`, the window's own paths.
+  and, with `verify_window`, the window's own paths. With `adapt`, the merge weighs each
+  proposal by what its source got accepted at its depth for the row lately (the
+  acceptance record, acceptance_record.py).
 
 Acceptance (draft_tree.verify): the deepest tree path whose every token equals the
 model's token after its parent, plus the model's token after it (the bonus); only the
@@ -34,8 +36,9 @@ window's newest level and every tree slot).
 Window initialisation: every slot starts as a prompt token drawn uniformly at random
 (with the row's seed-derived key) from the row's prompt, as the reference does.
 
-Stages of `lookahead_step`: propose (sources -> Proposals) -> merge (-> DraftTree) ->
-forward -> choose tokens -> verify -> commit and emit -> feed the sources.
+Stages of `lookahead_step`: propose (sources -> Proposals) -> merge (-> DraftTree, weighed
+by the acceptance record) -> forward -> choose tokens -> verify -> commit and emit, update
+the record -> feed the sources.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class DraftState:
     window            [B, N-1, W] int32
     pool              NGramPool (capacity pool_capacity or G; 0 without the pool)
     recycle           RecycleTable, or None without token recycling
-    record            AcceptanceRecord [B, len(SOURCES), verify_depth], or None unless
+    record            AcceptanceRecord [B, J, verify_depth] (J = len(SOURCES)), or None unless
                       `adapt`: what each source got accepted at each depth, lately
     paths_by_source   [B, len(SOURCES)] int32  steps whose accepted path came from each
     tokens_by_source  [B, len(SOURCES)] int32  guessed tokens accepted from each
@@ -212,8 +215,8 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     proposals = propose(state, config, spec.sampling, input_b, prev_b)
     record = state.draft.record
     if layout.slots:
-        weight_bsa = None if record is None else acceptance_record.weights(record)
-        tree = draft_tree.merge(proposals, layout.slots, config.tree_depth, weight_bsa)
+        weight_bja = None if record is None else acceptance_record.weights(record)
+        tree = draft_tree.merge(proposals, layout.slots, config.tree_depth, weight_bja)
     else:
         tree = draft_tree.empty(B)
 

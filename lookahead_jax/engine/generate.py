@@ -21,6 +21,7 @@ from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed import multihost
 from lookahead_jax.engine import inputs
 from lookahead_jax.errors import UserInputError
+from lookahead_jax.guesses import acceptance_record
 from lookahead_jax.guesses.lookahead_config import SOURCES, LookaheadConfig, max_step_tokens
 from lookahead_jax.models import seam
 
@@ -197,6 +198,16 @@ def output(
             name: {"paths": int(p), "tokens": int(t)}
             for name, p, t in zip(SOURCES, paths, accepted, strict=True)
         }
+        if state.draft.record is not None:  # the rows' last weights by depth, averaged
+            record = state.draft.record
+            w_bja = acceptance_record.weights(
+                acceptance_record.AcceptanceRecord(
+                    expected=multihost.local_rows(record.expected),
+                    accepted=multihost.local_rows(record.accepted),
+                )
+            )
+            for name, w_a in zip(SOURCES, np.mean(w_bja, axis=0).tolist(), strict=True):
+                stats["sources"][name]["weight_by_depth"] = [round(w, 4) for w in w_a]
     return GenerationOutput(
         token_ids=token_ids, texts=texts, steps=steps, stats=stats, step_of_token=step_of_token
     )

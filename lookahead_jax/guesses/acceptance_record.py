@@ -2,20 +2,21 @@
 
 The tree has a fixed number of slots Z and the sources propose more nodes than that;
 `draft_tree.merge` keeps the best-scored ones. A node's score is a modelled chance that
-its path is right (the priors in lookahead_config.py), the same for every row. Which
-source pays differs by row and along a row: a row copying code accepts long suffix
-matches, a row writing prose accepts short recycled guesses. So each row keeps, on the
-device, per source s and tree depth a (1..A):
+its path is right, from rates fixed per source (the priors in lookahead_config.py) and
+what the source knows of the node (a suffix match's length, a recycled token's
+probability). Which source pays differs by row and along a row: a row copying code
+accepts long suffix matches, a row writing prose accepts short recycled guesses. So each
+row keeps, on the device, per source j and tree depth a (1..A):
 
-    expected[b, s, a]  the sum of the prior scores of the slots it was offered
+    expected[b, j, a]  the sum of the prior scores of the slots it was offered
                        (the tokens the priors said it would get accepted there)
-    accepted[b, s, a]  the tokens it really got accepted there (0 or 1 per step: an
-                       accepted path holds one slot per depth)
+    accepted[b, j, a]  the tokens it really got accepted there (0 or 1 per step: the
+                       right path holds one slot per depth)
 
 both decayed by DECAY each step the row decodes, so that the record follows the row.
 The next step weighs every proposal's score by
 
-    weight[b, s, a] = (accepted + PRIOR_TOKENS) / (expected + PRIOR_TOKENS)
+    weight[b, j, a] = (accepted + PRIOR_TOKENS) / (expected + PRIOR_TOKENS)
 
 (> 1: the source beat its prior at that depth for this row; < 1: it fell short) before
 `merge` orders them. PRIOR_TOKENS keeps a young record near 1, and a source that lost its
@@ -23,9 +24,9 @@ slots sees both sums decay and its weight return to 1, so it is tried again.
 
 Example, one row, recycling at depth 1 (other cells alike; DECAY 0.9, PRIOR_TOKENS 0.5):
 
-    step   offered slots' scores   accepted   expected   accepted   weight
-    1      0.45 + 0.15              yes        0.60       1.00       1.50 / 1.10 = 1.36
-    2      0.45 + 0.15              no         1.14       0.90       1.40 / 1.64 = 0.85
+    step   offered slots' scores   one right?   expected   accepted   weight
+    1      0.45 + 0.15              yes          0.60       1.00       1.50 / 1.10 = 1.36
+    2      0.45 + 0.15              no           1.14       0.90       1.40 / 1.64 = 0.85
 
 Only which candidates fill the tree changes: verification checks every slot against the
 model's own token as before, so the output is the same with or without the record.
@@ -50,7 +51,7 @@ PRIOR_TOKENS = 0.5  # pseudo-tokens on both sides of the ratio (weight 1 for a n
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class AcceptanceRecord:
-    """expected [B, S, A], accepted [B, S, A] float32 (S sources, A tree depths)."""
+    """expected [B, J, A], accepted [B, J, A] float32 (J guess sources, A tree depths)."""
 
     expected: jax.Array
     accepted: jax.Array
@@ -62,23 +63,22 @@ def init(batch: int, sources: int, depth: int) -> AcceptanceRecord:
 
 
 def weights(record: AcceptanceRecord):
-    """[B, S, A]: the factor each source's proposals at each depth are scored by."""
+    """[B, J, A]: the factor each source's proposals at each depth are scored by."""
     return (record.accepted + PRIOR_TOKENS) / (record.expected + PRIOR_TOKENS)
 
 
 def update(record: AcceptanceRecord, tree: DraftTree, acc: Acceptance, active_b):
     """Decay the record and add one step: the tree that was verified (its slots' sources,
-    depths and prior scores) and what was accepted of it. Rows not active keep theirs."""
-    B, S, A = record.expected.shape
-    source_bzs = jax.nn.one_hot(tree.source, S, dtype=jnp.float32)  # source -1: all zero
+    depths and prior scores) and which of its slots' paths were right (`acc.right`:
+    the accepted path, or a slot holding the same path as a verified window path, which
+    verification may have preferred). Rows not active keep theirs."""
+    J, A = record.expected.shape[1:]
+    source_bzj = jax.nn.one_hot(tree.source, J, dtype=jnp.float32)  # source -1: all zero
     depth_bza = jax.nn.one_hot(tree.depth - 1, A, dtype=jnp.float32)
     score_bz = jnp.where(tree.valid, tree.score, 0.0)
-    offered = jnp.einsum("bz,bzs,bza->bsa", score_bz, source_bzs, depth_bza)
-    levels = acc.path.shape[1]  # the accepted path's slot at depth a + 1, for a < accepted
-    on_path_ba = jnp.arange(levels)[None] < acc.accepted[:, None]
-    path_source_ba = jnp.where(on_path_ba, jnp.take_along_axis(tree.source, acc.path, axis=1), -1)
-    got = jnp.swapaxes(jax.nn.one_hot(path_source_ba, S, dtype=jnp.float32), 1, 2)  # [B, S, levels]
-    got = jnp.pad(got, ((0, 0), (0, 0), (0, max(A - levels, 0))))[:, :, :A]
+    right_bz = (tree.valid & acc.right).astype(jnp.float32)
+    offered = jnp.einsum("bz,bzj,bza->bja", score_bz, source_bzj, depth_bza)
+    got = jnp.einsum("bz,bzj,bza->bja", right_bz, source_bzj, depth_bza)
     keep = active_b[:, None, None]
     return AcceptanceRecord(
         expected=jnp.where(keep, DECAY * record.expected + offered, record.expected),

@@ -127,7 +127,8 @@ class DraftTree:
     parent     [B, Z] int32   slot of the parent (< own slot), or ROOT
     depth      [B, Z] int32   1.. (1 in empty slots: they sit at p + 1)
     valid      [B, Z] bool
-    source     [B, Z] int32   the source of the best-scored proposal merged into the slot
+    source     [B, Z] int32   the source of the first proposal merged into the slot (in
+                              merge order: the best score, weighed when weights are given)
     score      [B, Z] float32 that proposal's prior score (0 in empty slots and window paths)
     ancestors  [B, Z, Z] bool slot u is on the path to slot q (q itself included)
     """
@@ -211,20 +212,20 @@ def ancestors_of(parent_bz, max_depth: int):
     return jax.lax.fori_loop(0, max_depth, body, eye)
 
 
-def merge(p: Proposals, slots: int, max_depth: int, weight_bsa=None) -> DraftTree:
+def merge(p: Proposals, slots: int, max_depth: int, weight_bja=None) -> DraftTree:
     """Merge equal paths and keep the best `slots` distinct nodes (module docstring).
 
     max_depth: the deepest proposal (a static bound, e.g. the longest chain).
-    weight_bsa: None, or [B, S, A] factors (acceptance_record.weights): a node of source
-    s at depth d is ordered by its score x weight[s, d - 1] (then made non-increasing
+    weight_bja: None, or [B, J, A] factors (acceptance_record.weights): a node of source
+    j at depth d is ordered by its score x weight[j, d - 1] (then made non-increasing
     along its path) instead of its score. The tree keeps the unweighted score."""
     B, count = p.tokens.shape
     prior, valid = _propagate_down(p.parent, p.score, p.valid, max_depth)
     key = prior
-    if weight_bsa is not None:
-        S, A = weight_bsa.shape[1:]
-        cell = jnp.clip(p.source, 0, S - 1) * A + jnp.clip(p.depth - 1, 0, A - 1)
-        w = jnp.take_along_axis(weight_bsa.reshape(B, S * A), cell, axis=1)
+    if weight_bja is not None:
+        J, A = weight_bja.shape[1:]
+        cell = jnp.clip(p.source, 0, J - 1) * A + jnp.clip(p.depth - 1, 0, A - 1)
+        w = jnp.take_along_axis(weight_bja.reshape(B, J * A), cell, axis=1)
         key, _ = _propagate_down(p.parent, prior * w, valid, max_depth)
     # 1. best first; invalid nodes last; ties keep proposal order (stable sort), so a
     #    parent (key >= its child's, earlier index) always precedes its child
@@ -293,12 +294,15 @@ class Acceptance:
                             entries >= accepted are meaningless)
     emitted   [B, E] int32  the step's tokens (E = A + 1): the accepted ones, then the bonus
     source    [B] int32     source of the accepted path's last slot (-1 if none)
+    right     [B, Z] bool   slots whose whole path is right (the accepted path's slots, and
+                            any other slot holding the same path)
     """
 
     accepted: jax.Array
     path: jax.Array
     emitted: jax.Array
     source: jax.Array
+    right: jax.Array
 
 
 def is_right(tokens, expected):
@@ -318,7 +322,8 @@ def verify(tree: DraftTree, after_root_b, after_slot_bz, max_depth: int) -> Acce
     if Z == 0 or max_depth == 0:
         zeros = jnp.zeros((B,), jnp.int32)
         emitted = jnp.zeros((B, max_depth + 1), jnp.int32).at[:, 0].set(after_root_b)
-        return Acceptance(zeros, jnp.zeros((B, max_depth), jnp.int32), emitted, zeros - 1)
+        path = jnp.zeros((B, max_depth), jnp.int32)
+        return Acceptance(zeros, path, emitted, zeros - 1, jnp.zeros((B, Z), bool))
     expected = jnp.where(
         tree.parent == ROOT, after_root_b[:, None], _gather_rows(after_slot_bz, tree.parent)
     )
@@ -348,4 +353,5 @@ def verify(tree: DraftTree, after_root_b, after_slot_bz, max_depth: int) -> Acce
         path=path,
         emitted=emitted.astype(jnp.int32),
         source=source.astype(jnp.int32),
+        right=path_right,
     )

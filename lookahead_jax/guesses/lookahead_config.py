@@ -23,7 +23,8 @@ SOURCES = ("pool", "suffix", "recycle", "window")
 POOL, SUFFIX, RECYCLE, WINDOW = range(len(SOURCES))
 
 # Modelled chance that a guessed token is right when its parent is: they order the
-# proposals when more are offered than the tree has slots.
+# proposals when more are offered than the tree has slots (weighed per row by the
+# acceptance record with `adapt`).
 POOL_RATES = (0.35, 0.5)  # without, with the 2-token context matching
 SUFFIX_RATES = (0.0, 0.3, 0.45, 0.6, 0.7, 0.75, 0.8, 0.8, 0.85)  # by match length
 # by candidate rank (token_recycling.candidates: up to 2k per node)
@@ -151,10 +152,12 @@ class LookaheadConfig:
         return self.verify_depth + 1
 
     @property
-    def key(self) -> tuple[int, int, int] | int:
+    def key(self) -> tuple[int, int, int] | int | str:
         """What autotune keeps this config's measurements under: the budget for a
-        for_budget layout, (N, W, G) otherwise."""
-        return self.budget if self.budget is not None else (self.n, self.w, self.g)
+        for_budget layout, its name for one with fields changed, (N, W, G) otherwise."""
+        if self.budget is None:
+            return (self.n, self.w, self.g)
+        return self.budget if self == LookaheadConfig.for_budget(self.budget) else self.name
 
     @property
     def name(self) -> str:
@@ -162,9 +165,9 @@ class LookaheadConfig:
         for_budget layout (then ',key=value' for each field changed from it), 'N,W,G' for
         the paper's knobs alone, else 'key=value,...'."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if self.budget is not None:
-            base = BUDGET_LAYOUTS.get(self.budget)
-            changed = {k: v for k, v in fields.items() if base is None or v != getattr(base, k)}
+        base = BUDGET_LAYOUTS.get(self.budget)
+        if base is not None:
+            changed = {k: v for k, v in fields.items() if v != getattr(base, k)}
             changed.pop("budget")
             return ",".join([f"tokens={self.budget}"] + [f"{k}={v}" for k, v in changed.items()])
         changed = {
@@ -200,7 +203,13 @@ class LookaheadConfig:
             base = cls.for_budget(tokens)
             if not rest:
                 return base
-            return dataclasses.replace(base, **_fields(rest, hint, text))
+            changed = dataclasses.replace(base, **_fields(rest, hint, text))
+            if changed.tokens_per_step > base.budget:
+                raise UserInputError(
+                    f"{what} {text} feeds {changed.tokens_per_step} tokens per step, more than "
+                    f"its budget of {base.budget}"
+                )
+            return changed
         if "=" not in text:
             try:
                 n, w, g = (int(p) for p in text.split(","))

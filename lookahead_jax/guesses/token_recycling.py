@@ -220,9 +220,10 @@ def expand(
     the Gumbel noise of the positions the nodes guess (depth d: the d-th token after the
     input). The token sampled there is the argmax of log(p)/temperature + noise
     (sampling.py), so a node's candidates are ranked by that key instead of by p, and a
-    candidate's chance is its share of the softmax of the keys over the candidates
-    instead of p: a candidate whose noise lifts it far above the rest is nearly sure,
-    whatever its p (with the recorded p standing in for the unknown logits there).
+    candidate's score is its share of the softmax of the keys over the candidates
+    instead of p: a heuristic estimate of the chance that it is the token sampled there
+    (a candidate whose noise lifts it far above the rest is nearly sure whatever its p;
+    the recorded p stands in for the unknown logits).
     """
     B = root_b.shape[0]
     n = tmpl.size

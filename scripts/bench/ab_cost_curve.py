@@ -52,38 +52,41 @@ def main() -> None:
     args = ap.parse_args()
     if len(args.side) < 2 or any(len(s) < 2 for s in args.side):
         ap.error("give at least two --side LABEL REV [KEY=VALUE ...]")
+    labels = [s[0] for s in args.side]
+    if len(set(labels)) != len(labels):
+        ap.error(f"side labels must differ, got {labels}")
+    for s in args.side:
+        if any("=" not in kv for kv in s[2:]):
+            ap.error(f"settings of side {s[0]!r} must be KEY=VALUE, got {s[2:]}")
 
     with tempfile.TemporaryDirectory(prefix="ab_cost_") as tmp:
-        sides = []
-        for label, rev, *env in args.side:
-            tree = Path(tmp) / label
-            subprocess.run(
-                ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev],
-                check=True,
-                capture_output=True,
-            )
-            script = next(tree / p for p in SCRIPT_PATHS if (tree / p).exists())
-            commit = subprocess.run(
-                ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
-            sides.append(
-                dict(label=label, rev=rev, commit=commit, env=env, tree=tree, script=script)
-            )
+        sides: list[dict] = []
         try:
+            for label, rev, *env in args.side:
+                tree = Path(tmp) / label
+                git("worktree", "add", "--detach", str(tree), rev)
+                sides.append(dict(label=label, rev=rev, env=env, tree=tree))
+                sides[-1]["commit"] = git("-C", str(tree), "rev-parse", "--short", "HEAD")
+                sides[-1]["script"] = next(tree / p for p in SCRIPT_PATHS if (tree / p).exists())
             rounds = [
                 [run_side(s, args, Path(tmp) / f"{s['label']}_{r}") for s in sides]
                 for r in range(args.rounds)
             ]
-        finally:
+        finally:  # every worktree added, even when a later one failed
             for s in sides:
                 subprocess.run(
                     ["git", "-C", str(REPO), "worktree", "remove", "--force", str(s["tree"])],
                     check=False,
                 )
     write(args, sides, rounds)
+
+
+def git(*args: str) -> str:
+    """Run git in the repository; its error output on failure, not a bare exit code."""
+    done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"git {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
 
 
 def run_side(side: dict, args, out: Path) -> dict:

@@ -115,8 +115,9 @@ def measure(cfg, params, tokens: list[int], context: int, repeats: int, batch: i
 
 def add_ratios(curve: list[dict]) -> None:
     """Each row's `ratio_to_plain`: its step (all logits) over the plain one-token step
-    (one logit), min over min and median over median. T = 8 / T = 1 is the record's
-    regression check: a T-token step that costs more is lookahead speed lost."""
+    (one logit), min over min and median over median. T = 8 / T = 1 in the committed
+    results is how a regression of the multi-token step shows (a T-token step that costs
+    more is lookahead speed lost)."""
     plain = next((r["one_logit_s"] for r in curve if r["tokens"] == 1), None)
     if plain is None:
         return
