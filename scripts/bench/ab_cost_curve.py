@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu_model  # noqa: E402
+from results import write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT_PATHS = ("scripts/bench/cost_curve.py", "scripts/cost_curve.py")  # now, before 09cedf6
@@ -138,9 +139,6 @@ def write(args, sides, rounds) -> None:
         "rounds": [{s["label"]: r[i] for i, s in enumerate(sides)} for r in rounds],
         "summary": summary,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_name(out.name + ".json").write_text(json.dumps(result, indent=2) + "\n")
     big, small = tokens[-1], tokens[0]
     lines = [
         f"# Forward-step cost, runs alternating ({args.model}, {args.context}-token cache, "
@@ -168,8 +166,7 @@ def write(args, sides, rounds) -> None:
                 f"| {s['label']} | {s['commit']} | {' '.join(s['env']) or '-'} | "
                 f"{q['min']:.2f} | {q['median']:.2f} |"
             )
-    out.with_name(out.name + ".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
