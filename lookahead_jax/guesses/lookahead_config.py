@@ -27,8 +27,11 @@ POOL, SUFFIX, RECYCLE, WINDOW = range(len(SOURCES))
 # acceptance record with `adapt`).
 POOL_RATES = (0.35, 0.5)  # without, with the 2-token context matching
 SUFFIX_RATES = (0.0, 0.3, 0.45, 0.6, 0.7, 0.75, 0.8, 0.8, 0.85)  # by match length
-# by candidate rank (token_recycling.candidates: up to 2k per node)
+# by candidate rank (token_recycling.candidates: up to 2k per node); ranks 16-31 serve
+# recycle_k up to 16, which keeps more of a sampled text's tokens (at t=1.0 a quarter lie
+# outside the top 8: benchmarks/cpu/adapt.md)
 RECYCLE_RATES = (0.45, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02) + (0.015,) * 2 + (0.01,) * 6
+RECYCLE_RATES += (0.005,) * 16
 
 
 @dataclasses.dataclass(frozen=True)
