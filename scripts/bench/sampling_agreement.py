@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from machine import cpu_model  # noqa: E402
-from prompts import category_ranks, prompt_set  # noqa: E402
+from prompts import select  # noqa: E402
 from results import write_results  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -33,8 +33,10 @@ import lookahead_jax as lj  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ckpt", default="smollm2-135m")
-    ap.add_argument("--sets", nargs="+", default=["mt_bench", "code"])
-    ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--sets", nargs="+", default=["mt_bench", "code"], choices=["mt_bench", "code"])
+    ap.add_argument(
+        "--per-category", type=int, default=1, help="first K prompts of each category (0 = all)"
+    )
     ap.add_argument("--temperatures", nargs="+", type=float, default=[0.7, 1.0])
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
@@ -43,12 +45,7 @@ def main() -> None:
     args = ap.parse_args()
 
     model = lj.load(args.ckpt)
-    rows = [
-        r
-        for name in args.sets
-        for rank, r in category_ranks(prompt_set(name))
-        if rank <= args.per_category
-    ]
+    rows = select(args.sets, args.per_category)
     prompts = [model.tokenizer.encode_prompt(r["prompt"], chat=True) for r in rows]
     table = []
     for t in [0.0, *args.temperatures]:

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from prompts import category_ranks, prompt_set  # noqa: E402
+from prompts import select  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
@@ -46,13 +46,7 @@ def main() -> None:
     args = ap.parse_args()
 
     model = lj.load(args.ckpt)
-    rows = []
-    for name in args.sets:
-        rows += [
-            dict(r, set=name)
-            for rank, r in category_ranks(prompt_set(name)[: args.limit])
-            if not args.per_category or rank <= args.per_category
-        ]
+    rows = select(args.sets, args.per_category, args.limit)
     prompts = [model.tokenizer.encode_prompt(r["prompt"], chat=True) for r in rows]
     results = {
         "command": " ".join(sys.argv),
