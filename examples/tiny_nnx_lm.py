@@ -7,7 +7,10 @@ public exactness harness. Run it:
 The module's __call__ is the seam's `apply`:
 
     (tokens [B, T], positions [B, T], mask [B|1, T, T], cache: KVCache | None,
-     logits_rows [B, R] | None) -> logits [B, R, V], new_k, new_v [L, B, T, K, Dh]
+     logits_rows [B, R] | None) -> logits [B, R, V], new_k, new_v (L arrays [B, K, T, Dh])
+
+The cache holds one buffer per layer, cache.k[l] and cache.v[l] of [B, K, S, Dh]; the new
+tokens' K/V come back in the same layout.
 
 It attends to the row's cache slots below cache.lengths[b] and to the new tokens the mask
 allows, and never writes the cache (the decoder commits the entries it keeps).
@@ -37,19 +40,20 @@ class Block(nnx.Module):
         B, T, _ = x_btd.shape
         q, k, v = jnp.split(self.qkv(self.norm(x_btd)), 3, axis=-1)
         heads = lambda a: a.reshape(B, -1, HEADS, DIM // HEADS)  # noqa: E731
-        q, k, v = heads(q), heads(k), heads(v)
-        scores = jnp.einsum("bthe,buhe->bhtu", q, k)
+        q = heads(q)
+        k, v = jnp.swapaxes(heads(k), 1, 2), jnp.swapaxes(heads(v), 1, 2)  # [B, K, T, Dh]
+        scores = jnp.einsum("bthe,bhue->bhtu", q, k)
         scores = jnp.where(mask_btu[:, None], scores, -1e30)
         if cache_k is not None:  # the row's cache slots below its length, then the new tokens
-            old = jnp.einsum("bthe,bshe->bhts", q, cache_k)
-            seen = jnp.arange(cache_k.shape[1])[None] < cache_len[:, None]
+            old = jnp.einsum("bthe,bhse->bhts", q, cache_k)
+            seen = jnp.arange(cache_k.shape[2])[None] < cache_len[:, None]
             old = jnp.where(seen[:, None, None], old, -1e30)
             p = jax.nn.softmax(jnp.concatenate([old, scores], -1), -1)
-            n = cache_k.shape[1]
-            o = jnp.einsum("bhts,bshe->bthe", p[..., :n], cache_v)
-            o = o + jnp.einsum("bhtu,buhe->bthe", p[..., n:], v)
+            n = cache_k.shape[2]
+            o = jnp.einsum("bhts,bhse->bthe", p[..., :n], cache_v)
+            o = o + jnp.einsum("bhtu,bhue->bthe", p[..., n:], v)
         else:
-            o = jnp.einsum("bhtu,buhe->bthe", jax.nn.softmax(scores, -1), v)
+            o = jnp.einsum("bhtu,bhue->bthe", jax.nn.softmax(scores, -1), v)
         x_btd = x_btd + self.out(o.reshape(B, T, DIM))
         return x_btd + jnp.tanh(self.mlp(x_btd)), k, v
 
@@ -76,7 +80,7 @@ class TinyLM(nnx.Module):
             vs.append(v)
         if logits_rows_br is not None:
             x = jnp.take_along_axis(x, logits_rows_br[:, :, None], axis=1)
-        return self.head(x), jnp.stack(ks), jnp.stack(vs)
+        return self.head(x), tuple(ks), tuple(vs)
 
 
 def tiny_model(dtype=jnp.float32) -> lj.Model:

@@ -266,14 +266,16 @@ def test_training_on_a_mesh_equals_one_device(tiny_ckpts, tmp_path):
         sharded = lj.load(ckpt, dtype="float64", mesh=lj.make_mesh(2, 4))
         want = C.train(single, data, tmp_path / "one", tc, progress=False)
         got = C.train(sharded, data, tmp_path / "mesh", tc, progress=False)
-    assert got.layers.w_up.sharding.spec == sharded.params.layers.w_up.sharding.spec
-    assert not np.array_equal(np.asarray(want.layers.w_up), np.asarray(single.params.layers.w_up))
+    w_up = lambda params: params.layers[0].w_up  # noqa: E731
+    assert w_up(got).sharding.spec == w_up(sharded.params).sharding.spec
+    assert not np.array_equal(np.asarray(w_up(want)), np.asarray(w_up(single.params)))
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-12)
 
 
 def test_weight_decay_spares_norms_and_biases(tiny_ckpts):
-    """The layers are stacked ([L, D] norms, [L, F] biases): the mask goes by name."""
+    """Norms and biases ([D], [F]: one layer's, as matrices' rows would be) are spared by
+    name, in every layer (flat_names stacks the per-layer masks)."""
     norms = ["final_norm", "layers/attn_norm", "layers/mlp_norm"]
     want = {
         "llama_bias": ["layers/b_down", "layers/b_gate", "layers/b_up", "layers/bk",
@@ -283,6 +285,7 @@ def test_weight_decay_spares_norms_and_biases(tiny_ckpts):
     }  # fmt: skip
     for variant, spared_too in want.items():
         mask = flat_names(TRAIN_MODULE.decayed(lj.load(tiny_ckpts[variant][1]).params))
-        spared = sorted(name for name, decays in mask.items() if not decays)
+        assert all(np.all(m) or not np.any(m) for m in mask.values())  # the same per layer
+        spared = sorted(name for name, decays in mask.items() if not np.any(decays))
         assert spared == sorted(norms + spared_too), (variant, spared)
-        assert mask["layers/wq"] and mask["layers/w_down"] and mask["embed"]
+        assert np.all(mask["layers/wq"]) and np.all(mask["layers/w_down"]) and mask["embed"]

@@ -1,6 +1,8 @@
 """Plain generation: equals Hugging Face greedy generate, the cache equals a full forward,
 batches equal single prompts, stop rules, sampling reproducibility."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,8 +11,7 @@ import torch
 
 import lookahead_jax as lj
 from lookahead_jax.decoding.decode_state import causal_mask
-from lookahead_jax.models import kv_cache
-from lookahead_jax.models.llama import forward
+from lookahead_jax.models import kv_cache, llama
 from tests import tiny
 from tests.helpers import assert_same_or_near_tie, random_prompts, teacher_forced_logits, with_eos
 
@@ -42,10 +43,14 @@ def test_greedy_equals_hf_generate(tiny_ckpts, variant):
         assert_same_or_near_tie(model, p, got, hf_greedy(hf, p, 40, eos=2))
 
 
-def test_prefill_then_decode_equals_full_forward(tiny_ckpts):
-    """Logits from a cache filled by a prefill plus one-token steps equal one full forward."""
+@pytest.mark.parametrize("block", [64, 5])
+def test_prefill_then_decode_equals_full_forward(tiny_ckpts, block):
+    """Logits from a cache filled by a prefill plus one-token steps equal one full forward,
+    whether the attention reads the cache in one block or in blocks of 5 slots (the last
+    one moved back to end at the cache's 32 slots)."""
     model = lj.load(tiny_ckpts["gqa"][1])
     cfg, params = model.cfg, model.params
+    forward = functools.partial(llama.forward, attention_block=block)
     ids = np.random.default_rng(3).integers(3, tiny.VOCAB, 24)
     full = teacher_forced_logits(model, ids.tolist())
     prefix = 10

@@ -106,6 +106,21 @@ def test_lookahead_equals_plain_float64(model64, plain64, la):
         assert accepted == 0
 
 
+@pytest.mark.parametrize("la", [None, LA.for_budget(16)], ids=["plain", "tokens=16"])
+def test_attention_in_blocks_of_the_cache_gives_the_same_tokens(model64, plain64, la):
+    """Attention over the cache in blocks of 5 slots (up to the longest row, the last
+    block moved back to end at S; models/llama.py) decodes exactly what one block over
+    the whole cache does: the blocks only regroup the softmax's sums, and a block past a
+    row's length leaves that row untouched."""
+    lm = dataclasses.replace(model64.lm, attention_block=5)
+    blocked = dataclasses.replace(model64, lm=lm)
+    with jax.enable_x64(True):
+        tokens, _, stats = run(blocked, PROMPTS, 8, lookahead=la)
+    assert tokens == plain64
+    if la is not None:
+        assert sum((int(k) - 1) * c for st in stats for k, c in st["accepted_hist"].items())
+
+
 def test_the_acceptance_record_weighs_the_merge_and_never_changes_the_output(
     model64, plain64, monkeypatch
 ):

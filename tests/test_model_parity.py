@@ -70,7 +70,7 @@ def test_bfloat16_close_to_float32(tiny_ckpts):
     ids = np.random.default_rng(2).integers(0, tiny.VOCAB, (1, 64))
     f32 = full_forward(lj.load(ckpt), ids)
     bf16 = full_forward(lj.load(ckpt, dtype="bfloat16"), ids)
-    assert lj.load(ckpt, dtype="bfloat16").params.layers.wq.dtype == jnp.bfloat16
+    assert lj.load(ckpt, dtype="bfloat16").params.layers[0].wq.dtype == jnp.bfloat16
     assert np.abs(bf16 - f32).max() < 0.25 * np.abs(f32).max()
     assert (bf16.argmax(-1) == f32.argmax(-1)).mean() > 0.9
 

@@ -58,15 +58,16 @@ def test_matmul_precision_of_the_decode_programs(dtype, user, want):
         assert dot_precisions(dtype) == want
 
 
-def test_compiler_options_turn_triton_gemm_off_on_gpus_only(monkeypatch):
-    if jax.devices()[0].platform == "cpu":
-        assert programs.compiler_options() == {}
-
-    class FakeGpu:
-        platform = "gpu"
-
-    monkeypatch.setattr(jax, "devices", lambda *a: [FakeGpu()])
-    assert programs.compiler_options() == {"xla_gpu_enable_triton_gemm": False}
+def test_compiler_options_per_platform():
+    """Copy insertion by region analysis everywhere (else the cache is copied around the
+    attention's block loop: tests/test_loop_copies.py); cuBLAS, not Triton, on GPUs."""
+    region = "copy_insertion_use_region_analysis"
+    assert programs.compiler_options("cpu") == {f"xla_cpu_{region}": True}
+    assert programs.compiler_options("gpu") == {
+        "xla_gpu_enable_triton_gemm": False,
+        f"xla_gpu_{region}": True,
+    }
+    assert programs.compiler_options("tpu") == {}
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")

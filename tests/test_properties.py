@@ -389,8 +389,8 @@ def make_state(prompt_len, n_out, max_new, done, width: int, rng) -> decode_stat
     b = len(prompt_len)
     slots = int((prompt_len + max_new).max()) + width + 2
     cache = kv_cache.KVCache(
-        k=jnp.zeros((1, b, slots, 1, 2)),
-        v=jnp.zeros((1, b, slots, 1, 2)),
+        k=(jnp.zeros((b, 1, slots, 2)),),
+        v=(jnp.zeros((b, 1, slots, 2)),),
         lengths=jnp.asarray(prompt_len + n_out - 1),
     )
     return decode_state.DecodeState(
@@ -417,38 +417,33 @@ _commit = jax.jit(kv_cache.commit)
 @given(st.integers(1, 3), st.integers(0, 2**31 - 1))
 def test_commit_writes_only_the_chosen_kv_at_each_rows_own_length(b, seed):
     rng = np.random.default_rng(seed)
-    shape = (KV_LAYERS, b, KV_SLOTS, 1, 2)
+    shape = (KV_LAYERS, b, 1, KV_SLOTS, 2)  # per layer [B, K, S, Dh]
     old_k, old_v = rng.normal(size=shape), rng.normal(size=shape)
     lengths = rng.integers(0, KV_SLOTS - KV_WIDTH + 1, b)  # the caller's guarantee
-    new_k = rng.normal(size=(KV_LAYERS, b, KV_TOKENS, 1, 2))
-    new_v = rng.normal(size=(KV_LAYERS, b, KV_TOKENS, 1, 2))
+    new_k = rng.normal(size=(KV_LAYERS, b, 1, KV_TOKENS, 2))
+    new_v = rng.normal(size=(KV_LAYERS, b, 1, KV_TOKENS, 2))
     src = rng.integers(0, KV_TOKENS, (b, KV_WIDTH))
     count = rng.integers(0, KV_WIDTH + 1, b)
+    layers = lambda x: tuple(jnp.asarray(x, jnp.float32))  # noqa: E731
     cache = kv_cache.KVCache(
-        k=jnp.asarray(old_k, jnp.float32),
-        v=jnp.asarray(old_v, jnp.float32),
-        lengths=jnp.asarray(lengths, jnp.int32),
+        k=layers(old_k), v=layers(old_v), lengths=jnp.asarray(lengths, jnp.int32)
     )
     out = _commit(
-        cache,
-        jnp.asarray(new_k, jnp.float32),
-        jnp.asarray(new_v, jnp.float32),
-        jnp.asarray(src, jnp.int32),
-        jnp.asarray(count, jnp.int32),
+        cache, layers(new_k), layers(new_v), jnp.asarray(src, jnp.int32), jnp.asarray(count)
     )
     np.testing.assert_array_equal(np.asarray(out.lengths), lengths + count)
     for got, old, new in ((out.k, old_k, new_k), (out.v, old_v, new_v)):
-        got = np.asarray(got)
+        got = np.stack([np.asarray(x) for x in got])  # [L, B, K, S, Dh]
         old, new = old.astype(np.float32), new.astype(np.float32)
         assert np.isfinite(got).all()
         for row in range(b):
             n0, c = int(lengths[row]), int(count[row])
             # committed history below the row's length, and everything past the commit's
             # fixed width, is untouched (other rows are checked by their own iteration)
-            np.testing.assert_array_equal(got[:, row, :n0], old[:, row, :n0])
+            np.testing.assert_array_equal(got[:, row, :, :n0], old[:, row, :, :n0])
             np.testing.assert_array_equal(
-                got[:, row, n0 + KV_WIDTH :], old[:, row, n0 + KV_WIDTH :]
+                got[:, row, :, n0 + KV_WIDTH :], old[:, row, :, n0 + KV_WIDTH :]
             )
             # the accepted ones, in order, at the row's own length
             for j in range(c):
-                np.testing.assert_array_equal(got[:, row, n0 + j], new[:, row, src[row, j]])
+                np.testing.assert_array_equal(got[:, row, :, n0 + j], new[:, row, :, src[row, j]])

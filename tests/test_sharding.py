@@ -68,21 +68,24 @@ def test_engine_slots_over_the_data_axis_give_the_same_tokens(eight_heads, singl
 
 def test_params_are_really_sharded(eight_heads):
     model = lj.load(eight_heads, mesh=lj.make_mesh(data=2, model=4))
-    layers = model.params.layers
-    wq = layers.wq  # [L, D, H=8, E]
-    assert wq.sharding.spec == jax.sharding.PartitionSpec(None, None, "model", None)
-    for shard in wq.addressable_shards:
-        assert shard.data.shape == (wq.shape[0], wq.shape[1], 2, wq.shape[3])
-    assert layers.w_down.addressable_shards[0].data.shape[1] == 128 // 4  # mlp rows
+    assert len(model.params.layers) == 2  # one LayerParams per layer
+    for layer in model.params.layers:
+        wq = layer.wq  # [D, H=8, E]
+        assert wq.sharding.spec == jax.sharding.PartitionSpec(None, "model", None)
+        for shard in wq.addressable_shards:
+            assert shard.data.shape == (wq.shape[0], 2, wq.shape[2])
+        assert layer.w_down.addressable_shards[0].data.shape[0] == 128 // 4  # mlp rows
+        # norms are replicated
+        assert layer.attn_norm.addressable_shards[0].data.shape == layer.attn_norm.shape
     assert model.params.embed.addressable_shards[0].data.shape == (128 // 4, 64)
-    # norms are replicated
-    assert layers.attn_norm.addressable_shards[0].data.shape == layers.attn_norm.shape
     per_device = {}
     for arr in jax.tree.leaves(model.params):
         for shard in arr.addressable_shards:
             per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
     total = sum(a.nbytes for a in jax.tree.leaves(model.params))
-    norms = layers.attn_norm.nbytes + layers.mlp_norm.nbytes + model.params.final_norm.nbytes
+    norms = model.params.final_norm.nbytes + sum(
+        layer.attn_norm.nbytes + layer.mlp_norm.nbytes for layer in model.params.layers
+    )
     for nbytes in per_device.values():  # every sharded weight is split 4 ways
         assert nbytes == pytest.approx((total - norms) / 4 + norms)
 
@@ -105,17 +108,18 @@ def test_biases_shard_with_their_projection_and_qk_norms_replicate():
     )
     layers = LlamaLM(cfg).param_shardings(lj.make_mesh(data=2, model=4)).layers
     P = jax.sharding.PartitionSpec
-    assert layers.bq.spec == layers.bk.spec == layers.bv.spec == P(None, "model", None)
-    assert layers.b_gate.spec == layers.b_up.spec == P(None, "model")  # as w_gate's F axis
-    for replicated in (layers.bo, layers.b_down, layers.q_norm, layers.k_norm):
-        assert replicated.spec == P(None, None)
+    for layer in layers:  # one layer's: [H, Dh], [F], [D], [Dh]
+        assert layer.bq.spec == layer.bk.spec == layer.bv.spec == P("model", None)
+        assert layer.b_gate.spec == layer.b_up.spec == P("model")  # as w_gate's F axis
+        for replicated in (layer.bo, layer.b_down, layer.q_norm, layer.k_norm):
+            assert replicated.spec == P(None)
 
 
 def test_kv_heads_that_do_not_divide_are_replicated():
     mesh = lj.make_mesh(data=1, model=4)
     assert spec_for(
-        ("layers", "batch", "slots", "kv_heads", "head_dim"), (30, 1, 1, 3, 64), mesh
-    ) == jax.sharding.PartitionSpec(None, None, None, None, None)
+        ("batch", "kv_heads", "slots", "head_dim"), (1, 3, 1, 64), mesh
+    ) == jax.sharding.PartitionSpec(None, None, None, None)
     assert spec_for(("embed", "mlp"), (576, 1536), mesh) == jax.sharding.PartitionSpec(
         None, "model"
     )
@@ -149,8 +153,8 @@ def test_smollm2_sharded_equals_single(smollm2, smollm2_ckpt):
         got = lj.generate(model, prompts, max_new_tokens=24, lookahead=la).token_ids
         for p, g, w in zip(prompts, got, want, strict=True):
             assert_same_or_near_tie(smollm2, p, g, w)
-    w_up = model.params.layers.w_up
-    assert w_up.addressable_shards[0].data.shape[-1] == 1536 // mesh.shape["model"]
-    assert np.prod(model.params.layers.wk.addressable_shards[0].data.shape) == np.prod(
-        model.params.layers.wk.shape
+    layer = model.params.layers[0]
+    assert layer.w_up.addressable_shards[0].data.shape[-1] == 1536 // mesh.shape["model"]
+    assert np.prod(layer.wk.addressable_shards[0].data.shape) == np.prod(
+        layer.wk.shape
     )  # 3 K/V heads: replicated

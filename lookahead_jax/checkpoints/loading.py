@@ -13,11 +13,11 @@ import jax.numpy as jnp
 from lookahead_jax.cache_dir import enable_compilation_cache
 from lookahead_jax.checkpoints import checkpoint
 from lookahead_jax.checkpoints.tokenizer import Tokenizer
-from lookahead_jax.distributed.sharding import default_mesh
+from lookahead_jax.distributed.sharding import default_mesh, shardings_for
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.models.bundle import Model
 from lookahead_jax.models.config import LlamaConfig
-from lookahead_jax.models.llama import LlamaLM, param_specs, quantize_params
+from lookahead_jax.models.llama import LlamaLM, param_specs, quantize_params, split_layers
 from lookahead_jax.models.quantize import check_weights
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
@@ -102,11 +102,15 @@ def load(
         per_param = {"float": itemsize, "int8": 1, "q8_0": 1 + itemsize / 32}[weights]
         n_params = sum(math.prod(t["shape"]) for t in info.manifest["tensors"].values())
         mesh = default_mesh(n_params * per_param)
+    # read and quantized in the checkpoint's stacked form, then one array per layer
+    # (llama.split_layers: what the unrolled forward reads in place)
     params = checkpoint.read_params(
-        info.path, info.cfg, dtype, LlamaLM(info.cfg).param_shardings(mesh)
+        info.path, info.cfg, dtype, shardings_for(param_specs(info.cfg), mesh)
     )
     if weights != "float":
-        params = quantize_params(params, info.cfg, lm.param_shardings(mesh), weights)
+        stacked = shardings_for(param_specs(info.cfg, weights), mesh)
+        params = quantize_params(params, info.cfg, stacked, weights)
+    params = jax.device_put(split_layers(params), lm.param_shardings(mesh))
     return Model(
         lm=lm,
         params=params,

@@ -124,8 +124,8 @@ def compiled_step(
     k_key, v_key = jax.random.split(jax.random.PRNGKey(2))
     cache = dataclasses.replace(
         cache,
-        k=jax.random.normal(k_key, cache.k.shape, cache.k.dtype),
-        v=jax.random.normal(v_key, cache.v.shape, cache.v.dtype),
+        k=tuple(jax.random.normal(k_key, x.shape, x.dtype) for x in cache.k),
+        v=tuple(jax.random.normal(v_key, x.shape, x.dtype) for x in cache.v),
         lengths=jnp.full((batch,), context, jnp.int32),
     )
     rows = tokens if all_logits else 1

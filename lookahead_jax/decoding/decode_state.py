@@ -88,13 +88,15 @@ def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b) -> DecodeState:
     n_out = state.n_out + k
     done = state.done | (active & ((first_eos < count_b) | (n_out >= state.max_new)))
 
+    # the E tokens go to slots start.. of each active row; an inactive row's go past S,
+    # where the scatter drops them, so both buffers are written in place
+    B, S = state.tokens.shape
     start = state.prompt_len + state.n_out  # first free slot of each row
-    write = jax.vmap(lambda row, vals, s: jax.lax.dynamic_update_slice(row, vals, (s,)))
-    tokens = jnp.where(active[:, None], write(state.tokens, new_be, start), state.tokens)
+    slots_be = jnp.where(active[:, None], start[:, None] + i, S)
+    rows_be = jnp.broadcast_to(jnp.arange(B)[:, None], (B, E))
     step_id = jnp.broadcast_to(state.steps[:, None], new_be.shape).astype(jnp.int32)
-    step_of = jnp.where(
-        active[:, None], write(state.step_of_token, step_id, start), state.step_of_token
-    )
+    tokens = state.tokens.at[rows_be, slots_be].set(new_be, mode="drop")
+    step_of = state.step_of_token.at[rows_be, slots_be].set(step_id, mode="drop")
     return dataclasses.replace(state, tokens=tokens, step_of_token=step_of, n_out=n_out, done=done)
 
 

@@ -20,9 +20,9 @@ row's new tokens are `tokens[b, prompt_len[b] : prompt_len[b] + n_out[b]]`. Exam
         state = step_fn(model.params, state)
 
 `jitted(...)` wraps them with `jax.jit` (the state donated, so the cache, token buffer
-and pool are updated in place); on a mesh it adds `in_shardings` and `out_shardings` from
-sharding.py's rules, so params stay where `load` put them and every state array keeps
-its batch-over-`data` layout from step to step.
+and pool are updated in place, and with `compiler_options()`); on a mesh it adds
+`in_shardings` and `out_shardings` from sharding.py's rules, so params stay where `load`
+put them and every state array keeps its batch-over-`data` layout from step to step.
 """
 
 from __future__ import annotations
@@ -84,6 +84,33 @@ def run_loop(
     return state
 
 
+def compiler_options(platform: str | None = None) -> dict:
+    """XLA options the decode programs are compiled with on this platform (default: the
+    first device's).
+
+    Copy insertion by region analysis (CPU and GPU): the attention's loop over cache
+    blocks (models/llama.py) reads each layer's K/V buffers, which the step then updates
+    in place with its commit. Without it XLA copies every buffer before that loop and
+    again before the update, two copies of the whole cache a step (the loop's HLO;
+    tests/test_loop_copies.py).
+
+    NVIDIA GPUs: matmuls through cuBLAS, not Triton GEMM fusions. XLA fuses the slice of
+    one layer's weights out of the stacked [L, ...] weights (the scan over layers) into
+    Triton GEMMs, which then write each slice to a new buffer before reading it: a 7B
+    step moved its weights three times, 18 ms for a plain step against 10 ms through
+    cuBLAS on an H100 (benchmarks/gpu/layer_loop.md).
+    """
+    platform = platform or jax.devices()[0].platform
+    if platform == "gpu":
+        return {
+            "xla_gpu_enable_triton_gemm": False,
+            "xla_gpu_copy_insertion_use_region_analysis": True,
+        }
+    if platform == "cpu":
+        return {"xla_cpu_copy_insertion_use_region_analysis": True}
+    return {}
+
+
 @dataclasses.dataclass(frozen=True)
 class Jitted:
     """The three entry points as jax.jit functions (not yet compiled)."""
@@ -100,26 +127,27 @@ def jitted(spec: DecodeSpec, max_new_cap: int, mesh, start_args) -> Jitted:
     start_fn = functools.partial(start, spec=spec, max_new_cap=max_new_cap)
     step_fn = functools.partial(step, spec=spec)
     loop_fn = functools.partial(run_loop, spec=spec)
+    jit = functools.partial(jax.jit, compiler_options=compiler_options())
     if mesh is None:
         return Jitted(
-            start=jax.jit(start_fn),
-            step=jax.jit(step_fn, donate_argnums=1),
-            run_loop=jax.jit(loop_fn, donate_argnums=1),
+            start=jit(start_fn),
+            step=jit(step_fn, donate_argnums=1),
+            run_loop=jit(loop_fn, donate_argnums=1),
         )
     params_sh = spec.lm.param_shardings(mesh)
     by_row = tuple(sharding.batch_major(x, mesh) for x in start_args[1:])
     state_sh = sharding.state_shardings(jax.eval_shape(start_fn, *start_args), mesh)
     scalar = NamedSharding(mesh, PartitionSpec())
     return Jitted(
-        start=jax.jit(
+        start=jit(
             start_fn,
             in_shardings=(params_sh, *by_row),
             out_shardings=state_sh,
         ),
-        step=jax.jit(
+        step=jit(
             step_fn, in_shardings=(params_sh, state_sh), out_shardings=state_sh, donate_argnums=1
         ),
-        run_loop=jax.jit(
+        run_loop=jit(
             loop_fn,
             in_shardings=(params_sh, state_sh, scalar, scalar),
             out_shardings=state_sh,

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from lookahead_jax import decoding
 from lookahead_jax.decoding.decode_state import DecodeSpec
+from lookahead_jax.decoding.loop import compiler_options  # noqa: F401  (re-exported)
 
 MAX_KEPT = 64  # compiled executables kept per process (assign to change)
 _JITTED: dict = {}  # program key -> (decoding.Jitted, state shape)
@@ -67,20 +68,6 @@ def precision_scope(dtype):
     return jax.default_matmul_precision(precision)
 
 
-def compiler_options() -> dict:
-    """XLA options the decode programs are compiled with on this platform.
-
-    NVIDIA GPUs: matmuls through cuBLAS, not Triton GEMM fusions. XLA fuses the slice of
-    one layer's weights out of the stacked [L, ...] weights (the scan over layers) into
-    Triton GEMMs, which then write each slice to a new buffer before reading it: a 7B
-    step moved its weights three times, 18 ms for a plain step against 10 ms through
-    cuBLAS on an H100 (benchmarks/gpu/layer_loop.md).
-    """
-    if jax.devices()[0].platform == "gpu":
-        return {"xla_gpu_enable_triton_gemm": False}
-    return {}
-
-
 def _key(model, spec: DecodeSpec, cap: int, start_args):
     leaves, tree = jax.tree.flatten(start_args)
     shapes = tuple((a.shape, str(a.dtype), getattr(a, "sharding", None)) for a in leaves)
@@ -108,7 +95,7 @@ def compiled(model, spec: DecodeSpec, cap: int, start_args, name: str):
         "run_loop": (model.params, state, jnp.int32(0), jnp.bool_(False)),
     }[name]
     with precision_scope(spec.cache_dtype):
-        exe = getattr(fns, name).lower(*lower_args).compile(compiler_options())
+        exe = getattr(fns, name).lower(*lower_args).compile()  # jitted's compiler options
     _COMPILED[(key, name)] = exe
     _forget_least_recent()
     return exe, time.perf_counter() - t

@@ -80,12 +80,12 @@ def all_rows(arr: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(arr, tiled=True))
 
 
-def replicated(mesh, value: np.ndarray) -> jax.Array:
-    """`value` (the same on every process) on every device of the mesh; on one device
-    without a mesh."""
+def replicated(mesh, value: np.ndarray, sharding=None) -> jax.Array:
+    """`value` (the same on every process) on the mesh: on every device, or placed by
+    `sharding` (e.g. its rows over `data`); on one device without a mesh."""
     if mesh is None:
         return jnp.asarray(value)
-    sharding = NamedSharding(mesh, PartitionSpec())
+    sharding = sharding or NamedSharding(mesh, PartitionSpec())
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 

@@ -126,7 +126,7 @@ def shardings_for(specs, mesh: Mesh | None):
     )
 
 
-KV_CACHE_AXES = ("layers", "batch", "slots", "kv_heads", "head_dim")
+KV_CACHE_AXES = ("batch", "kv_heads", "slots", "head_dim")  # each layer's [B, K, S, Dh]
 
 
 def batch_major(x, mesh: Mesh) -> NamedSharding:
@@ -136,13 +136,13 @@ def batch_major(x, mesh: Mesh) -> NamedSharding:
 
 
 def state_shardings(state_shape, mesh: Mesh):
-    """Shardings for a DecodeState (given as shapes): batch-major leaves over data, the
-    KV cache [L, B, S, K, Dh] by KV_CACHE_AXES (K/V heads over model when divisible)."""
+    """Shardings for a DecodeState (given as shapes): batch-major leaves over data, each
+    layer's K/V buffer [B, K, S, Dh] by KV_CACHE_AXES (K/V heads over model when divisible)."""
     import dataclasses
 
     out = jax.tree.map(lambda x: batch_major(x, mesh), state_shape)
-    kv = NamedSharding(mesh, spec_for(KV_CACHE_AXES, state_shape.cache.k.shape, mesh))
-    cache = dataclasses.replace(out.cache, k=kv, v=kv)
+    kv = [NamedSharding(mesh, spec_for(KV_CACHE_AXES, x.shape, mesh)) for x in state_shape.cache.k]
+    cache = dataclasses.replace(out.cache, k=tuple(kv), v=tuple(kv))
     return dataclasses.replace(out, cache=cache)
 
 

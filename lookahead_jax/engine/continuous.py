@@ -5,11 +5,14 @@ next prompt while the other slots keep decoding. The three verbs of JetStream's 
 interface, over this package's one decode path (decoding.start / run_loop, the same
 DecodeState, compiled programs and auto policy as `lj.generate`):
 
-    prefill   decoding.start on one prompt [1, P] (P: its power-of-two bucket): its K/V,
-              its first token and fresh guess sources (pool seeded from the prompt,
-              recycling table, window drawn from the prompt)
-    insert    that 1-row state written over slot s of the B-row state, every field, so
-              the slot's old K/V, tokens, counters and guesses are all replaced
+    prefill   decoding.start on the prompts that go into free slots, those of one
+              bucket together [n, P] (P: their power-of-two bucket; n: a power of two,
+              padded with rows that are done at once): their K/V, first tokens and fresh
+              guess sources (pool seeded from the prompt, recycling table, window drawn
+              from the prompt)
+    insert    those n rows written over their slots of the B-row state in one scatter,
+              every field, so a slot's old K/V, tokens, counters and guesses are all
+              replaced
     generate  decoding.run_loop over the B slots until a slot that was decoding finishes
               (while prompts wait), every slot is done, or `steps_per_call` steps ran
 
@@ -17,7 +20,7 @@ A slot's life:
 
     empty (done) --insert--> decoding --EOS or budget--> done --result read--> refilled
 
-What lives on the device: the B-row DecodeState — K/V cache [L, B, S, K, Dh], token
+What lives on the device: the B-row DecodeState — K/V cache (L buffers [B, K, S, Dh]), token
 buffer [B, S], per-row lengths, budgets, step counters, flags and PRNG keys, and the guess
 sources' state (pool [B, V, C, N-1], recycling tables [B, V, k], window [B, N-1, W]).
 The host holds the queue of prompts, which prompt sits in which slot, and the results;
@@ -30,8 +33,8 @@ starting with P = the first prompt's bucket; a prompt of a longer bucket first g
 state (`grow_slots`: the S axis padded, rows in flight untouched), so attention never spans
 slots sized for the longest prompt of the dataset while short ones decode. A prompt of
 bucket P' is prefilled with budget S - P' - E, so its state has the current S. New
-programs: one prefill per prompt bucket (`stats["prompt_buckets"]`), one loop and one
-insert per S (`stats["cache_slots"]`). `max_prompt_tokens` fixes P for the whole run
+programs: one prefill per prompt bucket and row count (`stats["prompt_buckets"]`), one
+loop and one insert per S (`stats["cache_slots"]`). `max_prompt_tokens` fixes P for the whole run
 (arrival order kept, no growth).
 
 Exactness: a row's tokens depend only on its prompt, budget and PRNG key (decode_state.py,
@@ -64,8 +67,7 @@ from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig, max_step_tokens
-from lookahead_jax.models import seam
-from lookahead_jax.models.kv_cache import KVCache
+from lookahead_jax.models import kv_cache, seam
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,34 +113,15 @@ def prompt_key(prompt_id) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def _put_rows(big, small, slot, axis: int):
-    return jax.lax.dynamic_update_slice_in_dim(big, small, slot, axis)
-
-
-def _by_row(fn, state: DecodeState, *more) -> DecodeState:
-    """Apply fn(leaf, *more_leaves, batch_axis) to every leaf of a DecodeState: the batch
-    axis is 1 for the K/V arrays [L, B, S, K, Dh] and 0 for everything else."""
-    rest = jax.tree.map(
-        lambda x, *ys: fn(x, *ys, 0),
-        dataclasses.replace(state, cache=None),
-        *(dataclasses.replace(m, cache=None) for m in more),
-    )
-    c, mc = state.cache, [m.cache for m in more]
-    cache = KVCache(
-        k=fn(c.k, *(m.k for m in mc), 1),
-        v=fn(c.v, *(m.v for m in mc), 1),
-        lengths=fn(c.lengths, *(m.lengths for m in mc), 0),
-    )
-    return dataclasses.replace(rest, cache=cache)
-
-
-def insert(state: DecodeState, fresh: DecodeState, slot) -> DecodeState:
-    """The B-row `state` with slot `slot` replaced by the 1-row `fresh` (a prefill)."""
-    return _by_row(lambda big, small, axis: _put_rows(big, small, slot, axis), state, fresh)
+def insert(state: DecodeState, fresh: DecodeState, slots_n) -> DecodeState:
+    """The B-row `state` with its rows `slots_n` [n] replaced by the n rows of `fresh` (a
+    prefill of n prompts), every field; a slot index >= B (a padding row) writes nothing.
+    Every leaf's rows are its first axis (the K/V buffers' [B, K, S, Dh] too)."""
+    return jax.tree.map(lambda big, small: big.at[slots_n].set(small, mode="drop"), state, fresh)
 
 
 def grow_slots(state: DecodeState, slots: int) -> DecodeState:
-    """The state with its S axis (token buffers [B, S], K/V [L, B, S, K, Dh]) padded with
+    """The state with its S axis (token buffers [B, S], K/V buffers [B, K, S, Dh]) padded with
     zeros to `slots`. The new slots lie past every row's end, where nothing is read."""
 
     def pad(x, axis):
@@ -146,16 +129,23 @@ def grow_slots(state: DecodeState, slots: int) -> DecodeState:
         widths[axis] = (0, slots - x.shape[axis])
         return jnp.pad(x, widths)
 
-    cache = dataclasses.replace(state.cache, k=pad(state.cache.k, 2), v=pad(state.cache.v, 2))
+    cache = kv_cache.map_buffers(lambda x: pad(x, kv_cache.SLOTS_AXIS), state.cache)
     return dataclasses.replace(
         state, cache=cache, tokens=pad(state.tokens, 1), step_of_token=pad(state.step_of_token, 1)
     )
 
 
 def empty_slots(fresh: DecodeState, batch: int) -> DecodeState:
-    """A B-row state of `fresh`'s shapes whose every slot is done (nothing decodes)."""
-    state = _by_row(lambda x, axis: jnp.repeat(x, batch, axis=axis), fresh)
+    """A B-row state of `fresh`'s shapes (but its number of rows) whose every slot is done
+    (nothing decodes)."""
+    state = jax.tree.map(lambda x: jnp.repeat(x[:1], batch, axis=0), fresh)
     return dataclasses.replace(state, done=jnp.ones((batch,), bool))
+
+
+def prefill_rows(n: int, batch: int) -> int:
+    """How many rows a prefill of n prompts runs: a power of two (so that few programs are
+    compiled), at most the batch."""
+    return min(1 << max(n - 1, 0).bit_length(), batch)
 
 
 _SMALL_PROGRAMS: dict = {}
@@ -307,6 +297,7 @@ class Engine:
             "rounds": 0,
             "compile_s": 0.0,
             "prompt_buckets": [],
+            "prefill_calls": 0,
             "cache_slots": [],
             "batch": self.batch,
             "groups": [],
@@ -397,38 +388,53 @@ class _GroupRun:
         self.engine.stats["compile_s"] += secs
         return exe
 
-    def _prefill(self, r: _Encoded) -> DecodeState:
-        P = inputs.bucket(len(r.ids))
-        prompt = np.zeros((1, P), np.int32)
-        prompt[0, : len(r.ids)] = r.ids
-        rows = (
-            prompt,
-            np.asarray([len(r.ids)], np.int32),
-            np.asarray([r.max_new], np.int32),
-            np.asarray(keys_for(self.engine.seed, [prompt_key(r.id)])),
-        )
-        if self.model.mesh is not None:
-            rows = tuple(multihost.replicated(self.model.mesh, a) for a in rows)
+    def _prefill(self, P: int, requests: list[_Encoded]) -> DecodeState:
+        """One prefill of the prompts of bucket P, padded to `prefill_rows` rows (a padding
+        row has a budget of 0: done at once)."""
+        n = prefill_rows(len(requests), self.B)
+        prompt = np.zeros((n, P), np.int32)
+        prompt_len, max_new = np.ones((n,), np.int32), np.zeros((n,), np.int32)
+        for i, r in enumerate(requests):
+            prompt[i, : len(r.ids)] = r.ids
+            prompt_len[i], max_new[i] = len(r.ids), r.max_new
+        keys = [prompt_key(r.id) for r in requests] + [0] * (n - len(requests))
+        rows = (prompt, prompt_len, max_new, np.asarray(keys_for(self.engine.seed, keys)))
+        mesh = self.model.mesh
+        if mesh is not None:  # where the start program takes them: rows over `data`
+            rows = tuple(multihost.replicated(mesh, a, sharding.batch_major(a, mesh)) for a in rows)
         args = (self.model.params, *rows)
         buckets = self.engine.stats["prompt_buckets"]
         if P not in buckets:
             buckets.append(P)
+        self.engine.stats["prefill_calls"] += 1
         # the budget that gives this bucket's state the state's S = self.P + cap + slack
         start = self._compiled(self.spec, self.P + self.cap - P, args, "start")
         return start(*args)
 
     def _fill(self) -> None:
-        for s in range(self.B):
-            if self.slots[s] is None and self.queue:
-                r = self.queue.popleft()
-                if inputs.bucket(len(r.ids)) > self.P:
-                    self._grow(inputs.bucket(len(r.ids)))
-                fresh = self._prefill(r)
-                if self.state is None:
-                    empty = _small_program(empty_slots, self.state_sh, static_argnums=1)
-                    self.state = empty(fresh, self.B)
-                self.state = self.insert(self.state, fresh, np.int32(s))
-                self.slots[s] = (r, time.perf_counter())
+        """Prefill the queue's next prompts into the free slots: one prefill per prompt
+        bucket among them, then one insert of its rows."""
+        free = [s for s in range(self.B) if self.slots[s] is None]
+        taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
+        if not taken:
+            return
+        longest = max(inputs.bucket(len(r.ids)) for r in taken)
+        if longest > self.P:
+            self._grow(longest)
+        by_bucket: dict[int, list] = {}
+        for s, r in zip(free, taken, strict=False):  # the first len(taken) free slots
+            by_bucket.setdefault(inputs.bucket(len(r.ids)), []).append((s, r))
+        for P, placed in by_bucket.items():
+            fresh = self._prefill(P, [r for _, r in placed])
+            if self.state is None:
+                empty = _small_program(empty_slots, self.state_sh, static_argnums=1)
+                self.state = empty(fresh, self.B)
+            slots = np.full((fresh.done.shape[0],), self.B, np.int32)  # padding: dropped
+            slots[: len(placed)] = [s for s, _ in placed]
+            self.state = self.insert(self.state, fresh, slots)
+            now = time.perf_counter()
+            for s, r in placed:
+                self.slots[s] = (r, now)
 
     def run(self) -> Iterator[Result]:
         stats = self.engine.stats

@@ -32,6 +32,7 @@ from lookahead_jax.decoding.programs import precision_scope
 from lookahead_jax.engine.generate import generate
 from lookahead_jax.engine.inputs import encode_prompts
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+from lookahead_jax.models import kv_cache
 
 DEFAULT_CONFIGS = (
     LookaheadConfig.for_budget(8),
@@ -69,11 +70,7 @@ def pass_agreement(model, ids: list[int]) -> float:
                 cache,
                 None,
             )
-        cache = type(cache)(
-            k=cache.k.at[:, :, t].set(k[:, :, 0]),
-            v=cache.v.at[:, :, t].set(v[:, :, 0]),
-            lengths=cache.lengths + 1,
-        )
+        cache = kv_cache.commit(cache, k, v, jnp.zeros((1, 1), jnp.int32), jnp.ones(1, jnp.int32))
         worst = max(worst, float(np.abs(np.asarray(logits[0, 0], np.float64) - full[t]).max()))
     return worst
 

@@ -1,12 +1,23 @@
-"""A fixed-shape KV cache with a length per batch row.
+"""A fixed-shape KV cache with a length per batch row, one buffer per layer.
 
-    k, v     [L, B, S, K, Dh]   layers, batch, slots, kv heads, head dim
-    lengths  [B]                tokens committed per row; slots >= length hold garbage
+    k, v     L arrays [B, K, S, Dh]   per layer: batch, kv heads, slots, head dim
+    lengths  [B]                      tokens committed per row; slots >= length hold garbage
+
+The layout is the one the attention reads without a transpose (batch and kv heads lead,
+as the dots' batch dimensions, so a layer's scores are [B, K, T*Q, Dh] x [B, K, S, Dh] and
+its output [B, K, T*Q, S] x [B, K, S, Dh]), and every layer owns its buffer: a forward
+that unrolls its layers reads each one in place, where slicing one layer out of a stacked
+[L, ...] array (a scan over layers) makes XLA:CPU copy it every step. The same holds for
+the weights (llama.py).
 
 Rows grow independently: a lookahead step commits 1..max_emit tokens per row, each row
 at its own length. Attention masks slots `>= lengths[b]`, so garbage written
 past a row's length (by a fixed-size commit) is never read and is overwritten
-by the next commit.
+by the next commit. Every write here is a scatter into the buffers' own layout, which
+XLA performs in place: a step writes only the new tokens' K/V.
+
+A forward's new K/V come in the same layout, with the pass's T tokens for S:
+L arrays [B, K, T, Dh].
 """
 
 from __future__ import annotations
@@ -16,57 +27,84 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+BATCH_AXIS, SLOTS_AXIS = 0, 2  # of each layer's [B, K, S, Dh]
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    k: jax.Array  # [L, B, S, K, Dh]
-    v: jax.Array  # [L, B, S, K, Dh]
+    k: tuple[jax.Array, ...]  # L x [B, K, S, Dh]
+    v: tuple[jax.Array, ...]  # L x [B, K, S, Dh]
     lengths: jax.Array  # [B] int32
+
+    @property
+    def slots(self) -> int:
+        """S, the slots per row."""
+        return self.k[0].shape[SLOTS_AXIS]
 
 
 def init_cache(layers: int, batch: int, slots: int, kv_heads: int, head_dim: int, dtype):
-    """An empty cache [L, B, S, K, Dh] (every length 0)."""
-    shape = (layers, batch, slots, kv_heads, head_dim)
+    """An empty cache of L buffers [B, K, S, Dh] (every length 0)."""
+    shape = (batch, kv_heads, slots, head_dim)
     return KVCache(
-        k=jnp.zeros(shape, dtype),
-        v=jnp.zeros(shape, dtype),
+        k=tuple(jnp.zeros(shape, dtype) for _ in range(layers)),
+        v=tuple(jnp.zeros(shape, dtype) for _ in range(layers)),
         lengths=jnp.zeros((batch,), jnp.int32),
     )
 
 
 def write_prefix(cache: KVCache, new_k, new_v, lengths_b) -> KVCache:
-    """Write a prefill's K/V `[L, B, T, K, Dh]` into slots 0..T-1; set lengths."""
-    k = jax.lax.dynamic_update_slice_in_dim(cache.k, new_k.astype(cache.k.dtype), 0, axis=2)
-    v = jax.lax.dynamic_update_slice_in_dim(cache.v, new_v.astype(cache.v.dtype), 0, axis=2)
-    return KVCache(k=k, v=v, lengths=lengths_b.astype(jnp.int32))
+    """Write a prefill's K/V (L x [B, K, T, Dh]) into slots 0..T-1; set lengths."""
+
+    def put(dst, src):
+        return jax.lax.dynamic_update_slice_in_dim(dst, src.astype(dst.dtype), 0, SLOTS_AXIS)
+
+    return KVCache(
+        k=tuple(map(put, cache.k, new_k)),
+        v=tuple(map(put, cache.v, new_v)),
+        lengths=lengths_b.astype(jnp.int32),
+    )
 
 
 def commit(cache: KVCache, new_k, new_v, src_be, count_b) -> KVCache:
     """Append selected new tokens' K/V to each row at its own length.
 
-    new_k, new_v  [L, B, T, K, Dh]  K/V of the tokens of one forward pass
+    new_k, new_v  L x [B, K, T, Dh]  K/V of the tokens of one forward pass
     src_be        [B, E]            which of the T tokens to commit, in order
     count_b       [B]               how many of the E are real (0..E)
 
-    Row b gets `new_k[:, b, src_be[b, j]]` at slot `lengths[b] + j` for every j < E;
+    Row b gets `new_k[l][b, :, src_be[b, j]]` at slot `lengths[b] + j` for every j < E;
     only the first `count_b[b]` of them lie below the new length, the rest are
     the garbage past the length that the class docstring allows. The caller
-    guarantees `lengths + E <= S` (a clamped slice would overwrite real K/V).
+    guarantees `lengths + E <= S` (a write past S would be dropped, not clamped).
+
+    Example (one row, E = 3, lengths = [5], src = [[0, 4, 2]], count = [2]): slots 5, 6, 7
+    get the pass's tokens 0, 4, 2; the new length is 7, so slot 7 is garbage for now.
     """
+    B, E = src_be.shape
+    rows_be = jnp.broadcast_to(jnp.arange(B)[:, None], (B, E))
+    slots_be = cache.lengths[:, None] + jnp.arange(E, dtype=jnp.int32)[None]
     # Garbage slots are multiplied by zero attention weights, so they must stay finite:
     # clip (never fill with NaN) any index a caller computes for an unused slot.
-    idx = src_be[None, :, :, None, None]
-    take = lambda x: jnp.take_along_axis(x, idx, axis=2, mode="clip")  # noqa: E731
-    sel_k = take(new_k).astype(cache.k.dtype)  # [L, B, E, K, Dh]
-    sel_v = take(new_v).astype(cache.v.dtype)
+    pick = src_be[:, None, :, None]
 
-    def write_row(dst, src, start):  # dst [L, S, K, Dh], src [L, E, K, Dh]
-        return jax.lax.dynamic_update_slice_in_dim(dst, src, start, axis=1)
+    def put(dst, src):  # dst [B, K, S, Dh], src [B, K, T, Dh]
+        sel = jnp.take_along_axis(src, pick, axis=SLOTS_AXIS, mode="clip")  # [B, K, E, Dh]
+        # x[rows, :, slots] indexes [B, E] pairs: its update is [B, E, K, Dh]
+        return dst.at[rows_be, :, slots_be].set(
+            jnp.swapaxes(sel, 1, 2).astype(dst.dtype),
+            mode="drop",
+            unique_indices=True,
+            indices_are_sorted=True,
+        )
 
-    write = jax.vmap(write_row, in_axes=(1, 1, 0), out_axes=1)
     return KVCache(
-        k=write(cache.k, sel_k, cache.lengths),
-        v=write(cache.v, sel_v, cache.lengths),
+        k=tuple(map(put, cache.k, new_k)),
+        v=tuple(map(put, cache.v, new_v)),
         lengths=cache.lengths + count_b.astype(jnp.int32),
     )
+
+
+def map_buffers(fn, cache: KVCache) -> KVCache:
+    """The cache with `fn` applied to every layer's K and V buffer (lengths kept)."""
+    return dataclasses.replace(cache, k=tuple(map(fn, cache.k)), v=tuple(map(fn, cache.v)))

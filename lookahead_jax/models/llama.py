@@ -9,8 +9,18 @@ Params are a registered dataclass pytree (`LlamaParams`, its per-layer weights i
 `LayerParams`); `param_specs` declares every weight once — its shape and logical axis
 names — in the same structure, and everything else derives from that one declaration:
 the sharding rules (sharding.py), random init, the flat names of the on-disk checkpoint
-(`flat_names`) and the converters' shape checks. Layers are stacked on a leading L axis
-and run with `lax.scan`, so compile time does not grow with depth.
+(`flat_names`) and the converters' shape checks.
+
+Two forms of the same params: *stacked*, every layer's weights on a leading L axis (one
+`LayerParams` of [L, ...] arrays: the checkpoint's form, what `param_specs`, `flat_names`
+and the converters speak), and *per layer* (a tuple of L `LayerParams` of one layer's
+arrays: what `lj.load` returns and decoding reads; `split_layers` / `stack_layers`). The
+forward unrolls its layers and reads each layer's weights and K/V cache buffers where
+they lie: under a `lax.scan` over stacked weights XLA:CPU copies every layer's slice of
+every weight matrix out of the stack at every step, and of the cache as well, so a step
+moved its weights three times and its cache several (benchmarks/cpu/step_cost.md). The
+cost is compile time, which grows with depth (MaxText's `scan_layers=False` makes the
+same trade for serving).
 
 The forward knows nothing about lookahead: it takes explicit positions and a boolean
 mask among the new tokens, and attends to a row's cache slots below its length. A
@@ -49,7 +59,8 @@ class ParamSpec:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class LayerParams:
-    """Every layer's weights, stacked on a leading L axis."""
+    """The layers' weights: stacked, every layer's on a leading L axis (the shapes below),
+    or one layer's (the same shapes without L)."""
 
     attn_norm: jax.Array  # [L, D]
     wq: jax.Array  # [L, D, H, Dh]
@@ -77,7 +88,7 @@ class LayerParams:
 @dataclasses.dataclass
 class LlamaParams:
     embed: jax.Array  # [V, D]
-    layers: LayerParams
+    layers: LayerParams | tuple[LayerParams, ...]  # stacked, or one per layer
     final_norm: jax.Array  # [D]
     lm_head: jax.Array | None = None  # [D, V]; None with tied embeddings
 
@@ -153,7 +164,10 @@ def _path_name(path) -> str:
 def flat_names(tree, is_leaf=None) -> dict[str, object]:
     """{'layers/wq': leaf, ...}: the checkpoint's flat tensor names for a params-shaped
     tree (of arrays, specs or shardings); an int8 matrix's leaves are 'layers/wq/q' and
-    'layers/wq/scale' unless `is_leaf` stops at the Int8Weight."""
+    'layers/wq/scale' unless `is_leaf` stops at the Int8Weight. Per-layer params (of
+    arrays) are stacked first (stack_layers), as the checkpoint holds them."""
+    if isinstance(tree, LlamaParams):
+        tree = stack_layers(tree)
     leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_leaf)
     return {_path_name(p): leaf for p, leaf in leaves}
 
@@ -168,14 +182,55 @@ def from_flat(cfg: LlamaConfig, flat: dict[str, object]) -> LlamaParams:
 
 
 def init_params(cfg: LlamaConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02):
-    """Random weights (normal, std `scale`; norms around 1) — for tests and timing."""
+    """Random weights (normal, std `scale`; norms around 1), per layer — for tests and
+    timing."""
     named = flat_names(param_specs(cfg))
     subkeys = jax.random.split(key, len(named))
     flat = {}
     for (name, spec), k in zip(named.items(), subkeys, strict=True):
         noise = jax.random.normal(k, spec.shape)
         flat[name] = (1.0 + 0.1 * noise if name.endswith("norm") else scale * noise).astype(dtype)
-    return from_flat(cfg, flat)
+    return split_layers(from_flat(cfg, flat))
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, ParamSpec)
+
+
+def split_layers(params: LlamaParams) -> LlamaParams:
+    """Stacked params (arrays, or ParamSpecs) -> the same with one LayerParams per layer,
+    each leaf without its leading L axis. Per-layer params are returned as they are."""
+    if not isinstance(params.layers, LayerParams):
+        return params
+    first = jax.tree.leaves(params.layers, is_leaf=_is_spec)[0]
+    n = first.shape[0]
+
+    def layer(i):
+        def cut(x):
+            return ParamSpec(x.shape[1:], x.axes[1:]) if _is_spec(x) else x[i]
+
+        return jax.tree.map(cut, params.layers, is_leaf=_is_spec)
+
+    return dataclasses.replace(params, layers=tuple(layer(i) for i in range(n)))
+
+
+def stack_layers(params: LlamaParams) -> LlamaParams:
+    """Per-layer params -> stacked (the checkpoint's form). Stacked params are returned
+    as they are."""
+    if isinstance(params.layers, LayerParams):
+        return params
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *params.layers)
+    return dataclasses.replace(params, layers=stacked)
+
+
+def per_layer(layers) -> tuple[LayerParams, ...]:
+    """One LayerParams per layer: `layers` as they are when per layer already, else cut out
+    of the stacked arrays (inside a jitted program every cut is a copy: decoding keeps its
+    params per layer; stacked params, e.g. in tests, still give the same results)."""
+    if isinstance(layers, LayerParams):
+        n = jax.tree.leaves(layers)[0].shape[0]
+        return tuple(jax.tree.map(lambda a, i=i: a[i], layers) for i in range(n))
+    return tuple(layers)
 
 
 def accum_dtype(dtype):
@@ -192,55 +247,106 @@ def rms_norm(x, weight, eps: float):
 
 NEG_INF = -1e30
 
+# Cache slots one step of attention reads at a time: the attention runs over blocks of
+# this many slots up to the batch's longest row, so a step costs what the live rows hold,
+# not the cache's size S (a cache of at most this many slots is read whole).
+ATTENTION_BLOCK = 64
 
-def in_window(q_pos, k_pos, window):
+
+def in_window(q_pos, k_pos, window: int):
     """Whether keys at positions `k_pos` are inside the sliding window of queries at
-    `q_pos` (broadcast together): q - window < k. window: a traced int32 scalar, 0 = no window."""
-    return (window <= 0) | (q_pos - k_pos < window)
+    `q_pos` (broadcast together): q - window < k."""
+    return q_pos - k_pos < window
 
 
 def attention(
     q_btkqe,
-    k_new_buke,
-    v_new_buke,
+    k_new_bkue,
+    v_new_bkue,
     self_mask_btu,
-    cache_k,
-    cache_v,
-    cache_len_b,
+    cache_k_bkse=None,
+    cache_v_bkse=None,
+    cache_len_b=None,
     positions_bt=None,
-    window=None,
+    window: int = 0,
+    block: int = ATTENTION_BLOCK,
 ):
     """Softmax attention over [cache slots below each row's length] + [new tokens under mask].
 
     q          [B, T, K, Q, Dh]
-    k/v_new    [B, U, K, Dh]     the new tokens' keys/values (U = T)
-    self_mask  [B|1, T, U]      bool, which new tokens each new token sees
-    cache_k/v  [B, S, K, Dh]     or None (prefill); slot s holds position s
+    k/v_new    [B, K, U, Dh]     the new tokens' keys/values (U = T)
+    self_mask  [B|1, T, U]       bool, which new tokens each new token sees
+    cache_k/v  [B, K, S, Dh]     or None (prefill); slot s holds position s
     cache_len  [B]
-    positions  [B, T]            the new tokens' positions (needed with `window`)
-    window     int32 scalar or None: the sliding window (0: this layer attends fully)
+    positions  [B, T]            the new tokens' positions (needed with a window)
+    window     the sliding window in positions (0: this layer attends fully)
+    block      cache slots per block (ATTENTION_BLOCK)
+
+    Returns [B, T, K, Q, Dh]. The softmax is computed online (flash-decoding): per query
+    a running max `top` of the scores, `mass` = sum of exp(score - top) and `acc` = the
+    values weighted by exp(score - top), over the new tokens first and then the cache,
+    `block` slots at a time, as far as the longest row's length. A block past a row's
+    length is masked whole for it, which leaves its top, mass and acc exactly as they were
+    (its scores are NEG_INF: exp(NEG_INF - top) = 0 and the rescale is exp(0) = 1), so a
+    row's output does not depend on the other rows' lengths.
     """
-    scale = 1.0 / np.sqrt(q_btkqe.shape[-1])
+    scale = float(1.0 / np.sqrt(q_btkqe.shape[-1]))  # a Python float: weakly typed
     f32 = accum_dtype(q_btkqe.dtype)
-    if window is not None:
+    q_bktqe = jnp.swapaxes(q_btkqe, 1, 2)
+    if window:
         near = in_window(positions_bt[:, :, None], positions_bt[:, None, :], window)
         self_mask_btu = self_mask_btu & near
-    s_new = jnp.einsum("btkqe,buke->bkqtu", q_btkqe, k_new_buke, preferred_element_type=f32)
-    s_new = jnp.where(self_mask_btu[:, None, None], s_new * scale, NEG_INF)
-    if cache_k is None:
-        p = jax.nn.softmax(s_new, axis=-1).astype(v_new_buke.dtype)
-        return jnp.einsum("bkqtu,buke->btkqe", p, v_new_buke)
-    s_cache = jnp.einsum("btkqe,bske->bkqts", q_btkqe, cache_k, preferred_element_type=f32)
-    slots = jnp.arange(cache_k.shape[1])
-    visible = slots[None, None, :] < cache_len_b[:, None, None]  # [B, 1, S]
-    if window is not None:
-        visible = visible & in_window(positions_bt[:, :, None], slots[None, None, :], window)
-    s_cache = jnp.where(visible[:, None, None], s_cache * scale, NEG_INF)  # [B,1,1,T|1,S]
-    p = jax.nn.softmax(jnp.concatenate([s_cache, s_new], axis=-1), axis=-1)
-    p = p.astype(v_new_buke.dtype)
-    n_cache = cache_k.shape[1]
-    out = jnp.einsum("bkqts,bske->btkqe", p[..., :n_cache], cache_v)
-    return out + jnp.einsum("bkqtu,buke->btkqe", p[..., n_cache:], v_new_buke)
+    s_new = jnp.einsum("bktqe,bkue->bktqu", q_bktqe, k_new_bkue, preferred_element_type=f32)
+    s_new = jnp.where(self_mask_btu[:, None, :, None, :], s_new * scale, NEG_INF)
+    dtype = v_new_bkue.dtype
+    if cache_k_bkse is None:
+        p = jax.nn.softmax(s_new, axis=-1).astype(dtype)
+        return jnp.einsum("bktqu,bkue->btkqe", p, v_new_bkue)
+    # every token sees itself, so top is finite from here on
+    top = jnp.max(s_new, axis=-1, keepdims=True)  # [B, K, T, Q, 1]
+    p = jnp.exp(s_new - top)
+    carry = (
+        top,
+        jnp.sum(p, axis=-1, keepdims=True),
+        jnp.einsum("bktqu,bkue->bktqe", p.astype(dtype), v_new_bkue, preferred_element_type=f32),
+    )
+
+    def absorb(carry, k_bkce, v_bkce, slots_c, fresh_c):
+        """Fold cache slots `slots_c` [C] (K/V [B, K, C, Dh]) into (top, mass, acc);
+        slots where `fresh_c` is False were folded in already."""
+        top, mass, acc = carry
+        s = jnp.einsum("bktqe,bkce->bktqc", q_bktqe, k_bkce, preferred_element_type=f32)
+        visible = fresh_c[None, None, :] & (slots_c[None, None, :] < cache_len_b[:, None, None])
+        if window:
+            visible = visible & in_window(positions_bt[:, :, None], slots_c[None, None, :], window)
+        s = jnp.where(visible[:, None, :, None, :], s * scale, NEG_INF)  # [B, K, T|1, Q|1, C]
+        new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
+        rescale = jnp.exp(top - new_top)
+        p = jnp.exp(s - new_top)
+        acc = acc * rescale + jnp.einsum(
+            "bktqc,bkce->bktqe", p.astype(dtype), v_bkce, preferred_element_type=f32
+        )
+        return new_top, mass * rescale + jnp.sum(p, axis=-1, keepdims=True), acc
+
+    S = cache_k_bkse.shape[2]
+    if block >= S:
+        slots = jnp.arange(S)
+        carry = absorb(carry, cache_k_bkse, cache_v_bkse, slots, slots >= 0)
+    else:
+
+        def one_block(j, carry):
+            # the last block is moved back to end at S; its slots below j * block
+            # belong to the block before and are not folded in twice
+            start = jnp.minimum(j * block, S - block)
+            k = jax.lax.dynamic_slice_in_dim(cache_k_bkse, start, block, axis=2)
+            v = jax.lax.dynamic_slice_in_dim(cache_v_bkse, start, block, axis=2)
+            slots = start + jnp.arange(block)
+            return absorb(carry, k, v, slots, slots >= j * block)
+
+        n_blocks = (jnp.max(cache_len_b) + block - 1) // block
+        carry = jax.lax.fori_loop(0, n_blocks, one_block, carry)
+    _, mass, acc = carry
+    return jnp.swapaxes(acc / mass, 1, 2).astype(dtype)
 
 
 def forward(
@@ -251,6 +357,7 @@ def forward(
     self_mask_btu: jax.Array,
     cache: KVCache | None = None,
     logits_rows_br: jax.Array | None = None,
+    attention_block: int = ATTENTION_BLOCK,
 ):
     """One pass over T new tokens per row.
 
@@ -261,20 +368,23 @@ def forward(
                        (None: all T). Skipping rows skips their share of the LM head.
 
     Returns logits [B, R, V] (float32; float64 for float64 params) and the new tokens'
-    K/V, each [L, B, T, K, Dh] (keys after RoPE), for the caller to commit as it chooses.
+    K/V, each L arrays [B, K, T, Dh] (keys after RoPE; kv_cache.py's layout), for the
+    caller to commit as it chooses.
+
+    The layers run one after another, unrolled (a Python loop, not a scan), each reading
+    its own weights and cache buffers in place (see `per_layer`).
     """
     dtype = params.embed.dtype
     B, T = tokens_bt.shape
     K, Q, Dh = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     x_btd = quantize.take_rows(params.embed, tokens_bt)
     cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), dtype)
-    cache_len = None if cache is None else cache.lengths
-
     eps = cfg.rms_norm_eps
-
-    def layer(x_btd, xs):
-        lp, ck, cv, window = xs
-        with jax.named_scope("attention"):
+    new_k, new_v = [], []
+    for i, lp in enumerate(per_layer(params.layers)):
+        window = cfg.layer_windows[i] if cfg.layer_windows else 0
+        cached = () if cache is None else (cache.k[i], cache.v[i], cache.lengths)
+        with jax.named_scope(f"layer_{i}"), jax.named_scope("attention"):
             h = rms_norm(x_btd, lp.attn_norm, eps)
             q = _plus(einsum("btd,dhe->bthe", h, lp.wq), lp.bq)
             k = _plus(einsum("btd,dke->btke", h, lp.wk), lp.bk)
@@ -282,20 +392,27 @@ def forward(
             if cfg.qk_norm:  # Qwen3: each head's q and k normalised over Dh
                 q, k = rms_norm(q, lp.q_norm, eps), rms_norm(k, lp.k_norm, eps)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            q = q.reshape(B, T, K, Q, Dh)
-            o = attention(q, k, v, self_mask_btu, ck, cv, cache_len, positions_bt, window)
-            o = einsum("bthe,hed->btd", o.reshape(B, T, K * Q, Dh), lp.wo)
+            k_bkte, v_bkte = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+            o = attention(
+                q.reshape(B, T, K, Q, Dh),
+                k_bkte,
+                v_bkte,
+                self_mask_btu,
+                *cached,
+                positions_bt=positions_bt,
+                window=window,
+                block=attention_block,
+            )
+            wo = quantize.merge_leading(lp.wo, 2)  # [H * Dh, D]
+            o = einsum("btf,fd->btd", o.reshape(B, T, K * Q * Dh), wo)
             x_btd = x_btd + _plus(o, lp.bo)
-        with jax.named_scope("mlp"):
+        with jax.named_scope(f"layer_{i}"), jax.named_scope("mlp"):
             h = rms_norm(x_btd, lp.mlp_norm, eps)
             gate = jax.nn.silu(_plus(einsum("btd,df->btf", h, lp.w_gate), lp.b_gate))
             up = _plus(einsum("btd,df->btf", h, lp.w_up), lp.b_up)
             x_btd = x_btd + _plus(einsum("btf,fd->btd", gate * up, lp.w_down), lp.b_down)
-        return x_btd, (k, v)
-
-    caches = (None, None) if cache is None else (cache.k, cache.v)
-    windows_l = jnp.asarray(cfg.layer_windows, jnp.int32) if cfg.layer_windows else None
-    x_btd, (new_k, new_v) = jax.lax.scan(layer, x_btd, (params.layers, *caches, windows_l))
+        new_k.append(k_bkte)
+        new_v.append(v_bkte)
 
     if logits_rows_br is not None:
         x_btd = jnp.take_along_axis(x_btd, logits_rows_br[:, :, None], axis=1)  # [B, R, D]
@@ -305,7 +422,7 @@ def forward(
         logits = einsum("brd,vd->brv", h, params.embed, preferred_element_type=acc)
     else:
         logits = einsum("brd,dv->brv", h, params.lm_head, preferred_element_type=acc)
-    return logits, new_k, new_v
+    return logits, tuple(new_k), tuple(new_v)
 
 
 def _plus(x, bias):
@@ -317,10 +434,12 @@ def _plus(x, bias):
 class LlamaLM:
     """The Llama forward behind the model seam (seam.CausalLM): hashable, a jit static.
     `weights` says how the params hold their matrices: "float", "int8" or "q8_0"
-    (quantize.py)."""
+    (quantize.py); `attention_block` how many cache slots the attention reads at a time
+    (ATTENTION_BLOCK). Its params are per layer (split_layers)."""
 
     cfg: LlamaConfig
     weights: str = "float"
+    attention_block: int = ATTENTION_BLOCK
 
     @property
     def vocab_size(self) -> int:
@@ -331,21 +450,31 @@ class LlamaLM:
         return self.cfg.max_position_embeddings
 
     def apply(self, params, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br=None):
-        return forward(params, self.cfg, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br)
+        return forward(
+            params,
+            self.cfg,
+            tokens_bt,
+            positions_bt,
+            mask_btu,
+            cache,
+            logits_rows_br,
+            self.attention_block,
+        )
 
     def init_cache(self, batch: int, slots: int, dtype) -> KVCache:
         c = self.cfg
         return kv_cache.init_cache(c.num_layers, batch, slots, c.num_kv_heads, c.head_dim, dtype)
 
     def param_shardings(self, mesh: Mesh | None):
-        return sharding.shardings_for(param_specs(self.cfg, self.weights), mesh)
+        """One Sharding per array of the per-layer params."""
+        return sharding.shardings_for(split_layers(param_specs(self.cfg, self.weights)), mesh)
 
 
 def quantize_params(params, cfg, shardings=None, weights: str = "int8"):
-    """Float LlamaParams -> the same params with every matrix of CONTRACTED an Int8Weight
-    of `weights` ("int8" or "q8_0"), each placed by `shardings` (the quantized params'
-    shardings, LlamaLM.param_shardings) when given. One jitted quantization per matrix,
-    so the float originals can go one by one."""
+    """Float stacked LlamaParams -> the same params with every matrix of CONTRACTED an
+    Int8Weight of `weights` ("int8" or "q8_0"), each placed by `shardings` (the quantized
+    stacked params' shardings) when given. One jitted quantization per matrix, so the float
+    originals can go one by one."""
     specs = flat_names(param_specs(cfg))
     flat = flat_names(params)
     where = {} if shardings is None else flat_names(shardings, is_leaf=_is_int8)

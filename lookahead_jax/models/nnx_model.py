@@ -6,10 +6,10 @@ calls the module — the pattern of Flax's own gemma sampler. The module's `__ca
 follows the seam's `apply` (seam.py):
 
     module(tokens [B, T], positions [B, T], mask [B|1, T, T], cache, logits_rows [B, R])
-        -> logits [B, R, V], new_k [L, B, T, K, Dh], new_v [L, B, T, K, Dh]
+        -> logits [B, R, V], new_k, new_v (each L arrays [B, K, T, Dh])
 
-where `cache` is a kv_cache.KVCache (k, v [L, B, S, K, Dh], lengths [B]) or None for the
-prefill: attend to slots below each row's length, never write it. Example (a complete,
+where `cache` is a kv_cache.KVCache (k, v: L buffers [B, K, S, Dh]; lengths [B]) or None
+for the prefill: attend to slots below each row's length, never write it. Example (a complete,
 runnable one: examples/tiny_nnx_lm.py):
 
     model = lj.from_nnx(MyLM(cfg, rngs=nnx.Rngs(0)), max_context=2048, eos_ids=(2,),

@@ -174,6 +174,19 @@ def _chunked_einsum(spec: str, x, w: Int8Weight, axis: int, n: int, kwargs):
     return ys.reshape(ys.shape[:pos] + (n * c,) + ys.shape[pos + 2 :])
 
 
+def merge_leading(w, n: int):
+    """w with its first n axes merged into one: a float array, or an Int8Weight whose
+    contraction axes they are (its scales stay as they are: per-channel scales lack those
+    axes, block scales already run along them flattened). A matmul that contracts one
+    axis reads its weight in place, where XLA:CPU copies and transposes a weight whose
+    several contraction axes it must merge itself (wo's [H, Dh, D])."""
+    if not isinstance(w, Int8Weight):
+        return w.reshape(-1, *w.shape[n:])
+    assert w.contracted == tuple(range(-w.q.ndim, -w.q.ndim + n)), "the contraction axes"
+    q = w.q.reshape(-1, *w.q.shape[n:])
+    return dataclasses.replace(w, q=q, contracted=(-q.ndim,))
+
+
 def take_rows(w, ids):
     """w[ids] (an embedding lookup) for a float or Int8Weight `w` of rows [V, D]."""
     if not isinstance(w, Int8Weight):

@@ -8,8 +8,8 @@ A model is any hashable object (it is a static argument of the jitted programs) 
 
     apply(params, tokens [B, T], positions [B, T], mask [B|1, T, T], cache, logits_rows [B, R])
         -> logits [B, R, V] (float32, or float64 for float64 params),
-           new_k, new_v [L, B, T, K, Dh]   the T new tokens' cache entries
-    init_cache(batch, slots, dtype) -> KVCache      k, v [L, B, S, K, Dh], lengths [B] = 0
+           new_k, new_v (each L arrays [B, K, T, Dh])   the T new tokens' cache entries
+    init_cache(batch, slots, dtype) -> KVCache      k, v: L buffers [B, K, S, Dh]; lengths [B] = 0
     param_shardings(mesh) -> the params' structure, one jax Sharding per array (mesh None:
         one device)
 

@@ -373,7 +373,7 @@ def write_checkpoint(model, params, out, source: dict, force: bool = False) -> P
 
     if not isinstance(model.lm, LlamaLM) or model.lm.weights != "float":
         raise UserInputError("writing a checkpoint needs a Llama-family model with float weights")
-    flat = {name: np.asarray(x) for name, x in flat_names(params).items()}
+    flat = {name: np.asarray(x) for name, x in flat_names(params).items()}  # stacked
     with checkpoint.staging_dir(Path(out), force=force) as tmp:
         if getattr(model, "path", None) is not None:
             copy_tokenizer(Path(model.path), tmp)

@@ -1,0 +1,80 @@
+"""The compiled decode loop copies no weights and no state: read from its HLO.
+
+A step reads the weights and the live K/V once and writes only the new tokens' K/V in
+place (docs/architecture.md). The check (decoding/loop_copies.py) reads the loop program
+as XLA compiled it and lists every copy, transpose or slice of a weight matrix, a layer's
+K/V buffer, the pool, a recycling table or the token buffer made inside the loop; here it
+must find none, for plain and lookahead steps, at several batch sizes and on a mesh. The
+cache is longer than the attention's block, so the loop over blocks is in the program.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import lookahead_jax as lj
+from lookahead_jax import decoding
+from lookahead_jax.decoding import programs
+from lookahead_jax.decoding.decode_state import DecodeSpec
+from lookahead_jax.decoding.loop_copies import loop_copies, protected_shapes
+from lookahead_jax.decoding.sampling import SamplingConfig
+from lookahead_jax.distributed import sharding
+from lookahead_jax.models.llama import stack_layers
+
+PROMPT, CAP, BLOCK = 16, 64, 24  # S = 16 + 64 + E > 24: several attention blocks
+
+
+def copies(model, lookahead, batch: int) -> list:
+    spec = DecodeSpec(
+        lm=model.lm,
+        sampling=SamplingConfig(),
+        eos_ids=tuple(model.eos_ids),
+        lookahead=lookahead,
+        cache_dtype="float32",
+    )
+    rows = lambda *shape: jax.ShapeDtypeStruct((batch, *shape), jnp.int32)  # noqa: E731
+    args = (model.params, rows(PROMPT), rows(), rows(), jax.ShapeDtypeStruct((batch, 2), "uint32"))
+    exe, _ = programs.compiled(model, spec, CAP, args, "run_loop")
+    state = jax.eval_shape(functools.partial(decoding.start, spec=spec, max_new_cap=CAP), *args)
+    assert state.cache.slots > BLOCK
+    if model.mesh is not None:  # each device's shards too
+        where = sharding.state_shardings(state, model.mesh)
+        state = jax.tree.map(
+            lambda x, w: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=w), state, where
+        )
+    return loop_copies(exe.as_text(), protected_shapes(model.params, state, min_elements=256))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_ckpts):
+    model = lj.load(tiny_ckpts["gqa"][1])
+    return dataclasses.replace(model, lm=dataclasses.replace(model.lm, attention_block=BLOCK))
+
+
+@pytest.mark.parametrize(
+    "lookahead, batch",
+    [(None, 3), (lj.LookaheadConfig.for_budget(8), 1), (lj.LookaheadConfig.for_budget(16), 3)],
+    ids=["plain-b3", "tokens=8-b1", "tokens=16-b3"],
+)
+def test_the_decode_loop_copies_no_weights_and_no_state(model, lookahead, batch):
+    found = copies(model, lookahead, batch)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_nor_on_a_mesh(model):
+    on_mesh = lj.load(model.path, mesh=lj.make_mesh(data=2, model=2))
+    on_mesh = dataclasses.replace(on_mesh, lm=model.lm)
+    found = copies(on_mesh, lj.LookaheadConfig.for_budget(8), 4)
+    assert not found, "\n".join(map(str, found))
+
+
+def test_the_check_finds_the_copies_of_a_scan_over_stacked_weights(model):
+    """Stacked [L, ...] weights: the forward cuts each layer's matrices out of them inside
+    the loop, and the check must name every one of them (so it can fail)."""
+    stacked = dataclasses.replace(model, params=stack_layers(model.params))
+    found = copies(stacked, None, 3)
+    layers, matrices = model.cfg.num_layers, 7  # wq wk wv wo gate up down
+    assert len([c for c in found if "slice" in c.op]) >= layers * matrices, found
