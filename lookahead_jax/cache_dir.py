@@ -56,16 +56,20 @@ COMPILE_CACHE_MAX_BYTES = 4 << 30
 
 
 def enable_compilation_cache() -> None:
-    """Turn on JAX's persistent compilation cache under the cache root (unless the user
-    already chose a directory, or set LOOKAHEAD_JAX_NO_COMPILE_CACHE=1)."""
+    """Turn on JAX's persistent compilation cache under the cache root, or in
+    $LOOKAHEAD_JAX_COMPILE_CACHE if set (the test suite gives each run its own, shared by
+    its workers and the commands they start); not when the user already chose a directory
+    or set LOOKAHEAD_JAX_NO_COMPILE_CACHE=1."""
     import jax
 
     if os.environ.get("LOOKAHEAD_JAX_NO_COMPILE_CACHE") == "1":
         return
     if jax.config.jax_compilation_cache_dir:
         return
-    path = cache_root() / "compiled"  # (not "xla": entries stored there before the size
-    # cap have no access times, and JAX's eviction fails on them)
+    chosen = os.environ.get("LOOKAHEAD_JAX_COMPILE_CACHE")
+    # (not "xla": entries stored there before the size cap have no access times, and JAX's
+    # eviction fails on them)
+    path = Path(chosen).expanduser() if chosen else cache_root() / "compiled"
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", COMPILE_CACHE_MIN_SECONDS)

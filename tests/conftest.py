@@ -8,9 +8,19 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault(
     "LOOKAHEAD_JAX_CACHE", str(Path(__file__).resolve().parent.parent / ".cache" / "test")
 )
-# No persistent compilation cache in the suite (tests/test_cache_dir.py turns it on in a
-# process of its own): a fresh clone gains little from it.
-os.environ.setdefault("LOOKAHEAD_JAX_NO_COMPILE_CACHE", "1")
+# One persistent compilation cache per run, fresh (nothing carried over from an earlier
+# run), shared by the xdist workers and the commands the tests start: the decode programs
+# of the real model take seconds each to compile (its 30 layers unrolled) and many tests,
+# in several processes, compile the same ones. Made here in the controlling process,
+# which the workers inherit the variable from; removed when that process exits.
+if "LOOKAHEAD_JAX_COMPILE_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _run_cache = tempfile.mkdtemp(prefix="lookahead-jax-compiled-")
+    os.environ["LOOKAHEAD_JAX_COMPILE_CACHE"] = _run_cache
+    atexit.register(shutil.rmtree, _run_cache, ignore_errors=True)
 
 import jax  # noqa: E402
 

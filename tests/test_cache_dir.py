@@ -59,20 +59,29 @@ cache_dir.enable_compilation_cache()
 print(jax.config.jax_compilation_cache_dir)
 print(jax.config.jax_compilation_cache_max_size)
 print(jax.config.jax_persistent_cache_min_compile_time_secs)
+jax.config.update("jax_compilation_cache_dir", None)
+os.environ["LOOKAHEAD_JAX_COMPILE_CACHE"] = os.environ["LOOKAHEAD_JAX_CACHE"] + "/chosen"
+cache_dir.enable_compilation_cache()
+print(jax.config.jax_compilation_cache_dir)
 """
 
 
 def test_compilation_cache_is_locked_between_processes_and_can_be_turned_off(tmp_path):
     """In a fresh process (JAX's config is global): LOOKAHEAD_JAX_NO_COMPILE_CACHE=1 leaves
-    the cache off; otherwise it lives under the cache root with a size cap, which is what
-    turns on JAX's file lock between processes, and stores only slow compiles."""
+    the cache off; otherwise it lives under the cache root (or in
+    $LOOKAHEAD_JAX_COMPILE_CACHE) with a size cap, which is what turns on JAX's file lock
+    between processes, and stores only slow compiles."""
     import os
     import subprocess
     import sys
 
     from lookahead_jax.cache_dir import COMPILE_CACHE_MAX_BYTES, COMPILE_CACHE_MIN_SECONDS
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("JAX_COMPILATION_CACHE") and k != "LOOKAHEAD_JAX_COMPILE_CACHE"
+    }
     env["LOOKAHEAD_JAX_CACHE"] = str(tmp_path)
     out = subprocess.run(
         [sys.executable, "-c", _COMPILE_CACHE_PROBE],
@@ -86,5 +95,6 @@ def test_compilation_cache_is_locked_between_processes_and_can_be_turned_off(tmp
         str(tmp_path / "compiled"),
         str(COMPILE_CACHE_MAX_BYTES),
         str(COMPILE_CACHE_MIN_SECONDS),
+        str(tmp_path / "chosen"),
     ]
     assert COMPILE_CACHE_MAX_BYTES > 0  # -1 would mean no eviction and no lock

@@ -67,6 +67,10 @@ class Choice:
     cost_ratio: float
     expected_compression: float
     table: dict  # config -> expected speedup, for the report
+    # the model's running observed / prior compression the priors were scaled by: what
+    # earlier runs on this machine saw (1.0 until one was recorded), so a run's choice can
+    # depend on earlier runs; reported with every choice
+    acceptance_factor: float = 1.0
 
     def describe(self) -> dict:
         return {
@@ -75,6 +79,7 @@ class Choice:
             "expected_speedup": round(self.expected_speedup, 3),
             "expected_compression": round(self.expected_compression, 3),
             "cost_ratio": round(self.cost_ratio, 3),
+            "acceptance_factor": round(self.acceptance_factor, 3),
         }
 
 
@@ -341,9 +346,9 @@ def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int 
         c = expected_compression(key, factor)
         table[key] = c / r
         if best is None or c / r > best.expected_speedup:
-            best = Choice(cfg, c / r, r, c, table)
+            best = Choice(cfg, c / r, r, c, table, factor)
     if best is None or best.expected_speedup < MARGIN:
-        return Choice(None, 1.0, 1.0, 1.0, table)
+        return Choice(None, 1.0, 1.0, 1.0, table, factor)
     return best
 
 

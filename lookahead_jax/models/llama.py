@@ -311,20 +311,20 @@ def attention(
         jnp.einsum("bktqu,bkue->bktqe", p.astype(dtype), v_new_bkue, preferred_element_type=f32),
     )
 
-    def absorb(carry, k_bkce, v_bkce, slots_c, fresh_c):
-        """Fold cache slots `slots_c` [C] (K/V [B, K, C, Dh]) into (top, mass, acc);
-        slots where `fresh_c` is False were folded in already."""
+    def absorb(carry, k_bkse, v_bkse, slots_s, fresh_s):
+        """Fold the cache slots `slots_s` (K/V [B, K, S', Dh], S' slots of the cache)
+        into (top, mass, acc); slots where `fresh_s` is False were folded in already."""
         top, mass, acc = carry
-        s = jnp.einsum("bktqe,bkce->bktqc", q_bktqe, k_bkce, preferred_element_type=f32)
-        visible = fresh_c[None, None, :] & (slots_c[None, None, :] < cache_len_b[:, None, None])
+        s = jnp.einsum("bktqe,bkse->bktqs", q_bktqe, k_bkse, preferred_element_type=f32)
+        visible = fresh_s[None, None, :] & (slots_s[None, None, :] < cache_len_b[:, None, None])
         if window:
-            visible = visible & in_window(positions_bt[:, :, None], slots_c[None, None, :], window)
-        s = jnp.where(visible[:, None, :, None, :], s * scale, NEG_INF)  # [B, K, T|1, Q|1, C]
+            visible = visible & in_window(positions_bt[:, :, None], slots_s[None, None, :], window)
+        s = jnp.where(visible[:, None, :, None, :], s * scale, NEG_INF)  # [B, K, T, Q, S']
         new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
         rescale = jnp.exp(top - new_top)
         p = jnp.exp(s - new_top)
         acc = acc * rescale + jnp.einsum(
-            "bktqc,bkce->bktqe", p.astype(dtype), v_bkce, preferred_element_type=f32
+            "bktqs,bkse->bktqe", p.astype(dtype), v_bkse, preferred_element_type=f32
         )
         return new_top, mass * rescale + jnp.sum(p, axis=-1, keepdims=True), acc
 

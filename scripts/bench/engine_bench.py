@@ -9,22 +9,27 @@ Systems, each over the same prompts (chat template), greedy, float32:
   engine_plain   lj.Engine, plain decoding          static_plain  lj.generate, batches of B
   engine_auto    lj.Engine, lookahead="auto"        engine_t8/t16 lj.Engine, tokens=8/16
   hf             transformers generate, batches of B, left padding
+  engine_plain_before   engine_plain with an earlier version's lookahead_jax (--before
+                 TREE: a source tree, run in a process of its own)
 
-Tokens/s = all new tokens / the seconds of the whole set. Engine runs are timed after a
-warm-up run with the same shapes (max_prompt_tokens fixed, budgets of 1), so no timing
-holds a compilation, except a mid-run switch of auto to plain (part of auto's cost);
-static batches count prefill + decode seconds (generate reports compilation apart). Auto
-starts from an empty cache (--cache-dir): its cost curve at each B is measured in the
-warm-up, its acceptance factor starts at 1. Every engine row is compared with the static
-plain row of the same prompt (float32: identical, or different from a near-tie on).
+Tokens/s = all new tokens / the seconds of the whole set. Engine runs are timed after
+warm-up runs with the same shapes (every prompt bucket, prefilled as many at a time as
+the engine may; budgets of 1), so no timing holds a compilation, except a mid-run switch
+of auto to plain (part of auto's cost); static batches count prefill + decode seconds
+(generate reports compilation apart). Auto starts from an empty cache (--cache-dir): its
+cost curve at each B is measured in the warm-up, its acceptance factor starts at 1.
+Every engine row is compared with a plain decode of its prompt alone (the static plain
+row, or engine plain at B = 1; float32: identical, or different from a near-tie on).
 Writes OUT.json after every measurement, OUT.md and OUT.png at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,8 +38,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SYSTEMS = ["engine_plain", "static_plain", "engine_auto", "engine_t8", "engine_t16", "hf"]
-LOOKAHEAD = {"engine_plain": None, "engine_auto": "auto", "engine_t8": 8, "engine_t16": 16}
+SYSTEMS = [
+    "engine_plain",
+    "static_plain",
+    "engine_auto",
+    "engine_t8",
+    "engine_t16",
+    "hf",
+    "engine_plain_before",
+]
+LOOKAHEAD = {
+    "engine_plain": None,
+    "engine_auto": "auto",
+    "engine_t8": 8,
+    "engine_t16": 16,
+    "engine_plain_before": None,
+}
 
 
 def pick_prompts(per_category: int) -> list[dict]:
@@ -62,15 +81,28 @@ def run_engine(model, ids, batch, lookahead, max_new):
         lookahead=lookahead,
         steps_per_call=64,
     )
-    # warm-up: the run's shapes (every prompt bucket, so every S the state grows to), one
-    # token each
+    # warm-up: the run's shapes, one token each: every prompt bucket (so every S the state
+    # grows to), each prefilled n at a time for every n the engine may prefill together
     from lookahead_jax.engine.inputs import bucket
 
-    buckets = {}
+    try:
+        from lookahead_jax.engine.continuous import prefill_rows
+    except ImportError:  # an engine that prefills one prompt at a time (--before)
+
+        def prefill_rows(n, batch):
+            return 1
+
+    buckets: dict[int, list[int]] = {}
     for i, p in enumerate(ids):
-        buckets.setdefault(bucket(len(p)), i)
-    warm = [lj.Request(ids[i], id=i, max_new_tokens=1) for i in buckets.values()]
-    list(lj.Engine(model, **kw).run(warm))
+        buckets.setdefault(bucket(len(p)), []).append(i)
+    for members in buckets.values():
+        for n in sorted({prefill_rows(k, batch) for k in range(1, batch + 1)}):
+            warm = [lj.Request(ids[i], id=i, max_new_tokens=1) for i in (members * n)[:n]]
+            list(
+                lj.Engine(model, **kw).run(
+                    [dataclasses.replace(r, id=j) for j, r in enumerate(warm)]
+                )
+            )
     engine = lj.Engine(model, **kw)
     t = time.perf_counter()
     results = list(engine.run(ids))
@@ -90,6 +122,26 @@ def run_engine(model, ids, batch, lookahead, max_new):
         "auto": group["auto"],
         "switched_to_plain_after_steps": group.get("switched_to_plain_after_steps"),
     }
+
+
+def run_before(tree: str, ids, batch: int, max_new: int) -> dict:
+    """engine_plain with the lookahead_jax of another source tree (`--before`), in a
+    process of its own: the same prompts, budget and warm-up."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"ids": ids, "batch": batch, "max_new": max_new}, f)
+    env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
+    cmd = [sys.executable, __file__, "--child", f.name, "--out", "-"]
+    done = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True)
+    os.unlink(f.name)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def child(path: str) -> None:
+    import lookahead_jax as lj
+
+    job = json.loads(Path(path).read_text())
+    model = lj.load("smollm2-135m")
+    print(json.dumps(run_engine(model, job["ids"], job["batch"], None, job["max_new"])))
 
 
 def run_static(model, ids, batch, max_new):
@@ -209,7 +261,12 @@ def markdown(results: dict) -> str:
                     f"| {B} | {k} | {r['compression']:.2f} | {r['rounds']} | "
                     f"{r['lookahead'] or 'plain'} | {r['switched_to_plain_after_steps'] or '–'} |"
                 )
-    lines += ["", "Exactness (engine rows against the static plain rows, float32):", ""]
+    lines += [
+        "",
+        "Exactness (engine rows against a plain decode of each prompt alone: the static "
+        "plain rows, or engine plain at B = 1; float32):",
+        "",
+    ]
     for B, ag in results.get("agreement", {}).items():
         for k, a in ag.items():
             lines.append(
@@ -249,6 +306,13 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None, help="default: a new temporary directory")
     ap.add_argument("--out", required=True)
     ap.add_argument(
+        "--before",
+        default=None,
+        metavar="TREE",
+        help="source tree of an earlier version, measured as engine_plain_before",
+    )
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
         "--reuse",
         default=None,
         metavar="FILE.json:SYSTEM,...",
@@ -256,6 +320,8 @@ def main() -> None:
         "instead of measuring them again (e.g. hf, which no engine change affects)",
     )
     args = ap.parse_args()
+    if args.child:
+        return child(args.child)
     reused = {}
     if args.reuse:
         path, names = args.reuse.rsplit(":", 1)
@@ -304,6 +370,10 @@ def main() -> None:
             t = time.perf_counter()
             if name == "static_plain":
                 runs[name] = run_static(model, ids, B, args.max_new_tokens)
+            elif name == "engine_plain_before":
+                if not args.before:
+                    raise SystemExit("engine_plain_before needs --before TREE")
+                runs[name] = run_before(args.before, ids, B, args.max_new_tokens)
             elif name == "hf":
                 eos = set(model.eos_ids)
                 runs[name] = run_hf(hf, ids, B, args.max_new_tokens, min(eos), eos)
@@ -316,9 +386,12 @@ def main() -> None:
                 flush=True,
             )
             write_results(out, results)
-        if "static_plain" in runs:
+        # each engine row against a plain decode of its prompt alone: the static plain
+        # rows of this batch size, or else engine plain at B = 1 (one prompt at a time)
+        alone = runs.get("static_plain") or results["runs"].get("1", {}).get("engine_plain")
+        if alone is not None:
             results["agreement"][str(B)] = {
-                k: agreement(model, ids, runs[k]["tokens"], runs["static_plain"]["tokens"])
+                k: agreement(model, ids, runs[k]["tokens"], alone["tokens"])
                 for k in runs
                 if k.startswith("engine")
             }
