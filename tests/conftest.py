@@ -68,6 +68,18 @@ def tiny_ckpts(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_text_ckpt(tiny_ckpts, tmp_path_factory):
+    """The tiny "gqa" checkpoint with a character-level tokenizer and a chat template (text
+    prompts, chat, stop strings); the same weights and shapes, so the same programs."""
+    import shutil
+
+    ckpt = tmp_path_factory.mktemp("tiny_text") / "gqa-text"
+    shutil.copytree(tiny_ckpts["gqa"][1], ckpt)
+    tiny.add_tokenizer(ckpt)
+    return ckpt
+
+
+@pytest.fixture(scope="session")
 def smollm2_ckpt():
     """The converted SmolLM2-135M checkpoint (converted once into the cache)."""
     from lookahead_jax.checkpoints import default_model

@@ -137,14 +137,16 @@ def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tm
     check_against_reference(model64, results, 0.0)
 
 
-def test_per_prompt_sampling_settings_run_as_groups(model64):
-    """A prompt with its own temperature gets the tokens of a decode at that temperature."""
+def test_per_prompt_sampling_settings_share_one_batch(model64):
+    """Greedy and sampled prompts decode side by side in one batch and one program (the
+    settings are per row, on the device): each prompt gets the tokens of a decode at its
+    own temperature, lookahead guesses included."""
     with jax.enable_x64(True):
         engine = lj.Engine(
             model64,
-            batch=2,
+            batch=4,
             max_new_tokens=MAX_NEW,
-            lookahead=None,
+            lookahead=lj.LookaheadConfig.for_budget(16),
             seed=SEED,
             max_prompt_tokens=LONGEST,
         )
@@ -156,7 +158,52 @@ def test_per_prompt_sampling_settings_run_as_groups(model64):
     greedy, sampled = reference(model64, 0.0), reference(model64, 0.9)
     for i, tokens in results.items():
         assert tokens == (sampled if i % 2 else greedy)[i][: BUDGETS[i]]
-    assert len(engine.stats["groups"]) == 2
+    assert len(engine.stats["groups"]) == 1 and engine.stats["groups"][0]["sampled"]
+
+
+def test_online_requests_while_it_decodes(model64):
+    """Requests submitted between rounds join the slots as they free up; listeners get
+    every committed token once, in order; a seeded request gets the tokens of a lone
+    sampled decode with that seed; a cancelled one ends at once with what it had."""
+    ref_greedy, ref_sampled = reference(model64, 0.0), reference(model64, 0.9)
+    updates: dict = {}
+
+    def listener(update):
+        updates.setdefault(update.id, []).append(update)
+
+    with jax.enable_x64(True):
+        engine = lj.Engine(
+            model64,
+            batch=3,
+            max_new_tokens=MAX_NEW,
+            lookahead=lj.LookaheadConfig.for_budget(16),
+            seed=SEED,
+            max_prompt_tokens=LONGEST,
+            stream_steps=2,
+        )
+        for i in range(4):  # a queue from the start
+            engine.submit(lj.Request(PROMPTS[i], id=i, max_new_tokens=BUDGETS[i]), listener)
+        engine.submit(  # row 0's noise of the reference: its own seed, key 0
+            lj.Request(PROMPTS[0], id="seeded", seed=SEED, temperature=0.9), listener
+        )
+        # 0, 1, 2 went in; 1 (a budget of 1 token) ended with its prefill's token
+        assert engine.round() and engine.slots_in_use == 2
+        engine.submit(lj.Request(PROMPTS[5], id=5, max_new_tokens=MAX_NEW), listener)
+        engine.cancel(3)  # queued or decoding by now: ends "cancelled" either way
+        rounds = 1
+        while engine.round():
+            rounds += 1
+    assert rounds > 2 and engine.slots_in_use == 0 and engine.queued == 0
+    results = {i: u[-1].result for i, u in updates.items()}
+    assert all(u.result is None for ups in updates.values() for u in ups[:-1])
+    for i, ups in updates.items():  # the streamed pieces add up to the result
+        assert [t for u in ups for t in u.token_ids] == results[i].token_ids, i
+    for i in (0, 1, 2):
+        assert results[i].token_ids == ref_greedy[i][: BUDGETS[i]]
+    assert results[5].token_ids == ref_greedy[5]
+    assert results["seeded"].token_ids == ref_sampled[0]
+    assert results[3].finish == "cancelled"
+    assert results[3].token_ids == ref_greedy[3][: len(results[3].token_ids)]
 
 
 def test_string_ids_key_the_noise_not_the_slot(model64):

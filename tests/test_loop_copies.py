@@ -20,23 +20,24 @@ from lookahead_jax import decoding
 from lookahead_jax.decoding import programs
 from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.decoding.loop_copies import loop_copies, protected_shapes
-from lookahead_jax.decoding.sampling import SamplingConfig
+from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import sharding
 from lookahead_jax.models.llama import stack_layers
 
 PROMPT, CAP, BLOCK = 16, 64, 24  # S = 16 + 64 + E > 24: several attention blocks
 
 
-def copies(model, lookahead, batch: int) -> list:
+def copies(model, lookahead, batch: int, sampled: bool = False) -> list:
     spec = DecodeSpec(
         lm=model.lm,
-        sampling=SamplingConfig(),
         eos_ids=tuple(model.eos_ids),
+        sampled=sampled,
         lookahead=lookahead,
         cache_dtype="float32",
     )
-    rows = lambda *shape: jax.ShapeDtypeStruct((batch, *shape), jnp.int32)  # noqa: E731
-    args = (model.params, rows(PROMPT), rows(), rows(), jax.ShapeDtypeStruct((batch, 2), "uint32"))
+    rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((batch, *shape), dtype)  # noqa: E731
+    sampling = RowSampling(rows(dtype=jnp.float32), rows(), rows(dtype=jnp.float32))
+    args = (model.params, rows(PROMPT), rows(), rows(), rows(2, dtype=jnp.uint32), sampling)
     exe, _ = programs.compiled(model, spec, CAP, args, "run_loop")
     state = jax.eval_shape(functools.partial(decoding.start, spec=spec, max_new_cap=CAP), *args)
     assert state.cache.slots > BLOCK
@@ -55,12 +56,16 @@ def model(tiny_ckpts):
 
 
 @pytest.mark.parametrize(
-    "lookahead, batch",
-    [(None, 3), (lj.LookaheadConfig.for_budget(8), 1), (lj.LookaheadConfig.for_budget(16), 3)],
-    ids=["plain-b3", "tokens=8-b1", "tokens=16-b3"],
+    "lookahead, batch, sampled",
+    [
+        (None, 3, False),
+        (lj.LookaheadConfig.for_budget(8), 1, False),
+        (lj.LookaheadConfig.for_budget(16), 3, True),  # with per-row sampling
+    ],
+    ids=["plain-b3", "tokens=8-b1", "tokens=16-b3-sampled"],
 )
-def test_the_decode_loop_copies_no_weights_and_no_state(model, lookahead, batch):
-    found = copies(model, lookahead, batch)
+def test_the_decode_loop_copies_no_weights_and_no_state(model, lookahead, batch, sampled):
+    found = copies(model, lookahead, batch, sampled)
     assert not found, "\n".join(map(str, found))
 
 

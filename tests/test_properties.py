@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lookahead_jax.decoding import decode_state
-from lookahead_jax.decoding.sampling import SamplingConfig
+from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig
 from lookahead_jax.guesses import draft_tree, ngram_pool
 from lookahead_jax.guesses.lookahead_layout import StepLayout
 from lookahead_jax.models import kv_cache
@@ -361,9 +361,7 @@ def test_verify_then_emit(inputs, eos_ids, seed):
     max_new = (n_out + rng.integers(0, 4, b)).astype(np.int32)  # remaining 0..3
     done = (n_out >= max_new) | (rng.random(b) < 0.2)
     state = make_state(prompt_len, n_out, max_new, done, width=m + 1, rng=rng)
-    spec = decode_state.DecodeSpec(
-        lm=LlamaLM(TINY), sampling=SamplingConfig(), eos_ids=tuple(eos_ids), lookahead=None
-    )
+    spec = decode_state.DecodeSpec(lm=LlamaLM(TINY), eos_ids=tuple(eos_ids), lookahead=None)
     new = decode_state.emit(state, spec, jnp.asarray(emitted), jnp.asarray(a + 1))
     tokens_before = np.asarray(state.tokens)
     tokens_after, n_after, done_after = (np.asarray(x) for x in (new.tokens, new.n_out, new.done))
@@ -403,6 +401,7 @@ def make_state(prompt_len, n_out, max_new, done, width: int, rng) -> decode_stat
         done=jnp.asarray(done),
         steps=jnp.ones((b,), jnp.int32),
         rng=jnp.zeros((b, 2), jnp.uint32),
+        sampling=RowSampling.of([SamplingConfig()] * b),
         accept_hist=jnp.zeros((b, width), jnp.int32),
     )
 

@@ -13,7 +13,7 @@ from scipy import stats
 import lookahead_jax as lj
 from lookahead_jax.decoding import programs
 from lookahead_jax.decoding.decode_state import causal_mask
-from lookahead_jax.decoding.sampling import SamplingConfig, process_logits
+from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, process_logits
 from lookahead_jax.guesses import draft_tree
 from lookahead_jax.models.llama import forward
 from tests import tiny
@@ -54,7 +54,8 @@ def exact_distribution(model, prompt, cfg: SamplingConfig) -> np.ndarray:
     logits, _, _ = jax.jit(forward, static_argnums=1)(
         model.params, model.cfg, seqs, jnp.broadcast_to(jnp.arange(T), seqs.shape), causal_mask(T)
     )
-    probs = np.asarray(jax.nn.softmax(process_logits(logits[:, n - 1 :], cfg), axis=-1))
+    rows = RowSampling.of([cfg] * len(pairs))
+    probs = np.asarray(jax.nn.softmax(process_logits(logits[:, n - 1 :], rows), axis=-1))
     assert probs.dtype == np.float64
     p = np.zeros((VOCAB,) * NEW)
     for (x1, x2), q in zip(pairs, probs, strict=True):  # q [3, V]: after prompt, x1, x2

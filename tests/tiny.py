@@ -156,3 +156,31 @@ def load_hf(hf_dir: Path, dtype=None):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype or torch.float32).eval()
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+)
+
+
+def add_tokenizer(directory: Path) -> None:
+    """A character-level tokenizer that fits VOCAB (printable ASCII and newline; ids 0, 1,
+    2 are <pad>, <s>, </s>) with a chat template, written into `directory`: text prompts,
+    chat messages and stop strings for a tiny model."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for c in [*string.printable[:95], "\n"]:
+        vocab.setdefault(c, len(vocab))
+    assert len(vocab) <= VOCAB
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(["<pad>", "<s>", "</s>"])
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from lookahead_jax.decoding.sampling import SamplingConfig, choose_tokens
+from lookahead_jax.decoding.sampling import RowSampling, choose_tokens
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 from lookahead_jax.models.kv_cache import KVCache, write_prefix
 
@@ -43,6 +43,7 @@ class DecodeState:
     done: jax.Array  # [B] bool
     steps: jax.Array  # [B] int32 forward passes after prefill while the row was active
     rng: jax.Array  # [B, 2] uint32 per-row PRNG keys (sampling.row_keys)
+    sampling: RowSampling  # [B] temperature, top-k, top-p per row
     accept_hist: jax.Array  # [B, E] int32: steps that emitted 1..E tokens
     draft: object | None = None  # lookahead.DraftState (lookahead.py imports this module)
 
@@ -52,8 +53,10 @@ class DecodeSpec:
     """Everything static about a decode: a jit static argument."""
 
     lm: CausalLM  # the model seam (seam.py)
-    sampling: SamplingConfig
     eos_ids: tuple[int, ...]
+    # whether any row may sample (False: every row is greedy, whatever its settings say,
+    # and the programs carry no sampling code); the settings are per row, in the state
+    sampled: bool = False
     lookahead: LookaheadConfig | None = None  # None: plain decoding
     cache_dtype: str = "float32"
     # Buffers sized for steps of this many tokens at least: a plain decode that takes
@@ -111,11 +114,13 @@ def prefill(
     prompt_len_b: jax.Array,
     max_new_b: jax.Array,
     rng_b2: jax.Array,
+    sampling: RowSampling,
     *,
     spec: DecodeSpec,
     max_new_cap: int,
 ) -> DecodeState:
-    """Run the prompts [B, P] (right-padded), fill the cache, emit the first new token."""
+    """Run the prompts [B, P] (right-padded), fill the cache, emit the first new token.
+    sampling: each row's settings ([B] arrays)."""
     B, P = prompt_bp.shape
     S = slots_needed(P, max_new_cap, max(spec.max_emit, spec.min_slack))
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
@@ -134,9 +139,10 @@ def prefill(
         done=max_new_b <= 0,
         steps=jnp.zeros((B,), jnp.int32),
         rng=rng_b2,
+        sampling=sampling,
         accept_hist=jnp.zeros((B, spec.max_emit), jnp.int32),
     )
-    first = choose_tokens(logits, spec.sampling, rng_b2, jnp.zeros((B, 1), jnp.int32))
+    first = choose_tokens(logits, sampling, rng_b2, jnp.zeros((B, 1), jnp.int32), spec.sampled)
     return emit(state, spec, first, jnp.ones((B,), jnp.int32))
 
 

@@ -44,13 +44,14 @@ the record -> feed the sources.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
-from lookahead_jax.decoding.sampling import SamplingConfig, choose_tokens, gumbel_noise
+from lookahead_jax.decoding.sampling import choose_tokens, gumbel_noise
 from lookahead_jax.guesses import (
     acceptance_record,
     draft_tree,
@@ -145,10 +146,10 @@ def previous_tokens(state: DecodeState):
 
 
 def propose(
-    state: DecodeState, config: LookaheadConfig, sampling: SamplingConfig, input_b, prev_b
+    state: DecodeState, config: LookaheadConfig, sampled: bool, input_b, prev_b
 ) -> draft_tree.Proposals:
     """Stage 1: every source's guesses for the tokens after each row's input (prev_b [B]:
-    the token before it)."""
+    the token before it). sampled: whether rows may sample (DecodeSpec.sampled)."""
     d = state.draft
     B = input_b.shape[0]
     parts = []
@@ -171,12 +172,21 @@ def propose(
         parts.append(draft_tree.chains(cont_bcm, length_bc, score_bcm, SUFFIX))
     if config.recycle:
         template = config.recycle_template
-        noise = None
-        if not sampling.greedy:  # the noise of the new-token indices the nodes guess
-            index_ba = state.n_out[:, None] + jnp.arange(template.max_depth)[None]
-            vocab = d.recycle.by_token.shape[1]
-            noise = (sampling.temperature, gumbel_noise(state.rng, index_ba, vocab))
-        parts.append(token_recycling.expand(d.recycle, prev_b, input_b, template, RECYCLE, noise))
+        expand = functools.partial(
+            token_recycling.expand, d.recycle, prev_b, input_b, template, RECYCLE
+        )
+        if not sampled:
+            parts.append(expand())
+        else:  # sampling rows rank candidates with the noise of the indices nodes guess
+            sampling_b = ~state.sampling.greedy()
+
+            def with_noise():
+                index_ba = state.n_out[:, None] + jnp.arange(template.max_depth)[None]
+                vocab = d.recycle.by_token.shape[1]
+                noise_bav = gumbel_noise(state.rng, index_ba, vocab)
+                return expand((state.sampling.temperature, noise_bav, sampling_b))
+
+            parts.append(jax.lax.cond(jnp.any(sampling_b), with_noise, expand))
     if not parts:
         return draft_tree.no_proposals(B)
     return draft_tree.concat(parts)
@@ -212,7 +222,7 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
 
     # 1-2. propose and merge into the draft tree (with `adapt`, scores weighed by what
     #      each source got accepted at each depth for this row lately)
-    proposals = propose(state, config, spec.sampling, input_b, prev_b)
+    proposals = propose(state, config, spec.sampled, input_b, prev_b)
     record = state.draft.record
     if layout.slots:
         weight_bja = None if record is None else acceptance_record.weights(record)
@@ -240,7 +250,7 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     #    offset o + 1, whose new-token index is n_out + o (the input's is n_out - 1)
     row_offsets_br = jnp.take_along_axis(offsets_bt, logits_rows_br, axis=1)
     index_br = state.n_out[:, None] + row_offsets_br
-    chosen_br = choose_tokens(logits_brv, spec.sampling, state.rng, index_br)
+    chosen_br = choose_tokens(logits_brv, state.sampling, state.rng, index_br, spec.sampled)
     after_input_b = chosen_br[:, 0]
     after_window_bw = chosen_br[:, 1 : 1 + layout.window_rows]
     after_tree_bz = chosen_br[:, 1 + layout.window_rows :]

@@ -4,17 +4,19 @@
 All three are pure functions of (params, state) with a static `DecodeSpec`:
 
     state = start(params, prompt [B, P], prompt_len [B], max_new [B], rng [B, 2],
-                  spec=spec, max_new_cap=cap)   # right-padded prompts, first token emitted
+                  sampling, spec=spec, max_new_cap=cap)  # right-padded prompts, first
+                                                # token emitted; sampling: RowSampling [B]
     state = step(params, state, spec=spec)      # every active row emits 1..max_emit tokens
     state = run_loop(params, state, max_steps, stop_at_finish, spec=spec)  # while_loop
 
 `DecodeState` (decode_state.py) holds each row's tokens [B, S], lengths and flags; a
 row's new tokens are `tokens[b, prompt_len[b] : prompt_len[b] + n_out[b]]`. Example:
 
-    spec = DecodeSpec(lm=model.lm, sampling=SamplingConfig(), eos_ids=model.eos_ids,
+    spec = DecodeSpec(lm=model.lm, eos_ids=model.eos_ids,
                       lookahead=LookaheadConfig.for_budget(16))
+    greedy = RowSampling.of([SamplingConfig()] * B)
     state = jax.jit(functools.partial(start, spec=spec, max_new_cap=64))(
-        model.params, prompt, prompt_len, max_new, row_keys(0, B))
+        model.params, prompt, prompt_len, max_new, row_keys(0, B), greedy)
     step_fn = jax.jit(functools.partial(step, spec=spec), donate_argnums=1)
     while not state.done.all():
         state = step_fn(model.params, state)
@@ -37,18 +39,35 @@ from jax.sharding import NamedSharding, PartitionSpec
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, prefill
 from lookahead_jax.decoding.lookahead import init_lookahead, lookahead_step
 from lookahead_jax.decoding.plain import plain_step
+from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import sharding
 
 
 def start(
-    params, prompt_bp, prompt_len_b, max_new_b, rng_b2, *, spec: DecodeSpec, max_new_cap: int
+    params,
+    prompt_bp,
+    prompt_len_b,
+    max_new_b,
+    rng_b2,
+    sampling: RowSampling,
+    *,
+    spec: DecodeSpec,
+    max_new_cap: int,
 ) -> DecodeState:
     """Prefill the right-padded prompts [B, P] and emit each row's first token; with
     lookahead, also set up the window, pool and recycling tables.
 
+    sampling: each row's settings ([B] arrays; sampling.RowSampling).
     max_new_cap: the largest budget any row has (sizes the token buffer and cache)."""
     state = prefill(
-        params, prompt_bp, prompt_len_b, max_new_b, rng_b2, spec=spec, max_new_cap=max_new_cap
+        params,
+        prompt_bp,
+        prompt_len_b,
+        max_new_b,
+        rng_b2,
+        sampling,
+        spec=spec,
+        max_new_cap=max_new_cap,
     )
     if spec.lookahead is not None:
         state = init_lookahead(state, spec, prompt_bp.shape[1])
@@ -122,8 +141,8 @@ class Jitted:
 
 def jitted(spec: DecodeSpec, max_new_cap: int, mesh, start_args) -> Jitted:
     """`start`, `step` and `run_loop` jitted for these start arguments (params,
-    prompt [B, P], prompt_len [B], max_new [B], rng [B, 2]); on a mesh with explicit
-    in/out shardings."""
+    prompt [B, P], prompt_len [B], max_new [B], rng [B, 2], RowSampling of [B] arrays); on
+    a mesh with explicit in/out shardings."""
     start_fn = functools.partial(start, spec=spec, max_new_cap=max_new_cap)
     step_fn = functools.partial(step, spec=spec)
     loop_fn = functools.partial(run_loop, spec=spec)
@@ -135,7 +154,7 @@ def jitted(spec: DecodeSpec, max_new_cap: int, mesh, start_args) -> Jitted:
             run_loop=jit(loop_fn, donate_argnums=1),
         )
     params_sh = spec.lm.param_shardings(mesh)
-    by_row = tuple(sharding.batch_major(x, mesh) for x in start_args[1:])
+    by_row = jax.tree.map(lambda x: sharding.batch_major(x, mesh), tuple(start_args[1:]))
     state_sh = sharding.state_shardings(jax.eval_shape(start_fn, *start_args), mesh)
     scalar = NamedSharding(mesh, PartitionSpec())
     return Jitted(

@@ -23,7 +23,7 @@ def plain_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         jnp.ones((1, 1, 1), bool),
         state.cache,
     )
-    nxt = choose_tokens(logits, spec.sampling, state.rng, state.n_out[:, None])
+    nxt = choose_tokens(logits, state.sampling, state.rng, state.n_out[:, None], spec.sampled)
     one = active.astype(jnp.int32)
     cache = kv_cache.commit(state.cache, new_k, new_v, jnp.zeros((B, 1), jnp.int32), one)
     state = dataclasses.replace(

@@ -1,50 +1,56 @@
-"""The dataset engine: continuous batching with lookahead decoding in every slot.
+"""The engine: continuous batching with lookahead decoding in every slot, offline (a list
+of prompts, `Engine.run`) or online (requests submitted while it decodes, `submit`,
+`cancel`, `round`: what the HTTP server runs on).
 
-B slots decode together on the device; a slot whose prompt ends is refilled with the
-next prompt while the other slots keep decoding. The three verbs of JetStream's engine
-interface, over this package's one decode path (decoding.start / run_loop, the same
-DecodeState, compiled programs and auto policy as `lj.generate`):
+B slots decode together on the device; a slot whose request ends is refilled with the
+next waiting one while the other slots keep decoding. The three verbs of JetStream's
+engine interface, over this package's one decode path (decoding.start / run_loop, the
+same DecodeState, compiled programs and auto policy as `lj.generate`):
 
-    prefill   decoding.start on the prompts that go into free slots, those of one
+    prefill   decoding.start on the requests that go into free slots, those of one
               bucket together [n, P] (P: their power-of-two bucket; n: a power of two,
               padded with rows that are done at once): their K/V, first tokens and fresh
               guess sources (pool seeded from the prompt, recycling table, window drawn
               from the prompt)
     insert    those n rows written over their slots of the B-row state in one scatter,
               every field, so a slot's old K/V, tokens, counters and guesses are all
-              replaced
+              replaced (slot_state.py)
     generate  decoding.run_loop over the B slots until a slot that was decoding finishes
-              (while prompts wait), every slot is done, or `steps_per_call` steps ran
+              (while requests wait), every slot is done, or a number of steps ran
+              (`steps_per_call`; `stream_steps` while a request streams its tokens)
 
-A slot's life:
+A round (`round`) admits what was submitted, prefills it into free slots, runs the loop
+once, then reads every slot's tokens back: each request's listener gets the tokens
+committed since its last update, a stop string ends its request, and a finished slot is
+freed. A slot's life:
 
-    empty (done) --insert--> decoding --EOS or budget--> done --result read--> refilled
+    empty (done) --insert--> decoding --EOS, budget, stop string or cancel--> done
+        --result read--> refilled
 
-What lives on the device: the B-row DecodeState — K/V cache (L buffers [B, K, S, Dh]), token
-buffer [B, S], per-row lengths, budgets, step counters, flags and PRNG keys, and the guess
-sources' state (pool [B, V, C, N-1], recycling tables [B, V, k], window [B, N-1, W]).
-The host holds the queue of prompts, which prompt sits in which slot, and the results;
-it sees the device only between `generate` calls (one per finished slot at most, never
-one per token).
+What lives on the device: the B-row DecodeState — K/V cache (L buffers [B, K, S, Dh]),
+token buffer [B, S], per-row lengths, budgets, step counters, flags, PRNG keys and
+sampling settings (temperature, top-k, top-p: rows with different settings share the
+batch and its programs), and the guess sources' state (pool [B, V, C, N-1], recycling
+tables [B, V, k], window [B, N-1, W]). The host holds the queue, which request sits in
+which slot, and the results; it sees the device only between `generate` calls.
 
 Fixed shapes: the state's S = P + cap + E (a prompt bucket, the budget's bucket, the
-widest step's emit). Prompts are taken shortest bucket first (stable within a bucket),
-starting with P = the first prompt's bucket; a prompt of a longer bucket first grows the
-state (`grow_slots`: the S axis padded, rows in flight untouched), so attention never spans
-slots sized for the longest prompt of the dataset while short ones decode. A prompt of
-bucket P' is prefilled with budget S - P' - E, so its state has the current S. New
-programs: one prefill per prompt bucket and row count (`stats["prompt_buckets"]`), one
-loop and one insert per S (`stats["cache_slots"]`). `max_prompt_tokens` fixes P for the whole run
-(arrival order kept, no growth).
+widest step's emit). An offline run takes its prompts shortest bucket first (stable
+within a bucket), starting with P = the first prompt's bucket; a request of a longer
+bucket first grows the state (`grow_slots`: the S axis padded, rows in flight
+untouched), so attention never spans slots sized for the longest prompt of the dataset
+while short ones decode. A prompt of bucket P' is prefilled with budget S - P' - E, so
+its state has the current S. New programs: one prefill per prompt bucket and row count
+(`stats["prompt_buckets"]`), one loop and one insert per S (`stats["cache_slots"]`).
+`max_prompt_tokens` fixes P (arrival order kept, no growth): what a server wants.
 
-Exactness: a row's tokens depend only on its prompt, budget and PRNG key (decode_state.py,
-sampling.py), and the key is fold_in(PRNGKey(seed), prompt key) — an integer id is its
-own key, any other id a hash of its text — never the slot. So each prompt decodes to the
-tokens of a plain decode of it alone, whatever slot it lands in and whatever else runs.
-
-Per-prompt sampling settings: the sampling mode is static in a compiled step, so prompts
-are grouped by (temperature, top_k, top_p) and the groups run one after another, each
-with its own programs (results still stream out as they finish).
+Exactness: a row's tokens depend only on its prompt, budget, sampling settings and PRNG
+key (decode_state.py, sampling.py). The key is fold_in(PRNGKey(seed), k): a request's own
+`seed` with k = 0 (the key of a lone `lj.generate` row, so a seeded request gives the
+tokens of a lone sampled decode), else the engine's seed with k = the prompt's key (an
+integer id is its own key, any other id a hash of its text) — never the slot. So each
+request decodes to the tokens of a plain decode of it alone, whatever slot it lands in
+and whatever else runs.
 """
 
 from __future__ import annotations
@@ -53,8 +59,11 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import itertools
+import queue
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -62,12 +71,14 @@ import numpy as np
 
 from lookahead_jax.decoding import autotune, programs
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState
-from lookahead_jax.decoding.sampling import SamplingConfig, keys_for
+from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
 from lookahead_jax.distributed import multihost, sharding
-from lookahead_jax.engine import inputs
+from lookahead_jax.engine import inputs, slot_state
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig, max_step_tokens
-from lookahead_jax.models import kv_cache, seam
+from lookahead_jax.models import seam
+
+FINISHES = ("eos", "length", "stop", "cancelled", "error")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,22 +86,40 @@ class Request:
     """One prompt for the engine. Unset settings take the engine's."""
 
     prompt: object  # text, a list of chat messages ({"role", "content"}), or token ids
-    id: int | str | None = None  # default: the prompt's index in the run
+    id: int | str | None = None  # default: the prompt's index in the run (online: a count)
     max_new_tokens: int | None = None
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    # this request's own noise: fold_in(PRNGKey(seed), 0), a lone decode's row 0 (so the
+    # tokens equal lj.generate([prompt], seed=seed)'s); None: the engine's seed and the id
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one found
 
 
 @dataclasses.dataclass
 class Result:
     id: int | str
-    token_ids: list[int]  # new tokens, cut at EOS (EOS not included)
-    text: str | None  # decoded token_ids (None without a tokenizer)
-    finish: str  # "eos" or "length"
+    token_ids: list[int]  # new tokens, cut at EOS (EOS not included) or at a stop string
+    text: str | None  # decoded token_ids, cut before a stop string (None without a tokenizer)
+    finish: str  # FINISHES: "eos", "length", "stop", "cancelled" or "error"
     prompt_tokens: int
     steps: int  # forward passes after its prefill
     time_s: float  # wall time from its insert to its result
+    error: str | None = None  # finish "error": what failed
+
+
+@dataclasses.dataclass
+class Update:
+    """What a request's listener gets after a round: the tokens committed since its last
+    update (possibly none) and, with the last update, its Result."""
+
+    id: int | str
+    token_ids: list[int]
+    result: Result | None = None
+
+
+Listener = Callable[[Update], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +128,10 @@ class _Encoded:
     ids: list[int]
     max_new: int
     sampling: SamplingConfig
+    seed: int  # the row key is fold_in(PRNGKey(seed), key)
+    key: int
+    stop: tuple[str, ...] = ()
+    listener: Listener | None = dataclasses.field(default=None, compare=False)
 
 
 def prompt_key(prompt_id) -> int:
@@ -113,77 +146,43 @@ def prompt_key(prompt_id) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def insert(state: DecodeState, fresh: DecodeState, slots_n) -> DecodeState:
-    """The B-row `state` with its rows `slots_n` [n] replaced by the n rows of `fresh` (a
-    prefill of n prompts), every field; a slot index >= B (a padding row) writes nothing.
-    Every leaf's rows are its first axis (the K/V buffers' [B, K, S, Dh] too)."""
-    return jax.tree.map(lambda big, small: big.at[slots_n].set(small, mode="drop"), state, fresh)
-
-
-def grow_slots(state: DecodeState, slots: int) -> DecodeState:
-    """The state with its S axis (token buffers [B, S], K/V buffers [B, K, S, Dh]) padded with
-    zeros to `slots`. The new slots lie past every row's end, where nothing is read."""
-
-    def pad(x, axis):
-        widths = [(0, 0)] * x.ndim
-        widths[axis] = (0, slots - x.shape[axis])
-        return jnp.pad(x, widths)
-
-    cache = kv_cache.map_buffers(lambda x: pad(x, kv_cache.SLOTS_AXIS), state.cache)
-    return dataclasses.replace(
-        state, cache=cache, tokens=pad(state.tokens, 1), step_of_token=pad(state.step_of_token, 1)
-    )
-
-
-def empty_slots(fresh: DecodeState, batch: int) -> DecodeState:
-    """A B-row state of `fresh`'s shapes (but its number of rows) whose every slot is done
-    (nothing decodes)."""
-    state = jax.tree.map(lambda x: jnp.repeat(x[:1], batch, axis=0), fresh)
-    return dataclasses.replace(state, done=jnp.ones((batch,), bool))
-
-
-def prefill_rows(n: int, batch: int) -> int:
-    """How many rows a prefill of n prompts runs: a power of two (so that few programs are
-    compiled), at most the batch."""
-    return min(1 << max(n - 1, 0).bit_length(), batch)
-
-
-_SMALL_PROGRAMS: dict = {}
-
-
-def _small_program(fn, out_shardings, **jit_kw):
-    """`fn` (insert, empty_slots, grow_slots) jitted once per process, output sharding and
-    jit options, so that jax.jit's own cache compiles it once per shape across runs.
-    (Their compilations, a fraction of a second each, are not in stats["compile_s"].)"""
-    sh_key = None
-    if out_shardings is not None:
-        sh_key = (jax.tree.structure(out_shardings), tuple(jax.tree.leaves(out_shardings)))
-        jit_kw["out_shardings"] = out_shardings
-    key = (fn, sh_key, tuple(sorted((k, v) for k, v in jit_kw.items() if k != "out_shardings")))
-    if key not in _SMALL_PROGRAMS:
-        _SMALL_PROGRAMS[key] = jax.jit(fn, **jit_kw)
-    return _SMALL_PROGRAMS[key]
+def _positive(name: str, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise UserInputError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 class Engine:
-    """Decode a stream of prompts with `batch` slots, refilling a slot as soon as its
-    prompt ends. Example:
+    """Decode requests with `batch` slots, refilling a slot as soon as its request ends.
+
+    Offline, a list known up front:
 
         engine = lj.Engine(model, batch=8, max_new_tokens=256, lookahead="auto")
         for r in engine.run(["Write a haiku", [1, 2, 3], lj.Request("Hi", id="a")]):
             print(r.id, r.text)                    # in finish order
         print(engine.stats["tokens_per_s"])
 
+    Online, requests arriving while it decodes (one thread runs the rounds; `submit` and
+    `cancel` may come from any thread):
+
+        engine = lj.Engine(model, batch=8, max_prompt_tokens=1024)
+        engine.submit(lj.Request("Hi", id="a", stop=("\\n",)), listener=print)
+        while engine.round():                      # or engine.serve(stop_event)
+            pass
+
     lookahead: a LookaheadConfig, "auto" (chosen for this batch size from a cost curve
     measured at it, and called off mid-run if it does not pay) or None (plain).
     temperature / top_k / top_p / max_new_tokens: defaults for requests without their own.
     seed: prompt `id`'s noise is fold_in(PRNGKey(seed), prompt_key(id)).
     steps_per_call: the device loop returns to the host at least this often (progress,
-    Ctrl-C) even when no slot finished.
-    max_prompt_tokens: fix the prompt side of the run's shapes (longer prompts are
-    refused), so that runs over other prompts reuse the same compiled programs; default:
-    each run sizes for its longest prompt. The budget side is max_new_tokens (or a
-    request's larger one), rounded up to a power of two.
+    Ctrl-C) even when no slot finished; stream_steps: as often while a request with a
+    listener decodes (its tokens arrive every this many steps).
+    max_prompt_tokens: fix the prompt side of the shapes (longer prompts are refused), so
+    that runs over other prompts reuse the same compiled programs; default: each run
+    sizes for its longest prompt. The budget side is max_new_tokens (offline, or a
+    request's larger one), rounded up to a power of two; online requests may not ask for
+    more than max_new_tokens.
+    sampled: whether rows may sample (compiles the sampling code). Default: offline, if
+    some request samples; online, always (any request may).
     """
 
     def __init__(
@@ -199,6 +198,8 @@ class Engine:
         chat: bool = False,
         steps_per_call: int = 64,
         max_prompt_tokens: int | None = None,
+        stream_steps: int = 4,
+        sampled: bool | None = None,
     ):
         if not hasattr(model, "lm") or not hasattr(model, "params"):
             raise UserInputError(
@@ -210,14 +211,9 @@ class Engine:
             raise UserInputError(f"batch (--batch) must be an integer >= 1, got {batch!r}")
         sharding.check_batch(model.mesh, batch)
         inputs.check_max_new_tokens(max_new_tokens)
-        for name, value in (
-            ("steps_per_call", steps_per_call),
-            ("max_prompt_tokens", max_prompt_tokens),
-        ):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise UserInputError(f"{name} must be an integer >= 1, got {value!r}")
+        _positive("steps_per_call", steps_per_call)
+        _positive("stream_steps", stream_steps)
+        _positive("max_prompt_tokens", max_prompt_tokens)
         if lookahead not in (None, "auto") and not isinstance(lookahead, LookaheadConfig):
             raise UserInputError(
                 "lookahead must be a LookaheadConfig, 'auto' or None, got " + repr(lookahead)
@@ -227,13 +223,57 @@ class Engine:
         self.model, self.batch, self.lookahead = model, batch, lookahead
         self.max_new_tokens, self.seed, self.chat = max_new_tokens, seed, chat
         self.sampling = SamplingConfig(float(temperature), top_k, top_p)
-        self.steps_per_call = steps_per_call
+        self.steps_per_call, self.stream_steps = steps_per_call, stream_steps
         if max_prompt_tokens is not None:
             inputs.check_context(model.lm.max_context, max_prompt_tokens, max_new_tokens)
         self.max_prompt_tokens = max_prompt_tokens
+        self.sampled = sampled
         self.stats: dict = {}
+        self._slots: _Slots | None = None  # the online slots (created at the first round)
+        self._inbox: queue.Queue = queue.Queue()  # ("submit", _Encoded) | ("cancel", id)
+        self._known: set = set()  # ids submitted and not yet finished (online)
+        self._known_lock = threading.Lock()
+        self._counter = itertools.count()
+        # requests submitted, and those that left a queue (admitted to a slot, cancelled
+        # while waiting, failed) in slots before the current ones: `queued` is exact
+        # whichever thread asks, where the inbox and the slots' queue hand items over
+        self._submitted = self._dequeued_before = 0
+        self._wake = threading.Event()  # set by submit and cancel: serve() stops waiting
 
     # ------------------------------------------------------------------ requests
+
+    def _encode_one(self, r: Request, pid, listener=None) -> _Encoded:
+        """One request encoded and checked (prompt + budget within the model's context)."""
+        what = f"prompt {pid!r}"
+        if isinstance(pid, np.integer):
+            pid = int(pid)
+        if not isinstance(pid, int | str) or isinstance(pid, bool):
+            raise UserInputError(f"{what}: an id must be an integer or a string")
+        ids = inputs.encode_prompt(
+            self.model.tokenizer, self.model.lm.vocab_size, r.prompt, self.chat, what
+        )
+        max_new = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
+        inputs.check_max_new_tokens(max_new)
+        inputs.check_context(self.model.lm.max_context, len(ids), max_new)
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            raise UserInputError(
+                f"{what} has {len(ids)} tokens, more than the engine's max_prompt_tokens "
+                f"({self.max_prompt_tokens})"
+            )
+        sampling = SamplingConfig(
+            self.sampling.temperature if r.temperature is None else float(r.temperature),
+            self.sampling.top_k if r.top_k is None else r.top_k,
+            self.sampling.top_p if r.top_p is None else r.top_p,
+        )
+        if r.seed is not None and (isinstance(r.seed, bool) or not isinstance(r.seed, int)):
+            raise UserInputError(f"{what}: seed must be an integer, got {r.seed!r}")
+        stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise UserInputError(f"{what}: stop strings must be non-empty strings")
+        if stop and self.model.tokenizer is None:
+            raise UserInputError(f"{what}: stop strings need a tokenizer")
+        seed, key = (self.seed, prompt_key(pid)) if r.seed is None else (r.seed, 0)
+        return _Encoded(pid, ids, max_new, sampling, seed, key, stop, listener)
 
     def encode(self, prompts: Iterable) -> list[_Encoded]:
         """Every prompt encoded and checked (ids unique, prompt + budget within the
@@ -242,40 +282,19 @@ class Engine:
         for i, p in enumerate(prompts):
             r = p if isinstance(p, Request) else Request(p)
             pid = i if r.id is None else r.id
-            what = f"prompt {pid!r}"
-            if isinstance(pid, np.integer):
-                pid = int(pid)
-            if not isinstance(pid, int | str) or isinstance(pid, bool):
-                raise UserInputError(f"{what}: an id must be an integer or a string")
             if pid in seen:
-                raise UserInputError(f"{what}: the id is used twice")
+                raise UserInputError(f"prompt {pid!r}: the id is used twice")
             seen.add(pid)
-            ids = inputs.encode_prompt(
-                self.model.tokenizer, self.model.lm.vocab_size, r.prompt, self.chat, what
-            )
-            max_new = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
-            inputs.check_max_new_tokens(max_new)
-            inputs.check_context(self.model.lm.max_context, len(ids), max_new)
-            if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-                raise UserInputError(
-                    f"{what} has {len(ids)} tokens, more than the engine's max_prompt_tokens "
-                    f"({self.max_prompt_tokens})"
-                )
-            sampling = SamplingConfig(
-                self.sampling.temperature if r.temperature is None else float(r.temperature),
-                self.sampling.top_k if r.top_k is None else r.top_k,
-                self.sampling.top_p if r.top_p is None else r.top_p,
-            )
-            out.append(_Encoded(pid, ids, max_new, sampling))
+            out.append(self._encode_one(r, pid))
         if not out:
             raise UserInputError("no prompts to decode")
         if multihost.is_multiprocess():  # every process runs the same rounds
-            blob = repr([(r.id, r.ids, r.max_new, r.sampling) for r in out]).encode()
+            blob = repr([(r.id, r.ids, r.max_new, r.sampling, r.stop) for r in out]).encode()
             digest = int.from_bytes(hashlib.sha256(blob).digest()[:4], "little") >> 1  # int32
             multihost.agree(digest, "prompts (all of them, in the same order)")
         return out
 
-    # ------------------------------------------------------------------ running
+    # ------------------------------------------------------------------ offline
 
     def run(self, prompts: Iterable) -> Iterator[Result]:
         """Decode every prompt (text, chat messages, token ids or Request); yield each
@@ -287,84 +306,225 @@ class Engine:
     def _run(self, requests: list[_Encoded]) -> Iterator[Result]:
         fixed_P = None if self.max_prompt_tokens is None else inputs.bucket(self.max_prompt_tokens)
         cap = inputs.bucket(max(self.max_new_tokens, *(r.max_new for r in requests)))
-        groups: dict[SamplingConfig, list[_Encoded]] = {}
-        for r in requests:
-            groups.setdefault(r.sampling, []).append(r)
-        self.stats = {
-            "prompts": 0,
-            "new_tokens": 0,
-            "row_steps": 0,
-            "rounds": 0,
-            "compile_s": 0.0,
-            "prompt_buckets": [],
-            "prefill_calls": 0,
-            "cache_slots": [],
-            "batch": self.batch,
-            "groups": [],
-        }
+        sampled = self.sampled
+        if sampled is None:
+            sampled = any(not r.sampling.greedy for r in requests)
+        if fixed_P is None:  # shortest bucket first: the cache grows once per bucket at most
+            requests = sorted(requests, key=lambda r: inputs.bucket(len(r.ids)))
+        self.stats = _fresh_stats(self.batch)
         t0 = time.perf_counter()
-        for sampling, group in groups.items():
-            yield from _GroupRun(self, sampling, group, fixed_P, cap).run()
-        wall = time.perf_counter() - t0
+        slots = _Slots(self, sampled, cap, fixed_P or inputs.bucket(len(requests[0].ids)))
+        slots.queue.extend(requests)
+        while slots.busy():
+            yield from slots.round()
+        slots.record_acceptance()
+        self._finish_stats(time.perf_counter() - t0)
+
+    def _finish_stats(self, wall: float) -> None:
         s = self.stats
         s["wall_s"] = wall
         s["tokens_per_s"] = s["new_tokens"] / wall if wall > 0 else 0.0
         s["compression"] = s["new_tokens"] / max(s["row_steps"], 1)
 
+    # ------------------------------------------------------------------ online
 
-class _GroupRun:
-    """One sampling mode's prompts through the slots (see the module docstring)."""
+    def submit(self, request: Request | object, listener: Listener | None = None):
+        """Queue one request (any thread); returns its id. `listener(update)` is called on
+        the engine's thread after each round that committed tokens for it, and with its
+        Result at the end. Bad input raises UserInputError here, before it is queued."""
+        r = request if isinstance(request, Request) else Request(request)
+        with self._known_lock:
+            pid = r.id
+            if pid is None:
+                pid = next(self._counter)
+                while pid in self._known:
+                    pid = next(self._counter)
+            encoded = self._encode_one(r, pid, listener)
+            if encoded.id in self._known:
+                raise UserInputError(f"prompt {encoded.id!r}: the id is already in flight")
+            if encoded.max_new > self.max_new_tokens:
+                raise UserInputError(
+                    f"prompt {encoded.id!r}: max_new_tokens {encoded.max_new} is more than "
+                    f"this engine's {self.max_new_tokens}"
+                )
+            self._known.add(encoded.id)
+            self._submitted += 1
+        self._inbox.put(("submit", encoded))
+        self._wake.set()
+        return encoded.id
 
-    def __init__(self, engine: Engine, sampling, requests, fixed_P: int | None, cap: int):
+    def cancel(self, request_id) -> None:
+        """End a request (any thread): it finishes with "cancelled" at the next round and
+        its slot is freed. Unknown or finished ids are ignored."""
+        self._inbox.put(("cancel", request_id))
+        self._wake.set()
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot (online)."""
+        slots = self._slots
+        left = self._dequeued_before + (slots.dequeued if slots is not None else 0)
+        return self._submitted - left
+
+    @property
+    def slots_in_use(self) -> int:
+        return 0 if self._slots is None else sum(x is not None for x in self._slots.active)
+
+    def round(self) -> bool:
+        """One online round: admit what was submitted and cancelled, prefill free slots,
+        decode, deliver updates. Returns whether there was anything to do. A failure of a
+        device call ends every request in flight with finish "error" (their listeners
+        are told), resets the slots and is raised."""
+        if self._slots is None:
+            if self._inbox.empty():
+                return False
+            if not self.stats:
+                self.stats = _fresh_stats(self.batch)
+            # without max_prompt_tokens the state starts at the smallest prompt bucket and
+            # grows as longer prompts come
+            P = inputs.bucket(self.max_prompt_tokens or 1)
+            sampled = True if self.sampled is None else self.sampled
+            self._slots = _Slots(self, sampled, inputs.bucket(self.max_new_tokens), P)
+        slots = self._slots
+        self._drain(slots)
+        if not slots.busy():
+            return False
+        try:
+            for result in slots.round():
+                with self._known_lock:
+                    self._known.discard(result.id)
+        except Exception as e:
+            self._fail_all(slots, e)
+            raise
+        return True
+
+    def _drain(self, slots: _Slots) -> None:
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "submit":
+                slots.queue.append(item)
+            elif (ended := slots.cancel(item)) is not None:
+                with self._known_lock:
+                    self._known.discard(ended.id)
+
+    def _fail_all(self, slots: _Slots, error: Exception) -> None:
+        """Every request in flight or waiting ends with finish "error"; fresh slots."""
+        self._drain(slots)
+        waiting = [x for x in slots.active if x is not None] + [
+            _Active(r, time.perf_counter()) for r in slots.queue
+        ]
+        self._dequeued_before += slots.dequeued + len(slots.queue)
+        for a in waiting:
+            result = Result(a.request.id, [], None, "error", len(a.request.ids), 0, 0.0, str(error))
+            with self._known_lock:
+                self._known.discard(a.request.id)
+            if a.request.listener is not None:
+                a.request.listener(Update(a.request.id, [], result))
+        self._slots = None
+
+    def serve(self, stop: threading.Event, on_error=None, idle_wait_s: float = 0.1) -> None:
+        """Run rounds until `stop` is set (the server's engine thread); while idle, waits
+        for a submission (woken at once) or `idle_wait_s`. A failing round has ended its
+        requests with errors (`round`); then `on_error(exception)` says whether to go on
+        (True) or stop, and without `on_error` the exception is raised."""
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                worked = self.round()
+            except Exception as e:
+                if on_error is None or not on_error(e):
+                    raise
+                continue
+            if not worked:
+                self._wake.wait(idle_wait_s)
+
+
+def _fresh_stats(batch: int) -> dict:
+    return {
+        "prompts": 0,
+        "new_tokens": 0,
+        "row_steps": 0,
+        "rounds": 0,
+        "compile_s": 0.0,
+        "prompt_buckets": [],
+        "prefill_calls": 0,
+        "cache_slots": [],
+        "batch": batch,
+        "groups": [],
+    }
+
+
+@dataclasses.dataclass
+class _Active:
+    """A request in a slot: when it went in and how many of its tokens its listener has."""
+
+    request: _Encoded
+    inserted: float
+    sent: int = 0
+
+
+class _Slots:
+    """The B slots on the device and the host's view of them (module docstring)."""
+
+    def __init__(self, engine: Engine, sampled: bool, cap: int, P: int):
         model = engine.model
         self.engine, self.model, self.B = engine, model, engine.batch
-        if fixed_P is None:  # shortest bucket first: the cache grows once per bucket at most
-            requests = sorted(requests, key=lambda r: inputs.bucket(len(r.ids)))
-        self.queue = collections.deque(requests)
+        self.queue: collections.deque[_Encoded] = collections.deque()
+        self.dequeued = 0  # requests that left `queue`: admitted or cancelled
+        self.active: list[_Active | None] = [None] * self.B
         self.auto = None
         lookahead = engine.lookahead
         if lookahead == "auto":
             self.auto = autotune.AutoRun(
-                model, sampling, max_step_tokens(model.lm.max_context), batch=self.B
+                model, engine.sampling, max_step_tokens(model.lm.max_context), batch=self.B
             )
             lookahead = self.auto.config
         self.spec = DecodeSpec(
             lm=model.lm,
-            sampling=sampling,
             eos_ids=tuple(model.eos_ids),
+            sampled=sampled,
             lookahead=lookahead,
             cache_dtype=jnp.dtype(model.dtype).name,
         )
         self.slack = self.spec.max_emit
         self.cap = cap
-        self.slots: list = [None] * self.B  # (request, insert time) per slot
         self.hist_done = None  # accepted-length histogram of results read [E]
-        self.state = None
-        self._set_shape(fixed_P or inputs.bucket(len(self.queue[0].ids)))
+        self.state: DecodeState | None = None
+        self.cancelled: set[int] = set()  # slots whose requests were cancelled
+        self._set_shape(P)
         engine.stats["groups"].append(
             {
-                "sampling": sampling.describe(),
-                "prompts": len(requests),
+                "sampling": engine.sampling.describe(),
+                "sampled": sampled,
                 "lookahead": None if lookahead is None else lookahead.describe(),
                 "auto": None if self.auto is None else self.auto.choice.describe(),
             }
         )
 
+    # ------------------------------------------------------------------ shapes, programs
+
     def _set_shape(self, P: int) -> None:
         """Programs for the state of prompt side P: S = P + cap + slack (the loop compiled
         now, the insert at its first use)."""
         self.P = P
+        rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((self.B, *shape), dtype)  # noqa: E731
         self.loop_args = (
             self.model.params,
-            jax.ShapeDtypeStruct((self.B, P), jnp.int32),
-            *(jax.ShapeDtypeStruct((self.B,), jnp.int32) for _ in range(2)),
-            jax.ShapeDtypeStruct((self.B, 2), jnp.uint32),
+            rows(P),
+            rows(),
+            rows(),
+            rows(2, dtype=jnp.uint32),
+            RowSampling(rows(dtype=jnp.float32), rows(), rows(dtype=jnp.float32)),
         )
         self.loop = self._compiled(self.spec, self.cap, self.loop_args, "run_loop")
         shape = self._state_shape(self.spec)
         mesh = self.model.mesh
         self.state_sh = None if mesh is None else sharding.state_shardings(shape, mesh)
-        self.insert = _small_program(insert, self.state_sh, donate_argnums=0)
+        self.insert = slot_state.program(slot_state.insert, self.state_sh, donate_argnums=0)
+        self.retire = slot_state.program(slot_state.retire, self.state_sh, donate_argnums=0)
         self.slots_S = shape.tokens.shape[1]
         self.engine.stats["cache_slots"].append(self.slots_S)
 
@@ -373,7 +533,7 @@ class _GroupRun:
         whose S axis is padded (the new slots lie past every row's end)."""
         self._set_shape(P)
         if self.state is not None:
-            grow = _small_program(grow_slots, self.state_sh, static_argnums=1)
+            grow = slot_state.program(slot_state.grow_slots, self.state_sh, static_argnums=1)
             self.state = grow(self.state, self.slots_S)
 
     def _state_shape(self, spec):
@@ -388,20 +548,49 @@ class _GroupRun:
         self.engine.stats["compile_s"] += secs
         return exe
 
+    # ------------------------------------------------------------------ rounds
+
+    def busy(self) -> bool:
+        return bool(self.queue) or any(x is not None for x in self.active)
+
+    def round(self) -> Iterator[Result]:
+        """Admit, decode, read back; yields the requests that finished."""
+        admitted = self._fill()
+        if admitted and any(a.request.listener for a in admitted):
+            yield from self._collect()  # the first tokens (the prefill's) go out now
+        if not any(x is not None for x in self.active):
+            return
+        if self.state is not None and not multihost.all_rows(self.state.done).all():
+            streaming = any(x is not None and x.request.listener for x in self.active)
+            steps = self.engine.stream_steps if streaming else self.engine.steps_per_call
+            self.state = self.loop(
+                self.model.params, self.state, jnp.int32(steps), jnp.bool_(bool(self.queue))
+            )
+            self.engine.stats["rounds"] += 1
+            self._watch()
+        yield from self._collect()
+
     def _prefill(self, P: int, requests: list[_Encoded]) -> DecodeState:
-        """One prefill of the prompts of bucket P, padded to `prefill_rows` rows (a padding
+        """One prefill of the requests of bucket P, padded to `prefill_rows` rows (a padding
         row has a budget of 0: done at once)."""
-        n = prefill_rows(len(requests), self.B)
+        n = slot_state.prefill_rows(len(requests), self.B)
+        pad = n - len(requests)
         prompt = np.zeros((n, P), np.int32)
         prompt_len, max_new = np.ones((n,), np.int32), np.zeros((n,), np.int32)
         for i, r in enumerate(requests):
             prompt[i, : len(r.ids)] = r.ids
             prompt_len[i], max_new[i] = len(r.ids), r.max_new
-        keys = [prompt_key(r.id) for r in requests] + [0] * (n - len(requests))
-        rows = (prompt, prompt_len, max_new, np.asarray(keys_for(self.engine.seed, keys)))
+        keys = np.concatenate(
+            [np.asarray(keys_for(r.seed, [r.key])) for r in requests]
+            + [np.zeros((pad, 2), np.uint32)]
+        )
+        sampling = RowSampling.of([r.sampling for r in requests] + [SamplingConfig()] * pad)
+        rows = (prompt, prompt_len, max_new, keys, sampling)
         mesh = self.model.mesh
         if mesh is not None:  # where the start program takes them: rows over `data`
-            rows = tuple(multihost.replicated(mesh, a, sharding.batch_major(a, mesh)) for a in rows)
+            rows = jax.tree.map(
+                lambda a: multihost.replicated(mesh, a, sharding.batch_major(a, mesh)), rows
+            )
         args = (self.model.params, *rows)
         buckets = self.engine.stats["prompt_buckets"]
         if P not in buckets:
@@ -411,82 +600,118 @@ class _GroupRun:
         start = self._compiled(self.spec, self.P + self.cap - P, args, "start")
         return start(*args)
 
-    def _fill(self) -> None:
-        """Prefill the queue's next prompts into the free slots: one prefill per prompt
+    def _fill(self) -> list[_Active]:
+        """Prefill the queue's next requests into the free slots: one prefill per prompt
         bucket among them, then one insert of its rows."""
-        free = [s for s in range(self.B) if self.slots[s] is None]
+        free = [s for s in range(self.B) if self.active[s] is None]
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
+        self.dequeued += len(taken)
         if not taken:
-            return
+            return []
         longest = max(inputs.bucket(len(r.ids)) for r in taken)
         if longest > self.P:
             self._grow(longest)
         by_bucket: dict[int, list] = {}
         for s, r in zip(free, taken, strict=False):  # the first len(taken) free slots
             by_bucket.setdefault(inputs.bucket(len(r.ids)), []).append((s, r))
+        admitted = []
         for P, placed in by_bucket.items():
             fresh = self._prefill(P, [r for _, r in placed])
             if self.state is None:
-                empty = _small_program(empty_slots, self.state_sh, static_argnums=1)
+                empty = slot_state.program(slot_state.empty_slots, self.state_sh, static_argnums=1)
                 self.state = empty(fresh, self.B)
             slots = np.full((fresh.done.shape[0],), self.B, np.int32)  # padding: dropped
             slots[: len(placed)] = [s for s, _ in placed]
             self.state = self.insert(self.state, fresh, slots)
             now = time.perf_counter()
             for s, r in placed:
-                self.slots[s] = (r, now)
+                self.active[s] = _Active(r, now)
+                admitted.append(self.active[s])
+        return admitted
 
-    def run(self) -> Iterator[Result]:
-        stats = self.engine.stats
-        while True:
-            self._fill()
-            if all(x is None for x in self.slots):
-                break
-            done = multihost.all_rows(self.state.done)
-            finished = [s for s, x in enumerate(self.slots) if x is not None and done[s]]
-            if finished:
-                yield from self._read(finished)
-                continue
-            self.state = self.loop(
-                self.model.params,
-                self.state,
-                jnp.int32(self.engine.steps_per_call),
-                jnp.bool_(bool(self.queue)),
-            )
-            stats["rounds"] += 1
-            self._watch()
-        self._record_acceptance()
+    def cancel(self, request_id) -> Result | None:
+        """End a request with "cancelled": a waiting one now (its Result returned), a
+        decoding one at the next `_collect`."""
+        for r in list(self.queue):
+            if r.id == request_id:
+                self.queue.remove(r)
+                self.dequeued += 1
+                return self._deliver(_Active(r, time.perf_counter()), [], "cancelled", [], 0)
+        for s, a in enumerate(self.active):
+            if a is not None and a.request.id == request_id:
+                self.cancelled.add(s)  # ended by the next _collect
+        return None
 
-    def _read(self, finished: list[int]) -> Iterator[Result]:
+    def _collect(self) -> Iterator[Result]:
+        """Read every slot back: send each listener its new tokens, end the requests that
+        are done (EOS, budget), hit a stop string or were cancelled, free their slots."""
         fields = (
             self.state.tokens,
             self.state.prompt_len,
             self.state.n_out,
             self.state.max_new,
+            self.state.done,
             self.state.steps,
             self.state.accept_hist,
         )
-        tokens, prompt_len, n_out, max_new, steps, hist = map(multihost.all_rows, fields)
-        now = time.perf_counter()
-        stats = self.engine.stats
-        tokenizer = self.model.tokenizer
-        for s in finished:
-            r, t_insert = self.slots[s]
-            self.slots[s] = None
-            self._add_hist(hist[s])
+        tokens, prompt_len, n_out, max_new, done, steps, hist = map(multihost.all_rows, fields)
+        cancelled, self.cancelled = self.cancelled, set()
+        retired = np.zeros((self.B,), bool)
+        for s, a in enumerate(self.active):
+            if a is None:
+                continue
             new = tokens[s, prompt_len[s] : prompt_len[s] + n_out[s]].tolist()
-            stats["prompts"] += 1
-            stats["new_tokens"] += len(new)
-            stats["row_steps"] += int(steps[s])
-            yield Result(
-                id=r.id,
-                token_ids=new,
-                text=None if tokenizer is None else tokenizer.decode(new),
-                finish="length" if n_out[s] >= max_new[s] else "eos",
-                prompt_tokens=len(r.ids),
-                steps=int(steps[s]),
-                time_s=now - t_insert,
-            )
+            finish, cut = None, new
+            if s in cancelled:
+                finish = "cancelled"
+            elif a.request.stop:
+                finish, cut = self._stop(a.request, new)
+            if finish is None and done[s]:
+                finish = "length" if n_out[s] >= max_new[s] else "eos"
+            if finish is None:
+                if a.request.listener is not None and len(new) > a.sent:
+                    a.request.listener(Update(a.request.id, new[a.sent :]))
+                    a.sent = len(new)
+                continue
+            retired[s] = not done[s]
+            self.active[s] = None
+            self._add_hist(hist[s])
+            yield self._deliver(a, cut, finish, new, int(steps[s]))
+        if retired.any():
+            self.state = self.retire(self.state, retired)
+
+    def _stop(self, r: _Encoded, new: list[int]) -> tuple[str | None, list[int]]:
+        """("stop", the tokens up to the one that completes the first stop string) once
+        the text holds a stop string, else (None, new)."""
+        decode = self.model.tokenizer.decode
+        if not any(s in decode(new) for s in r.stop):
+            return None, new
+        end = next(j for j in range(1, len(new) + 1) if any(s in decode(new[:j]) for s in r.stop))
+        return "stop", new[:end]
+
+    def _deliver(self, a: _Active, cut: list[int], finish: str, new, steps: int) -> Result:
+        tokenizer = self.model.tokenizer
+        text = None if tokenizer is None else tokenizer.decode(cut)
+        if finish == "stop":
+            text = text[: min(i for i in (text.find(s) for s in a.request.stop) if i >= 0)]
+        stats = self.engine.stats
+        stats["prompts"] += 1
+        stats["new_tokens"] += len(cut)
+        stats["row_steps"] += steps
+        result = Result(
+            id=a.request.id,
+            token_ids=cut,
+            text=text,
+            finish=finish,
+            prompt_tokens=len(a.request.ids),
+            steps=steps,
+            time_s=time.perf_counter() - a.inserted,
+        )
+        if a.request.listener is not None:
+            a.request.listener(Update(a.request.id, cut[a.sent :], result))
+        return result
+
+    # ------------------------------------------------------------------ auto
 
     def _add_hist(self, hist_e) -> None:
         """Count a finished row's accepted-length histogram [E] into the lookahead phase's
@@ -500,7 +725,7 @@ class _GroupRun:
     def _lookahead_hist(self):
         """[1 + B, E]: the read results' histogram, then each occupied slot's."""
         live = multihost.all_rows(self.state.accept_hist)
-        occupied = np.asarray([x is not None for x in self.slots])
+        occupied = np.asarray([x is not None for x in self.active])
         rows = [self.hist_done if self.hist_done is not None else np.zeros(live.shape[1])]
         return np.concatenate([np.asarray(rows, live.dtype), live[occupied]], axis=0)
 
@@ -521,7 +746,7 @@ class _GroupRun:
             self.state = jax.device_put(self.state, self.state_sh)
         self.engine.stats["groups"][-1]["switched_to_plain_after_steps"] = steps
 
-    def _record_acceptance(self) -> None:
+    def record_acceptance(self) -> None:
         """auto: fold this run's lookahead acceptance into the model's running factor."""
         auto = self.auto
         if auto is None or auto.config is None or self.hist_done is None:

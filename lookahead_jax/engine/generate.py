@@ -96,12 +96,12 @@ def generate(
     inputs.check_context(max_context, max(len(p) for p in ids), max_new_tokens)
     spec = DecodeSpec(
         lm=model.lm,
-        sampling=sampling,
         eos_ids=tuple(model.eos_ids),
+        sampled=not sampling.greedy,
         lookahead=lookahead,
         cache_dtype=jnp.dtype(model.dtype).name,
     )
-    args, cap = inputs.device_inputs(model, ids, max_new_tokens, seed)
+    args, cap = inputs.device_inputs(model, ids, max_new_tokens, seed, sampling)
 
     # compile first: neither timing below includes compilation
     loop = "step" if stream else "run_loop"
@@ -131,7 +131,7 @@ def generate(
             raise
     jax.block_until_ready(state)
     decode_s = time.perf_counter() - t0
-    out = output(model, spec, state, interrupted, auto and auto.lookahead_hist)
+    out = output(model, spec, sampling, state, interrupted, auto and auto.lookahead_hist)
     new_tokens = out.stats["new_tokens"]
     out.stats.update(
         prefill_s=prefill_s,
@@ -148,7 +148,12 @@ def generate(
 
 
 def output(
-    model, spec: DecodeSpec, state: DecodeState, interrupted: bool, lookahead_hist=None
+    model,
+    spec: DecodeSpec,
+    sampling: SamplingConfig,
+    state: DecodeState,
+    interrupted: bool,
+    lookahead_hist=None,
 ) -> GenerationOutput:
     """Tokens, texts and counts (this process's rows) of a finished or stopped decode.
 
@@ -188,7 +193,7 @@ def output(
         "config": {
             "lookahead": None if spec.lookahead is None else spec.lookahead.describe(),
             "dtype": spec.cache_dtype,
-            **spec.sampling.describe(),
+            **sampling.describe(),
         },
     }
     if state.draft is not None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from lookahead_jax.decoding.sampling import row_keys
+from lookahead_jax.decoding.sampling import RowSampling, row_keys
 from lookahead_jax.distributed import multihost
 from lookahead_jax.distributed.sharding import check_batch
 from lookahead_jax.errors import UserInputError
@@ -109,10 +109,11 @@ def encode_prompt(tokenizer, vocab: int, prompt, chat: bool, what: str) -> list[
     return ids
 
 
-def device_inputs(model, ids: list[list[int]], max_new_tokens: int, seed: int):
-    """The start arguments (params, prompt [B, P], prompt_len [B], max_new [B], rng [B, 2])
-    and the budget bucket. With several processes `ids` are this process's rows; all
-    processes must agree on the shapes, so the bucket covers everyone's longest prompt."""
+def device_inputs(model, ids: list[list[int]], max_new_tokens: int, seed: int, sampling):
+    """The start arguments (params, prompt [B, P], prompt_len [B], max_new [B], rng [B, 2],
+    RowSampling of [B] arrays: `sampling`, a SamplingConfig, on every row) and the budget
+    bucket. With several processes `ids` are this process's rows; all processes must agree
+    on the shapes, so the bucket covers everyone's longest prompt."""
     B = len(ids)
     multihost.agree(B, "number of prompts")
     multihost.agree(max_new_tokens, "max_new_tokens")
@@ -128,6 +129,7 @@ def device_inputs(model, ids: list[list[int]], max_new_tokens: int, seed: int):
         np.asarray([len(p) for p in ids], np.int32),
         np.full((B,), max_new_tokens, np.int32),
         rng,
+        RowSampling.of([sampling] * B),
     )
-    args = (model.params, *(multihost.global_rows(model.mesh, a) for a in per_row))
+    args = (model.params, *jax.tree.map(lambda a: multihost.global_rows(model.mesh, a), per_row))
     return args, bucket(max_new_tokens)

@@ -216,14 +216,15 @@ def expand(
     """The template filled from the tables, rooted at each row's input token `root_b`
     (whose previous token is `prev_b`).
 
-    noise: under sampling, (temperature, gumbel [B, A, V], A = the template's max depth):
-    the Gumbel noise of the positions the nodes guess (depth d: the d-th token after the
-    input). The token sampled there is the argmax of log(p)/temperature + noise
-    (sampling.py), so a node's candidates are ranked by that key instead of by p, and a
-    candidate's score is its share of the softmax of the keys over the candidates
-    instead of p: a heuristic estimate of the chance that it is the token sampled there
-    (a candidate whose noise lifts it far above the rest is nearly sure whatever its p;
-    the recorded p stands in for the unknown logits).
+    noise: under sampling, (temperature [B], gumbel [B, A, V], sampling [B] bool), A the
+    template's max depth: the Gumbel noise of the positions the nodes guess (depth d: the
+    d-th token after the input). In a sampling row the token sampled there is the argmax
+    of log(p)/temperature + noise (sampling.py), so a node's candidates are ranked by that
+    key instead of by p, and a candidate's score is its share of the softmax of the keys
+    over the candidates instead of p: a heuristic estimate of the chance that it is the
+    token sampled there (a candidate whose noise lifts it far above the rest is nearly
+    sure whatever its p; the recorded p stands in for the unknown logits). Rows where
+    `sampling` is False (greedy) keep the order by p.
     """
     B = root_b.shape[0]
     n = tmpl.size
@@ -249,17 +250,19 @@ def expand(
             prev = jnp.where(gp[None] >= 0, tokens[:, np.maximum(gp, 0)], root_b[:, None])
         cands, cand_p = candidates(table, prev, last)  # [B, width, 2k]
         if noise is not None:
-            temperature, gumbel_bav = noise
+            temperature_b, gumbel_bav, sampling_b = noise
             g = jnp.take_along_axis(
                 gumbel_bav[:, d - 1], jnp.maximum(cands, 0).reshape(B, -1), axis=1
             )
             empty = cands == EMPTY
-            key = jnp.log(cand_p) / temperature + g.reshape(cands.shape)
+            t = jnp.where(sampling_b, temperature_b, 1.0)[:, None, None]
+            key = jnp.log(cand_p) / t + g.reshape(cands.shape)
             key = jnp.where(empty, -1e30, key)  # finite: a node with no candidate gets 0s
             order = jnp.argsort(-key, axis=-1, stable=True)
-            cands = jnp.take_along_axis(cands, order, axis=-1)
             share = jnp.where(empty, 0.0, jax.nn.softmax(key, axis=-1))
-            cand_p = jnp.take_along_axis(share, order, axis=-1)
+            on = sampling_b[:, None, None]
+            cands = jnp.where(on, jnp.take_along_axis(cands, order, axis=-1), cands)
+            cand_p = jnp.where(on, jnp.take_along_axis(share, order, axis=-1), cand_p)
         rank = jnp.broadcast_to(ranks[nodes][None, :, None], (B, width, 1))
         tok = jnp.take_along_axis(cands, rank, axis=-1)[..., 0]
         p = jnp.take_along_axis(cand_p, rank, axis=-1)[..., 0]

@@ -26,6 +26,7 @@ Writes OUT.json after every measurement, OUT.md and OUT.png at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -83,14 +84,16 @@ def run_engine(model, ids, batch, lookahead, max_new):
     )
     # warm-up: the run's shapes, one token each: every prompt bucket (so every S the state
     # grows to), each prefilled n at a time for every n the engine may prefill together
+    import importlib
+
     from lookahead_jax.engine.inputs import bucket
 
-    try:
-        from lookahead_jax.engine.continuous import prefill_rows
-    except ImportError:  # an engine that prefills one prompt at a time (--before)
+    def prefill_rows(n, batch):  # an engine that prefills one prompt at a time (--before)
+        return 1
 
-        def prefill_rows(n, batch):
-            return 1
+    for where in ("lookahead_jax.engine.continuous", "lookahead_jax.engine.slot_state"):
+        with contextlib.suppress(ImportError):  # where the version at hand keeps it
+            prefill_rows = getattr(importlib.import_module(where), "prefill_rows", prefill_rows)
 
     buckets: dict[int, list[int]] = {}
     for i, p in enumerate(ids):

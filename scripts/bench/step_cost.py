@@ -278,6 +278,24 @@ def report(result: dict, out: str) -> None:
     fig.savefig(Path(out).with_name(Path(out).name + ".png"), dpi=110)
 
 
+def merge(results: list[dict], out: str) -> None:
+    """One report from several runs (e.g. an earlier version on fewer sizes): their rows,
+    every HF step measured, the first run's machine figures."""
+    first = dict(results[0])
+    first["command"] = " ; ".join(r["command"] for r in results)
+    first["versions"] = {k: v for r in results for k, v in r["versions"].items()}
+    first["hf"] = {k: v for r in results for k, v in r["hf"].items()}
+    seen, rows = set(), []
+    for r in results:
+        for row in r["rows"]:
+            key = (row["version"], row["layout"], row["slots"], row["batch"])
+            if key not in seen:
+                seen.add(key)
+                rows.append(row)
+    first["rows"] = rows
+    report(first, out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--versions", default="current=.", help="label=source tree, comma-separated")
@@ -288,8 +306,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--out", default="benchmarks/cpu/step_cost")
+    ap.add_argument(
+        "--merge",
+        default=None,
+        metavar="A.json,B.json",
+        help="no measuring: one report from earlier results (their rows and HF steps)",
+    )
     ap.add_argument("--child-batch", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.merge:
+        return merge([json.loads(Path(f).read_text()) for f in args.merge.split(",")], args.out)
     args.slots_list = [int(s) for s in args.slots.split(",")]
     if args.child_batch is not None:
         args.batch = args.child_batch
@@ -304,6 +330,7 @@ def main() -> None:
     for B in batches:
         for label, tree in versions.items():
             env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()), HF_HUB_OFFLINE="1")
+            env["LOOKAHEAD_JAX_NO_COMPILE_CACHE"] = "1"  # compile_s: a real compilation
             cmd = [sys.executable, __file__, "--child-batch", str(B), "--slots", args.slots,
                    "--layouts", args.layouts, "--steps", str(args.steps),
                    "--repeats", str(args.repeats)]  # fmt: skip

@@ -1,0 +1,219 @@
+"""Command line: python -m lookahead_jax.serve [--ckpt CKPT] [--host H] [--port P] ...
+
+Loads the model, warms the engine (auto's choice, the decode loop and the smallest
+prompt bucket's prefill are compiled before the first request), and serves the
+OpenAI-compatible API (server/app.py) with uvicorn until SIGINT or SIGTERM: then new
+requests are refused, streams in flight end with an error chunk, and it exits 0. If
+decoding keeps failing it exits 1 with the reason on stderr. Bad flags: one line on
+stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from lookahead_jax.cli.exits import OneLineArgumentParser, run_cli
+from lookahead_jax.errors import UserInputError
+
+DEFAULT_BATCH = 8
+DEFAULT_MAX_PROMPT = 1024
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineArgumentParser(
+        prog="python -m lookahead_jax.serve",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
+        "/v1/chat/completions, /v1/models, /health, /metrics), decoding with lookahead: "
+        "each request gets exactly the tokens of a lone decode of its prompt.",
+    )
+    p.add_argument(
+        "--ckpt",
+        default="smollm2-135m",
+        help="checkpoint directory from checkpoints_convert, or smollm2-135m for the "
+        "bundled SmolLM2-135M-Instruct (default)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (8000)")
+    p.add_argument(
+        "--batch", type=int, default=DEFAULT_BATCH, help=f"slots decoding at once ({DEFAULT_BATCH})"
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=256,
+        help="the most tokens a request may ask for (max_tokens); sizes the cache (256)",
+    )
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help=f"the longest prompt, in tokens (default: {DEFAULT_MAX_PROMPT}, or less where "
+        "the model's context is shorter)",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--lookahead",
+        default=None,
+        metavar="tokens=T|N,W,G|auto",
+        help="as for generate: auto (the default) chooses for this machine, model and "
+        "batch; tokens=T a fixed draft budget",
+    )
+    mode.add_argument("--no-lookahead", action="store_true", help="plain decoding")
+    p.add_argument(
+        "--model-name",
+        default=None,
+        help="the name clients ask for (default: the checkpoint's directory name)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' (default: none; also LOOKAHEAD_JAX_API_KEY)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="requests that may wait for a slot; more get 429 (default: no limit)",
+    )
+    p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    p.add_argument("--weights", default="float", help="float (default), int8 or q8_0")
+    p.add_argument(
+        "--mesh", default=None, metavar="data=D,model=M", help="shard over a device mesh"
+    )
+    p.add_argument(
+        "--steps-per-call",
+        type=int,
+        default=16,
+        help="decoding steps between looks at the queue (16): a new request waits for "
+        "at most this many steps",
+    )
+    p.add_argument(
+        "--stream-steps",
+        type=int,
+        default=4,
+        help="decoding steps between chunks while a request streams (4)",
+    )
+    p.add_argument("--no-warmup", action="store_true", help="compile at the first request")
+    p.add_argument("--log-level", default="info", help="uvicorn's log level (info)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return run_cli(lambda: _run(args), debug=args.debug)
+
+
+def _validate(args):
+    from lookahead_jax.checkpoints.loading import resolve_dtype
+    from lookahead_jax.cli.generate import parse_lookahead
+    from lookahead_jax.engine.inputs import check_max_new_tokens
+    from lookahead_jax.models.quantize import check_weights
+
+    check_max_new_tokens(args.max_new_tokens)
+    for flag in ("batch", "max_queue", "max_prompt_tokens", "steps_per_call", "stream_steps"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UserInputError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if not 0 < args.port < 65536:
+        raise UserInputError(f"--port must be in 1..65535, got {args.port}")
+    resolve_dtype(args.dtype)
+    check_weights(args.weights)
+    if args.no_lookahead:
+        return None
+    return "auto" if args.lookahead is None else parse_lookahead(args.lookahead)
+
+
+def _run(args) -> int:
+    lookahead = _validate(args)
+    import uvicorn
+
+    import lookahead_jax as lj
+    from lookahead_jax.distributed.sharding import parse_mesh
+    from lookahead_jax.server.app import create_app
+    from lookahead_jax.server.runner import EngineRunner
+
+    mesh = lj.make_mesh(**parse_mesh(args.mesh)) if args.mesh else "auto"
+    info = lj.inspect(args.ckpt)
+    context = info.cfg.max_position_embeddings
+    if args.max_new_tokens >= context:
+        raise UserInputError(
+            f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the "
+            f"model's context of {context} tokens"
+        )
+    max_prompt = args.max_prompt_tokens or min(DEFAULT_MAX_PROMPT, context - args.max_new_tokens)
+    if lookahead not in ("auto", None):
+        lookahead.check_fits(context)
+    t = time.perf_counter()
+    model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
+    engine = lj.Engine(
+        model,
+        batch=args.batch,
+        max_new_tokens=args.max_new_tokens,
+        lookahead=lookahead,
+        steps_per_call=args.steps_per_call,
+        stream_steps=args.stream_steps,
+        max_prompt_tokens=max_prompt,
+        sampled=True,
+    )
+    if not args.no_warmup:
+        list(engine.run([lj.Request([info.cfg.bos_token_id or 1], max_new_tokens=1)]))
+        engine.stats = {}
+    name = args.model_name or (
+        args.ckpt if not Path(args.ckpt).exists() else Path(args.ckpt).resolve().name
+    )
+    api_key = args.api_key or os.environ.get("LOOKAHEAD_JAX_API_KEY") or None
+    server = None
+    fatal: list[str] = []
+
+    def on_fatal(message: str) -> None:
+        fatal.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    runner = EngineRunner(engine, args.max_queue, on_fatal)
+    app = create_app(runner, name, api_key, max_prompt)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    server = _server_class()(config, runner)
+    runner.start()
+    print(
+        f"serving {name} on http://{args.host}:{args.port}/v1 "
+        f"(batch {args.batch}, loaded and warmed in {time.perf_counter() - t:.1f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        server.run()
+    finally:
+        runner.shutdown()
+    if fatal:
+        print(f"error: {fatal[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but a shutdown signal first ends the streams in flight (with
+        an error chunk) and refuses new requests, so that the graceful shutdown does not
+        wait for every stream to run to its end."""
+
+        def __init__(self, config, runner):
+            super().__init__(config)
+            self.runner = runner
+
+        def handle_exit(self, sig, frame):
+            self.runner.end_streams()
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises a captured signal once it has shut down, so the process
+            # would die by it; a shutdown asked for by SIGINT/SIGTERM is a clean exit (0)
+            self._captured_signals.clear()
+
+    return Server

@@ -1,0 +1,74 @@
+"""The engine's edits of the B-slot device state, each a small jitted program: prompts
+written into free slots, the slots' S axis grown, rows retired.
+
+Every leaf of a DecodeState has its rows (the engine's slots) on its first axis, the K/V
+buffers' [B, K, S, Dh] too, so every edit here is one `tree.map`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from lookahead_jax.decoding.decode_state import DecodeState
+from lookahead_jax.models import kv_cache
+
+
+def insert(state: DecodeState, fresh: DecodeState, slots_n) -> DecodeState:
+    """The B-row `state` with its rows `slots_n` [n] replaced by the n rows of `fresh` (a
+    prefill of n prompts), every field; a slot index >= B (a padding row) writes nothing."""
+    return jax.tree.map(lambda big, small: big.at[slots_n].set(small, mode="drop"), state, fresh)
+
+
+def retire(state: DecodeState, retired_b) -> DecodeState:
+    """The state with the rows `retired_b` [B] (bool) done: they stop decoding (a
+    cancelled request, or one whose stop string the host found)."""
+    return dataclasses.replace(state, done=state.done | retired_b)
+
+
+def grow_slots(state: DecodeState, slots: int) -> DecodeState:
+    """The state with its S axis (token buffers [B, S], K/V buffers [B, K, S, Dh]) padded
+    with zeros to `slots`. The new slots lie past every row's end, where nothing is read."""
+
+    def pad(x, axis):
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, slots - x.shape[axis])
+        return jnp.pad(x, widths)
+
+    cache = kv_cache.map_buffers(lambda x: pad(x, kv_cache.SLOTS_AXIS), state.cache)
+    return dataclasses.replace(
+        state, cache=cache, tokens=pad(state.tokens, 1), step_of_token=pad(state.step_of_token, 1)
+    )
+
+
+def empty_slots(fresh: DecodeState, batch: int) -> DecodeState:
+    """A B-row state of `fresh`'s shapes (but its number of rows) whose every slot is done
+    (nothing decodes)."""
+    state = jax.tree.map(lambda x: jnp.repeat(x[:1], batch, axis=0), fresh)
+    return dataclasses.replace(state, done=jnp.ones((batch,), bool))
+
+
+def prefill_rows(n: int, batch: int) -> int:
+    """How many rows a prefill of n prompts runs: a power of two (so that few programs are
+    compiled), at most the batch."""
+    return min(1 << max(n - 1, 0).bit_length(), batch)
+
+
+_PROGRAMS: dict = {}
+
+
+def program(fn, out_shardings, **jit_kw):
+    """`fn` (insert, retire, empty_slots, grow_slots) jitted once per process, output
+    sharding and jit options, so that jax.jit's own cache compiles it once per shape
+    across runs. (Their compilations, a fraction of a second each, are not in the stats'
+    compile_s.)"""
+    sh_key = None
+    if out_shardings is not None:
+        sh_key = (jax.tree.structure(out_shardings), tuple(jax.tree.leaves(out_shardings)))
+        jit_kw["out_shardings"] = out_shardings
+    key = (fn, sh_key, tuple(sorted((k, v) for k, v in jit_kw.items() if k != "out_shardings")))
+    if key not in _PROGRAMS:
+        _PROGRAMS[key] = jax.jit(fn, **jit_kw)
+    return _PROGRAMS[key]

@@ -1,0 +1,3 @@
+"""The HTTP server: an OpenAI-compatible API (app.py, the request and response shapes in
+protocol.py, Prometheus metrics in metrics.py) over the online engine, which runs in a
+thread of its own (runner.py). `python -m lookahead_jax.serve` starts it (cli/serve.py)."""

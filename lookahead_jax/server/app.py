@@ -1,0 +1,308 @@
+"""The OpenAI-compatible HTTP API over the online engine (FastAPI).
+
+    POST /v1/completions        prompt (text or token ids) -> text, streamed or whole
+    POST /v1/chat/completions   messages through the chat template -> text
+    GET  /v1/models, /health, /metrics
+
+A request is checked whole before it is queued: bad JSON, an unknown field, a setting
+out of range, another model's name, prompt + max_tokens past the context: 400 (404 for
+the model) with OpenAI's error object naming the field; the server keeps serving. With
+an API key, a missing or wrong `Authorization: Bearer` is 401; a full queue is 429.
+
+Streaming: Server-Sent Events in OpenAI's chunk format, a chunk after each engine round
+that committed tokens (one lookahead step can add several tokens to a chunk), text that
+could start a stop string held back until it is known not to; then a chunk with the
+finish_reason, the usage chunk when asked for, and `data: [DONE]`. A client that
+disconnects cancels its request: its slot is free at the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from lookahead_jax.engine import inputs
+from lookahead_jax.engine.continuous import Request as EngineRequest
+from lookahead_jax.engine.streaming import StreamDetokenizer
+from lookahead_jax.errors import UserInputError
+from lookahead_jax.server import protocol
+from lookahead_jax.server.metrics import Metrics
+from lookahead_jax.server.protocol import ChatCompletionRequest, CompletionRequest, Reply
+from lookahead_jax.server.runner import Closed, EngineRunner
+
+DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks its client is there
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param=None, type_="invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type = status, message, param, type_
+
+
+def create_app(
+    runner: EngineRunner,
+    model_name: str,
+    api_key: str | None = None,
+    max_prompt_tokens: int | None = None,
+) -> FastAPI:
+    """The app for one model behind `runner` (its engine's model and budget)."""
+    engine = runner.engine
+    model, tokenizer = engine.model, engine.model.tokenizer
+    metrics = Metrics(engine)
+    app = FastAPI(title="lookahead_jax", docs_url=None, redoc_url=None)
+    app.state.runner, app.state.metrics = runner, metrics
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, e: ApiError):
+        metrics.requests.labels(request.url.path, str(e.status)).inc()
+        return JSONResponse(protocol.error_body(e.message, e.type, e.param), e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {"msg": "invalid request", "loc": ()}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        if first.get("type") == "json_invalid":
+            message, param = f"the body is not valid JSON: {first.get('msg')}", None
+        elif first.get("type") == "extra_forbidden":
+            message, param = f"unknown field {'.'.join(loc)!r}", ".".join(loc) or None
+        else:
+            param = ".".join(loc) or None
+            message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        metrics.requests.labels(request.url.path, "400").inc()
+        return JSONResponse(protocol.error_body(message, param=param), 400)
+
+    def check_auth(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given, f"Bearer {api_key}"):
+            raise ApiError(401, "missing or wrong API key", type_="authentication_error")
+
+    def check_model(name: str) -> None:
+        if name != model_name:
+            raise ApiError(
+                404,
+                f"the model {name!r} does not exist; this server has {model_name!r}",
+                "model",
+                "not_found_error",
+            )
+
+    @app.get("/health")
+    async def health():
+        if runner.fatal or runner.stopping:
+            return JSONResponse({"status": "unavailable", "reason": runner.fatal}, 503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.scrape(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_auth(request)
+        return {
+            "object": "list",
+            "data": [
+                {"id": model_name, "object": "model", "created": 0, "owned_by": "lookahead_jax"}
+            ],
+        }
+
+    def prompt_ids(body) -> list[int]:
+        """The request's prompt as token ids (400 naming the field when it cannot be)."""
+        if isinstance(body, ChatCompletionRequest):
+            if tokenizer is None or tokenizer.chat_template is None:
+                raise ApiError(
+                    400, "this model has no chat template; use /v1/completions", "messages"
+                )
+            try:
+                messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+                text = tokenizer.apply_chat_template(messages)
+            except (ValueError, UserInputError) as e:
+                raise ApiError(400, str(e), "messages") from None
+            return tokenizer.encode(text, add_special_tokens=False)
+        if isinstance(body.prompt, str):
+            if tokenizer is None:
+                raise ApiError(400, "this model has no tokenizer; send token ids", "prompt")
+            return tokenizer.encode(body.prompt)
+        vocab = model.lm.vocab_size
+        bad = [t for t in body.prompt if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(400, f"token ids outside [0, {vocab}): {bad[:5]}", "prompt")
+        return list(body.prompt)
+
+    def engine_request(body, chat: bool) -> tuple[EngineRequest, int]:
+        ids = prompt_ids(body)
+        budget = body.budget(engine.max_new_tokens) if chat else body.max_tokens
+        field = (
+            "max_tokens"
+            if not chat or body.max_completion_tokens is None
+            else "max_completion_tokens"
+        )
+        if budget > engine.max_new_tokens:
+            raise ApiError(
+                400,
+                f"{field} is {budget}; this server allows at most {engine.max_new_tokens}",
+                field,
+            )
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            where = "messages" if chat else "prompt"
+            raise ApiError(
+                400,
+                f"the prompt has {len(ids)} tokens; this server takes at most {max_prompt_tokens}",
+                where,
+            )
+        try:
+            inputs.check_context(model.lm.max_context, len(ids), budget)
+        except UserInputError as e:
+            raise ApiError(400, str(e), field) from None
+        if body.stop and tokenizer is None:
+            raise ApiError(400, "stop sequences need a tokenizer", "stop")
+        temperature = 1.0 if body.temperature is None else body.temperature
+        seed = body.seed
+        if seed is None:  # a fresh draw per request, as OpenAI's API samples
+            seed = secrets.randbits(31)
+        request = EngineRequest(
+            ids,
+            max_new_tokens=budget,
+            temperature=temperature,
+            top_k=body.top_k,
+            top_p=body.top_p,
+            seed=seed,
+            stop=body.stops(),
+        )
+        return request, len(ids)
+
+    async def answer(http: Request, body, chat: bool):
+        t0 = time.perf_counter()
+        check_auth(http)
+        check_model(body.model)
+        if runner.stopping or runner.fatal:
+            raise ApiError(503, "the server is shutting down", type_="server_error")
+        request, n_prompt = engine_request(body, chat)
+        if runner.full():
+            raise ApiError(
+                429, "too many requests are waiting; try again later", type_="rate_limit_error"
+            )
+        try:
+            rid, updates = runner.submit(request)
+        except UserInputError as e:
+            raise ApiError(400, str(e)) from None
+        metrics.prompt_tokens.inc(n_prompt)
+        reply = Reply(model_name, chat)
+        endpoint = http.url.path
+        if body.stream:
+            events = stream(
+                rid, updates, reply, request.stop, n_prompt, body.include_usage(), t0, endpoint
+            )
+            return StreamingResponse(events, media_type="text/event-stream")
+        result = await whole(http, rid, updates, t0)
+        metrics.generated_tokens.inc(len(result.token_ids))
+        metrics.duration.observe(time.perf_counter() - t0)
+        metrics.requests.labels(endpoint, "200").inc()
+        return reply.whole(result.text or "", result.finish, n_prompt, len(result.token_ids))
+
+    async def whole(http: Request, rid, updates: asyncio.Queue, t0: float):
+        """Wait for the request's result; cancel it if the client goes away."""
+        first = True
+        while True:
+            try:
+                update = await asyncio.wait_for(updates.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await http.is_disconnected():
+                    runner.cancel(rid)
+                    raise ApiError(499, "the client disconnected") from None
+                continue
+            if isinstance(update, Closed):
+                raise ApiError(503, Closed.message, type_="server_error")
+            if first and update.token_ids:
+                metrics.ttft.observe(time.perf_counter() - t0)
+                first = False
+            if update.result is not None:
+                if update.result.finish == "error":
+                    raise ApiError(
+                        500, f"decoding failed: {update.result.error}", type_="server_error"
+                    )
+                return update.result
+
+    async def stream(rid, updates, reply: Reply, stops, n_prompt, with_usage, t0, endpoint):
+        """The SSE events of one request."""
+        detok = StreamDetokenizer(tokenizer) if tokenizer is not None else None
+        sent, pending, first, done = "", "", True, False
+        try:
+            while True:
+                update = await updates.get()
+                if isinstance(update, Closed) or (
+                    update.result is not None and update.result.finish == "error"
+                ):
+                    why = (
+                        Closed.message
+                        if isinstance(update, Closed)
+                        else f"decoding failed: {update.result.error}"
+                    )
+                    yield _sse(protocol.error_body(why, "server_error"))
+                    yield "data: [DONE]\n\n"
+                    done = True
+                    metrics.requests.labels(endpoint, "500").inc()
+                    return
+                if first and update.token_ids:
+                    metrics.ttft.observe(time.perf_counter() - t0)
+                pending += detok.add_step(update.token_ids) if detok else ""
+                result = update.result
+                if result is None:
+                    keep = _stop_prefix(sent + pending, stops)  # might start a stop string
+                    out, pending = pending[: len(pending) - keep], pending[len(pending) - keep :]
+                    if out or first:
+                        yield _sse(reply.chunk(out, first=first))
+                        sent, first = sent + out, False
+                    continue
+                if result.finish == "stop" and result.text is not None:
+                    out = result.text[len(sent) :]
+                else:
+                    out = pending + (detok.finish() if detok else "")
+                if out or first:
+                    yield _sse(reply.chunk(out, first=first))
+                yield _sse(reply.chunk("", finish=result.finish))
+                if with_usage:
+                    yield _sse(reply.usage_chunk(n_prompt, len(result.token_ids)))
+                yield "data: [DONE]\n\n"
+                done = True
+                metrics.generated_tokens.inc(len(result.token_ids))
+                metrics.duration.observe(time.perf_counter() - t0)
+                metrics.requests.labels(endpoint, "200").inc()
+                return
+        finally:
+            if not done:  # the client went away mid-stream: free its slot
+                runner.cancel(rid)
+                metrics.requests.labels(endpoint, "499").inc()
+
+    @app.post("/v1/completions")
+    async def completions(http: Request, body: CompletionRequest):
+        return await answer(http, body, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: Request, body: ChatCompletionRequest):
+        return await answer(http, body, chat=True)
+
+    return app
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _stop_prefix(text: str, stops) -> int:
+    """How many characters at the end of `text` could be the start of a stop string (held
+    back from a stream until the next tokens tell)."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

@@ -1,0 +1,52 @@
+"""The server's Prometheus metrics (prometheus-client, a registry per server): requests,
+tokens, time to first token and request duration as they happen; queue length, slots in
+use and tokens per step read from the engine when scraped."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self, engine):
+        self.engine = engine
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "lookahead_requests", "Requests answered", ["endpoint", "status"], registry=r
+        )
+        self.prompt_tokens = Counter("lookahead_prompt_tokens", "Prompt tokens", registry=r)
+        self.generated_tokens = Counter(
+            "lookahead_generated_tokens", "Tokens generated", registry=r
+        )
+        self.ttft = Histogram(
+            "lookahead_time_to_first_token_seconds",
+            "From a request's arrival to its first token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "lookahead_request_duration_seconds",
+            "From a request's arrival to its last token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue = Gauge("lookahead_queue_length", "Requests waiting for a slot", registry=r)
+        self.slots = Gauge("lookahead_slots_in_use", "Slots decoding a request", registry=r)
+        self.batch = Gauge("lookahead_slots", "Slots (the batch)", registry=r)
+        self.tokens_per_step = Gauge(
+            "lookahead_tokens_per_step",
+            "New tokens per forward pass of a row, since the server started",
+            registry=r,
+        )
+
+    def scrape(self) -> bytes:
+        stats = self.engine.stats
+        self.queue.set(self.engine.queued)
+        self.slots.set(self.engine.slots_in_use)
+        self.batch.set(self.engine.batch)
+        if stats.get("row_steps"):
+            self.tokens_per_step.set(stats["new_tokens"] / stats["row_steps"])
+        return generate_latest(self.registry)

@@ -1,0 +1,208 @@
+"""The OpenAI API's request and response shapes the server speaks: pydantic request models
+(an unknown field is an error that names it), the error object, and the JSON of
+completions, chat completions, their streamed chunks and usage.
+
+What is accepted: `n` = 1 only; `logprobs` and `echo` are refused (400) rather than
+ignored; `top_k` is an extension (as vLLM's); `seed` makes a sampled request exactly
+reproducible (docs/serving.md). A request without `temperature` samples at 1.0, as
+OpenAI's API does.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """The fields completions and chat completions share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    user: str | None = None  # accepted and ignored, as a tag for the caller's records
+    logprobs: object = None
+    # accepted at their neutral values only
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @field_validator("n")
+    @classmethod
+    def _one(cls, v):
+        if v != 1:
+            raise ValueError("only n = 1 is supported")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        if v not in (None, False, 0):
+            raise ValueError("logprobs are not supported")
+        return None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _neutral(cls, v):
+        if v != 0:
+            raise ValueError("penalties are not supported (they would change the model's tokens)")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return tuple(stops)
+
+    def stops(self) -> tuple[str, ...]:
+        return tuple(self.stop or ())
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str]
+    max_tokens: int | None = Field(default=COMPLETIONS_DEFAULT_MAX_TOKENS, ge=1)
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v):
+        if isinstance(v, list) and v and isinstance(v[0], str):
+            if len(v) != 1:
+                raise ValueError("one prompt per request (a list of one string at most)")
+            v = v[0]
+        if isinstance(v, str) and not v:
+            raise ValueError("the prompt is empty")
+        if isinstance(v, list) and not v:
+            raise ValueError("the prompt is empty")
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v):
+        if v:
+            raise ValueError("echo is not supported")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v):
+        if v:
+            raise ValueError("suffix is not supported")
+        return v
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict]
+    name: str | None = None
+
+    def text(self) -> str:
+        """The content as text (OpenAI's content parts: text parts only)."""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError("only text content parts are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def budget(self, default: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default
+
+
+# ---------------------------------------------------------------------- responses
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param=None, code=None):
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4().hex[:24]}"
+
+
+def finish_reason(finish: str) -> str:
+    """The engine's finish ("eos", "stop", "length") as OpenAI's finish_reason."""
+    return "length" if finish == "length" else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class Reply:
+    """The JSON of one request's answer, whole or in chunks: `chat` says which API."""
+
+    def __init__(self, model: str, chat: bool):
+        self.model, self.chat = model, chat
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def _head(self, chunk: bool) -> dict:
+        obj = "chat.completion.chunk" if chunk and self.chat else self.object
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def whole(self, text: str, finish: str, prompt_tokens: int, completion_tokens: int):
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+        choice["finish_reason"] = finish_reason(finish)
+        return {
+            **self._head(False),
+            "choices": [choice],
+            "usage": usage(prompt_tokens, completion_tokens),
+        }
+
+    def chunk(self, text: str, finish: str | None = None, first: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            if finish is not None and not text:
+                delta = {}
+            choice = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+        choice["finish_reason"] = None if finish is None else finish_reason(finish)
+        return {**self._head(True), "choices": [choice]}
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        return {**self._head(True), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}

@@ -1,0 +1,120 @@
+"""The engine's thread and the bridge between it and asyncio (JetStream's shape: the
+engine runs in a thread of its own, requests and results cross by queues).
+
+The HTTP handlers run on the event loop and call `submit` / `cancel`; the engine thread
+runs `Engine.serve`: rounds while there is work, woken by a submission while idle. Each
+request's updates (engine/continuous.py's Update: new tokens, and the Result at the
+end) reach the handler through an asyncio.Queue of its own, put there with
+`call_soon_threadsafe`.
+
+Faults: a failing device call ends the requests in flight with finish "error" (their
+handlers answer 500, or end their streams with an error) and the engine starts afresh;
+after MAX_FAILURES failures in a row the runner gives up and calls `on_fatal` (the
+server then exits non-zero). `shutdown` ends every open stream with an error and
+stops the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from lookahead_jax.engine.continuous import Engine, Request, Update
+
+log = logging.getLogger("lookahead_jax.server")
+
+MAX_FAILURES = 3  # failing rounds in a row before the server gives up
+
+
+class Closed:
+    """Put on a request's queue when the server shuts down before it finished."""
+
+    message = "the server is shutting down"
+
+
+class EngineRunner:
+    def __init__(self, engine: Engine, max_queue: int | None = None, on_fatal=None):
+        self.engine, self.max_queue, self.on_fatal = engine, max_queue, on_fatal
+        self.fatal: str | None = None
+        self.stopping = False
+        self._stop = threading.Event()
+        self._open: dict = {}  # request id -> (loop, queue) of the requests not finished
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._thread = threading.Thread(target=self._serve, name="lookahead-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the engine thread
+
+    def _serve(self) -> None:
+        try:
+            self.engine.serve(self._stop, on_error=self._failed)
+        except Exception as e:  # a bug outside a round: nothing can go on
+            self._give_up(f"the engine stopped: {type(e).__name__}: {e}")
+
+    def _failed(self, error: Exception) -> bool:
+        self._failures += 1
+        log.error("a decoding round failed (%d in a row): %s", self._failures, error)
+        if self._failures < MAX_FAILURES:
+            return True
+        self._give_up(f"{self._failures} decoding rounds failed in a row; last: {error}")
+        return False
+
+    def _give_up(self, message: str) -> None:
+        self.fatal = message
+        log.error("giving up: %s", message)
+        if self.on_fatal is not None:
+            self.on_fatal(message)
+
+    # ------------------------------------------------------------------ the event loop
+
+    def full(self) -> bool:
+        """Whether a new request would have to wait beyond `max_queue` (requests waiting
+        beyond the free slots)."""
+        if self.max_queue is None:
+            return False
+        free = self.engine.batch - self.engine.slots_in_use
+        return self.engine.queued >= self.max_queue + free
+
+    def submit(self, request: Request) -> tuple[object, asyncio.Queue]:
+        """Queue `request`; returns its id and the queue its updates arrive on (to be
+        called on the event loop). Raises UserInputError for bad input."""
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue = asyncio.Queue()
+
+        def listener(update: Update) -> None:
+            if update.result is not None:
+                self._failures = 0 if update.result.finish != "error" else self._failures
+                with self._lock:
+                    self._open.pop(update.id, None)
+            loop.call_soon_threadsafe(updates.put_nowait, update)
+
+        rid = self.engine.submit(request, listener)
+        with self._lock:
+            self._open[rid] = (loop, updates)
+        return rid, updates
+
+    def cancel(self, request_id) -> None:
+        with self._lock:
+            self._open.pop(request_id, None)
+        self.engine.cancel(request_id)
+
+    def end_streams(self) -> None:
+        """Refuse new requests; end every open request with `Closed` (its handler answers
+        with an error) and cancel it in the engine."""
+        self.stopping = True
+        with self._lock:
+            open_, self._open = self._open, {}
+        for rid, (loop, updates) in open_.items():
+            loop.call_soon_threadsafe(updates.put_nowait, Closed())
+            self.engine.cancel(rid)
+
+    def shutdown(self) -> None:
+        """`end_streams`, then stop the engine's thread."""
+        self.end_streams()
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)

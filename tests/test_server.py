@@ -1,0 +1,246 @@
+"""The OpenAI-compatible server, as its clients see it: `python -m lookahead_jax.serve` in
+a subprocess on a free port, spoken to with the real `openai` client (and httpx where a
+client must misbehave). The tiny model in float64 with a character tokenizer, so every
+answer can be compared token for token with a lone decode of its prompt."""
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import jax
+import openai
+import pytest
+
+import lookahead_jax as lj
+
+MODEL = "tiny"
+KEY = "test-key"
+PROMPTS = ["The cat sat on the", "Once upon a time", "2 + 2 =", "Hello, world", "abc abc ab"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(ckpt, *flags, port=None):
+    port = port or free_port()
+    env = dict(os.environ, JAX_ENABLE_X64="1", HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, "-m", "lookahead_jax.serve", "--ckpt", str(ckpt), "--port",
+           str(port), "--model-name", MODEL, "--dtype", "float64", "--log-level", "warning",
+           *flags]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited {proc.returncode}: {proc.stderr.read()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc, f"http://127.0.0.1:{port}"
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the server did not come up")
+
+
+def stop_server(proc) -> tuple[int, str]:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return proc.returncode, proc.stderr.read()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_text_ckpt):
+    proc, url = start_server(
+        tiny_text_ckpt, "--batch", "4", "--max-new-tokens", "16", "--lookahead", "tokens=16",
+        "--api-key", KEY, "--stream-steps", "2",
+    )  # fmt: skip
+    yield url
+    code, err = stop_server(proc)
+    assert code == 0, err
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_text_ckpt):
+    """A lone decode of one prompt (lj.generate, batch 1, plain): text and token ids."""
+    with jax.enable_x64(True):
+        model = lj.load(tiny_text_ckpt, dtype="float64")
+
+    def decode(prompt, max_tokens, temperature=0.0, seed=0, chat=False, top_p=None):
+        with jax.enable_x64(True):
+            out = lj.generate(
+                model, [prompt], max_new_tokens=max_tokens, temperature=temperature,
+                seed=seed, chat=chat, top_p=top_p,
+            )  # fmt: skip
+        return out.texts[0], out.token_ids[0]
+
+    return decode
+
+
+def client(url, key=KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+
+def test_completions_and_chat_whole_and_streamed(server, reference):
+    c = client(server)
+    want, ids = reference(PROMPTS[0], 12)
+    got = c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=0)
+    assert got.choices[0].text == want
+    assert got.usage.completion_tokens == len(ids)
+    assert got.choices[0].finish_reason == ("length" if len(ids) == 12 else "stop")
+    chunks = list(
+        c.completions.create(
+            model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == want
+    assert chunks[-1].usage.completion_tokens == len(ids) and not chunks[-1].choices
+    assert chunks[-2].choices[0].finish_reason == got.choices[0].finish_reason
+
+    want_chat, _ = reference(PROMPTS[1], 10, chat=True)
+    messages = [{"role": "user", "content": PROMPTS[1]}]
+    got = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+    assert got.choices[0].message.content == want_chat
+    assert got.choices[0].message.role == "assistant"
+    stream = c.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=10, temperature=0, stream=True
+    )
+    pieces = [ch.choices[0].delta.content or "" for ch in stream]
+    assert "".join(pieces) == want_chat
+
+
+def test_sixteen_concurrent_requests_each_equal_a_lone_decode(server, reference):
+    """Greedy and seeded sampling side by side, different max_tokens, stop strings: each
+    answer is its lone decode's (cut before the first stop string)."""
+    jobs = []
+    for i in range(16):
+        prompt = PROMPTS[i % len(PROMPTS)]
+        job = {"prompt": prompt, "max_tokens": 4 + i % 13, "temperature": 0.0, "seed": 0}
+        if i % 3 == 1:
+            job.update(temperature=0.8, seed=100 + i)
+        if i % 3 == 2:
+            job.update(temperature=1.1, seed=200 + i, top_p=0.9)
+        text, _ = reference(prompt, job["max_tokens"], job["temperature"], job["seed"],
+                            top_p=job.get("top_p"))  # fmt: skip
+        if i % 4 == 0 and len(text) > 4:
+            job["stop"] = [text[2:4]]  # a stop string the answer really contains
+            text = text[: text.find(text[2:4])]
+        jobs.append((job, text))
+    c = client(server)
+
+    def ask(job):
+        kw = {k: v for k, v in job.items() if k != "prompt"}
+        return c.completions.create(model=MODEL, prompt=job["prompt"], **kw).choices[0]
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, [job for job, _ in jobs]))
+    for (job, want), got in zip(jobs, answers, strict=True):
+        assert got.text == want, job
+        if "stop" in job:
+            assert got.finish_reason == "stop"
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(server, reference):
+    body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 16, "temperature": 0,
+            "stream": True}  # fmt: skip
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # the first chunk, then hang up
+    want, _ = reference(PROMPTS[3], 8)
+    got = client(server).completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=8,
+                                            temperature=0)  # fmt: skip
+    assert got.choices[0].text == want
+    deadline = time.time() + 30
+    while time.time() < deadline:  # every slot free again
+        metrics = httpx.get(f"{server}/metrics").text
+        if "lookahead_slots_in_use 0.0" in metrics:
+            break
+        time.sleep(0.2)
+    assert "lookahead_slots_in_use 0.0" in metrics
+
+
+@pytest.mark.parametrize(
+    "body,status,param",
+    [
+        ({"prompt": "hi", "max_tokens": 4, "temperature": -1}, 400, "temperature"),
+        ({"prompt": "hi", "max_tokens": 4, "n": 2}, 400, "n"),
+        ({"prompt": "hi", "max_tokens": 4, "logprobs": 2}, 400, "logprobs"),
+        ({"prompt": "hi", "max_tokens": 4, "echo": True}, 400, "echo"),
+        ({"prompt": "hi", "max_tokens": 4, "bogus": 1}, 400, "bogus"),
+        ({"prompt": "hi", "max_tokens": 99}, 400, "max_tokens"),
+        ({"prompt": "x" * 1020, "max_tokens": 8}, 400, "prompt"),
+        ({"prompt": [5, 999], "max_tokens": 4}, 400, "prompt"),
+        ({"prompt": "", "max_tokens": 4}, 400, "prompt"),
+        ({"prompt": "hi", "max_tokens": 4, "model": "other"}, 404, "model"),
+    ],
+)
+def test_bad_requests_get_an_openai_error_naming_the_field(server, body, status, param):
+    body = {"model": MODEL, **body}
+    r = httpx.post(f"{server}/v1/completions", json=body,
+                   headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"]
+
+
+def test_bad_json_auth_models_health_and_the_server_keeps_serving(server, reference):
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    r = httpx.post(f"{server}/v1/completions", content=b"{not json", headers=headers)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    assert httpx.get(f"{server}/v1/models").status_code == 401  # no key
+    with pytest.raises(openai.AuthenticationError):
+        client(server, "wrong").models.list()
+    assert [m.id for m in client(server).models.list().data] == [MODEL]
+    assert httpx.get(f"{server}/health").json() == {"status": "ok"}
+    metrics = httpx.get(f"{server}/metrics").text
+    for name in (
+        "lookahead_requests_total",
+        "lookahead_generated_tokens_total",
+        "lookahead_tokens_per_step",
+        "lookahead_queue_length",
+        "lookahead_slots_in_use",
+    ):
+        assert name in metrics  # fmt: skip
+    want, _ = reference(PROMPTS[4], 6)
+    got = client(server).completions.create(model=MODEL, prompt=PROMPTS[4], max_tokens=6,
+                                            temperature=0)  # fmt: skip
+    assert got.choices[0].text == want
+
+
+def test_a_full_queue_gets_429_and_shutdown_ends_streams_and_exits_0(tiny_text_ckpt):
+    """One slot and one place in the queue: a third request at once is refused. SIGTERM
+    while a stream runs: the stream ends with an error chunk and the server exits 0."""
+    proc, url = start_server(
+        tiny_text_ckpt, "--batch", "1", "--max-queue", "1", "--max-new-tokens", "512",
+        "--no-lookahead", "--stream-steps", "1", "--max-prompt-tokens", "16",
+    )  # fmt: skip
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 500, "temperature": 0, "stream": True}
+    http = httpx.Client(timeout=60)
+    with http.stream("POST", f"{url}/v1/completions", json=body) as first:
+        first_lines = first.iter_lines()
+        next(first_lines)  # decoding now, in the only slot
+        with http.stream("POST", f"{url}/v1/completions", json=body) as second:
+            assert second.status_code == 200  # waits in the queue
+            third = http.post(f"{url}/v1/completions", json=body)
+            assert third.status_code == 429
+            assert third.json()["error"]["type"] == "rate_limit_error"
+            proc.send_signal(signal.SIGTERM)
+            lines = [line for line in first_lines if line]
+    http.close()
+    assert lines[-1] == "data: [DONE]"
+    assert "error" in json.loads(lines[-2].removeprefix("data: "))
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
