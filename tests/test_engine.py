@@ -206,6 +206,43 @@ def test_online_requests_while_it_decodes(model64):
     assert results[3].token_ids == ref_greedy[3][: len(results[3].token_ids)]
 
 
+def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64, monkeypatch):
+    """A prefill that raises (a device fault) ends the requests being admitted and those
+    waiting with finish "error", their listeners told; the next round serves afresh."""
+    from lookahead_jax.engine import continuous
+
+    real, failed = continuous._Slots._prefill, []
+
+    def prefill_failing_once(self, P, requests):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("device lost")
+        return real(self, P, requests)
+
+    monkeypatch.setattr(continuous._Slots, "_prefill", prefill_failing_once)
+    ends: dict = {}
+
+    def listener(update):
+        if update.result is not None:
+            ends[update.id] = update.result
+
+    with jax.enable_x64(True):
+        engine = lj.Engine(
+            model64, batch=3, max_new_tokens=MAX_NEW, lookahead=None, max_prompt_tokens=LONGEST
+        )
+        for i in range(4):  # three go into slots, one waits
+            engine.submit(lj.Request(PROMPTS[i], id=i), listener)
+        with pytest.raises(RuntimeError, match="device lost"):
+            engine.round()
+        assert sorted(ends) == [0, 1, 2, 3] and {r.finish for r in ends.values()} == {"error"}
+        assert engine.queued == 0 and engine.slots_in_use == 0
+        engine.submit(lj.Request(PROMPTS[5], id=5), listener)
+        while engine.round():
+            pass
+    assert ends[5].finish != "error"
+    assert ends[5].token_ids == reference(model64, 0.0)[5]
+
+
 def test_string_ids_key_the_noise_not_the_slot(model64):
     """The same prompt under the same id gives the same sampled tokens in any slot and
     batch; another id gives other noise."""

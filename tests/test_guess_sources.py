@@ -217,7 +217,12 @@ def test_under_sampling_expand_takes_the_noise_winner_scored_by_its_softmax_shar
     gumbel = np.zeros((1, 1, VOCAB), np.float32)
     gumbel[0, 0, 2] = 3.0  # token 2's noise: log(.25) + 3 beats log(.75) at temperature 1
     sampled = token_recycling.expand(
-        table, prev, root, t, source=2, noise=(1.0, jnp.asarray(gumbel))
+        table,
+        prev,
+        root,
+        t,
+        source=2,
+        noise=(jnp.ones((1,)), jnp.asarray(gumbel), jnp.ones((1,), bool)),  # fmt: skip
     )
     assert np.asarray(sampled.tokens)[0].tolist() == [2, 1]
     keys = np.log([0.25, 0.75]) + [3.0, 0.0]

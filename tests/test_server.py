@@ -171,6 +171,8 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server, reference):
             break
         time.sleep(0.2)
     assert "lookahead_slots_in_use 0.0" in metrics
+    # the server saw the client go (a 499 in its books), not only the budget run out
+    assert 'lookahead_requests_total{endpoint="/v1/completions",status="499"} 1.0' in metrics
 
 
 @pytest.mark.parametrize(
@@ -186,6 +188,10 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server, reference):
         ({"prompt": [5, 999], "max_tokens": 4}, 400, "prompt"),
         ({"prompt": "", "max_tokens": 4}, 400, "prompt"),
         ({"prompt": "hi", "max_tokens": 4, "model": "other"}, 404, "model"),
+        ({"prompt": "hi", "max_tokens": "4"}, 400, "max_tokens"),  # strict: not a number
+        ({"prompt": 5, "max_tokens": 4}, 400, "prompt"),
+        ({"prompt": "hi", "max_tokens": 4, "seed": 2**64}, 400, "seed"),
+        ({"prompt": "hi", "max_tokens": 4, "top_k": 2**40}, 400, "top_k"),
     ],
 )
 def test_bad_requests_get_an_openai_error_naming_the_field(server, body, status, param):
@@ -215,6 +221,9 @@ def test_bad_json_auth_models_health_and_the_server_keeps_serving(server, refere
         "lookahead_slots_in_use",
     ):
         assert name in metrics  # fmt: skip
+    nul = httpx.post(f"{server}/v1/completions", headers=headers,
+                     json={"model": MODEL, "prompt": PROMPTS[4], "max_tokens": None})  # fmt: skip
+    assert nul.status_code == 200 and nul.json()["usage"]["completion_tokens"] <= 16
     want, _ = reference(PROMPTS[4], 6)
     got = client(server).completions.create(model=MODEL, prompt=PROMPTS[4], max_tokens=6,
                                             temperature=0)  # fmt: skip

@@ -21,6 +21,7 @@ from lookahead_jax.errors import UserInputError
 
 DEFAULT_BATCH = 8
 DEFAULT_MAX_PROMPT = 1024
+GRACE_S = 10  # seconds a shutdown waits for handlers still running
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,7 +179,15 @@ def _run(args) -> int:
 
     runner = EngineRunner(engine, args.max_queue, on_fatal)
     app = create_app(runner, name, api_key, max_prompt)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    # a bounded graceful shutdown: streams are ended at once (Server.handle_exit), and a
+    # handler that still waits after GRACE_S is not worth hanging for
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=GRACE_S,
+    )
     server = _server_class()(config, runner)
     runner.start()
     print(

@@ -91,7 +91,8 @@ class RowSampling:
         """numpy [B] arrays for a list of SamplingConfig, one per row."""
         return cls(
             temperature=np.asarray([c.temperature for c in configs], np.float32),
-            top_k=np.asarray([c.top_k or 0 for c in configs], np.int32),
+            # top-k past int32 is top-k off (no vocabulary is that large)
+            top_k=np.asarray([min(c.top_k or 0, 2**31 - 1) for c in configs], np.int32),
             top_p=np.asarray([1.0 if c.top_p is None else c.top_p for c in configs], np.float32),
         )
 

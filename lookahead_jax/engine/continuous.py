@@ -132,6 +132,7 @@ class _Encoded:
     key: int
     stop: tuple[str, ...] = ()
     listener: Listener | None = dataclasses.field(default=None, compare=False)
+    streams: bool = False  # its listener wants tokens as they come (rounds of stream_steps)
 
 
 def prompt_key(prompt_id) -> int:
@@ -242,7 +243,7 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
 
-    def _encode_one(self, r: Request, pid, listener=None) -> _Encoded:
+    def _encode_one(self, r: Request, pid, listener=None, stream=False) -> _Encoded:
         """One request encoded and checked (prompt + budget within the model's context)."""
         what = f"prompt {pid!r}"
         if isinstance(pid, np.integer):
@@ -265,15 +266,16 @@ class Engine:
             self.sampling.top_k if r.top_k is None else r.top_k,
             self.sampling.top_p if r.top_p is None else r.top_p,
         )
-        if r.seed is not None and (isinstance(r.seed, bool) or not isinstance(r.seed, int)):
-            raise UserInputError(f"{what}: seed must be an integer, got {r.seed!r}")
+        seed_ok = isinstance(r.seed, int) and not isinstance(r.seed, bool)
+        if r.seed is not None and not (seed_ok and -(2**63) <= r.seed < 2**63):
+            raise UserInputError(f"{what}: seed must be a 64-bit integer, got {r.seed!r}")
         stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop)
         if any(not isinstance(s, str) or not s for s in stop):
             raise UserInputError(f"{what}: stop strings must be non-empty strings")
         if stop and self.model.tokenizer is None:
             raise UserInputError(f"{what}: stop strings need a tokenizer")
         seed, key = (self.seed, prompt_key(pid)) if r.seed is None else (r.seed, 0)
-        return _Encoded(pid, ids, max_new, sampling, seed, key, stop, listener)
+        return _Encoded(pid, ids, max_new, sampling, seed, key, stop, listener, stream)
 
     def encode(self, prompts: Iterable) -> list[_Encoded]:
         """Every prompt encoded and checked (ids unique, prompt + budget within the
@@ -328,10 +330,17 @@ class Engine:
 
     # ------------------------------------------------------------------ online
 
-    def submit(self, request: Request | object, listener: Listener | None = None):
+    def submit(
+        self,
+        request: Request | object,
+        listener: Listener | None = None,
+        stream: bool | None = None,
+    ):
         """Queue one request (any thread); returns its id. `listener(update)` is called on
         the engine's thread after each round that committed tokens for it, and with its
-        Result at the end. Bad input raises UserInputError here, before it is queued."""
+        Result at the end. stream (default: with a listener): the rounds are kept to
+        `stream_steps` while it decodes, so that its tokens come as they are committed.
+        Bad input raises UserInputError here, before it is queued."""
         r = request if isinstance(request, Request) else Request(request)
         with self._known_lock:
             pid = r.id
@@ -339,7 +348,8 @@ class Engine:
                 pid = next(self._counter)
                 while pid in self._known:
                     pid = next(self._counter)
-            encoded = self._encode_one(r, pid, listener)
+            streams = listener is not None if stream is None else stream
+            encoded = self._encode_one(r, pid, listener, streams)
             if encoded.id in self._known:
                 raise UserInputError(f"prompt {encoded.id!r}: the id is already in flight")
             if encoded.max_new > self.max_new_tokens:
@@ -375,26 +385,26 @@ class Engine:
         decode, deliver updates. Returns whether there was anything to do. A failure of a
         device call ends every request in flight with finish "error" (their listeners
         are told), resets the slots and is raised."""
-        if self._slots is None:
-            if self._inbox.empty():
-                return False
-            if not self.stats:
-                self.stats = _fresh_stats(self.batch)
-            # without max_prompt_tokens the state starts at the smallest prompt bucket and
-            # grows as longer prompts come
-            P = inputs.bucket(self.max_prompt_tokens or 1)
-            sampled = True if self.sampled is None else self.sampled
-            self._slots = _Slots(self, sampled, inputs.bucket(self.max_new_tokens), P)
-        slots = self._slots
-        self._drain(slots)
-        if not slots.busy():
+        if self._slots is None and self._inbox.empty():
             return False
         try:
+            if self._slots is None:
+                if not self.stats:
+                    self.stats = _fresh_stats(self.batch)
+                # without max_prompt_tokens the state starts at the smallest prompt bucket
+                # and grows as longer prompts come
+                P = inputs.bucket(self.max_prompt_tokens or 1)
+                sampled = True if self.sampled is None else self.sampled
+                self._slots = _Slots(self, sampled, inputs.bucket(self.max_new_tokens), P)
+            slots = self._slots
+            self._drain(slots)
+            if not slots.busy():
+                return False
             for result in slots.round():
                 with self._known_lock:
                     self._known.discard(result.id)
         except Exception as e:
-            self._fail_all(slots, e)
+            self._fail_all(self._slots, e)
             raise
         return True
 
@@ -410,14 +420,21 @@ class Engine:
                 with self._known_lock:
                     self._known.discard(ended.id)
 
-    def _fail_all(self, slots: _Slots, error: Exception) -> None:
-        """Every request in flight or waiting ends with finish "error"; fresh slots."""
-        self._drain(slots)
-        waiting = [x for x in slots.active if x is not None] + [
-            _Active(r, time.perf_counter()) for r in slots.queue
-        ]
-        self._dequeued_before += slots.dequeued + len(slots.queue)
-        for a in waiting:
+    def _fail_all(self, slots: _Slots | None, error: Exception) -> None:
+        """Every request in flight, being admitted or waiting ends with finish "error"
+        (their listeners are told); fresh slots at the next round."""
+        active = [] if slots is None else [x for x in slots.active if x is not None]
+        waiting = [] if slots is None else list(slots.queue)
+        while True:  # and what is still in the inbox
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "submit":
+                waiting.append(item)
+        self._dequeued_before += (0 if slots is None else slots.dequeued) + len(waiting)
+        now = time.perf_counter()
+        for a in active + [_Active(r, now) for r in waiting]:
             result = Result(a.request.id, [], None, "error", len(a.request.ids), 0, 0.0, str(error))
             with self._known_lock:
                 self._known.discard(a.request.id)
@@ -561,7 +578,7 @@ class _Slots:
         if not any(x is not None for x in self.active):
             return
         if self.state is not None and not multihost.all_rows(self.state.done).all():
-            streaming = any(x is not None and x.request.listener for x in self.active)
+            streaming = any(x is not None and x.request.streams for x in self.active)
             steps = self.engine.stream_steps if streaming else self.engine.steps_per_call
             self.state = self.loop(
                 self.model.params, self.state, jnp.int32(steps), jnp.bool_(bool(self.queue))
@@ -614,7 +631,11 @@ class _Slots:
         by_bucket: dict[int, list] = {}
         for s, r in zip(free, taken, strict=False):  # the first len(taken) free slots
             by_bucket.setdefault(inputs.bucket(len(r.ids)), []).append((s, r))
+        now = time.perf_counter()
         admitted = []
+        for s, r in zip(free, taken, strict=False):  # active before any device call, so
+            self.active[s] = _Active(r, now)  # that a failing one fails them too (_fail_all)
+            admitted.append(self.active[s])
         for P, placed in by_bucket.items():
             fresh = self._prefill(P, [r for _, r in placed])
             if self.state is None:
@@ -623,10 +644,6 @@ class _Slots:
             slots = np.full((fresh.done.shape[0],), self.B, np.int32)  # padding: dropped
             slots[: len(placed)] = [s for s, _ in placed]
             self.state = self.insert(self.state, fresh, slots)
-            now = time.perf_counter()
-            for s, r in placed:
-                self.active[s] = _Active(r, now)
-                admitted.append(self.active[s])
         return admitted
 
     def cancel(self, request_id) -> Result | None:
@@ -673,7 +690,7 @@ class _Slots:
                     a.request.listener(Update(a.request.id, new[a.sent :]))
                     a.sent = len(new)
                 continue
-            retired[s] = not done[s]
+            retired[s] = True
             self.active[s] = None
             self._add_hist(hist[s])
             yield self._deliver(a, cut, finish, new, int(steps[s]))

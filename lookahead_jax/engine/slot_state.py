@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from lookahead_jax.decoding.decode_state import DecodeState
+from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.models import kv_cache
 
 
@@ -24,8 +25,22 @@ def insert(state: DecodeState, fresh: DecodeState, slots_n) -> DecodeState:
 
 def retire(state: DecodeState, retired_b) -> DecodeState:
     """The state with the rows `retired_b` [B] (bool) done: they stop decoding (a
-    cancelled request, or one whose stop string the host found)."""
-    return dataclasses.replace(state, done=state.done | retired_b)
+    cancelled request, or one whose stop string the host found; or a row already done
+    whose result was read). Every done row's sampling settings become greedy, so that a
+    batch of greedy requests skips the sampling work (sampling.py's conds) once the
+    sampled ones have left."""
+    done = state.done | retired_b
+    return dataclasses.replace(state, done=done, sampling=_greedy_where(done, state.sampling))
+
+
+def _greedy_where(rows_b, sampling: RowSampling) -> RowSampling:
+    """`sampling` with the rows `rows_b` [B] (bool) set to greedy (temperature 0, top-k and
+    top-p off)."""
+    return RowSampling(
+        temperature=jnp.where(rows_b, 0.0, sampling.temperature).astype(sampling.temperature.dtype),
+        top_k=jnp.where(rows_b, 0, sampling.top_k).astype(sampling.top_k.dtype),
+        top_p=jnp.where(rows_b, 1.0, sampling.top_p).astype(sampling.top_p.dtype),
+    )
 
 
 def grow_slots(state: DecodeState, slots: int) -> DecodeState:
@@ -47,7 +62,8 @@ def empty_slots(fresh: DecodeState, batch: int) -> DecodeState:
     """A B-row state of `fresh`'s shapes (but its number of rows) whose every slot is done
     (nothing decodes)."""
     state = jax.tree.map(lambda x: jnp.repeat(x[:1], batch, axis=0), fresh)
-    return dataclasses.replace(state, done=jnp.ones((batch,), bool))
+    done = jnp.ones((batch,), bool)
+    return dataclasses.replace(state, done=done, sampling=_greedy_where(done, state.sampling))
 
 
 def prefill_rows(n: int, batch: int) -> int:

@@ -66,7 +66,7 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {"msg": "invalid request", "loc": ()}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        loc = _field_path(first.get("loc", ()))
         if first.get("type") == "json_invalid":
             message, param = f"the body is not valid JSON: {first.get('msg')}", None
         elif first.get("type") == "extra_forbidden":
@@ -77,12 +77,8 @@ def create_app(
         metrics.requests.labels(request.url.path, "400").inc()
         return JSONResponse(protocol.error_body(message, param=param), 400)
 
-    def check_auth(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given, f"Bearer {api_key}"):
-            raise ApiError(401, "missing or wrong API key", type_="authentication_error")
+    if api_key is not None:
+        app.add_middleware(ApiKeyCheck, key=api_key, metrics=metrics)
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -105,7 +101,6 @@ def create_app(
 
     @app.get("/v1/models")
     async def models(request: Request):
-        check_auth(request)
         return {
             "object": "list",
             "data": [
@@ -138,7 +133,10 @@ def create_app(
 
     def engine_request(body, chat: bool) -> tuple[EngineRequest, int]:
         ids = prompt_ids(body)
-        budget = body.budget(engine.max_new_tokens) if chat else body.max_tokens
+        if chat:
+            budget = body.budget(engine.max_new_tokens)
+        else:  # null: OpenAI's default
+            budget = body.max_tokens or protocol.COMPLETIONS_DEFAULT_MAX_TOKENS
         field = (
             "max_tokens"
             if not chat or body.max_completion_tokens is None
@@ -180,7 +178,6 @@ def create_app(
 
     async def answer(http: Request, body, chat: bool):
         t0 = time.perf_counter()
-        check_auth(http)
         check_model(body.model)
         if runner.stopping or runner.fatal:
             raise ApiError(503, "the server is shutting down", type_="server_error")
@@ -190,7 +187,7 @@ def create_app(
                 429, "too many requests are waiting; try again later", type_="rate_limit_error"
             )
         try:
-            rid, updates = runner.submit(request)
+            rid, updates = runner.submit(request, stream=body.stream)
         except UserInputError as e:
             raise ApiError(400, str(e)) from None
         metrics.prompt_tokens.inc(n_prompt)
@@ -290,6 +287,34 @@ def create_app(
         return await answer(http, body, chat=True)
 
     return app
+
+
+class ApiKeyCheck:
+    """ASGI middleware: /v1/ requests without `Authorization: Bearer KEY` get 401, before
+    their body is read (a bad body without the key is a 401, not a 400). Plain ASGI, not
+    Starlette's BaseHTTPMiddleware, which would sit between a stream and its client."""
+
+    def __init__(self, app, key: str, metrics: Metrics):
+        self.app, self.want, self.metrics = app, f"Bearer {key}".encode(), metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.want):
+                self.metrics.requests.labels(scope["path"], "401").inc()
+                body = protocol.error_body("missing or wrong API key", "authentication_error")
+                await JSONResponse(body, 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _field_path(loc) -> list[str]:
+    """A validation error's location as the request's field path: "body" and pydantic's
+    union and validator tags ("str", "list[int]", "function-after[...]") left out."""
+    tags = {"str", "int", "float", "bool", "dict", "list", "none"}
+    return [
+        str(x) for x in loc if x != "body" and not (isinstance(x, str) and (x in tags or "[" in x))
+    ]
 
 
 def _sse(obj) -> str:

@@ -19,21 +19,27 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
+# strict: "16" is not a number nor "yes" a bool (a JSON int is still a float)
+STRICT = ConfigDict(extra="forbid", strict=True)
+INT64 = 2**63  # OpenAI's seed is an int64
+INT32 = 2**31
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     include_usage: bool = False
 
 
 class _Sampling(BaseModel):
     """The fields completions and chat completions share."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     model: str
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    seed: int | None = None
+    top_k: int | None = Field(default=None, ge=0, lt=INT32)
+    seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -117,7 +123,7 @@ class CompletionRequest(_Sampling):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict]
     name: str | None = None

@@ -17,6 +17,8 @@ stops the thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import logging
 import threading
 
@@ -42,6 +44,7 @@ class EngineRunner:
         self._open: dict = {}  # request id -> (loop, queue) of the requests not finished
         self._lock = threading.Lock()
         self._failures = 0
+        self._ids = itertools.count()
         self._thread = threading.Thread(target=self._serve, name="lookahead-engine", daemon=True)
 
     def start(self) -> None:
@@ -64,8 +67,11 @@ class EngineRunner:
         return False
 
     def _give_up(self, message: str) -> None:
+        if self.fatal is not None:
+            return
         self.fatal = message
         log.error("giving up: %s", message)
+        self.end_streams()  # nothing will answer them now
         if self.on_fatal is not None:
             self.on_fatal(message)
 
@@ -79,9 +85,10 @@ class EngineRunner:
         free = self.engine.batch - self.engine.slots_in_use
         return self.engine.queued >= self.max_queue + free
 
-    def submit(self, request: Request) -> tuple[object, asyncio.Queue]:
-        """Queue `request`; returns its id and the queue its updates arrive on (to be
-        called on the event loop). Raises UserInputError for bad input."""
+    def submit(self, request: Request, stream: bool) -> tuple[object, asyncio.Queue]:
+        """Queue `request` under a fresh id; returns the id and the queue its updates
+        arrive on (to be called on the event loop). stream: its tokens as they come (else
+        only its result). Raises UserInputError for bad input."""
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue = asyncio.Queue()
 
@@ -92,9 +99,15 @@ class EngineRunner:
                     self._open.pop(update.id, None)
             loop.call_soon_threadsafe(updates.put_nowait, update)
 
-        rid = self.engine.submit(request, listener)
-        with self._lock:
+        rid = f"req-{next(self._ids)}"
+        with self._lock:  # open before the engine can finish it
             self._open[rid] = (loop, updates)
+        try:
+            self.engine.submit(dataclasses.replace(request, id=rid), listener, stream=stream)
+        except Exception:
+            with self._lock:
+                self._open.pop(rid, None)
+            raise
         return rid, updates
 
     def cancel(self, request_id) -> None:

@@ -46,9 +46,12 @@ def child(ckpt: str, batch: int, layouts: list[str], prompt: int, cap: int) -> l
 
     import lookahead_jax as lj
     from lookahead_jax import decoding
-    from lookahead_jax.decoding import programs
+    from lookahead_jax.decoding import programs, sampling
     from lookahead_jax.decoding.decode_state import DecodeSpec
-    from lookahead_jax.decoding.sampling import SamplingConfig
+
+    # per-row sampling settings (after issue 34): a field `sampled` and a sixth argument
+    per_row = "sampled" in DecodeSpec.__dataclass_fields__
+    greedy = {"sampled": False} if per_row else {"sampling": sampling.SamplingConfig()}
 
     check = _checker()
     model = lj.load(ckpt, compilation_cache=False)
@@ -57,7 +60,7 @@ def child(ckpt: str, batch: int, layouts: list[str], prompt: int, cap: int) -> l
         config = None if layout == "plain" else lj.LookaheadConfig.for_budget(int(layout))
         spec = DecodeSpec(
             lm=model.lm,
-            sampling=SamplingConfig(),
+            **greedy,
             eos_ids=tuple(model.eos_ids),
             lookahead=config,
             cache_dtype=jnp.dtype(model.dtype).name,
@@ -65,6 +68,9 @@ def child(ckpt: str, batch: int, layouts: list[str], prompt: int, cap: int) -> l
         i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
         args = (model.params, i32(batch, prompt), i32(batch), i32(batch))
         args += (jax.ShapeDtypeStruct((batch, 2), jnp.uint32),)
+        if per_row:
+            greedy_rows = sampling.RowSampling.of([sampling.SamplingConfig()] * batch)
+            args += (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), greedy_rows),)
         t0 = time.perf_counter()
         exe, _ = programs.compiled(model, spec, cap, args, "run_loop")
         compile_s = time.perf_counter() - t0
