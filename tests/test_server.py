@@ -237,19 +237,23 @@ def test_a_full_queue_gets_429_and_shutdown_ends_streams_and_exits_0(tiny_text_c
         tiny_text_ckpt, "--batch", "1", "--max-queue", "1", "--max-new-tokens", "512",
         "--no-lookahead", "--stream-steps", "1", "--max-prompt-tokens", "16",
     )  # fmt: skip
-    body = {"model": MODEL, "prompt": "a", "max_tokens": 500, "temperature": 0, "stream": True}
-    http = httpx.Client(timeout=60)
-    with http.stream("POST", f"{url}/v1/completions", json=body) as first:
-        first_lines = first.iter_lines()
-        next(first_lines)  # decoding now, in the only slot
-        with http.stream("POST", f"{url}/v1/completions", json=body) as second:
-            assert second.status_code == 200  # waits in the queue
-            third = http.post(f"{url}/v1/completions", json=body)
-            assert third.status_code == 429
-            assert third.json()["error"]["type"] == "rate_limit_error"
-            proc.send_signal(signal.SIGTERM)
-            lines = [line for line in first_lines if line]
-    http.close()
-    assert lines[-1] == "data: [DONE]"
-    assert "error" in json.loads(lines[-2].removeprefix("data: "))
-    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    try:
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 500, "temperature": 0, "stream": True}
+        http = httpx.Client(timeout=60)
+        with http.stream("POST", f"{url}/v1/completions", json=body) as first:
+            first_lines = first.iter_lines()
+            next(first_lines)  # decoding now, in the only slot
+            with http.stream("POST", f"{url}/v1/completions", json=body) as second:
+                assert second.status_code == 200  # waits in the queue
+                third = http.post(f"{url}/v1/completions", json=body)
+                assert third.status_code == 429
+                assert third.json()["error"]["type"] == "rate_limit_error"
+                proc.send_signal(signal.SIGTERM)
+                lines = [line for line in first_lines if line]
+        http.close()
+        assert lines[-1] == "data: [DONE]"
+        assert "error" in json.loads(lines[-2].removeprefix("data: "))
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    finally:  # never leave a server behind
+        if proc.poll() is None:
+            proc.kill()

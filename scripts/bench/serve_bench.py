@@ -123,7 +123,8 @@ import lookahead_jax as lj
 model = lj.load({ckpt!r})
 prompts = json.loads(sys.stdin.read())
 mode = {mode!r}
-la = {{"plain": None, "auto": "auto"}}.get(mode) or lj.LookaheadConfig.parse(mode)
+named = {{"plain": None, "auto": "auto"}}
+la = named[mode] if mode in named else lj.LookaheadConfig.parse(mode)
 kw = dict(batch={batch}, max_new_tokens={max_tokens}, lookahead=la, chat=True)
 list(lj.Engine(model, **kw).run([lj.Request(p, max_new_tokens=1) for p in prompts]))
 engine = lj.Engine(model, **kw)
@@ -136,9 +137,10 @@ print(json.dumps({{"tokens_per_s": engine.stats["tokens_per_s"],
         input=json.dumps(prompts),
         capture_output=True,
         text=True,
-        check=True,
         env=dict(os.environ, HF_HUB_OFFLINE="1"),
     )
+    if out.returncode != 0:
+        raise SystemExit(f"the JSONL engine run failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.splitlines()[-1])
 
 
@@ -183,14 +185,14 @@ def report(result: dict, out: str) -> None:
     ]
     for row in result["rows"]:
         s, e = row["summary"], row.get("engine")
-        engine = f"{e['tokens_per_s']:.1f} | {s['total_tokens_per_s'] / e['tokens_per_s']:.2f}x"
+        engine = "– | –"
+        if e:
+            engine = f"{e['tokens_per_s']:.1f} | {s['total_tokens_per_s'] / e['tokens_per_s']:.2f}x"
         lines.append(
             f"| {row['concurrency']} | {row['mode']} | {s['total_tokens_per_s']:.1f} | "
             f"{s['request_tokens_per_s']['median']:.1f}, {s['request_tokens_per_s']['p10']:.1f} | "
             f"{s['ttft_s']['median']:.2f}, {s['ttft_s']['p90']:.2f} | "
-            f"{s['itl_ms']['median']:.1f}, {s['itl_ms']['p90']:.1f} | "
-            + (engine if e else "– | –")
-            + " |"
+            f"{s['itl_ms']['median']:.1f}, {s['itl_ms']['p90']:.1f} | " + engine + " |"
         )
     same = result.get("same_text")
     if same:
@@ -225,6 +227,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--engine-at", default="16", help="concurrencies to run the JSONL engine at")
     ap.add_argument("--out", default="benchmarks/cpu/serve")
+    ap.add_argument(
+        "--rows-from",
+        default=None,
+        metavar="ROWS.jsonl",
+        help="rows an earlier run of the same command printed (one JSON a line), reported "
+        "before this run's (a run cut short, finished with the concurrencies it lacked)",
+    )
     args = ap.parse_args()
 
     import jax
@@ -244,6 +253,10 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "rows": [],
     }
+    if args.rows_from:
+        lines = Path(args.rows_from).read_text().splitlines()
+        result["rows"] = [json.loads(line) for line in lines if line.strip()]
+        result["rows_from"] = args.rows_from
     texts = {}
     engine_at = {int(c) for c in args.engine_at.split(",") if c}
     for c in map(int, args.concurrency.split(",")):
@@ -261,6 +274,7 @@ def main() -> None:
                 row["engine"] = engine_tokens_per_s(args.ckpt, prompts, c, mode, args.max_tokens)
             result["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "run"}), flush=True)
+            Path(args.out).with_suffix(".partial.json").write_text(json.dumps(result))
     pairs = [(c, m) for c, m in texts if m != "plain" and (c, "plain") in texts]
     if pairs:
         same = sum(
