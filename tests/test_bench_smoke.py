@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MT_BENCH = ROOT.parent / "shared" / "prompts" / "mt_bench.jsonl"  # beside the checkout
 
 
 def run(*args, timeout=900):
@@ -24,8 +23,6 @@ def run(*args, timeout=900):
 @pytest.mark.smollm
 @pytest.mark.slow
 def test_bench_quick(tmp_path, smollm2_ckpt):
-    if not MT_BENCH.is_file():
-        pytest.skip(f"the MT-bench prompts are not at {MT_BENCH} (outside this repository)")
     out = tmp_path / "bench"
     run("scripts/bench/bench.py", "--quick", "--sets", "mt_bench", "--out", str(out))
     result = json.loads(out.with_suffix(".json").read_text())

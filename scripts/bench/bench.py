@@ -411,6 +411,10 @@ def main() -> None:
                         **r,
                     }
                 )
+        # after each repeat: what a run cut off at a time limit leaves (device runs)
+        partial = Path(args.out).with_name(Path(args.out).name + ".partial.json")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"repeats_done": k + 1, "records": records}) + "\n")
     bar.close()
 
     plain_tokens = {  # each lookahead system against plain decoding of the same weights
@@ -433,7 +437,9 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "seconds": time.time() - t0,
-        "device": f"{device.platform} {cpu_model()} x{os.cpu_count()}",
+        "device": f"{device.platform} {cpu_model()} x{os.cpu_count()}"
+        if device.platform == "cpu"
+        else f"{device.platform}:{device.device_kind}",
         "default_lookahead": "auto",
         "auto_choices": auto_choices(records),
         "compile_s": compile_s,

@@ -40,7 +40,7 @@ def _checker():
     return module
 
 
-def child(ckpt: str, batch: int, layouts: list[str], prompt: int, cap: int) -> list[dict]:
+def child(args, batch: int, layouts: list[str]) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
@@ -54,7 +54,17 @@ def child(ckpt: str, batch: int, layouts: list[str], prompt: int, cap: int) -> l
     greedy = {"sampled": False} if per_row else {"sampling": sampling.SamplingConfig()}
 
     check = _checker()
-    model = lj.load(ckpt, compilation_cache=False)
+    prompt, cap = args.prompt, args.cap
+    if args.shape:  # a real shape with random weights (the 7B/8B shapes on a GPU)
+        from cost_curve import model_and_params
+
+        from lookahead_jax.checkpoints.loading import Model, resolve_dtype
+        from lookahead_jax.models.llama import LlamaLM
+
+        cfg, params = model_and_params(args.shape, resolve_dtype(args.dtype))
+        model = Model(lm=LlamaLM(cfg), params=params, eos_ids=())
+    else:
+        model = lj.load(args.ckpt, dtype=args.dtype, compilation_cache=False)
     rows = []
     for layout in layouts:
         config = None if layout == "plain" else lj.LookaheadConfig.for_budget(int(layout))
@@ -96,6 +106,8 @@ def child(ckpt: str, batch: int, layouts: list[str], prompt: int, cap: int) -> l
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ckpt", default="smollm2-135m")
+    ap.add_argument("--shape", help="instead of --ckpt: a shape of cost_curve.py, random weights")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--versions", default="current=.", help="label=source tree, comma-separated")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--layouts", default="plain,8")
@@ -106,7 +118,7 @@ def main() -> None:
     args = ap.parse_args()
     layouts = args.layouts.split(",")
     if args.child_batch is not None:
-        print(json.dumps(child(args.ckpt, args.child_batch, layouts, args.prompt, args.cap)))
+        print(json.dumps(child(args, args.child_batch, layouts)))
         return
 
     from machine import cpu_model
@@ -116,17 +128,22 @@ def main() -> None:
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
         for label, tree in versions.items():
-            env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()), HF_HUB_OFFLINE="1")
+            path = [str(Path(tree).resolve()), os.environ.get("PYTHONPATH", "")]
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
+            env["HF_HUB_OFFLINE"] = "1"
             cmd = [sys.executable, __file__, "--child-batch", str(B), "--ckpt", args.ckpt,
-                   "--layouts", args.layouts, "--prompt", str(args.prompt),
+                   "--layouts", args.layouts, "--prompt", str(args.prompt), "--dtype", args.dtype,
+                   *(["--shape", args.shape] if args.shape else []),
                    "--cap", str(args.cap)]  # fmt: skip
             done = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True)
             rows += [dict(r, version=label) for r in json.loads(done.stdout.splitlines()[-1])]
     lines = [
         "# What the decode loop copies, read from its HLO",
         "",
-        f"{args.ckpt}, prompt bucket {args.prompt}, budget {args.cap}; CPU: {cpu_model()} "
-        f"({os.cpu_count()} cores). Copies inside the compiled `run_loop` of weights, K/V "
+        f"{args.shape or args.ckpt} ({args.dtype}), prompt bucket {args.prompt}, budget "
+        f"{args.cap}; CPU: {cpu_model()} ({os.cpu_count()} cores); device "
+        f"{rows[0]['device'] if rows else '?'}. Copies inside the compiled `run_loop` of "
+        "weights, K/V "
         "buffers, pool, recycling tables or token buffer (decoding/loop_copies.py); compile "
         "seconds of that program, no compilation cache.",
         "",

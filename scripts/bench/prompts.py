@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-MT_BENCH = Path(__file__).resolve().parents[2].parent / "shared" / "prompts" / "mt_bench.jsonl"
+# a copy of ../shared/prompts/mt_bench.jsonl (80 MT-bench first turns, Apache-2.0, from
+# FastChat's llm_judge), committed so that every figure can be re-run from a clone
+MT_BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" / "mt_bench.jsonl"
 
 
 def mt_bench(path: Path | None = None) -> list[dict]:
