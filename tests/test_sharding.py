@@ -148,11 +148,13 @@ def test_smollm2_sharded_equals_single(smollm2, smollm2_ckpt):
         smollm2.tokenizer.encode_prompt(q, chat=True)
         for q in ("Name three rivers.", "What is 12 times 12?")
     ]
-    for la in (None, lj.LookaheadConfig(4, 4, 4)):
-        want = lj.generate(smollm2, prompts, max_new_tokens=24, lookahead=la).token_ids
-        got = lj.generate(model, prompts, max_new_tokens=24, lookahead=la).token_ids
-        for p, g, w in zip(prompts, got, want, strict=True):
-            assert_same_or_near_tie(smollm2, p, g, w)
+    # lookahead only (its step is a forward of every layer too); plain decoding on a mesh
+    # is checked on the tiny models, where it compiles in a fraction of the time
+    la = lj.LookaheadConfig(4, 4, 4)
+    want = lj.generate(smollm2, prompts, max_new_tokens=24, lookahead=la).token_ids
+    got = lj.generate(model, prompts, max_new_tokens=24, lookahead=la).token_ids
+    for p, g, w in zip(prompts, got, want, strict=True):
+        assert_same_or_near_tie(smollm2, p, g, w)
     layer = model.params.layers[0]
     assert layer.w_up.addressable_shards[0].data.shape[-1] == 1536 // mesh.shape["model"]
     assert np.prod(layer.wk.addressable_shards[0].data.shape) == np.prod(
