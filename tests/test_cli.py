@@ -35,12 +35,11 @@ def run_cli(*args, timeout=300, **kw):
     )
 
 
-@pytest.mark.smollm
-def test_json_contract_and_api_agreement(smollm2, smollm2_ckpt):
+def test_json_contract_and_api_agreement(tiny_text_ckpt):
     prompt = "List three colours."
     r = run_cli(
         "--ckpt",
-        str(smollm2_ckpt),
+        str(tiny_text_ckpt),
         "--prompt",
         prompt,
         "--chat",
@@ -61,17 +60,16 @@ def test_json_contract_and_api_agreement(smollm2, smollm2_ckpt):
     # must say what it chose and run exactly that
     la, auto = rec["config"]["lookahead"], rec["config"]["lookahead_auto"]
     assert auto["chosen"] == (None if la is None else la["name"])
-    api = lj.generate(smollm2, [prompt], max_new_tokens=24, chat=True)
+    api = lj.generate(lj.load(tiny_text_ckpt), [prompt], max_new_tokens=24, chat=True)
     assert rec["token_ids"] == api.token_ids[0]
     assert rec["text"] == api.texts[0]
     assert "tokens/s" in r.stderr
 
 
-@pytest.mark.smollm
-def test_stream_plain_equals_lookahead_text(smollm2_ckpt):
+def test_stream_plain_equals_lookahead_text(tiny_text_ckpt):
     common = (
         "--ckpt",
-        str(smollm2_ckpt),
+        str(tiny_text_ckpt),
         "--prompt",
         "Count from one to ten in words.",
         "--chat",
@@ -81,7 +79,8 @@ def test_stream_plain_equals_lookahead_text(smollm2_ckpt):
     a = run_cli(*common, "--stream", "--no-lookahead")
     b = run_cli(*common, "--stream", "--lookahead", "4,4,4")
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
-    assert a.stdout == b.stdout and len(a.stdout) > 20
+    # the tiny model ends its answer (EOS) after a few characters
+    assert a.stdout == b.stdout and len(a.stdout.strip()) >= 5
     assert "[plain]" in a.stderr and "[lookahead 4,4,4]" in b.stderr
 
 

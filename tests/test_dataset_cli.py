@@ -23,8 +23,6 @@ def test_lj_generate_still_decodes_after_the_entry_point_is_imported(monkeypatch
     )
 
 
-pytestmark = pytest.mark.smollm
-
 PROMPTS = [
     {"id": "haiku", "prompt": "Write a haiku about the sea."},
     {"messages": [{"role": "user", "content": "What is 2+2?"}], "max_new_tokens": 3},
@@ -60,13 +58,13 @@ def ids_of(text: str) -> list:
     ],
 )
 def test_bad_line_exits_2_naming_it_and_leaves_output_untouched(
-    smollm2_ckpt, tmp_path, capsys, line, needle
+    tiny_text_ckpt, tmp_path, capsys, line, needle
 ):
     prompts, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_lines(prompts, [PROMPTS[0], "\n", line])
     out.write_text('{"id": "old"}\n')
     code = generate.main(
-        ["--ckpt", str(smollm2_ckpt), "--prompts", str(prompts), "--output", str(out), *ARGS]
+        ["--ckpt", str(tiny_text_ckpt), "--prompts", str(prompts), "--output", str(out), *ARGS]
     )
     err = capsys.readouterr().err
     assert code == 2, err
@@ -91,12 +89,12 @@ def test_dataset_flags_are_checked_before_anything_loads(tmp_path, capsys):
 
 
 def test_interrupt_then_rerun_finishes_the_rest_and_stdio_agrees(
-    smollm2_ckpt, tmp_path, capsys, monkeypatch
+    tiny_text_ckpt, tmp_path, capsys, monkeypatch
 ):
     prompts, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_lines(prompts, PROMPTS)
     out.write_bytes(b'{"id": "torn", "te')  # a kill in the middle of a write
-    argv = ["--ckpt", str(smollm2_ckpt), "--prompts", str(prompts), "--output", str(out), *ARGS]
+    argv = ["--ckpt", str(tiny_text_ckpt), "--prompts", str(prompts), "--output", str(out), *ARGS]
 
     # Ctrl-C after the first result is written
     real_write = dataset.ResultWriter.write
@@ -142,6 +140,6 @@ def test_interrupt_then_rerun_finishes_the_rest_and_stdio_agrees(
 
     # stdin -> stdout: the same tokens
     monkeypatch.setattr("sys.stdin", io.StringIO(prompts.read_text()))
-    assert generate.main(["--ckpt", str(smollm2_ckpt), "--prompts", "-", *ARGS]) == 0
+    assert generate.main(["--ckpt", str(tiny_text_ckpt), "--prompts", "-", *ARGS]) == 0
     piped = {r["id"]: r["token_ids"] for r in map(json.loads, capsys.readouterr().out.splitlines())}
     assert piped == {r["id"]: r["token_ids"] for r in records}
