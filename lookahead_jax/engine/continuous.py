@@ -74,6 +74,7 @@ from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs, slot_state
+from lookahead_jax.engine.stop_strings import find_stop
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig, max_step_tokens
 from lookahead_jax.models import seam
@@ -481,6 +482,7 @@ class _Active:
     request: _Encoded
     inserted: float
     sent: int = 0
+    stop_checked: int = 0  # its first tokens known to hold no stop string
 
 
 class _Slots:
@@ -682,7 +684,7 @@ class _Slots:
             if s in cancelled:
                 finish = "cancelled"
             elif a.request.stop:
-                finish, cut = self._stop(a.request, new)
+                finish, cut = self._stop(a, new)
             if finish is None and done[s]:
                 finish = "length" if n_out[s] >= max_new[s] else "eos"
             if finish is None:
@@ -697,14 +699,13 @@ class _Slots:
         if retired.any():
             self.state = self.retire(self.state, retired)
 
-    def _stop(self, r: _Encoded, new: list[int]) -> tuple[str | None, list[int]]:
+    def _stop(self, a: _Active, new: list[int]) -> tuple[str | None, list[int]]:
         """("stop", the tokens up to the one that completes the first stop string) once
-        the text holds a stop string, else (None, new)."""
-        decode = self.model.tokenizer.decode
-        if not any(s in decode(new) for s in r.stop):
-            return None, new
-        end = next(j for j in range(1, len(new) + 1) if any(s in decode(new[:j]) for s in r.stop))
-        return "stop", new[:end]
+        the text holds a stop string, else (None, new). Decodes only the tokens since the
+        last round and a window before them (stop_strings.py)."""
+        end = find_stop(self.model.tokenizer.decode, new, a.stop_checked, a.request.stop)
+        a.stop_checked = len(new)
+        return (None, new) if end is None else ("stop", new[:end])
 
     def _deliver(self, a: _Active, cut: list[int], finish: str, new, steps: int) -> Result:
         tokenizer = self.model.tokenizer
