@@ -108,10 +108,21 @@ def smollm2(smollm2_ckpt):
 
 
 @pytest.fixture(scope="session")
-def smollm2_hf():
+def smollm2_hf_tokenizer():
+    """transformers' own tokenizer from the GGUF (seconds; the model's weights take ~50)."""
+    from transformers import AutoTokenizer
+
+    from lookahead_jax.checkpoints import default_model
+
+    path = default_model.gguf_path()
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_hf_tokenizer):
     """transformers' own reading of the GGUF: the reference for parity."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from lookahead_jax.checkpoints import default_model
 
@@ -119,5 +130,4 @@ def smollm2_hf():
     model = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return model, tok
+    return model, smollm2_hf_tokenizer

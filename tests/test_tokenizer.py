@@ -83,8 +83,8 @@ def test_generate_from_text_with_sentencepiece(sp_dir):
 
 
 @pytest.mark.smollm
-def test_smollm2_tokenizer_matches_transformers(smollm2, smollm2_hf):
-    _, hf_tok = smollm2_hf
+def test_smollm2_tokenizer_matches_transformers(smollm2, smollm2_hf_tokenizer):
+    hf_tok = smollm2_hf_tokenizer
     tok = smollm2.tokenizer
     for text in ["Hello world", "def f(x):\n    return x ** 2  # é, ü, 漢字", "  spaces  "]:
         assert tok.encode(text) == hf_tok(text).input_ids
