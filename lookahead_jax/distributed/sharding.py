@@ -1,7 +1,7 @@
 """Device meshes and the partition rules that place params and decode state on them.
 
 A mesh has two axes: `data` (batch rows) and `model` (Megatron-style tensor
-parallelism). Every weight declares logical axis names (model.param_specs); this
+parallelism). Every weight declares logical axis names (models/llama.py: param_specs); this
 table maps them to mesh axes:
 
     logical axis   mesh axis   what it splits
@@ -115,7 +115,7 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> Parti
 
 
 def shardings_for(specs, mesh: Mesh | None):
-    """A Sharding per weight of a params-shaped tree of ParamSpec (model.param_specs):
+    """A Sharding per weight of a params-shaped tree of ParamSpec (models/llama.py: param_specs):
     one device without a mesh, else the RULES applied to its logical axes."""
     is_spec = lambda x: hasattr(x, "axes") and hasattr(x, "shape")  # noqa: E731
     if mesh is None:

@@ -31,7 +31,7 @@ float64, to float32 rounding otherwise); anything that mixes rows or positions o
 pass (batch norm, a mixture-of-experts capacity limit shared by the pass's tokens)
 does not. `lj.testing.assert_lookahead_matches_plain` checks it for a model.
 
-The Llama forward (model.LlamaLM) is one implementation; nnx_model.from_nnx adapts a
+The Llama forward (llama.LlamaLM) is one implementation; nnx_model.from_nnx adapts a
 Flax NNX module.
 """
 
