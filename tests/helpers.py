@@ -51,6 +51,12 @@ def with_eos(model, eos_ids: tuple[int, ...]):
     return dataclasses.replace(model, eos_ids=tuple(eos_ids), tokenizer=None)
 
 
+def accepted_guesses(stats: dict) -> int:
+    """Tokens that steps emitted beyond one a step (`accepted_hist` of lj.generate's or
+    lj.Engine's stats): guesses accepted."""
+    return sum((int(k) - 1) * c for k, c in stats["accepted_hist"].items())
+
+
 def random_prompts(n: int, vocab: int, low: int, high: int, seed: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     # avoid ids 0..2 (pad/bos/eos of the tiny models) inside prompts

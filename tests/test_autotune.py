@@ -40,8 +40,12 @@ def test_choice_follows_the_cost_curve(model, tmp_cache, monkeypatch):
     steep = autotune.choose(model)
     assert steep.config is None and steep.expected_speedup == 1.0  # nothing can win
     assert all(v < autotune.MARGIN for v in steep.table.values())
+    # with free steps, a cap on the step's tokens picks the best prior under the cap
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: FLAT)
     limited = autotune.choose(model, max_step_tokens=20)
-    assert limited.config is None or limited.config.tokens_per_step <= 20
+    fits = [k for k in autotune.PRIORS if lj.LookaheadConfig.for_budget(k).tokens_per_step <= 20]
+    assert limited.config is not None and limited.config.tokens_per_step <= 20
+    assert limited.config.key == max(fits, key=autotune.PRIORS.get) != flat.config.key
 
 
 def test_cost_ratio_interpolates_and_refuses_to_extrapolate():

@@ -19,7 +19,7 @@ import lookahead_jax as lj
 from lookahead_jax.decoding import autotune
 from lookahead_jax.engine.inputs import bucket
 from tests import tiny
-from tests.helpers import random_prompts, with_eos
+from tests.helpers import accepted_guesses, random_prompts, with_eos
 
 MAX_NEW = 16
 SEED = 3
@@ -98,6 +98,10 @@ def test_engine_equals_plain_decoding_alone(model64, lookahead, batch, temperatu
         results = list(engine.run(requests(order_seed=batch)))
     check_against_reference(model64, results, temperature)
     stats = engine.stats
+    if lookahead is not None and temperature == 0:  # not vacuous: guesses were accepted
+        assert accepted_guesses(stats) > 0
+    elif lookahead is None:
+        assert accepted_guesses(stats) == 0
     assert stats["prompts"] == len(PROMPTS)
     assert stats["new_tokens"] == sum(len(r.token_ids) for r in results)
     assert sorted(stats["prompt_buckets"]) == sorted({bucket(len(p)) for p in PROMPTS})

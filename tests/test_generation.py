@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import lookahead_jax as lj
+from lookahead_jax.decoding import programs
 from lookahead_jax.decoding.decode_state import causal_mask
 from lookahead_jax.models import kv_cache, llama
 from tests import tiny
@@ -127,10 +128,15 @@ def test_sampling_reproducible_and_row_independent(tiny_ckpts):
 
 
 def test_prompt_buckets_share_compilations(tiny_ckpts):
+    programs.clear()  # nothing compiled by earlier tests in this process
     model = lj.load(tiny_ckpts["mha"][1])
     first = lj.generate(model, [[5, 6, 7]], max_new_tokens=8)
+    assert first.stats["compile_s"] > 0
+    compiled = set(programs._COMPILED)  # this bucket's programs
     second = lj.generate(model, [[5, 6, 7, 8, 9, 10, 11]], max_new_tokens=8)
-    assert first.stats["compile_s"] >= 0 and second.stats["compile_s"] == 0.0
+    assert second.stats["compile_s"] == 0.0 and set(programs._COMPILED) == compiled
+    third = lj.generate(model, [[5] * 20], max_new_tokens=8)  # the next bucket: new programs
+    assert set(programs._COMPILED) > compiled and third.stats["compile_s"] > 0
 
 
 def test_bad_arguments_raise_value_errors(tiny_ckpts):

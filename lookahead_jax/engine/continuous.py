@@ -321,10 +321,15 @@ class Engine:
         while slots.busy():
             yield from slots.round()
         slots.record_acceptance()
-        self._finish_stats(time.perf_counter() - t0)
+        self._finish_stats(time.perf_counter() - t0, slots.hist_done)
 
-    def _finish_stats(self, wall: float) -> None:
+    def _finish_stats(self, wall: float, hist_e=None) -> None:
+        """Totals of a run; `hist_e` [E]: the finished rows' steps by tokens emitted (the
+        lookahead phase's, if auto handed over to plain decoding), as lj.generate's
+        accepted_hist."""
         s = self.stats
+        if hist_e is not None:
+            s["accepted_hist"] = {str(i + 1): int(c) for i, c in enumerate(hist_e)}
         s["wall_s"] = wall
         s["tokens_per_s"] = s["new_tokens"] / wall if wall > 0 else 0.0
         s["compression"] = s["new_tokens"] / max(s["row_steps"], 1)
