@@ -75,6 +75,15 @@ def model_and_params(name: str, dtype):
     return model.cfg, model.params
 
 
+def bench_model(name: str, dtype):
+    """model_and_params(name, dtype) as an lj.Model (no tokenizer, no EOS: every row runs
+    its whole budget), for the scripts that decode with it."""
+    from lookahead_jax.checkpoints.loading import Model, resolve_dtype
+
+    cfg, params = model_and_params(name, resolve_dtype(dtype))
+    return Model(lm=LlamaLM(cfg), params=params, eos_ids=())
+
+
 def copy_bandwidth(n_bytes: int = 2 << 30, repeats: int = 10) -> float:
     """Bytes per second of a large device-to-device copy, counting bytes read plus bytes
     written (the practical memory roofline): the median of `repeats`."""

@@ -26,12 +26,11 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from cost_curve import SHAPES, cache_bytes_read, copy_bandwidth, model_and_params
+from cost_curve import SHAPES, bench_model, cache_bytes_read, copy_bandwidth
 from step_overhead import random_prompts
 
 import lookahead_jax as lj
-from lookahead_jax.checkpoints.loading import Model, resolve_dtype
-from lookahead_jax.models.llama import LlamaLM
+from lookahead_jax.checkpoints.loading import resolve_dtype
 
 
 def layout_arg(name: str):
@@ -80,9 +79,9 @@ def main() -> None:
     args = ap.parse_args()
 
     dtype = resolve_dtype(args.dtype)
-    cfg, params = model_and_params(args.model, dtype)
-    model = Model(lm=LlamaLM(cfg), params=params, eos_ids=())
-    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    model = bench_model(args.model, dtype)
+    cfg = model.cfg
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params))
     bandwidth = copy_bandwidth()
     device = jax.devices()[0]
     record = {

@@ -56,13 +56,9 @@ def child(args, batch: int, layouts: list[str]) -> list[dict]:
     check = _checker()
     prompt, cap = args.prompt, args.cap
     if args.shape:  # a real shape with random weights (the 7B/8B shapes on a GPU)
-        from cost_curve import model_and_params
+        from cost_curve import bench_model
 
-        from lookahead_jax.checkpoints.loading import Model, resolve_dtype
-        from lookahead_jax.models.llama import LlamaLM
-
-        cfg, params = model_and_params(args.shape, resolve_dtype(args.dtype))
-        model = Model(lm=LlamaLM(cfg), params=params, eos_ids=())
+        model = bench_model(args.shape, args.dtype)
     else:
         model = lj.load(args.ckpt, dtype=args.dtype, compilation_cache=False)
     rows = []
@@ -143,9 +139,8 @@ def main() -> None:
         f"{args.shape or args.ckpt} ({args.dtype}), prompt bucket {args.prompt}, budget "
         f"{args.cap}; CPU: {cpu_model()} ({os.cpu_count()} cores); device "
         f"{rows[0]['device'] if rows else '?'}. Copies inside the compiled `run_loop` of "
-        "weights, K/V "
-        "buffers, pool, recycling tables or token buffer (decoding/loop_copies.py); compile "
-        "seconds of that program, no compilation cache.",
+        "weights, K/V buffers, pool, recycling tables or token buffer "
+        "(decoding/loop_copies.py); compile seconds of that program, no compilation cache.",
         "",
         f"Command: `python {' '.join(sys.argv)}`",
         "",

@@ -25,13 +25,12 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from cost_curve import SHAPES, model_and_params
+from cost_curve import SHAPES, bench_model
 
 import lookahead_jax as lj
 from lookahead_jax.cache_dir import enable_compilation_cache
-from lookahead_jax.checkpoints.loading import Model, resolve_dtype
+from lookahead_jax.checkpoints.loading import resolve_dtype
 from lookahead_jax.decoding.autotune import compiled_step, run_time
-from lookahead_jax.models.llama import LlamaLM
 
 
 def random_prompts(vocab: int, batch: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -77,8 +76,8 @@ def main() -> None:
 
     enable_compilation_cache()
     dtype = resolve_dtype(args.dtype)
-    cfg, params = model_and_params(args.model, dtype)
-    model = Model(lm=LlamaLM(cfg), params=params, eos_ids=())
+    model = bench_model(args.model, dtype)
+    cfg = model.cfg
     context = args.prompt_len + args.new_tokens // 2  # the cache's mean length while decoding
     rows = []
     for batch in (int(x) for x in args.batch.split(",")):

@@ -26,12 +26,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import jax
-from cost_curve import SHAPES, model_and_params
+from cost_curve import SHAPES, bench_model
 from step_overhead import random_prompts
 
 import lookahead_jax as lj
-from lookahead_jax.checkpoints.loading import Model, resolve_dtype
-from lookahead_jax.models.llama import LlamaLM
 
 # first match wins; names are lower-cased kernel names and HLO op names
 CLASSES = [
@@ -119,9 +117,8 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/gpu/step_profile")
     args = ap.parse_args()
 
-    cfg, params = model_and_params(args.model, resolve_dtype(args.dtype))
-    model = Model(lm=LlamaLM(cfg), params=params, eos_ids=())
-    prompts = random_prompts(cfg.vocab_size, args.batch, args.context)
+    model = bench_model(args.model, args.dtype)
+    prompts = random_prompts(model.cfg.vocab_size, args.batch, args.context)
     config = None if args.layout == "plain" else lj.LookaheadConfig.for_budget(int(args.layout))
     kw = dict(max_new_tokens=args.new_tokens, lookahead=config)
     lj.generate(model, prompts, **kw)  # compile
