@@ -234,7 +234,7 @@ def test_mix_walks_from_the_base_to_the_trained_parameters(base):
     "args,needle",
     [
         (["--prompts", "{missing}"], "--prompts not found"),
-        (["--prompts", "{bad}"], "bad.jsonl:2: needs a non-empty 'prompt'"),
+        (["--prompts", "{bad}"], "bad.jsonl line 2: unknown key 'text'"),
         (["--prompts", "{good}", "--block", "1"], "--block must be >= 2"),
         (["--prompts", "{good}", "--warmup", "300"], "warmup must be in [0, steps=200)"),
         (["--prompts", "{good}", "--teacher", "me"], "teacher must be one of ('self', 'base')"),

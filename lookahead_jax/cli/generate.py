@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--prompts",
         metavar="IN.jsonl",
-        help="dataset mode: one JSON object a line ('prompt' or 'messages', optional 'id', "
-        "'max_new_tokens', 'temperature', 'top_k', 'top_p'); '-' reads stdin",
+        help="dataset mode: one JSON object a line ('prompt', 'messages' or MT-bench's "
+        "'turns'; optional 'id', 'max_new_tokens', 'temperature', 'top_k', 'top_p'); '-' "
+        "reads stdin",
     )
     p.add_argument(
         "--output",

@@ -14,6 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
+from lookahead_jax import prompts_jsonl
 from lookahead_jax.cli.exits import OneLineArgumentParser, read_user_file, run_cli
 from lookahead_jax.errors import UserInputError
 
@@ -22,8 +23,8 @@ def build_parser() -> OneLineArgumentParser:
     p = OneLineArgumentParser(
         prog="python -m lookahead_jax.training",
         description="Jacobi-consistency fine-tuning: a checkpoint whose lookahead guesses "
-        "land more often. Prompts: JSON lines with a 'prompt' string (or MT-bench style "
-        "'turns', first turn used).",
+        "land more often. Prompts: JSON lines with 'prompt' (text), 'messages' (chat "
+        "turns) or 'turns' (MT-bench's; the first is used), as for generate --prompts.",
     )
     p.add_argument("--ckpt", default="smollm2-135m", help="the base checkpoint")
     p.add_argument("--prompts", required=True, help="training prompts, one JSON object a line")
@@ -61,30 +62,29 @@ def build_parser() -> OneLineArgumentParser:
     return p
 
 
-def read_prompts(path: str, limit: int | None) -> list[str]:
-    """The prompt texts of a JSON-lines file, with the line number of anything wrong."""
-    lines = read_user_file(path, "--prompts", "a JSON-lines file").splitlines()
-    prompts = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+def read_prompts(path: str, limit: int | None) -> list[prompts_jsonl.PromptRecord]:
+    """The first `limit` (None: all) records of a prompt file (prompts_jsonl: every line
+    checked, errors as `FILE line N: ...`)."""
+    text = read_user_file(path, "--prompts", "a JSON-lines file")
+    return prompts_jsonl.parse(text, path)[:limit]
+
+
+def encode(model, records, chat: bool, path: str) -> list[list[int]]:
+    """Each record's prompt as token ids (text with the chat template if `chat`, chat
+    messages through it); what is wrong with one names its line of `path`."""
+    from lookahead_jax.engine import inputs
+
+    ids = []
+    for r in records:
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserInputError(f"--prompts {path}:{i}: not JSON ({e.msg})") from None
-        text = row.get("prompt") if isinstance(row, dict) else None
-        if text is None and isinstance(row, dict) and isinstance(row.get("turns"), list):
-            text = row["turns"][0] if row["turns"] else None
-        if not isinstance(text, str) or not text.strip():
-            raise UserInputError(
-                f"--prompts {path}:{i}: needs a non-empty 'prompt' string (or 'turns')"
+            ids.append(
+                inputs.encode_prompt(
+                    model.tokenizer, model.lm.vocab_size, r.prompt, chat, "the prompt"
+                )
             )
-        prompts.append(text)
-        if limit is not None and len(prompts) >= limit:
-            break
-    if not prompts:
-        raise UserInputError(f"--prompts {path} holds no prompts")
-    return prompts
+        except UserInputError as e:
+            raise prompts_jsonl.line_error(path, r.number, str(e)) from None
+    return ids
 
 
 def _run(args) -> int:
@@ -115,7 +115,7 @@ def _run(args) -> int:
         )
     mesh_sizes = parse_mesh(args.mesh) if args.mesh else None
     out = checkpoint.check_out(args.out, args.force)
-    texts = read_prompts(args.prompts, args.max_prompts)
+    records = read_prompts(args.prompts, args.max_prompts)
     work = Path(args.work) if args.work else out.with_name(out.name + ".work")
     progress = not args.quiet and sys.stderr.isatty()
 
@@ -125,10 +125,10 @@ def _run(args) -> int:
         raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; text prompts need one")
     work.mkdir(parents=True, exist_ok=True)
     data_path = work / "trajectories.npz"
-    ids = [model.tokenizer.encode_prompt(t, args.chat) for t in texts]
+    ids = encode(model, records, args.chat, args.prompts)
     settings = dict(block=args.block, blocks=args.blocks, prompt_slots=args.prompt_slots)
     settings.update(seed=args.seed, base=str(model.path), dtype=args.dtype)
-    settings["prompts_given"] = len(texts)
+    settings["prompts_given"] = len(records)
     # the token ids of the prompts, --chat included
     settings["prompts_sha256"] = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     if data_path.exists():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from lookahead_jax import prompts_jsonl
+from lookahead_jax.errors import UserInputError
 
 # a copy of ../shared/prompts/mt_bench.jsonl (80 MT-bench first turns, Apache-2.0, from
 # FastChat's llm_judge), committed so that every figure can be re-run from a clone
@@ -15,10 +17,7 @@ def mt_bench(path: Path | None = None) -> list[dict]:
     path = Path(path or MT_BENCH)
     if not path.is_file():
         raise SystemExit(f"MT-bench prompts not found at {path} (pass --mt-bench PATH)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [
-        {"id": r["question_id"], "category": r["category"], "prompt": r["turns"][0]} for r in rows
-    ]
+    return read(path)
 
 
 CODE = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" / "code.jsonl"
@@ -27,8 +26,18 @@ CODE = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" / "code.js
 def code(path: Path | None = None) -> list[dict]:
     """[{'id', 'category', 'prompt'}]: 20 coding prompts (write / edit / explain / fix); the
     edit and fix ones quote code that the answer repeats, as real coding requests do."""
-    rows = [json.loads(line) for line in Path(path or CODE).read_text().splitlines() if line]
-    return [{"id": r["id"], "category": r["category"], "prompt": r["prompt"]} for r in rows]
+    return read(Path(path or CODE))
+
+
+def read(path: Path) -> list[dict]:
+    """[{'id', 'category', 'prompt'}] of a prompt file, read as generate --prompts and
+    training read theirs (lookahead_jax/prompts_jsonl.py: `turns` gives the first turn,
+    `question_id` the id); a bad line exits with `FILE line N: ...`."""
+    try:
+        records = prompts_jsonl.parse(path.read_text(encoding="utf-8"), str(path))
+    except UserInputError as e:
+        raise SystemExit(f"error: {e}") from None
+    return [{"id": r.id, "category": r.category, "prompt": r.prompt} for r in records]
 
 
 def prompt_set(name: str) -> list[dict]:
