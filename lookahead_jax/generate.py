@@ -1,28 +1,21 @@
-"""`python -m lookahead_jax.generate`: the command line, kept at this name (its code is
-cli/generate.py).
+"""`python -m lookahead_jax.generate`: the generate command under the name the design card
+gives it; the same command as `lookahead-jax generate` (code in cli/generate.py).
 
-Python binds a submodule to its package's attribute on import, so `import
-lookahead_jax.generate` would replace `lj.generate` (the function) with this module. The
-module is therefore callable and passes calls to the function: `lj.generate(...)` keeps
-working whichever was imported first.
+Run, never imported. Python binds an imported submodule to its package's attribute, so
+`import lookahead_jax.generate` would hide the library function `lj.generate`
+(engine/generate.py) behind this module; `python -m` runs the file without importing it
+under this name, and an import is refused with a pointer to the right module.
 """
 
 import sys
-import types
 
-from lookahead_jax.cli.generate import build_parser, main
-from lookahead_jax.engine import generate as _api
+if __name__ != "__main__":
+    raise ImportError(
+        "lookahead_jax.generate is the command line (python -m lookahead_jax.generate); "
+        "its main() is in lookahead_jax.cli.generate, and the library function is "
+        "lj.generate after `import lookahead_jax as lj`"
+    )
 
-__all__ = ["build_parser", "main"]
+from lookahead_jax.cli.generate import main  # noqa: E402  (after the guard)
 
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        return _api.generate(*args, **kwargs)
-
-
-if __name__ != "__main__" and __name__ in sys.modules:  # imported, not run by `-m`
-    sys.modules[__name__].__class__ = _CallableModule
-
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main())

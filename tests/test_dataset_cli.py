@@ -8,20 +8,7 @@ import json
 
 import pytest
 
-import lookahead_jax as lj
-import lookahead_jax.generate  # noqa: F401  the `-m` entry point: Python rebinds lj.generate
 from lookahead_jax.cli import dataset, generate
-from lookahead_jax.engine import generate as api
-
-
-def test_lj_generate_still_decodes_after_the_entry_point_is_imported(monkeypatch):
-    monkeypatch.setattr(api, "generate", lambda *a, **k: ("decoded", a, k))
-    assert lj.generate("model", [[1]], max_new_tokens=2) == (
-        "decoded",
-        ("model", [[1]]),
-        {"max_new_tokens": 2},
-    )
-
 
 PROMPTS = [
     {"id": "haiku", "prompt": "Write a haiku about the sea."},

@@ -35,9 +35,9 @@ def parse_lookahead(text: str):
     return LookaheadConfig.parse(text, what="--lookahead", or_auto=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m lookahead_jax.generate") -> argparse.ArgumentParser:
     p = OneLineArgumentParser(
-        prog="python -m lookahead_jax.generate",
+        prog=prog,
         description="Generate text with lookahead decoding (exact: greedy output equals "
         "plain greedy decoding; sampling keeps the model's distribution).",
     )
@@ -172,9 +172,11 @@ def json_record(out, total_s: float) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "python -m lookahead_jax.generate") -> int:
+    """Run the command on `argv` (default: sys.argv[1:]); `prog` is its name in help and
+    errors (`lookahead-jax generate` from the front door)."""
     t_start = time.perf_counter()
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return run_cli(lambda: _run(args, t_start), debug=args.debug)
 

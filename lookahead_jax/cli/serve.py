@@ -24,9 +24,9 @@ DEFAULT_MAX_PROMPT = 1024
 GRACE_S = 10  # seconds a shutdown waits for handlers still running
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.ArgumentParser:
     p = OneLineArgumentParser(
-        prog="python -m lookahead_jax.serve",
+        prog=prog,
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
         "/v1/chat/completions, /v1/models, /health, /metrics), decoding with lookahead: "
         "each request gets exactly the tokens of a lone decode of its prompt.",
@@ -104,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv=None, prog: str = "python -m lookahead_jax.serve") -> int:
+    args = build_parser(prog).parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return run_cli(lambda: _run(args), debug=args.debug)
 

@@ -19,9 +19,9 @@ from lookahead_jax.cli.exits import OneLineArgumentParser, read_user_file, run_c
 from lookahead_jax.errors import UserInputError
 
 
-def build_parser() -> OneLineArgumentParser:
+def build_parser(prog: str = "python -m lookahead_jax.training") -> OneLineArgumentParser:
     p = OneLineArgumentParser(
-        prog="python -m lookahead_jax.training",
+        prog=prog,
         description="Jacobi-consistency fine-tuning: a checkpoint whose lookahead guesses "
         "land more often. Prompts: JSON lines with 'prompt' (text), 'messages' (chat "
         "turns) or 'turns' (MT-bench's; the first is used), as for generate --prompts.",
@@ -183,8 +183,8 @@ def _run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv=None, prog: str = "python -m lookahead_jax.training") -> int:
+    args = build_parser(prog).parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return run_cli(lambda: _run(args), debug=args.debug)
 

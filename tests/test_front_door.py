@@ -1,0 +1,78 @@
+"""The front door: `lookahead-jax COMMAND ...` (lookahead_jax/__main__.py) hands the rest of
+its arguments to each command, and `python -m lookahead_jax.generate` is a command only,
+never a module that hides the library function `lj.generate`."""
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import lookahead_jax as lj
+from lookahead_jax import __main__ as front
+from lookahead_jax.engine import generate as api
+
+ROOT = Path(__file__).resolve().parents[1]
+# each command: its `python -m` name's parser, and a flag only it has
+COMMANDS = {
+    "generate": ("lookahead_jax.cli.generate", "--prompt-file"),
+    "serve": ("lookahead_jax.cli.serve", "--api-key"),
+    "convert": ("lookahead_jax.cli.convert", "--src"),
+    "train": ("lookahead_jax.training.__main__", "--consistency-weight"),
+}
+
+
+def test_help_lists_every_command(capsys):
+    assert front.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: lookahead-jax COMMAND")
+    for name in COMMANDS:
+        assert f"\n  {name} " in out, out
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_a_command_gets_the_rest_of_the_arguments(name, capsys):
+    with pytest.raises(SystemExit) as e:
+        front.main([name, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    module, flag = COMMANDS[name]
+    assert out.startswith(f"usage: lookahead-jax {name} ") and flag in out, out
+    # the same options as under the command's `python -m` name
+    parser = sys.modules[module].build_parser(f"lookahead-jax {name}")
+    assert out == parser.format_help()
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [([], "no command given"), (["frob"], "unknown command 'frob'"), (["--prompt"], "'--prompt'")],
+)
+def test_a_missing_or_unknown_command_is_one_line_exit_2(argv, needle, capsys):
+    assert front.main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+    assert "give one of generate, serve, convert, train" in err
+
+
+def test_bad_flags_name_the_command_as_typed(capsys):
+    with pytest.raises(SystemExit) as e:
+        front.main(["generate", "--bogus"])
+    assert e.value.code == 2
+    assert "(see lookahead-jax generate --help)" in capsys.readouterr().err
+
+
+def test_the_console_script_is_installed_and_runs():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"lookahead-jax": "lookahead_jax.__main__:main"}
+    script = Path(sys.executable).with_name("lookahead-jax")
+    assert script.exists(), f"{script} missing: pip install -e . again"
+    r = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "generate" in r.stdout, r.stderr
+
+
+def test_the_generate_command_is_not_importable_and_lj_generate_stays_the_function():
+    with pytest.raises(ImportError, match="is the command line"):
+        import lookahead_jax.generate  # noqa: F401
+    assert lj.generate is api.generate
+    assert "lookahead_jax.generate" not in sys.modules
