@@ -14,6 +14,7 @@ without a download.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -26,7 +27,7 @@ import numpy as np
 from lookahead_jax.checkpoints.loading import resolve_dtype
 from lookahead_jax.decoding.autotune import step_latencies
 from lookahead_jax.models.config import LlamaConfig, RopeScaling
-from lookahead_jax.models.llama import LlamaLM, init_params
+from lookahead_jax.models.llama import LlamaLM, flat_names, from_flat, param_specs, split_layers
 
 SHAPES = {
     "smollm2-135m": dict(
@@ -68,11 +69,31 @@ def model_and_params(name: str, dtype):
     """(cfg, params): a named shape with random weights, or a checkpoint's real ones."""
     if name in SHAPES:
         cfg = LlamaConfig(max_position_embeddings=8192, **SHAPES[name])
-        return cfg, jax.jit(init_params, static_argnums=(0, 2))(cfg, jax.random.PRNGKey(0), dtype)
+        return cfg, random_params(cfg, dtype)
     import lookahead_jax as lj
 
     model = lj.load(name, dtype=dtype)
     return model.cfg, model.params
+
+
+def random_params(cfg, dtype, scale: float = 0.02):
+    """llama.init_params' weights made one tensor at a time, each by a small program per
+    shape: init_params under one jit is one program that draws every weight and splits
+    the layers, and XLA's GPU compiler took minutes over it for the 7B/8B shapes (issue
+    36's device runs printed nothing within 100 s)."""
+
+    @functools.partial(jax.jit, static_argnums=(1, 2))
+    def draw(key, shape, norm):
+        noise = jax.random.normal(key, shape, jnp.float32)
+        return (1.0 + 0.1 * noise if norm else scale * noise).astype(dtype)
+
+    named = flat_names(param_specs(cfg))
+    keys = jax.random.split(jax.random.PRNGKey(0), len(named))
+    flat = {
+        name: draw(k, tuple(spec.shape), name.endswith("norm"))
+        for (name, spec), k in zip(named.items(), keys, strict=True)
+    }
+    return split_layers(from_flat(cfg, flat))
 
 
 def bench_model(name: str, dtype):
@@ -182,6 +203,7 @@ def main() -> None:
     tokens = [int(x) for x in args.tokens.split(",")]
     device = jax.devices()[0]
     weight_bytes = int(sum(x.nbytes for x in jax.tree.leaves(params)))
+    print(f"{args.model}: {weight_bytes / 1e9:.2f} GB of weights on {device}", flush=True)
     copy_bps = copy_bandwidth() if device.platform != "cpu" else None
     rows, roofline = [], []
     for batch in (int(x) for x in args.batch.split(",")):

@@ -253,6 +253,13 @@ def main() -> None:
         "profiled: the profile run of issue 36 did not finish in its time). A lookahead "
         "step of 128 tokens costs 1.7x a plain step and commits 3.6 tokens (MT-bench).",
         "",
+        "## The llama2-7b shape on the H200 (random weights)",
+        "",
+        "The step against T, int8 against bfloat16 weights and the engine at batch 1 and 8 "
+        "on one H200: llama2_7b_h200.md (a plain step 13.8 ms, a 16-token step 1.16x it; "
+        "int8 weights 1.3x slower than bfloat16; the engine's plain loop at 34 % of the "
+        "memory roofline).",
+        "",
         "## Projected speedup (random weights of 7B shapes, H100; not measured end to end)",
         "",
         *proj_lines,
