@@ -34,9 +34,10 @@ arrays), so rows with different settings share one batch and one compiled progra
 greedy row takes the argmax, a sampling row the Gumbel-max of its processed logits.
 Whether any row of a program may sample is static (`DecodeSpec.sampled`): an all-greedy
 program carries no sampling code at all, and one that may sample skips it at run time
-(`lax.cond`) in a step where every row is greedy. The filtering sorts each position's
-logits once (top-k's k-th value and top-p's cumulative sum from the same sort), and only
-in a step where some row asks for top-k or top-p.
+(`lax.cond`) in a step where every row is greedy. The filtering sorts nothing: top-k's
+k-th value and top-p's cut-off are found by bisection on the value, a vectorised count
+or sum over the vocabulary per step (`_top_k_top_p`), each only in a step where some row
+asks for it.
 """
 
 from __future__ import annotations
@@ -128,24 +129,95 @@ def process_logits(logits_brv, rows: RowSampling):
 
 
 def _top_k_top_p(x, k_b, p_b):
-    """Top-k (k_b [B], V = off) then top-p (p_b [B], 1 = off) of x [B, R, V] from one
-    ascending sort of each position's logits."""
+    """Top-k (k_b [B], V = off) then top-p (p_b [B], 1 = off) of x [B, R, V], with no sort:
+    each filter is a threshold on the value, found by bisection over the values' bit
+    patterns (`_float_key`), one vectorised pass over V per step, so at most 32 passes
+    each for float32 (64 for float64), and exact: the threshold is a value present in x.
+
+    The kept set is the one a sort defines (HF's rule), written without the order:
+
+    * top-k keeps x >= kth, kth the k-th largest value counting repeats, that is the
+      largest value v with count(x >= v) >= k (ties with it stay);
+    * top-p, on the probabilities q of the top-k-filtered logits, drops the tokens whose
+      ascending cumulative probability is <= 1 - p, always keeping the most likely, and
+      keeps every token tied with the least likely kept one: it keeps x >= cutoff, cutoff
+      the smallest value v with sum(q[x <= v]) > 1 - p (the end of v's group in the
+      ascending order is where the cumulative sum first passes 1 - p), or the largest
+      value when there is none.
+
+    A value's group of ties is dropped or kept whole, so how a sort orders tied tokens
+    never enters. Only the rounding of the sum differs from a cumulative sum over a
+    sorted copy: where p is within float rounding of a partial sum, the cut may fall one
+    value group to either side (tests/test_sampling_filter.py checks both: the same
+    kept sets for p off those sums, ties and signed zeros included, and at most one
+    group's difference for p on them). NaN logits are not handled."""
     neg_inf = jnp.asarray(-jnp.inf, x.dtype)
+    key = _float_key(x)  # [B, R, V]
+    lowest = jnp.min(key, axis=-1, keepdims=True)
+    highest = jnp.max(key, axis=-1, keepdims=True)
     vocab = x.shape[-1]
-    sorted_x = jnp.sort(x, axis=-1)  # ascending
-    # top-k: the k-th largest value; tokens below it go, ties with it stay
-    kth = jnp.take_along_axis(sorted_x, (vocab - k_b)[:, None, None], axis=-1)
-    kth = jnp.broadcast_to(kth, (*x.shape[:-1], 1))
-    x = jnp.where(x < kth, neg_inf, x)
-    sorted_x = jnp.where(sorted_x < kth, neg_inf, sorted_x)  # still ascending
-    # top-p: sorted positions with cum <= 1 - top_p are dropped; cum only grows, so they
-    # are a prefix, and the kept tokens are those >= the first kept value (the most
-    # likely token is always kept). Ties at the cut are all kept.
-    cum = jnp.cumsum(jax.nn.softmax(sorted_x, axis=-1), axis=-1)
-    p = p_b[:, None, None]
-    n_drop = jnp.minimum(jnp.sum(cum <= 1.0 - p, axis=-1, keepdims=True), vocab - 1)
-    cutoff = jnp.take_along_axis(sorted_x, n_drop, axis=-1)
-    return jnp.where((p < 1.0) & (x < cutoff), neg_inf, x)
+
+    def top_k(x):
+        # invariant: count(key >= lo) >= k > count(key >= hi); lo ends as the k-th largest
+        k = k_b[:, None, None]
+
+        def k_or_more(mid):
+            return jnp.sum(key >= mid, axis=-1, keepdims=True) >= k
+
+        kth = _float_of_key(_bisect(k_or_more, lowest, highest + 1)[0], x.dtype)
+        return jnp.where(x < kth, neg_inf, x), kth
+
+    x, kth = jax.lax.cond(
+        jnp.any(k_b < vocab), top_k, lambda x: (x, jnp.full_like(x[..., :1], neg_inf)), x
+    )
+
+    def top_p(x):
+        # q of a token top-k removed is 0, so it adds nothing to the sums below, and the
+        # search starts just under the k-th largest value.
+        # invariant: sum(q[key <= lo]) <= 1 - p < sum(q[key <= hi]), or hi is the
+        # largest value (the most likely token always stays); hi ends as the cutoff.
+        q = jax.nn.softmax(x, axis=-1)
+        p = p_b[:, None, None]
+
+        def within_one_minus_p(mid):
+            return jnp.sum(jnp.where(key <= mid, q, 0), axis=-1, keepdims=True) <= 1.0 - p
+
+        lo = jnp.maximum(_float_key(kth), lowest) - 1
+        cutoff = _float_of_key(_bisect(within_one_minus_p, lo, highest)[1], x.dtype)
+        return jnp.where((p < 1.0) & (x < cutoff), neg_inf, x)
+
+    return jax.lax.cond(jnp.any(p_b < 1.0), top_p, lambda x: x, x)
+
+
+def _bisect(pred, lo, hi):
+    """(lo, hi) with hi = lo + 1 where pred(lo) and not pred(hi), for integer keys lo < hi
+    (any shape) with pred(lo) True and pred(hi) False and a pred that is True up to some
+    key and False from there on. One step per bit at most; every row steps until the
+    last is done (a done row's mid is its lo, which changes nothing)."""
+
+    def step(lo_hi):
+        lo, hi = lo_hi
+        mid = lo + (hi - lo) // 2  # lo < mid < hi while hi - lo > 1
+        ok = pred(mid)
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+    return jax.lax.while_loop(lambda lo_hi: jnp.any(lo_hi[1] - lo_hi[0] > 1), step, (lo, hi))
+
+
+def _float_key(x):
+    """Unsigned integer keys in x's float order: -inf < ... < -0.0 = 0.0 < ... < inf
+    (jnp.sort's order; NaN is not handled). The sign bit flips for x >= 0, every bit for
+    x < 0."""
+    utype = jnp.uint64 if x.dtype.itemsize == 8 else jnp.uint32
+    sign = utype(1 << (8 * x.dtype.itemsize - 1))
+    bits = jax.lax.bitcast_convert_type(jnp.where(x == 0, jnp.zeros_like(x), x), utype)
+    return jnp.where(bits & sign, ~bits, bits | sign)
+
+
+def _float_of_key(key, dtype):
+    """The float of a `_float_key` key (0.0 for the key of -0.0)."""
+    sign = key.dtype.type(1 << (8 * key.dtype.itemsize - 1))
+    return jax.lax.bitcast_convert_type(jnp.where(key & sign, key ^ sign, ~key), dtype)
 
 
 def gumbel_noise(rng_b2, out_index_br, vocab: int):
