@@ -27,27 +27,15 @@ import numpy as np
 from lookahead_jax.decoding.sampling import _top_k_top_p
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from machine import cpu_model  # noqa: E402
 from results import write_results  # noqa: E402
 
+# the filter before issue 34, kept once: as the test's reference
+from tests.test_sampling_filter import sorted_top_k_top_p  # noqa: E402
+
 VOCABS = {"SmolLM2": 49152, "Llama 3": 128256}
 SETTINGS = {"k50_p0.9": (50, 0.9), "p0.9": (None, 0.9), "k50": (50, None)}
-
-
-def sorted_top_k_top_p(x, k_b, p_b):
-    """The filter before issue 34 (sampling.py at 69c4128): one ascending sort."""
-    neg_inf = jnp.asarray(-jnp.inf, x.dtype)
-    vocab = x.shape[-1]
-    sorted_x = jnp.sort(x, axis=-1)  # ascending
-    kth = jnp.take_along_axis(sorted_x, (vocab - k_b)[:, None, None], axis=-1)
-    kth = jnp.broadcast_to(kth, (*x.shape[:-1], 1))
-    x = jnp.where(x < kth, neg_inf, x)
-    sorted_x = jnp.where(sorted_x < kth, neg_inf, sorted_x)  # still ascending
-    cum = jnp.cumsum(jax.nn.softmax(sorted_x, axis=-1), axis=-1)
-    p = p_b[:, None, None]
-    n_drop = jnp.minimum(jnp.sum(cum <= 1.0 - p, axis=-1, keepdims=True), vocab - 1)
-    cutoff = jnp.take_along_axis(sorted_x, n_drop, axis=-1)
-    return jnp.where((p < 1.0) & (x < cutoff), neg_inf, x)
 
 
 IMPLS = {"sort": jax.jit(sorted_top_k_top_p), "threshold": jax.jit(_top_k_top_p)}
