@@ -1,6 +1,6 @@
 """lookahead_jax: exact lookahead decoding for Llama-family models in JAX."""
 
-from lookahead_jax import decoding
+from lookahead_jax import decoding, guesses
 from lookahead_jax.checkpoints.loading import ModelInfo, inspect, load
 from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed.sharding import make_mesh
@@ -34,6 +34,7 @@ __all__ = [
     "decoding",
     "from_nnx",
     "generate",
+    "guesses",
     "inspect",
     "load",
     "make_mesh",

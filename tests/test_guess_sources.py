@@ -5,12 +5,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import lookahead_jax as lj
 from lookahead_jax.guesses import acceptance_record, draft_tree, suffix_match, token_recycling
 from lookahead_jax.guesses.draft_tree import ROOT
 
@@ -228,3 +232,51 @@ def test_under_sampling_expand_takes_the_noise_winner_scored_by_its_softmax_shar
     keys = np.log([0.25, 0.75]) + [3.0, 0.0]
     share = np.exp(keys) / np.exp(keys).sum()
     assert np.allclose(np.asarray(sampled.score)[0], share, atol=1e-4)
+
+
+def test_extra_sources_are_checked_when_the_config_is_made():
+    from lookahead_jax.guesses.suffix_match import SuffixSource
+
+    LA = lj.LookaheadConfig
+    with pytest.raises(lj.UserInputError, match="not a guess source"):
+        LA(2, 0, 0, extra_sources=("repeat",))
+    with pytest.raises(lj.UserInputError, match="distinct names"):
+        LA(2, 0, 0, suffix=1, extra_sources=(SuffixSource(1),))
+    with pytest.raises(lj.UserInputError, match="must be a tuple"):
+        LA(2, 0, 0, extra_sources=[SuffixSource(1, name="s2")])
+
+    @dataclasses.dataclass  # not frozen: unhashable, so it cannot sit in a static jit argument
+    class Mutable:
+        name: str = "m"
+        nodes: int = 1
+        depth: int = 1
+        init = propose = feed = SuffixSource.init
+
+    with pytest.raises(lj.UserInputError, match="hashable"):
+        LA(2, 0, 0, extra_sources=(Mutable(),))
+    config = LA(2, 0, 0, recycle=4, extra_sources=(SuffixSource(2, 3, name="s2"),))
+    assert config.source_names == ("recycle", "s2", "window")
+    assert config.proposed_nodes == 4 + 2 * 3
+    assert config.tree_depth == max(3, config.sources[0].depth)
+    assert config.name == "n=2,w=0,g=0,recycle=4+s2"
+    assert config.describe()["sources"]["s2"] == {"nodes": 6, "depth": 3}
+
+
+def test_the_step_never_verifies_a_node_that_breaks_the_proposal_rules():
+    """decoding.lookahead.well_formed: a parent after its child, a depth that is not the
+    parent's + 1, or a node deeper than the source declares are marked invalid."""
+    from lookahead_jax.decoding.lookahead import well_formed
+
+    # nodes: 0 root child (ok), 1 child of 0 (ok), 2 parent 3 comes later (bad),
+    # 3 depth 3 under node 0 (bad: 2 expected), 4 child of 1 at depth 3 (ok, but deeper
+    # than max_depth 2), 5 root child marked invalid by the source itself
+    p = draft_tree.Proposals(
+        tokens=jnp.zeros((1, 6), jnp.int32),
+        parent=jnp.asarray([[ROOT, 0, 3, 0, 1, ROOT]], jnp.int32),
+        depth=jnp.asarray([[1, 2, 2, 3, 3, 1]], jnp.int32),
+        score=jnp.ones((1, 6), jnp.float32),
+        valid=jnp.asarray([[True] * 5 + [False]]),
+        source=jnp.zeros((1, 6), jnp.int32),
+    )
+    assert well_formed(p, 2).tolist() == [[True, True, False, False, False, False]]
+    assert well_formed(p, 3).tolist() == [[True, True, False, False, True, False]]

@@ -40,3 +40,23 @@ def test_layers_contract_catches_an_upward_import(tmp_path):
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "Parts import downward only BROKEN" in broken.stdout
     assert "lookahead_jax.models.config -> lookahead_jax.engine.generate" in broken.stdout
+
+
+def test_the_step_reaches_guess_sources_only_through_the_protocol():
+    """decoding/ imports no source module (the step loops over config.sources), and the
+    built-in sources implement guess_source.GuessSource."""
+    import ast
+
+    import lookahead_jax as lj
+    from lookahead_jax.guesses.guess_source import GuessSource
+
+    sources = {"ngram_pool", "suffix_match", "token_recycling"}
+    for path in (ROOT / "lookahead_jax" / "decoding").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {node.module.rsplit(".", 1)[-1], *(a.name for a in node.names)}
+                assert not names & sources, f"{path.name} imports a guess source: {node.module}"
+    config = lj.LookaheadConfig(3, 1, 2, suffix=2, recycle=5)
+    assert [s.name for s in config.sources] == ["pool", "suffix", "recycle"]
+    assert all(isinstance(s, GuessSource) for s in config.sources)
+    assert config.proposed_nodes == sum(s.nodes for s in config.sources) == 2 * 2 + 2 * 8 + 5

@@ -41,3 +41,23 @@ def test_the_research_loop_runs_as_written(tiny_text_ckpt):
     assert emitted.max() > 1  # some step accepted a guess
     # start emitted each row's first token, the steps the rest
     assert (1 + emitted.sum(0) == [len(row) for row in scope["new"]]).all()
+
+
+SOURCE_INTRO = "## A guess source of your own"
+
+
+def test_a_guess_source_written_outside_the_package_runs_exact(tiny_text_ckpt):
+    """docs/library.md's LastFollower source, plugged in with no edit to the package:
+    lookahead with it equals plain decoding and it got guesses accepted."""
+    text = DOC.read_text()
+    assert SOURCE_INTRO in text, f"{DOC} lost its guess-source example"
+    match = re.search(r"```python\n(.*?)```", text[text.index(SOURCE_INTRO) :], re.S)
+    code = match.group(1)
+    assert code.count('"CKPT"') == 1 and "lookahead_jax." not in code.replace("import", "")
+    scope: dict = {}
+    exec(compile(code.replace('"CKPT"', repr(str(tiny_text_ckpt))), str(DOC), "exec"), scope)
+    assert scope["config"].source_names == (
+        "pool", "suffix", "recycle", "last_follower", "window"
+    )  # fmt: skip
+    assert scope["out"].stats["sources"]["last_follower"]["paths"] > 0
+    assert sum(scope["accepted"].values()) > 0

@@ -27,7 +27,8 @@ from lookahead_jax.decoding.sampling import RowSampling, choose_tokens
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 from lookahead_jax.models.kv_cache import KVCache, write_prefix
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # lookahead.py imports this module
+    from lookahead_jax.decoding.lookahead import DraftState
     from lookahead_jax.models.seam import CausalLM
 
 
@@ -45,7 +46,7 @@ class DecodeState:
     rng: jax.Array  # [B, 2] uint32 per-row PRNG keys (sampling.row_keys)
     sampling: RowSampling  # [B] temperature, top-k, top-p per row
     accept_hist: jax.Array  # [B, E] int32: steps that emitted 1..E tokens
-    draft: object | None = None  # lookahead.DraftState (lookahead.py imports this module)
+    draft: DraftState | None = None  # the window's and the guess sources' state
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,15 +8,16 @@ Each step runs one forward pass (lookahead_layout.py) over
   trajectory; the model's token after its newest level becomes the new newest level,
   the oldest level is dropped, and the column (oldest level .. new token) is an n-gram
   that goes into the pool;
-* a draft tree of Z slots (draft_tree.py) merged from the guess sources:
+* a draft tree of Z slots (draft_tree.py) merged from the guess sources, each behind
+  one protocol (guesses/guess_source.py: init, propose, feed) — the built-in ones:
     - pool      the pool's (N-1)-grams whose key is the input (ngram_pool.py);
     - suffix    continuations of earlier occurrences of the row's last tokens in its
                 prompt and output (suffix_match.py), up to `suffix_span` tokens long;
     - recycle   token recycling: each token's top-k next tokens from earlier logits,
                 expanded into a static tree template (token_recycling.py);
-  and, with `verify_window`, the window's own paths. With `adapt`, the merge weighs each
-  proposal by what its source got accepted at its depth for the row lately (the
-  acceptance record, acceptance_record.py).
+  then any `extra_sources` of the config; and, with `verify_window`, the window's own
+  paths. With `adapt`, the merge weighs each proposal by what its source got accepted
+  at its depth for the row lately (the acceptance record, acceptance_record.py).
 
 Acceptance (draft_tree.verify): the deepest tree path whose every token equals the
 model's token after its parent, plus the model's token after it (the bonus); only the
@@ -27,24 +28,25 @@ sampling.py, which makes the one rule exact for sampling too.
 
 Window feeding: the new level takes the model's token at the position it guesses — the
 argmax, or under sampling the sample with that position's noise (`window_sampling`), so
-that the Jacobi iteration converges to the sampled text. The pool receives the prompt's
-n-grams before the first step (`prompt_pool`), the W window n-grams of each step, and
-the n-grams of the emitted text that end at the new tokens. The recycling tables are
-refreshed from the logits of every token whose logits the step computes (the input, the
-window's newest level and every tree slot).
+that the Jacobi iteration converges to the sampled text. Every source is then fed what
+the step verified (guess_source.Verified): the pool takes the W window n-grams and the
+n-grams of the emitted text that end at the new tokens (and the prompt's before the
+first step, `prompt_pool`); the recycling tables are refreshed from the logits of every
+token whose logits the step computes (the input, the window's newest level and every
+tree slot).
 
 Window initialisation: every slot starts as a prompt token drawn uniformly at random
 (with the row's seed-derived key) from the row's prompt, as the reference does.
 
-Stages of `lookahead_step`: propose (sources -> Proposals) -> merge (-> DraftTree, weighed
-by the acceptance record) -> forward -> choose tokens -> verify -> commit and emit, update
-the record -> feed the sources.
+Stages of `lookahead_step`: propose (each source -> Proposals) -> merge (-> DraftTree,
+weighed by the acceptance record) -> forward -> choose tokens -> verify -> commit and
+emit, update the record -> feed each source, shift the window.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,23 +54,10 @@ import numpy as np
 
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
 from lookahead_jax.decoding.sampling import choose_tokens, gumbel_noise
-from lookahead_jax.guesses import (
-    acceptance_record,
-    draft_tree,
-    ngram_pool,
-    suffix_match,
-    token_recycling,
-)
-from lookahead_jax.guesses.lookahead_config import (
-    POOL,
-    POOL_RATES,
-    RECYCLE,
-    SOURCES,
-    SUFFIX,
-    SUFFIX_RATES,
-    WINDOW,
-    LookaheadConfig,
-)
+from lookahead_jax.errors import UserInputError
+from lookahead_jax.guesses import acceptance_record, draft_tree
+from lookahead_jax.guesses.guess_source import Prompt, Sampler, Text, Verified, WindowNGrams
+from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 from lookahead_jax.guesses.lookahead_layout import StepLayout
 from lookahead_jax.models import kv_cache
 
@@ -80,33 +69,32 @@ _WINDOW_KEY_SALT = 0x7FFFFFFF
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DraftState:
-    """Per-row state of the guess sources, and which of them supplied accepted paths.
+    """Per-row state of the Jacobi window and the guess sources, and which of them
+    supplied accepted paths. J = len(config.source_names): the sources, then the window.
 
     window            [B, N-1, W] int32
-    pool              NGramPool (capacity pool_capacity or G; 0 without the pool)
-    recycle           RecycleTable, or None without token recycling
-    record            AcceptanceRecord [B, J, verify_depth] (J = len(SOURCES)), or None unless
-                      `adapt`: what each source got accepted at each depth, lately
-    paths_by_source   [B, len(SOURCES)] int32  steps whose accepted path came from each
-    tokens_by_source  [B, len(SOURCES)] int32  guessed tokens accepted from each
+    sources           each of config.sources' own state, in its order (None: keeps none)
+    record            AcceptanceRecord [B, J, verify_depth], or None unless `adapt`: what
+                      each source got accepted at each depth, lately
+    paths_by_source   [B, J] int32  steps whose accepted path came from each
+    tokens_by_source  [B, J] int32  guessed tokens accepted from each
     """
 
     window: jax.Array
-    pool: ngram_pool.NGramPool
-    recycle: token_recycling.RecycleTable | None
+    sources: tuple[Any, ...]
     record: acceptance_record.AcceptanceRecord | None
     paths_by_source: jax.Array
     tokens_by_source: jax.Array
 
 
 def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> DecodeState:
-    """Add the window, the (seeded) pool and recycling table to a prefilled state.
+    """Add the window and every guess source's state (its `init`) to a prefilled state.
 
     prompt_bucket: P, the padded prompt length of the prefill.
     """
     config: LookaheadConfig = spec.lookahead
     B = state.tokens.shape[0]
-    n, m, vocab = config.n, config.m, spec.lm.vocab_size
+    m, vocab = config.m, spec.lm.vocab_size
 
     def draw_window(rng, prompt_len, tokens):
         rng = jax.random.fold_in(rng, _WINDOW_KEY_SALT)
@@ -114,25 +102,18 @@ def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> 
         return tokens[idx]
 
     window = jax.vmap(draw_window)(state.rng, state.prompt_len, state.tokens)
-    pool = ngram_pool.init_pool(B, vocab, config.pool_capacity or config.g, m)
-    # The n-grams of prompt + first new token (prompt_pool), or only the one ending
-    # at the first new token; later steps add those ending at their new tokens.
-    end = state.prompt_len + state.n_out
-    if config.prompt_pool:  # every n-gram ending at or before position P (prompt bucket)
-        start, count = jnp.zeros((B,), jnp.int32), max(prompt_bucket - n + 2, 0)
-    else:
-        start, count = end - n, 1
-    key_tokens, tails, ok, prev = ngram_pool.sequence_ngrams(state.tokens, start, count, n, end)
-    pool = ngram_pool.insert(pool, key_tokens, tails, ok & ~state.done[:, None], prev)
-    recycle = None
-    if config.recycle:
-        recycle = token_recycling.init_table(B, vocab, config.recycle_k)
-        recycle = token_recycling.seed_from_text(recycle, state.tokens, end)
-    record = None
-    if config.adapt:
-        record = acceptance_record.init(B, len(SOURCES), config.verify_depth)
-    zeros = jnp.zeros((B, len(SOURCES)), jnp.int32)
-    draft = DraftState(window, pool, recycle, record, zeros, zeros)
+    prompt = Prompt(
+        tokens=state.tokens,
+        end=state.prompt_len + state.n_out,
+        active=~state.done,
+        bucket=prompt_bucket,
+        vocab=vocab,
+    )
+    sources = tuple(source.init(prompt) for source in config.sources)
+    J = len(config.source_names)
+    record = acceptance_record.init(B, J, config.verify_depth) if config.adapt else None
+    zeros = jnp.zeros((B, J), jnp.int32)
+    draft = DraftState(window, sources, record, zeros, zeros)
     return dataclasses.replace(state, draft=draft)
 
 
@@ -149,53 +130,60 @@ def propose(
     state: DecodeState, config: LookaheadConfig, sampled: bool, input_b, prev_b
 ) -> draft_tree.Proposals:
     """Stage 1: every source's guesses for the tokens after each row's input (prev_b [B]:
-    the token before it). sampled: whether rows may sample (DecodeSpec.sampled)."""
-    d = state.draft
-    B = input_b.shape[0]
+    the token before it), source j's marked j. sampled: whether rows may sample
+    (DecodeSpec.sampled)."""
+    sampler = None
+    if sampled:
+        sampler = Sampler(
+            sampling=~state.sampling.greedy(),
+            temperature=state.sampling.temperature,
+            n_out=state.n_out,
+            noise=lambda index_ba, vocab: gumbel_noise(state.rng, index_ba, vocab),
+        )
+    text = Text(
+        tokens=state.tokens,
+        end=state.prompt_len + state.n_out,
+        input=input_b,
+        prev=prev_b,
+        active=~state.done,
+        sampler=sampler,
+    )
     parts = []
-    if config.g:
-        tails_bgm, valid_bg, match_bg = ngram_pool.lookup(d.pool, input_b, prev_b, config.g)
-        rate_bg = jnp.asarray(POOL_RATES, jnp.float32)[match_bg.astype(jnp.int32)]
-        score_bgm = rate_bg[:, :, None] ** jnp.arange(1, config.m + 1)[None, None]
-        parts.append(draft_tree.chains(tails_bgm, valid_bg * config.m, score_bgm, POOL))
-    if config.suffix:
-        end_b = state.prompt_len + state.n_out
-        cont_bcm, length_bc, key_len_bc = suffix_match.propose(
-            state.tokens,
-            end_b,
-            key_max=config.suffix_key,
-            span=config.suffix_span,
-            count=config.suffix,
+    for j, (source, own) in enumerate(zip(config.sources, state.draft.sources, strict=True)):
+        p = source.propose(own, text)
+        if p.tokens.shape != (input_b.shape[0], source.nodes):
+            raise UserInputError(
+                f"guess source {source.name!r} proposed {p.tokens.shape[1:]} nodes a row; it "
+                f"declares nodes={source.nodes}"
+            )
+        parts.append(
+            dataclasses.replace(
+                p, valid=well_formed(p, source.depth), source=jnp.full_like(p.source, j)
+            )
         )
-        rate_bc = jnp.asarray(SUFFIX_RATES, jnp.float32)[key_len_bc]
-        score_bcm = rate_bc[:, :, None] ** jnp.arange(1, config.suffix_span + 1)[None, None]
-        parts.append(draft_tree.chains(cont_bcm, length_bc, score_bcm, SUFFIX))
-    if config.recycle:
-        template = config.recycle_template
-        expand = functools.partial(
-            token_recycling.expand, d.recycle, prev_b, input_b, template, RECYCLE
-        )
-        if not sampled:
-            parts.append(expand())
-        else:  # sampling rows rank candidates with the noise of the indices nodes guess
-            sampling_b = ~state.sampling.greedy()
-
-            def with_noise():
-                index_ba = state.n_out[:, None] + jnp.arange(template.max_depth)[None]
-                vocab = d.recycle.by_token.shape[1]
-                noise_bav = gumbel_noise(state.rng, index_ba, vocab)
-                return expand((state.sampling.temperature, noise_bav, sampling_b))
-
-            parts.append(jax.lax.cond(jnp.any(sampling_b), with_noise, expand))
-    if not parts:
-        return draft_tree.no_proposals(B)
+    if not any(p.count for p in parts):
+        return draft_tree.no_proposals(input_b.shape[0])
     return draft_tree.concat(parts)
 
 
-def window_tree(layout: StepLayout, window_flat) -> draft_tree.DraftTree:
+def well_formed(p: draft_tree.Proposals, max_depth: int):
+    """[B, count] bool: p.valid, and the node keeps the proposal rules (guess_source.py):
+    its parent is ROOT or an earlier proposal, its depth is its parent's + 1 and at most
+    the source's `depth`. A node that breaks them is never verified (a wrong depth would
+    give it the wrong position and a path deeper than the tree's ancestor masks)."""
+    index = jnp.arange(p.count)[None]
+    from_root = p.parent == draft_tree.ROOT
+    parent_ok = from_root | ((p.parent >= 0) & (p.parent < index))
+    parent_depth = jnp.take_along_axis(p.depth, jnp.clip(p.parent, 0, None), axis=1)
+    depth_ok = p.depth == jnp.where(from_root, 1, parent_depth + 1)
+    return p.valid & parent_ok & depth_ok & (p.depth <= max_depth)
+
+
+def window_tree(layout: StepLayout, window_flat, window_source: int) -> draft_tree.DraftTree:
     """The window's own paths as a verifiable tree (verify_window): static shape.
 
-    window_flat [B, M*W]: the window's tokens in window order (its M*W slots)."""
+    window_flat [B, M*W]: the window's tokens in window order (its M*W slots);
+    window_source: the window's index in the source names."""
     B, k = window_flat.shape
     bcast = lambda x: jnp.broadcast_to(jnp.asarray(x), (B, *np.shape(x)))  # noqa: E731
     return draft_tree.DraftTree(
@@ -203,7 +191,7 @@ def window_tree(layout: StepLayout, window_flat) -> draft_tree.DraftTree:
         parent=bcast(layout.window_parents),
         depth=bcast(layout.window_depths),
         valid=jnp.ones((B, k), bool),
-        source=jnp.full((B, k), WINDOW, jnp.int32),
+        source=jnp.full((B, k), window_source, jnp.int32),
         score=jnp.zeros((B, k), jnp.float32),
         ancestors=bcast(layout.window_ancestors),
     )
@@ -263,7 +251,8 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     # 5. verify: the draft tree, and with verify_window the window's paths as well. A
     #    verified node k is step token first_index + k in both cases.
     if config.verify_window:
-        verified = draft_tree.concat_trees(window_tree(layout, window_flat), tree)
+        window = window_tree(layout, window_flat, len(config.sources))
+        verified = draft_tree.concat_trees(window, tree)
         after_verified = jnp.concatenate([after_window_bw, after_tree_bz], axis=1)
         first_index = 1
     else:
@@ -275,7 +264,8 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     src_be = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), first_index + acc.path], axis=1)
     cache = kv_cache.commit(state.cache, new_k, new_v, src_be, jnp.where(active_b, a_b + 1, 0))
     counted_b = active_b & (a_b > 0)
-    by_source = jax.nn.one_hot(acc.source, len(SOURCES), dtype=jnp.int32)  # -1: all zero
+    J = len(config.source_names)
+    by_source = jax.nn.one_hot(acc.source, J, dtype=jnp.int32)  # -1: all zero
     if record is not None:
         record = acceptance_record.update(record, verified, acc, active_b)
     draft = dataclasses.replace(
@@ -295,10 +285,31 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     )
     state = emit(state, spec, acc.emitted, a_b + 1)
 
-    # 7. feed the sources
+    # 7. feed the sources what the step verified; shift the window by its new level
     fed = FedRows.of(prev_b, layout, step_tokens_bt, logits_rows_br, tree, active_b)
-    draft = feed_window_and_pool(state, config, draft, before, input_b, new_level_bw, active_b)
-    draft = feed_recycling(config, draft, fed, logits_brv, acc)
+    verified_step = Verified(
+        tokens=state.tokens,
+        end=state.prompt_len + state.n_out,
+        start=state.prompt_len + before.n_out,
+        max_emit=config.max_emit,
+        active=active_b,
+        window=window_ngrams(draft.window, input_b, new_level_bw, active_b),
+        computed=fed.tokens,
+        computed_prev=fed.prev,
+        computed_ok=fed.ok,
+        logits=logits_brv,
+        on_path=accepted_rows(config, acc, fed.tokens.shape[1]),
+    )
+    sources = tuple(
+        source.feed(own, verified_step)
+        for source, own in zip(config.sources, draft.sources, strict=True)
+    )
+    window = jnp.where(
+        active_b[:, None, None],
+        jnp.concatenate([draft.window[:, 1:], new_level_bw[:, None]], axis=1),
+        draft.window,
+    )
+    draft = dataclasses.replace(draft, window=window, sources=sources)
     return dataclasses.replace(state, draft=draft)
 
 
@@ -331,56 +342,27 @@ class FedRows:
         return cls(tokens_br, prev_br, ok_br & active_b[:, None])
 
 
-def feed_window_and_pool(
-    state: DecodeState,
-    config: LookaheadConfig,
-    d: DraftState,
-    before: DecodeState,
-    input_b,
-    new_level_bw,
-    active_b,
-) -> DraftState:
-    """Shift the window by its new level; put the window's n-grams and those of the
-    emitted text that end at new tokens into the pool."""
-    B = new_level_bw.shape[0]
-    n, w = config.n, config.w
-    pool = d.pool
-    if pool.capacity:
-        tails_bmw = jnp.concatenate([d.window[:, 1:], new_level_bw[:, None]], axis=1)
-        # a level-0 token follows the one left of it, column 0 the step's input
-        prev_bw = jnp.concatenate([input_b[:, None], d.window[:, 0, :-1]], axis=1)
-        ok_bw = jnp.broadcast_to(active_b[:, None], (B, w))
-        pool = ngram_pool.insert(
-            pool, d.window[:, 0], jnp.swapaxes(tails_bmw, 1, 2), ok_bw, prev_bw
-        )
-        end_b = state.prompt_len + state.n_out
-        first_b = state.prompt_len + before.n_out - n + 1
-        key_tokens, tails, ok, prev = ngram_pool.sequence_ngrams(
-            state.tokens, first_b, config.max_emit, n, end_b
-        )
-        pool = ngram_pool.insert(pool, key_tokens, tails, ok & active_b[:, None], prev)
-    window = jnp.where(
-        active_b[:, None, None],
-        jnp.concatenate([d.window[:, 1:], new_level_bw[:, None]], axis=1),
-        d.window,
+def window_ngrams(window_bmw, input_b, new_level_bw, active_b) -> WindowNGrams:
+    """The window's W n-grams of this step: each column's oldest level, then its other
+    levels and the new level; a level-0 token follows the one left of it, column 0 the
+    step's input."""
+    B, _, w = window_bmw.shape
+    tails_bmw = jnp.concatenate([window_bmw[:, 1:], new_level_bw[:, None]], axis=1)
+    prev_bw = jnp.concatenate([input_b[:, None], window_bmw[:, 0, :-1]], axis=1)
+    return WindowNGrams(
+        keys=window_bmw[:, 0],
+        tails=jnp.swapaxes(tails_bmw, 1, 2),
+        prev=prev_bw,
+        ok=jnp.broadcast_to(active_b[:, None], (B, w)),
     )
-    return dataclasses.replace(d, window=window, pool=pool)
 
 
-def feed_recycling(config: LookaheadConfig, d: DraftState, fed: FedRows, logits_brv, acc):
-    """Refresh the recycling tables from every fed row's logits."""
-    if d.recycle is None:
-        return d
-    R = fed.tokens.shape[1]
-    # rows whose logits saw the true context (the input and the accepted path) win over
-    # other rows holding the same token; then earlier rows win
+def accepted_rows(config: LookaheadConfig, acc: draft_tree.Acceptance, R: int):
+    """[B, R] bool: the logits rows of the accepted path's slots (verified node k is
+    logits row first_row + k)."""
     first_row = 1 + (0 if config.verify_window else config.layout.window_rows)
     path_rows_ba = first_row + acc.path
     on_path = (jnp.arange(acc.path.shape[1])[None] < acc.accepted[:, None])[:, :, None] & (
         path_rows_ba[:, :, None] == jnp.arange(R)[None, None]
     )
-    priority_br = R - jnp.arange(R)[None] + R * jnp.any(on_path, axis=1)
-    recycle = token_recycling.update(
-        d.recycle, fed.prev, fed.tokens, logits_brv, priority_br, fed.ok
-    )
-    return dataclasses.replace(d, recycle=recycle)
+    return jnp.any(on_path, axis=1)

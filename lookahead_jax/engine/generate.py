@@ -22,7 +22,7 @@ from lookahead_jax.distributed import multihost
 from lookahead_jax.engine import inputs
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses import acceptance_record
-from lookahead_jax.guesses.lookahead_config import SOURCES, LookaheadConfig, max_step_tokens
+from lookahead_jax.guesses.lookahead_config import LookaheadConfig, max_step_tokens
 from lookahead_jax.models import seam
 
 
@@ -47,7 +47,7 @@ def generate(
     model,
     prompts,
     max_new_tokens: int = 256,
-    lookahead: LookaheadConfig | str | None = None,
+    lookahead: LookaheadConfig | str | None = "auto",
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -61,8 +61,10 @@ def generate(
     model: from lj.load or lj.from_nnx.
     prompts: list of strings (tokenised, with the chat template if `chat`) or of
         token-id lists; a single string is a batch of one.
-    lookahead: a LookaheadConfig (e.g. LookaheadConfig.for_budget(16)), "auto" (choose
-        for this machine), or None for plain decoding.
+    lookahead: "auto" (the default, as lj.Engine's and the CLI's: choose the layout for
+        this machine and switch to plain decoding where lookahead loses), a
+        LookaheadConfig (e.g. LookaheadConfig.for_budget(16)), or None for plain
+        decoding.
     temperature 0 (or top_k=1) is greedy; otherwise sampling with top_k / top_p,
         reproducible from `seed` (row b uses fold_in(seed, b)).
     stream: if given, decoding runs in a host loop and `stream(new)` is called after
@@ -184,7 +186,7 @@ def output(
     new_tokens, total_steps = int(n_out.sum()), int(sum(steps))
     stats = {
         "new_tokens": new_tokens,
-        "steps": total_steps,
+        "row_steps": total_steps,  # forward passes summed over rows, as the engine's
         # new tokens per forward pass after the prefill (the prefill's token counts too)
         "compression": new_tokens / max(total_steps, 1),
         "accepted_hist": {str(i + 1): int(c) for i, c in enumerate(counts)},
@@ -201,7 +203,7 @@ def output(
         accepted = multihost.local_rows(state.draft.tokens_by_source).sum(0).tolist()
         stats["sources"] = {
             name: {"paths": int(p), "tokens": int(t)}
-            for name, p, t in zip(SOURCES, paths, accepted, strict=True)
+            for name, p, t in zip(spec.lookahead.source_names, paths, accepted, strict=True)
         }
         if state.draft.record is not None:  # the rows' last weights by depth, averaged
             record = state.draft.record
@@ -211,7 +213,8 @@ def output(
                     accepted=multihost.local_rows(record.accepted),
                 )
             )
-            for name, w_a in zip(SOURCES, np.mean(w_bja, axis=0).tolist(), strict=True):
+            names = spec.lookahead.source_names
+            for name, w_a in zip(names, np.mean(w_bja, axis=0).tolist(), strict=True):
                 stats["sources"][name]["weight_by_depth"] = [round(w, 4) for w in w_a]
     return GenerationOutput(
         token_ids=token_ids, texts=texts, steps=steps, stats=stats, step_of_token=step_of_token

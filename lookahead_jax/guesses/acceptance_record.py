@@ -2,7 +2,8 @@
 
 The tree has a fixed number of slots Z and the sources propose more nodes than that;
 `draft_tree.merge` keeps the best-scored ones. A node's score is a modelled chance that
-its path is right, from rates fixed per source (the priors in lookahead_config.py) and
+its path is right, from rates fixed per source (the priors beside each source:
+POOL_RATES, SUFFIX_RATES, RECYCLE_RATES) and
 what the source knows of the node (a suffix match's length, a recycled token's
 probability). Which source pays differs by row and along a row: a row copying code
 accepts long suffix matches, a row writing prose accepts short recycled guesses. So each

@@ -61,7 +61,8 @@ class Proposals:
     depth   [B, count] int32  1 for the root's children
     score   [B, count] float32  estimated chance that the whole path is right
     valid   [B, count] bool   a node whose parent is invalid is invalid too
-    source  [B, count] int32  which source proposed it (an index into SOURCES)
+    source  [B, count] int32  which source proposed it (its index in the step's sources,
+                              LookaheadConfig.source_names; the step sets it)
     """
 
     tokens: jax.Array
@@ -76,7 +77,7 @@ class Proposals:
         return self.tokens.shape[1]
 
 
-def chains(tokens_bcm, length_bc, score_bcm, source: int) -> Proposals:
+def chains(tokens_bcm, length_bc, score_bcm, source: int = 0) -> Proposals:
     """C chains of up to M tokens each (the root's children are token 0 of each chain).
 
     tokens [B, C, M], length [B, C] (0..M real tokens), score [B, C, M]: the chance

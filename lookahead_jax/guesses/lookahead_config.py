@@ -15,23 +15,15 @@ import functools
 import numpy as np
 
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.guesses import token_recycling
+from lookahead_jax.guesses.guess_source import GuessSource
 from lookahead_jax.guesses.lookahead_layout import StepLayout
+from lookahead_jax.guesses.ngram_pool import PoolSource
+from lookahead_jax.guesses.suffix_match import SUFFIX_RATES, SuffixSource
+from lookahead_jax.guesses.token_recycling import RECYCLE_RATES, RecyclingSource
 
-# Guess sources, in the order of the per-source stats.
-SOURCES = ("pool", "suffix", "recycle", "window")
-POOL, SUFFIX, RECYCLE, WINDOW = range(len(SOURCES))
-
-# Modelled chance that a guessed token is right when its parent is: they order the
-# proposals when more are offered than the tree has slots (weighed per row by the
-# acceptance record with `adapt`).
-POOL_RATES = (0.35, 0.5)  # without, with the 2-token context matching
-SUFFIX_RATES = (0.0, 0.3, 0.45, 0.6, 0.7, 0.75, 0.8, 0.8, 0.85)  # by match length
-# by candidate rank (token_recycling.candidates: up to 2k per node); ranks 16-31 serve
-# recycle_k up to 16, which keeps more of a sampled text's tokens (at t=1.0 a quarter lie
-# outside the top 8: benchmarks/cpu/adapt.md)
-RECYCLE_RATES = (0.45, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02) + (0.015,) * 2 + (0.01,) * 6
-RECYCLE_RATES += (0.005,) * 16
+# The Jacobi window's own paths (verify_window) count as a source in the stats and the
+# acceptance record, after the configured ones.
+WINDOW_SOURCE = "window"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,12 +45,18 @@ class LookaheadConfig:
     adapt       fill the tree by each row's acceptance record (acceptance_record.py):
                 proposals' scores weighed by what their source got accepted at their
                 depth for the row lately (False: the priors alone, as before)
+    extra_sources  guess sources beyond the built-in ones (guess_source.GuessSource,
+                e.g. one written outside the package: docs/library.md); they propose
+                after them and compete with them for the tree's slots
     budget      set by for_budget: the tokens-per-step budget the layout serves
+
+    `sources` are the guess sources these knobs make (the pool if G > 0, suffix match,
+    token recycling), then `extra_sources`.
     """
 
-    n: int = 5
-    w: int = 7
-    g: int = 7
+    n: int  # no defaults: the one default layout is "auto" (lj.generate, lj.Engine, CLI)
+    w: int
+    g: int
     prompt_pool: bool = True
     verify_window: bool = False
     suffix: int = 0
@@ -70,6 +68,7 @@ class LookaheadConfig:
     pool_capacity: int | None = None
     window_sampling: bool = True
     adapt: bool = True
+    extra_sources: tuple[GuessSource, ...] = ()
     budget: int | None = None  # set by for_budget: the tokens-per-step budget it served
 
     def __post_init__(self):
@@ -101,12 +100,44 @@ class LookaheadConfig:
             raise UserInputError(f"lookahead recycle_k must be at most {len(RECYCLE_RATES) // 2}")
         if self.suffix_key >= len(SUFFIX_RATES):
             raise UserInputError(f"lookahead suffix_key must be at most {len(SUFFIX_RATES) - 1}")
+        self._check_extra_sources()
         if self.tree is not None and self.tree > self.proposed_nodes:
             raise UserInputError(
                 f"lookahead tree={self.tree} has more slots than the guess sources propose "
-                f"({self.proposed_nodes} nodes = G*(N-1) + suffix*suffix_span + recycle): "
-                "the rest would always be empty"
+                f"({self.proposed_nodes} nodes: "
+                + ", ".join(f"{s.name} {s.nodes}" for s in self.sources)
+                + "): the rest would always be empty"
             )
+
+    def _check_extra_sources(self) -> None:
+        if not isinstance(self.extra_sources, tuple):
+            raise UserInputError(
+                f"lookahead extra_sources must be a tuple of guess sources, got "
+                f"{type(self.extra_sources).__name__}"
+            )
+        for src in self.extra_sources:
+            if not isinstance(src, GuessSource):
+                raise UserInputError(
+                    f"lookahead extra_sources: {src!r} is not a guess source (it needs name, "
+                    "nodes, depth, init, propose and feed: guesses/guess_source.py)"
+                )
+            try:
+                hash(src)
+            except TypeError:
+                raise UserInputError(
+                    f"lookahead extra_sources: {src.name!r} must be hashable (a frozen "
+                    "dataclass): the config is a static argument of the compiled step"
+                ) from None
+            for attr in ("nodes", "depth"):
+                value = getattr(src, attr)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise UserInputError(
+                        f"lookahead source {src.name!r}: {attr} must be an integer >= 0, "
+                        f"got {value!r}"
+                    )
+        names = self.source_names
+        if len(set(names)) != len(names):
+            raise UserInputError(f"lookahead guess sources need distinct names, got {names}")
 
     # ------------------------------------------------------------ derived shape
 
@@ -115,13 +146,30 @@ class LookaheadConfig:
         return self.n - 1
 
     @functools.cached_property
-    def recycle_template(self) -> token_recycling.Template:
-        return token_recycling.template(self.recycle, RECYCLE_RATES[: 2 * self.recycle_k])
+    def sources(self) -> tuple[GuessSource, ...]:
+        """The guess sources, in proposal order: the built-in ones these knobs enable,
+        then `extra_sources`."""
+        built_in: list[GuessSource] = []
+        if self.g:
+            built_in.append(
+                PoolSource(self.g, self.m, self.pool_capacity or self.g, self.prompt_pool)
+            )
+        if self.suffix:
+            built_in.append(SuffixSource(self.suffix, self.suffix_span, self.suffix_key))
+        if self.recycle:
+            built_in.append(RecyclingSource(self.recycle, self.recycle_k))
+        return (*built_in, *self.extra_sources)
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        """Each source's name by its index in the draft tree's `source`, the stats and
+        the acceptance record: the sources, then the window's own paths."""
+        return (*(s.name for s in self.sources), WINDOW_SOURCE)
 
     @property
     def proposed_nodes(self) -> int:
         """Draft nodes the sources offer per step (before merging)."""
-        return self.g * self.m + self.suffix * self.suffix_span + self.recycle
+        return sum(s.nodes for s in self.sources)
 
     @property
     def tree_slots(self) -> int:
@@ -130,14 +178,7 @@ class LookaheadConfig:
     @property
     def tree_depth(self) -> int:
         """The deepest draft-tree node any source can offer."""
-        depths = [0]
-        if self.g:
-            depths.append(self.m)
-        if self.suffix:
-            depths.append(self.suffix_span)
-        if self.recycle:
-            depths.append(self.recycle_template.max_depth)
-        return max(depths)
+        return max((s.depth for s in self.sources if s.nodes), default=0)
 
     @property
     def layout(self) -> StepLayout:
@@ -168,21 +209,23 @@ class LookaheadConfig:
         for_budget layout (then ',key=value' for each field changed from it), 'N,W,G' for
         the paper's knobs alone, else 'key=value,...'."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        extra = fields.pop("extra_sources")
+        suffix = "".join(f"+{s.name}" for s in extra)  # shown, not parsed: objects
         base = BUDGET_LAYOUTS.get(self.budget)
         if base is not None:
             changed = {k: v for k, v in fields.items() if v != getattr(base, k)}
             changed.pop("budget")
-            return ",".join([f"tokens={self.budget}"] + [f"{k}={v}" for k, v in changed.items()])
+            parts = [f"tokens={self.budget}"] + [f"{k}={v}" for k, v in changed.items()]
+            return ",".join(parts) + suffix
         changed = {
             k: v
             for k, v in fields.items()
-            if k not in ("n", "w", "g", "budget") and v != _DEFAULTS[k]
+            if k not in ("n", "w", "g", "budget", "extra_sources") and v != _DEFAULTS[k]
         }
         if not changed:
-            return f"{self.n},{self.w},{self.g}"
-        return ",".join(
-            f"{k}={v}" for k, v in {"n": self.n, "w": self.w, "g": self.g, **changed}.items()
-        )
+            return f"{self.n},{self.w},{self.g}" + suffix
+        knobs = {"n": self.n, "w": self.w, "g": self.g, **changed}
+        return ",".join(f"{k}={v}" for k, v in knobs.items()) + suffix
 
     @classmethod
     def parse(cls, text: str, what: str = "lookahead", or_auto: bool = False) -> LookaheadConfig:
@@ -192,7 +235,7 @@ class LookaheadConfig:
         text = text.strip()
         hint = (
             f"{what} must be tokens=T (e.g. tokens=16), N,W,G (three integers, e.g. 5,7,7) "
-            f"or fields as key=value,... (e.g. n=3,w=1,recycle=20,tree=7)"
+            f"or fields as key=value,... with n, w and g (e.g. n=3,w=1,g=0,recycle=20,tree=7)"
             + (" or auto" if or_auto else "")
         )
         if text.lower().startswith("tokens="):
@@ -219,7 +262,11 @@ class LookaheadConfig:
             except ValueError:  # not three parts, or one of them not an integer
                 raise UserInputError(f"{hint}; got {text!r}") from None
             return cls(n, w, g)
-        return cls(**_fields(text.split(","), hint, text))
+        fields = _fields(text.split(","), hint, text)
+        missing = [k for k in ("n", "w", "g") if k not in fields]
+        if missing:
+            raise UserInputError(f"{hint}; got {text!r} (no {', '.join(missing)})")
+        return cls(**fields)
 
     @classmethod
     def for_budget(cls, tokens: int) -> LookaheadConfig:
@@ -264,6 +311,7 @@ class LookaheadConfig:
             "verify_window": self.verify_window,
             "window_sampling": self.window_sampling,
             "adapt": self.adapt,
+            "sources": {s.name: {"nodes": s.nodes, "depth": s.depth} for s in self.sources},
         }
 
 
@@ -276,7 +324,7 @@ def _fields(parts: list[str], hint: str, text: str) -> dict:
     for part in parts:
         key, _, value = part.partition("=")
         key, value = key.strip(), value.strip()
-        if key not in _DEFAULTS or key == "budget":
+        if key not in _DEFAULTS or key in ("budget", "extra_sources"):
             raise UserInputError(f"{hint}; got {text!r} (unknown field {key!r})")
         if value in ("True", "False", "true", "false"):
             kwargs[key] = value.lower() == "true"

@@ -29,6 +29,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from lookahead_jax.guesses.draft_tree import Proposals, chains
+from lookahead_jax.guesses.guess_source import Prompt, Text, Verified
+
 EMPTY = -1
 
 
@@ -128,3 +131,62 @@ def sequence_ngrams(tokens_bs, start_b, count: int, n: int, end_b):
     ok = (offs >= 0) & (offs + n <= end_b[:, None])
     prev = jnp.where(offs >= 1, grams[:, :, 0], EMPTY)
     return grams[:, :, 1], grams[:, :, 2:], ok, prev
+
+
+# Modelled chance that a pool guess is right when its parent is (without, with the
+# 2-token context matching): the merge orders proposals by it (guess_source.py).
+POOL_RATES = (0.35, 0.5)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSource:
+    """The pool as a guess source: the G best (N-1)-grams keyed by each row's input.
+
+    g         n-grams proposed per step (G chains of M = N-1 tokens)
+    m         tokens after the key (the window's levels: N-1)
+    capacity  n-grams kept per key (C >= G)
+    prompt_pool  seed the pool with every n-gram of the prompt (else only the one that
+                 ends at the first new token)
+
+    Fed every step with the Jacobi window's n-grams and those of the emitted text that
+    end at new tokens.
+    """
+
+    g: int
+    m: int
+    capacity: int
+    prompt_pool: bool = True
+    name: str = "pool"
+
+    @property
+    def nodes(self) -> int:
+        return self.g * self.m
+
+    @property
+    def depth(self) -> int:
+        return self.m
+
+    def init(self, prompt: Prompt) -> NGramPool:
+        B, n = prompt.tokens.shape[0], self.m + 1
+        pool = init_pool(B, prompt.vocab, self.capacity, self.m)
+        if self.prompt_pool:  # every n-gram ending at or before position P (prompt bucket)
+            start, count = jnp.zeros((B,), jnp.int32), max(prompt.bucket - n + 2, 0)
+        else:
+            start, count = prompt.end - n, 1
+        keys, tails, ok, prev = sequence_ngrams(prompt.tokens, start, count, n, prompt.end)
+        return insert(pool, keys, tails, ok & prompt.active[:, None], prev)
+
+    def propose(self, pool: NGramPool, text: Text) -> Proposals:
+        tails_bgm, valid_bg, match_bg = lookup(pool, text.input, text.prev, self.g)
+        rate_bg = jnp.asarray(POOL_RATES, jnp.float32)[match_bg.astype(jnp.int32)]
+        score_bgm = rate_bg[:, :, None] ** jnp.arange(1, self.m + 1)[None, None]
+        return chains(tails_bgm, valid_bg * self.m, score_bgm)
+
+    def feed(self, pool: NGramPool, step: Verified) -> NGramPool:
+        w = step.window
+        pool = insert(pool, w.keys, w.tails, w.ok, w.prev)
+        n = self.m + 1
+        keys, tails, ok, prev = sequence_ngrams(
+            step.tokens, step.start - n + 1, step.max_emit, n, step.end
+        )
+        return insert(pool, keys, tails, ok & step.active[:, None], prev)

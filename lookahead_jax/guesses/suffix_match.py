@@ -23,8 +23,13 @@ tokens, `b c d a`: copying a repeating pattern is how such matches pay off.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+
+from lookahead_jax.guesses.draft_tree import Proposals, chains
+from lookahead_jax.guesses.guess_source import Prompt, Text, Verified
 
 
 def match_lengths(tokens_bs, end_b, key_max: int):
@@ -64,3 +69,42 @@ def propose(tokens_bs, end_b, *, key_max: int, span: int, count: int):
     cont = cont.reshape(B, count, span)
     known = jnp.clip(end_b[:, None] - 1 - pos, 0, span)  # tokens known after position j
     return cont, jnp.where(found, known, 0), key_len
+
+
+# Modelled chance that a suffix-match guess is right when its parent is, by match length
+# (the merge orders proposals by it: guess_source.py).
+SUFFIX_RATES = (0.0, 0.3, 0.45, 0.6, 0.7, 0.75, 0.8, 0.8, 0.85)
+
+
+@dataclasses.dataclass(frozen=True)
+class SuffixSource:
+    """Suffix match as a guess source: `count` continuations of up to `span` tokens,
+    keyed on up to `key_max` of the row's last tokens. It keeps no state: it reads the
+    row's text."""
+
+    count: int
+    span: int = 8
+    key_max: int = 4
+    name: str = "suffix"
+
+    @property
+    def nodes(self) -> int:
+        return self.count * self.span
+
+    @property
+    def depth(self) -> int:
+        return self.span
+
+    def init(self, prompt: Prompt) -> None:
+        return None
+
+    def propose(self, state: None, text: Text) -> Proposals:
+        cont_bcm, length_bc, key_len_bc = propose(
+            text.tokens, text.end, key_max=self.key_max, span=self.span, count=self.count
+        )
+        rate_bc = jnp.asarray(SUFFIX_RATES, jnp.float32)[key_len_bc]
+        score_bcm = rate_bc[:, :, None] ** jnp.arange(1, self.span + 1)[None, None]
+        return chains(cont_bcm, length_bc, score_bcm)
+
+    def feed(self, state: None, step: Verified) -> None:
+        return None

@@ -37,6 +37,7 @@ first). Example, `template(6, (0.5, 0.2, 0.1, 0.05))`, nodes in the order added:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 
 import jax
@@ -44,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lookahead_jax.guesses.draft_tree import ROOT, Proposals
+from lookahead_jax.guesses.guess_source import Prompt, Text, Verified
 
 EMPTY = -1
 SEED_PROB = 0.5  # the probability given to a prompt bigram's follower (no logits seen)
@@ -211,7 +213,7 @@ def candidates(table: RecycleTable, prev, last):
 
 
 def expand(
-    table: RecycleTable, prev_b, root_b, tmpl: Template, source: int, noise=None
+    table: RecycleTable, prev_b, root_b, tmpl: Template, source: int = 0, noise=None
 ) -> Proposals:
     """The template filled from the tables, rooted at each row's input token `root_b`
     (whose previous token is `prev_b`).
@@ -278,3 +280,61 @@ def expand(
         valid=valid,
         source=jnp.full((B, n), source, jnp.int32),
     )
+
+
+# Modelled chance that a recycled guess is right when its parent is, by candidate rank
+# (candidates: up to 2k per node); the template is built from them and the merge orders
+# proposals by them (guess_source.py). Ranks 16-31 serve recycle_k up to 16, which keeps
+# more of a sampled text's tokens (at t=1.0 a quarter lie outside the top 8:
+# benchmarks/cpu/adapt.md).
+RECYCLE_RATES = (0.45, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02) + (0.015,) * 2 + (0.01,) * 6
+RECYCLE_RATES += (0.005,) * 16
+
+
+@dataclasses.dataclass(frozen=True)
+class RecyclingSource:
+    """Token recycling as a guess source: a static template of `size` nodes filled from
+    each row's tables of the top `k` next tokens, rooted at the row's input. Fed with
+    the logits of every token the step computed logits for."""
+
+    size: int
+    k: int = 8
+    name: str = "recycle"
+
+    @functools.cached_property
+    def template(self) -> Template:
+        return template(self.size, RECYCLE_RATES[: 2 * self.k])
+
+    @property
+    def nodes(self) -> int:
+        return self.template.size
+
+    @property
+    def depth(self) -> int:
+        return self.template.max_depth
+
+    def init(self, prompt: Prompt) -> RecycleTable:
+        table = init_table(prompt.tokens.shape[0], prompt.vocab, self.k)
+        return seed_from_text(table, prompt.tokens, prompt.end)
+
+    def propose(self, table: RecycleTable, text: Text) -> Proposals:
+        fill = functools.partial(expand, table, text.prev, text.input, self.template)
+        sampler = text.sampler
+        if sampler is None:
+            return fill()
+
+        def with_noise():  # sampling rows rank candidates by the noise of the indices
+            index_ba = sampler.n_out[:, None] + jnp.arange(self.depth)[None]
+            noise_bav = sampler.noise(index_ba, table.by_token.shape[1])
+            return fill(noise=(sampler.temperature, noise_bav, sampler.sampling))
+
+        return jax.lax.cond(jnp.any(sampler.sampling), with_noise, fill)
+
+    def feed(self, table: RecycleTable, step: Verified) -> RecycleTable:
+        # rows whose logits saw the true context (the input and the accepted path) win
+        # over other rows holding the same token; then earlier rows win
+        R = step.computed.shape[1]
+        priority_br = R - jnp.arange(R)[None] + R * step.on_path
+        return update(
+            table, step.computed_prev, step.computed, step.logits, priority_br, step.computed_ok
+        )

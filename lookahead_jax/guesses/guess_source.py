@@ -1,0 +1,170 @@
+"""The guess-source protocol: what a lookahead step asks of each source of draft guesses
+(the n-gram pool, suffix match, token recycling, or a source written outside the package).
+
+A source is a frozen, hashable dataclass (it sits in LookaheadConfig, a static jit
+argument) with
+
+    name    its key in the stats and its row in the acceptance record
+    nodes   how many draft nodes `propose` returns per row: its share of the proposals,
+            a static count (the tree's Z slots are filled from every source's nodes)
+    depth   the deepest node it proposes (the root's children are depth 1)
+
+and three pure, fixed-shape functions of its own state (any pytree; None if it keeps
+none):
+
+    init(prompt: Prompt) -> state              once, after the prefill
+    propose(state, text: Text) -> Proposals    [B, nodes]: guesses for the tokens after
+                                               each row's input token
+    feed(state, step: Verified) -> state       after every step: what it verified and
+                                               committed
+
+A source's state is per row: every leaf's first axis is B (the engine writes a new row's
+state into its batch row, and a mesh shards the batch over that axis), and its shapes
+depend on the config alone (not on the prompt bucket), so that the state of any prompt
+fits the engine's batch. Proposals follow draft_tree.Proposals: `parent` indexes the
+source's own proposals (ROOT for a child of the input), a parent comes before its child,
+and a node's depth is its parent's + 1; the step marks a node that breaks these rules,
+or lies deeper than `depth`, invalid (never verified).
+
+The step (decoding/lookahead.py) calls `propose` on every configured source, merges the
+proposals into the draft tree (draft_tree.py), runs one forward pass, verifies, commits,
+and calls `feed` on every source. A source never decides what is emitted: verification
+keeps exactly the tokens plain decoding would, whatever the proposals, so a source can
+only change how many tokens a step emits. The merge orders proposals by `score`, the
+source's own estimate that the node's whole path is right; it needs to be comparable
+across sources (the built-in ones are modelled chances, 0..1).
+
+Worked example: docs/library.md, "A guess source of your own" (a source that proposes
+the chain that follows the input token through where each token last occurred).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+
+from lookahead_jax.guesses.draft_tree import Proposals
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """What `init` reads: each row's prompt (and its first new token).
+
+    tokens  [B, S] int32  prompt, then output; positions >= end hold nothing yet
+    end     [B] int32     tokens known (prompt + new tokens so far)
+    active  [B] bool      rows that will decode (not done at the prefill)
+    bucket  P: the padded prompt length of the prefill (static)
+    vocab   V: the model's vocabulary size (static)
+    """
+
+    tokens: jax.Array
+    end: jax.Array
+    active: jax.Array
+    bucket: int
+    vocab: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """How sampling rows choose their tokens (given to `propose` when rows may sample).
+
+    sampling     [B] bool     rows that sample (the others are greedy)
+    temperature  [B] float32
+    n_out        [B] int32    new tokens so far: a node at depth a guesses new-token
+                              index n_out + a - 1
+    noise        (index [B, A] int32, vocab V) -> [B, A, V] float32: the Gumbel noise a
+                 row adds at those new-token indices (sampling.py): the token sampled
+                 there is argmax(log p / temperature + noise)
+    """
+
+    sampling: jax.Array
+    temperature: jax.Array
+    n_out: jax.Array
+    noise: Callable[[jax.Array, int], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """What `propose` reads about each row.
+
+    tokens   [B, S] int32  prompt, then output; positions >= end hold nothing yet
+    end      [B] int32     tokens known; tokens[end - 1] is the step's input
+    input    [B] int32     the step's input token (the newest, not yet in the cache)
+    prev     [B] int32     the token before it
+    active   [B] bool      rows still decoding
+    sampler  Sampler, or None when no row can sample (DecodeSpec.sampled is False)
+    """
+
+    tokens: jax.Array
+    end: jax.Array
+    input: jax.Array
+    prev: jax.Array
+    active: jax.Array
+    sampler: Sampler | None
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowNGrams:
+    """The Jacobi window's W n-grams of one step: column j's oldest level (the key), the
+    levels after it and the new level (the tail), and the token before the key.
+
+    keys   [B, W] int32
+    tails  [B, W, N-1] int32
+    prev   [B, W] int32
+    ok     [B, W] bool   (the row was active)
+    """
+
+    keys: jax.Array
+    tails: jax.Array
+    prev: jax.Array
+    ok: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Verified:
+    """What `feed` reads: one step, verified and committed.
+
+    tokens     [B, S] int32  prompt and output, the step's emitted tokens included
+    end        [B] int32     tokens known after the step
+    start      [B] int32     tokens known before it (the first emitted token's position)
+    max_emit   the most tokens a step emits (static)
+    active     [B] bool      rows that decoded this step
+    window     WindowNGrams  the window's n-grams (W = 0 without a window)
+    computed       [B, R] int32  the R step tokens whose logits the step computed (the
+                                 input, the window's newest level, every tree slot)
+    computed_prev  [B, R] int32  the token each of them follows
+    computed_ok    [B, R] bool   real (not padding) and the row active
+    logits         [B, R, V]     their logits
+    on_path        [B, R] bool   those of the accepted path's slots (their logits saw the
+                                 true context, as the input's did)
+    """
+
+    tokens: jax.Array
+    end: jax.Array
+    start: jax.Array
+    max_emit: int
+    active: jax.Array
+    window: WindowNGrams
+    computed: jax.Array
+    computed_prev: jax.Array
+    computed_ok: jax.Array
+    logits: jax.Array
+    on_path: jax.Array
+
+
+@runtime_checkable
+class GuessSource(Protocol):
+    """A source of draft guesses (see the module docstring)."""
+
+    name: str
+    nodes: int
+    depth: int
+
+    def init(self, prompt: Prompt) -> Any: ...
+
+    def propose(self, state: Any, text: Text) -> Proposals: ...
+
+    def feed(self, state: Any, step: Verified) -> Any: ...
