@@ -130,7 +130,7 @@ def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache
     monkeypatch.setattr(autotune, "Guard", functools.partial(autotune.Guard, give_up_below=100))
     prompts = random_prompts(3, 128, 5, 12, seed=41)
     # enough tokens that even a well-guessing layout runs past the guard's warm-up
-    plain = lj.generate(model, prompts, max_new_tokens=500)
+    plain = lj.generate(model, prompts, max_new_tokens=500, lookahead=None)
     guard = autotune.Guard(cost_ratio=1.0)
     for stream in (None, lambda new: None):
         out = lj.generate(model, prompts, max_new_tokens=500, lookahead="auto", stream=stream)

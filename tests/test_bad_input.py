@@ -211,7 +211,7 @@ def model(paths, name: str = "tok", **kw):
 
 def gen(paths, prompt="w5 w6 w7", **kw):
     """lj.generate on the tiny model with a tokenizer; kw as lj.generate's."""
-    return lj.generate(model(paths), [prompt], **kw)
+    return lj.generate(model(paths), [prompt], **{"lookahead": None, **kw})
 
 
 def mesh2_model(paths):
@@ -331,7 +331,7 @@ CASES = [
         GEN,
         ("--ckpt", "{notok}", *G),
         ("{notok}", "no tokenizer", "tokenizer.json"),
-        lambda p, a: lj.generate(model(p, "notok"), ["w5"]),
+        lambda p, a: lj.generate(model(p, "notok"), ["w5"], lookahead=None),
         same=False,
     ),
     # ---------------- generate: --lookahead
@@ -571,7 +571,7 @@ CASES = [
         GEN,
         (*CORRUPT, *G, "--mesh", "data=2"),
         ("batch of 1", "data axis of size 2"),
-        lambda p, a: lj.generate(mesh2_model(p), ["w5 w6"], max_new_tokens=4),
+        lambda p, a: lj.generate(mesh2_model(p), ["w5 w6"], max_new_tokens=4, lookahead=None),
         env=(("XLA_FLAGS", "--xla_force_host_platform_device_count=2"),),
     ),
     Case(

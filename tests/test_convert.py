@@ -160,7 +160,7 @@ def test_gguf_round_trip_per_architecture(tmp_path, variant):
     model = lj.load(tmp_path / "ckpt")
     np.testing.assert_allclose(full_forward(model, IDS), hf_logits(hf, IDS), atol=1e-4)
     want = lj.LlamaConfig.from_hf_dict(hf.config.to_dict())
-    fields = ("architecture", "qkv_bias", "o_bias", "mlp_bias", "qk_norm", "layer_windows")
+    fields = ("architecture", "qkv_bias", "o_bias", "mlp_bias", "qk_norm", "attention_windows")
     fields += ("head_dim", "num_kv_heads", "tie_word_embeddings")
     assert [getattr(model.cfg, f) for f in fields] == [getattr(want, f) for f in fields]
 

@@ -34,7 +34,7 @@ def model64(tiny_ckpts):
     """The tiny float64 model with an EOS that its plain greedy outputs emit mid-way."""
     with jax.enable_x64(True):
         model = with_eos(lj.load(tiny_ckpts["gqa"][1], dtype="float64"), ())
-        out = lj.generate(model, PROMPTS, max_new_tokens=MAX_NEW)
+        out = lj.generate(model, PROMPTS, max_new_tokens=MAX_NEW, lookahead=None)
         eos = Counter(t for row in out.token_ids for t in row[2:10]).most_common(1)[0][0]
         yield with_eos(model, (eos,))
 
@@ -48,7 +48,12 @@ def reference(model, temperature: float) -> list[list[int]]:
     if key not in _REFERENCES:
         with jax.enable_x64(True):
             _REFERENCES[key] = lj.generate(
-                model, PROMPTS, max_new_tokens=MAX_NEW, temperature=temperature, seed=SEED
+                model,
+                PROMPTS,
+                max_new_tokens=MAX_NEW,
+                temperature=temperature,
+                seed=SEED,
+                lookahead=None,
             ).token_ids
     return _REFERENCES[key]
 

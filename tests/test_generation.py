@@ -39,7 +39,7 @@ def test_greedy_equals_hf_generate(tiny_ckpts, variant):
     hf_dir, ckpt = tiny_ckpts[variant]
     hf, model = tiny.load_hf(hf_dir), lj.load(ckpt)
     prompts = random_prompts(4, tiny.VOCAB, 2, 20, seed=1)
-    out = lj.generate(model, prompts, max_new_tokens=40)
+    out = lj.generate(model, prompts, max_new_tokens=40, lookahead=None)
     for p, got in zip(prompts, out.token_ids, strict=True):
         assert_same_or_near_tie(model, p, got, hf_greedy(hf, p, 40, eos=2))
 
@@ -77,7 +77,7 @@ def test_prefill_then_decode_equals_full_forward(tiny_ckpts, block):
 def test_generated_tokens_are_teacher_forced_argmax(tiny_ckpts):
     model = lj.load(tiny_ckpts["mqa"][1])
     prompt = random_prompts(1, tiny.VOCAB, 5, 5, seed=4)[0]
-    got = lj.generate(model, [prompt], max_new_tokens=30).token_ids[0]
+    got = lj.generate(model, [prompt], max_new_tokens=30, lookahead=None).token_ids[0]
     logits = teacher_forced_logits(model, prompt + got)
     want = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
     assert_same_or_near_tie(model, prompt, got, want[: len(got)])
@@ -87,9 +87,9 @@ def test_batch_with_different_lengths_equals_single(tiny_ckpts):
     model = lj.load(tiny_ckpts["gqa"][1])
     prompts = [p for p in random_prompts(5, tiny.VOCAB, 1, 40, seed=5)]
     prompts[0] = prompts[0][:1]  # a one-token prompt
-    batch = lj.generate(model, prompts, max_new_tokens=24)
+    batch = lj.generate(model, prompts, max_new_tokens=24, lookahead=None)
     for p, got in zip(prompts, batch.token_ids, strict=True):
-        alone = lj.generate(model, [p], max_new_tokens=24).token_ids[0]
+        alone = lj.generate(model, [p], max_new_tokens=24, lookahead=None).token_ids[0]
         assert_same_or_near_tie(model, p, got, alone)
     assert batch.steps == [23] * 5  # the first token comes from the prefill
 
@@ -97,45 +97,53 @@ def test_batch_with_different_lengths_equals_single(tiny_ckpts):
 def test_eos_and_budget_stop_rows_independently(tiny_ckpts):
     model = lj.load(tiny_ckpts["gqa"][1])
     prompts = random_prompts(3, tiny.VOCAB, 4, 12, seed=6)
-    free = lj.generate(model, prompts, max_new_tokens=20).token_ids
+    free = lj.generate(model, prompts, max_new_tokens=20, lookahead=None).token_ids
     eos = free[1][7]  # row 1 emits this token first at index <= 7
     cut = free[1].index(eos)
-    out = lj.generate(with_eos(model, (eos,)), prompts, max_new_tokens=20)
+    out = lj.generate(with_eos(model, (eos,)), prompts, max_new_tokens=20, lookahead=None)
     assert out.token_ids[1] == free[1][:cut]
     for b in (0, 2):
         want = free[b][: free[b].index(eos)] if eos in free[b] else free[b]
         assert out.token_ids[b] == want
     assert out.steps[1] == cut  # the EOS step was its last forward pass
-    one = lj.generate(model, prompts, max_new_tokens=1)
+    one = lj.generate(model, prompts, max_new_tokens=1, lookahead=None)
     assert [len(t) for t in one.token_ids] == [1, 1, 1] and one.steps == [0, 0, 0]
 
 
 def test_sampling_reproducible_and_row_independent(tiny_ckpts):
     model = lj.load(tiny_ckpts["gqa"][1])
     prompts = random_prompts(3, tiny.VOCAB, 4, 12, seed=7)
-    kw = dict(max_new_tokens=20, temperature=1.0, top_k=20, top_p=0.9)
+    kw = dict(max_new_tokens=20, temperature=1.0, top_k=20, top_p=0.9, lookahead=None)
     a = lj.generate(model, prompts, seed=1, **kw).token_ids
     assert lj.generate(model, prompts, seed=1, **kw).token_ids == a
     assert lj.generate(model, prompts, seed=2, **kw).token_ids != a
     # row 0's tokens depend on (seed, row, prompt) only, not on the other rows
     assert lj.generate(model, prompts[:1], seed=1, **kw).token_ids[0] == a[0]
-    greedy = lj.generate(model, prompts, max_new_tokens=20).token_ids
+    greedy = lj.generate(model, prompts, max_new_tokens=20, lookahead=None).token_ids
     assert a != greedy
     assert (
-        lj.generate(model, prompts, max_new_tokens=20, temperature=1.0, top_k=1).token_ids == greedy
+        lj.generate(
+            model, prompts, max_new_tokens=20, temperature=1.0, top_k=1, lookahead=None
+        ).token_ids
+        == greedy
     )
-    assert lj.generate(model, prompts, max_new_tokens=20, temperature=1e-6).token_ids == greedy
+    assert (
+        lj.generate(model, prompts, max_new_tokens=20, temperature=1e-6, lookahead=None).token_ids
+        == greedy
+    )
 
 
 def test_prompt_buckets_share_compilations(tiny_ckpts):
     programs.clear()  # nothing compiled by earlier tests in this process
     model = lj.load(tiny_ckpts["mha"][1])
-    first = lj.generate(model, [[5, 6, 7]], max_new_tokens=8)
+    first = lj.generate(model, [[5, 6, 7]], max_new_tokens=8, lookahead=None)
     assert first.stats["compile_s"] > 0
     compiled = set(programs._COMPILED)  # this bucket's programs
-    second = lj.generate(model, [[5, 6, 7, 8, 9, 10, 11]], max_new_tokens=8)
+    second = lj.generate(model, [[5, 6, 7, 8, 9, 10, 11]], max_new_tokens=8, lookahead=None)
     assert second.stats["compile_s"] == 0.0 and set(programs._COMPILED) == compiled
-    third = lj.generate(model, [[5] * 20], max_new_tokens=8)  # the next bucket: new programs
+    third = lj.generate(
+        model, [[5] * 20], max_new_tokens=8, lookahead=None
+    )  # the next bucket: new programs
     assert set(programs._COMPILED) > compiled and third.stats["compile_s"] > 0
 
 
@@ -149,22 +157,22 @@ def test_bad_arguments_raise_value_errors(tiny_ckpts):
         (dict(max_new_tokens=5000), "context"),
     ]:
         with pytest.raises(ValueError, match=match):
-            lj.generate(model, [[5, 6]], **kwargs)
+            lj.generate(model, [[5, 6]], lookahead=None, **kwargs)
     with pytest.raises(ValueError, match="outside"):
-        lj.generate(model, [[5, 100000]])
+        lj.generate(model, [[5, 100000]], lookahead=None)
     with pytest.raises(ValueError, match="non-empty"):
-        lj.generate(model, [])
+        lj.generate(model, [], lookahead=None)
     with pytest.raises(ValueError, match="no tokenizer"):
-        lj.generate(model, ["text"])
+        lj.generate(model, ["text"], lookahead=None)
 
 
 def test_float64_generation_matches_float32_on_clear_winners(tiny_ckpts):
     ckpt = tiny_ckpts["gqa"][1]
     prompts = random_prompts(2, tiny.VOCAB, 3, 9, seed=8)
-    f32 = lj.generate(lj.load(ckpt), prompts, max_new_tokens=16).token_ids
+    f32 = lj.generate(lj.load(ckpt), prompts, max_new_tokens=16, lookahead=None).token_ids
     with jax.enable_x64(True):
         model64 = lj.load(ckpt, dtype="float64")
         assert model64.params.embed.dtype == jnp.float64
-        f64 = lj.generate(model64, prompts, max_new_tokens=16).token_ids
+        f64 = lj.generate(model64, prompts, max_new_tokens=16, lookahead=None).token_ids
     for p, a, b in zip(prompts, f32, f64, strict=True):
         assert_same_or_near_tie(lj.load(ckpt), p, a, b)

@@ -66,6 +66,7 @@ def run(model, prompts, batch: int, **kw):
     """Generate in chunks of `batch` rows; returns (token_ids, steps, stats list)."""
     tokens, steps, stats = [], [], []
     for i in range(0, len(prompts), batch):
+        kw = {"lookahead": None, **kw}
         out = lj.generate(model, prompts[i : i + batch], max_new_tokens=MAX_NEW, **kw)
         tokens += out.token_ids
         steps += out.steps
@@ -185,7 +186,7 @@ def test_eos_inside_an_accepted_span(model64):
         m = with_eos(model64, (eos,))
         prompts = PROMPTS[12:20]
         la_out = lj.generate(m, prompts, max_new_tokens=40, lookahead=la)
-        plain = lj.generate(m, prompts, max_new_tokens=40)
+        plain = lj.generate(m, prompts, max_new_tokens=40, lookahead=None)
     assert la_out.token_ids[row] == out.token_ids[row][:i]
     assert la_out.token_ids == plain.token_ids
 
@@ -223,7 +224,7 @@ def test_sampling_lookahead_equals_plain_sampling(model64, la):
     """With the seeded Gumbel-max rule, lookahead sampling reproduces plain sampling."""
     kw = dict(max_new_tokens=MAX_NEW, temperature=0.8, top_k=40, top_p=0.95, seed=3)
     with jax.enable_x64(True):
-        plain = lj.generate(model64, PROMPTS[12:20], **kw)
+        plain = lj.generate(model64, PROMPTS[12:20], lookahead=None, **kw)
         look = lj.generate(model64, PROMPTS[12:20], lookahead=la, **kw)
     assert look.token_ids == plain.token_ids
     assert sum(look.steps) < sum(plain.steps)  # and it did accept guesses
@@ -239,7 +240,7 @@ def test_smollm2_float32_lookahead_equals_plain(smollm2):
     ]
     tok = smollm2.tokenizer
     prompts = [tok.encode_prompt(q, chat=True) for q in questions]
-    plain = lj.generate(smollm2, prompts, max_new_tokens=48)
+    plain = lj.generate(smollm2, prompts, max_new_tokens=48, lookahead=None)
     # the layout a CPU gets; the paper's layouts and the larger trees are covered on the
     # tiny models in float64
     for la in (LA.for_budget(16),):

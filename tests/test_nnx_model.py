@@ -53,7 +53,7 @@ def test_guesses_past_the_last_position_do_not_poison_the_pass(model64):
     gives NaN, which would spread through the attention to the tokens that are kept."""
     prompt = [[(7 * i) % (VOCAB - 1) + 1 for i in range(250)]]  # 250 + 6 = max_context
     with jax.enable_x64(True):
-        plain = lj.generate(model64, prompt, max_new_tokens=6).token_ids
+        plain = lj.generate(model64, prompt, max_new_tokens=6, lookahead=None).token_ids
         la = lj.generate(
             model64, prompt, max_new_tokens=6, lookahead=lj.LookaheadConfig.for_budget(8)
         )
@@ -90,7 +90,7 @@ def test_harness_catches_a_model_that_mixes_the_tokens_of_a_pass(model64):
 
 def test_from_nnx_refuses_what_it_cannot_use():
     with pytest.raises(ValueError, match="lj.Model"):
-        lj.generate(object(), [[1, 2]])
+        lj.generate(object(), [[1, 2]], lookahead=None)
     with pytest.raises(ValueError, match="nnx.Module"):
         lj.from_nnx(object(), max_context=16)
 

@@ -33,7 +33,7 @@ def dot_precisions(dtype) -> set[str]:
     """The operand precisions of every dot in the compiled decode loop of a model."""
     programs.clear()
     model = Model(LlamaLM(CFG), init_params(CFG, jax.random.PRNGKey(0), dtype), eos_ids=())
-    lj.generate(model, [[1, 2, 3]], max_new_tokens=2)
+    lj.generate(model, [[1, 2, 3]], max_new_tokens=2, lookahead=None)
     texts = [exe.as_text() for (_, name), exe in programs._COMPILED.items() if name == "run_loop"]
     programs.clear()
     assert len(texts) == 1
@@ -79,7 +79,7 @@ def test_programs_beyond_max_kept_are_dropped_and_their_code_unmapped(monkeypatc
     model = Model(LlamaLM(CFG), init_params(CFG, jax.random.PRNGKey(0), jnp.float32), eos_ids=())
 
     def decode_batch(b: int) -> int:  # new shapes: a start and a loop program
-        lj.generate(model, [[1, 2, 3]] * b, max_new_tokens=2)
+        lj.generate(model, [[1, 2, 3]] * b, max_new_tokens=2, lookahead=None)
         gc.collect()
         return memory_maps()
 

@@ -42,7 +42,9 @@ def model8(tmp_path_factory):
         model = with_eos(lj.load(root / "ckpt", dtype="float64"), ())  # no EOS: 3 tokens always
         # A prompt the model itself would write (31 tokens), so the pool holds n-grams the
         # model likes: most samples then go through verification (checked below).
-        text = lj.generate(model, [[5, 3, 6]], max_new_tokens=28, temperature=1.0, seed=123)
+        text = lj.generate(
+            model, [[5, 3, 6]], max_new_tokens=28, temperature=1.0, seed=123, lookahead=None
+        )
         yield model, [5, 3, 6] + text.token_ids[0]
 
 
@@ -144,7 +146,7 @@ def test_temperature_to_zero_and_top_k_1_equal_greedy_with_lookahead(model8):
     model, prompt = model8
     prompts = [prompt, prompt[:5], [4, 4, 4, 4]]
     with jax.enable_x64(True):
-        greedy = lj.generate(model, prompts, max_new_tokens=12).token_ids
+        greedy = lj.generate(model, prompts, max_new_tokens=12, lookahead=None).token_ids
         for kw in (dict(temperature=1e-6), dict(temperature=1.0, top_k=1)):
             out = lj.generate(model, prompts, max_new_tokens=12, lookahead=LA, **kw)
             assert out.token_ids == greedy, kw

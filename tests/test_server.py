@@ -82,7 +82,7 @@ def reference(tiny_text_ckpt):
         with jax.enable_x64(True):
             out = lj.generate(
                 model, [prompt], max_new_tokens=max_tokens, temperature=temperature,
-                seed=seed, chat=chat, top_p=top_p,
+                seed=seed, chat=chat, top_p=top_p, lookahead=None,
             )  # fmt: skip
         return out.texts[0], out.token_ids[0]
 

@@ -145,7 +145,7 @@ def stats_line(out, total_s: float) -> str:
             mode += f", plain after step {auto['switched_to_plain_after_steps']}"
     return (
         f"[{mode}] {s['new_tokens']} tokens in {s['decode_s'] + s['prefill_s']:.2f} s "
-        f"({s['tokens_per_s']:.1f} tokens/s), {s['steps']} steps, compression "
+        f"({s['tokens_per_s']:.1f} tokens/s), {s['row_steps']} steps, compression "
         f"{s['compression']:.2f}, prefill {s['prefill_s']:.2f} s, compile {s['compile_s']:.2f} s, "
         f"total {total_s:.1f} s" + (" (interrupted)" if s.get("interrupted") else "")
     )
@@ -157,7 +157,7 @@ def json_record(out, total_s: float) -> dict:
         "text": out.texts[0] if out.texts else None,
         "token_ids": out.token_ids[0],
         "new_tokens": s["new_tokens"],
-        "steps": s["steps"],
+        "steps": s["row_steps"],  # one prompt: its forward passes
         "compression": s["compression"],
         "decode_s": s["decode_s"],
         "tokens_per_s": s["tokens_per_s"],

@@ -116,7 +116,7 @@ def assert_lookahead_matches_plain(
     ids = encode_prompts(model, prompts, chat=False)  # text prompts: tokenized as they are
     sizes = batch_sizes or tuple(sorted({len(ids), 1}, reverse=True))
     kw = dict(max_new_tokens=max_new_tokens, **sampling)
-    plain = generate(model, ids, **kw).token_ids
+    plain = generate(model, ids, lookahead=None, **kw).token_ids
     accepted = {}
     for config in configs:
         accepted[config.name] = 0

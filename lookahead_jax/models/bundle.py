@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
 from lookahead_jax.models.config import LlamaConfig
+
+if TYPE_CHECKING:
+    from lookahead_jax.models.seam import CausalLM
 
 
 @dataclasses.dataclass
@@ -18,7 +22,7 @@ class Model:
     """A model ready to decode: the seam (`lm`, seam.py), its params, EOS ids, and
     optionally a tokenizer and the mesh its params live on."""
 
-    lm: object  # seam.CausalLM
+    lm: CausalLM  # the seam the decoding programs call (seam.py)
     params: object
     eos_ids: tuple[int, ...]
     tokenizer: object = None  # checkpoints.tokenizer.Tokenizer, or any with encode/decode

@@ -7,7 +7,8 @@ and the 5.x layout with `rope_parameters`) and rejects what this implementation 
 not compute, naming the field. The families differ from Llama only in:
 
     llama    attention_bias (q/k/v/o biases), mlp_bias (gate/up/down biases)
-    mistral  sliding_window: a token sees only the keys of the last W positions
+    mistral  sliding_window: a token sees only the keys of the last `sliding_window`
+             positions (its attention window)
     qwen2    q/k/v biases; sliding window on the layers from max_window_layers on,
              if use_sliding_window (or as `layer_types` says)
     qwen3    per-head RMSNorm of q and k before RoPE; attention_bias; head_dim free;
@@ -70,9 +71,10 @@ class LlamaConfig:
     o_bias: bool = False  # a bias on the attention output projection
     mlp_bias: bool = False  # biases on gate, up and down
     qk_norm: bool = False  # RMSNorm of each head's q and k (over Dh) before RoPE
-    # per layer: the sliding attention window W (a token sees keys at positions
-    # p - W < key <= p), 0 for full attention; () when no layer slides
-    layer_windows: tuple[int, ...] = ()
+    # per layer: the sliding attention window, in positions (a token at p sees keys at
+    # p - window < key <= p), 0 for full attention; () when no layer slides. Not the
+    # Jacobi window of lookahead decoding, whose columns the shape legend calls W.
+    attention_windows: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -87,12 +89,12 @@ class LlamaConfig:
             )
         if self.architecture not in ARCHITECTURES:
             raise UserInputError(_unsupported(self.architecture, []))
-        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+        if self.attention_windows and len(self.attention_windows) != self.num_layers:
             raise UserInputError(
-                f"{len(self.layer_windows)} sliding windows for {self.num_layers} layers"
+                f"{len(self.attention_windows)} sliding windows for {self.num_layers} layers"
             )
-        if any(w < 0 for w in self.layer_windows):
-            raise UserInputError(f"sliding_window must be positive, got {self.layer_windows}")
+        if any(w < 0 for w in self.attention_windows):
+            raise UserInputError(f"sliding_window must be positive, got {self.attention_windows}")
 
     @property
     def q_per_kv(self) -> int:
@@ -166,7 +168,7 @@ class LlamaConfig:
             o_bias=attention_bias,
             mlp_bias=mlp_bias,
             qk_norm=arch == "qwen3",
-            layer_windows=_windows_from_hf(arch, d),
+            attention_windows=_windows_from_hf(arch, d),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -207,7 +209,7 @@ class LlamaConfig:
             "attention_bias": self.o_bias,
             "mlp_bias": self.mlp_bias,
         }
-        window = max(self.layer_windows, default=0)
+        window = max(self.attention_windows, default=0)
         if self.architecture == "mistral":
             d["sliding_window"] = window or None
         elif self.architecture in ("qwen2", "qwen3"):
@@ -215,7 +217,7 @@ class LlamaConfig:
             d["sliding_window"] = window or None
             d["layer_types"] = [
                 "sliding_attention" if w else "full_attention"
-                for w in (self.layer_windows or (0,) * self.num_layers)
+                for w in (self.attention_windows or (0,) * self.num_layers)
             ]
         return d
 

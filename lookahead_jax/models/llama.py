@@ -382,7 +382,7 @@ def forward(
     eps = cfg.rms_norm_eps
     new_k, new_v = [], []
     for i, lp in enumerate(per_layer(params.layers)):
-        window = cfg.layer_windows[i] if cfg.layer_windows else 0
+        window = cfg.attention_windows[i] if cfg.attention_windows else 0
         cached = () if cache is None else (cache.k[i], cache.v[i], cache.lengths)
         with jax.named_scope(f"layer_{i}"), jax.named_scope("attention"):
             h = rms_norm(x_btd, lp.attn_norm, eps)

@@ -127,7 +127,7 @@ def collect(
     parts = []  # one dict of [batch, ...] arrays per batch, with "rows": how many are real
     for start in range(0, len(kept), batch):
         rows = kept[start : start + batch]
-        outs = lj.generate(model, rows, max_new_tokens=Y).token_ids
+        outs = lj.generate(model, rows, max_new_tokens=Y, lookahead=None).token_ids
         B = len(rows)  # the arrays keep `batch` rows: one compilation
         prompt = np.zeros((batch, prompt_slots), np.int32)
         fixed = np.zeros((batch, Y), np.int32)

@@ -26,6 +26,6 @@ def greedy_on_set(models: dict, tok, set_name: str, n: int, max_new_tokens: int)
     benchmark set, chat template applied."""
     prompts = [tok.encode_prompt(r["prompt"], chat=True) for r in prompt_set(set_name)[:n]]
     return {
-        w: lj.generate(m, prompts, max_new_tokens=max_new_tokens).token_ids
+        w: lj.generate(m, prompts, max_new_tokens=max_new_tokens, lookahead=None).token_ids
         for w, m in models.items()
     }

@@ -45,7 +45,7 @@ def compression(model, ids: list[list[int]], max_new_tokens: int, config, batch:
     new = steps = 0
     for i in range(0, len(ids), batch):
         out = lj.generate(model, ids[i : i + batch], max_new_tokens, lookahead=config)
-        new, steps = new + out.stats["new_tokens"], steps + out.stats["steps"]
+        new, steps = new + out.stats["new_tokens"], steps + out.stats["row_steps"]
     return {"prompts": len(ids), "new_tokens": new, "steps": steps, "compression": new / steps}
 
 
@@ -163,7 +163,10 @@ def main() -> None:
     held = [json.loads(line) for line in Path(args.held_out).read_text().splitlines() if line]
     nll = {w: held_out_nll(m, held, args.nll_tokens) for w, m in models.items()}
     prompts = [tok.encode_prompt(row["prompt"], chat=True) for row in held]
-    outs = {w: lj.generate(m, prompts, max_new_tokens=64).token_ids for w, m in models.items()}
+    outs = {
+        w: lj.generate(m, prompts, max_new_tokens=64, lookahead=None).token_ids
+        for w, m in models.items()
+    }
     agreed = agreement(outs["base"], outs["tuned"])
     manifest = json.loads((Path(args.tuned) / "manifest.json").read_text())
     result = {

@@ -152,7 +152,7 @@ def run_static(model, ids, batch, max_new):
 
     tokens, seconds, steps = [], 0.0, 0
     for i in range(0, len(ids), batch):
-        out = lj.generate(model, ids[i : i + batch], max_new_tokens=max_new)
+        out = lj.generate(model, ids[i : i + batch], max_new_tokens=max_new, lookahead=None)
         tokens += out.token_ids
         seconds += out.stats["prefill_s"] + out.stats["decode_s"]
         steps += max(out.steps)

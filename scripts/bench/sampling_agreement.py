@@ -58,6 +58,7 @@ def main() -> None:
                 max_new_tokens=args.max_new_tokens,
                 temperature=t,
                 seed=args.seed + i,  # as step_compression.py seeds its batches
+                lookahead=None,
             )
             for p, ids in zip(batch, out.token_ids, strict=True):
                 if not ids:

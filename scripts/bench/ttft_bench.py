@@ -51,12 +51,14 @@ def main() -> None:
     model = lj.load(args.ckpt)
     local = []
     for p in prompts:
-        lj.generate(model, [p], max_new_tokens=1, chat=True)  # compile
+        lj.generate(model, [p], max_new_tokens=1, chat=True, lookahead=None)  # compile
         prefill = min(
-            lj.generate(model, [p], max_new_tokens=1, chat=True).stats["prefill_s"]
+            lj.generate(model, [p], max_new_tokens=1, chat=True, lookahead=None).stats["prefill_s"]
             for _ in range(args.repeats)
         )
-        step_ms = lj.generate(model, [p], max_new_tokens=32, chat=True).stats["step_ms"]
+        step_ms = lj.generate(model, [p], max_new_tokens=32, chat=True, lookahead=None).stats[
+            "step_ms"
+        ]
         local.append({"prefill_s": prefill, "round_s": stream_steps * step_ms / 1000})
     del model
     proc, url = start_server(args.ckpt, 1, "plain", 32)
