@@ -257,3 +257,13 @@ def test_a_full_queue_gets_429_and_shutdown_ends_streams_and_exits_0(tiny_text_c
     finally:  # never leave a server behind
         if proc.poll() is None:
             proc.kill()
+
+
+def test_auto_tunes_for_the_api_default_temperature_unless_told():
+    from lookahead_jax.cli.serve import _validate, build_parser
+
+    parser = build_parser()
+    assert parser.parse_args([]).auto_temperature == 1.0  # the API's default temperature
+    assert _validate(parser.parse_args(["--auto-temperature", "0"])) == "auto"
+    with pytest.raises(lj.UserInputError, match="--auto-temperature must be in 0..2"):
+        _validate(parser.parse_args(["--auto-temperature", "2.5"]))

@@ -65,6 +65,16 @@ def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.Argume
     )
     mode.add_argument("--no-lookahead", action="store_true", help="plain decoding")
     p.add_argument(
+        "--auto-temperature",
+        type=float,
+        default=1.0,
+        metavar="T",
+        help="the temperature auto tunes its layout for (default 1.0: the OpenAI API's "
+        "default, which most requests sample at; 0 for greedy clients such as "
+        "lm-evaluation-harness). Sampling accepts far fewer guesses than greedy decoding, "
+        "so it wants smaller steps; requests still decode at their own temperature",
+    )
+    p.add_argument(
         "--model-name",
         default=None,
         help="the name clients ask for (default: the checkpoint's directory name)",
@@ -123,6 +133,8 @@ def _validate(args):
             raise UserInputError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if not 0 < args.port < 65536:
         raise UserInputError(f"--port must be in 1..65535, got {args.port}")
+    if not 0.0 <= args.auto_temperature <= 2.0:  # the API's range of temperatures
+        raise UserInputError(f"--auto-temperature must be in 0..2, got {args.auto_temperature}")
     resolve_dtype(args.dtype)
     check_weights(args.weights)
     if args.no_lookahead:
@@ -161,6 +173,9 @@ def _run(args) -> int:
         stream_steps=args.stream_steps,
         max_prompt_tokens=max_prompt,
         sampled=True,
+        # requests bring their own settings (server/app.py): the engine's default
+        # temperature is only what auto tunes for
+        temperature=args.auto_temperature,
     )
     if not args.no_warmup:
         list(engine.run([lj.Request([info.cfg.bos_token_id or 1], max_new_tokens=1)]))
