@@ -64,6 +64,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -230,7 +231,7 @@ class Engine:
             inputs.check_context(model.lm.max_context, max_prompt_tokens, max_new_tokens)
         self.max_prompt_tokens = max_prompt_tokens
         self.sampled = sampled
-        self.stats: dict = {}
+        self.stats: EngineStats = {}
         self._slots: _Slots | None = None  # the online slots (created at the first round)
         self._inbox: queue.Queue = queue.Queue()  # ("submit", _Encoded) | ("cancel", id)
         self._known: set = set()  # ids submitted and not yet finished (online)
@@ -465,7 +466,28 @@ class Engine:
                 self._wake.wait(idle_wait_s)
 
 
-def _fresh_stats(batch: int) -> dict:
+class EngineStats(TypedDict, total=False):
+    """`Engine.stats` of a run (offline) or since the first request (online): a dict with
+    these keys, typed as lj.generate's GenerationStats is (whose new_tokens, row_steps,
+    compression, accepted_hist, compile_s and tokens_per_s mean the same)."""
+
+    prompts: int  # requests finished
+    new_tokens: int
+    row_steps: int  # forward passes summed over rows
+    compression: float  # new_tokens / row_steps (offline runs)
+    accepted_hist: dict[str, int]  # offline runs: finished rows' steps by tokens emitted
+    rounds: int  # device calls of the decode loop
+    compile_s: float
+    prompt_buckets: list[int]  # prompt sides P the state was shaped for, in order
+    prefill_calls: int
+    cache_slots: list[int]  # cache sizes S the loop was compiled for, in order
+    batch: int
+    groups: list[dict]  # per run of one sampling mode: sampling, lookahead, auto's choice
+    wall_s: float  # offline runs
+    tokens_per_s: float  # offline runs: new_tokens / wall_s
+
+
+def _fresh_stats(batch: int) -> EngineStats:
     return {
         "prompts": 0,
         "new_tokens": 0,

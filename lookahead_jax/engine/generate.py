@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -26,12 +27,42 @@ from lookahead_jax.guesses.lookahead_config import LookaheadConfig, max_step_tok
 from lookahead_jax.models import seam
 
 
+class SourceStats(TypedDict, total=False):
+    """One guess source's share of a decode (GenerationStats.sources)."""
+
+    paths: int  # steps whose accepted path came from this source
+    tokens: int  # guessed tokens it got accepted
+    weight_by_depth: list[float]  # with `adapt`: the rows' last record weights, averaged
+
+
+class GenerationStats(TypedDict, total=False):
+    """`GenerationOutput.stats`: a dict with these keys. A TypedDict rather than a
+    dataclass: the CLI writes it out as JSON as it is, and every caller reads it by key
+    (lj.Engine's `stats` shares new_tokens, row_steps, compression, accepted_hist,
+    compile_s and tokens_per_s)."""
+
+    new_tokens: int  # all rows
+    row_steps: int  # forward passes after the prefill, summed over rows
+    compression: float  # new_tokens / row_steps
+    accepted_hist: dict[str, int]  # steps that emitted "1", "2", ... tokens
+    batch: int
+    interrupted: bool
+    config: dict  # lookahead (LookaheadConfig.describe()), dtype, sampling; with auto,
+    # lookahead_auto (what it chose and why)
+    sources: dict[str, SourceStats]  # lookahead only: by source name, then "window"
+    prefill_s: float
+    decode_s: float
+    compile_s: float  # compilation in this call (0 when every program was compiled)
+    tokens_per_s: float  # new_tokens / (prefill_s + decode_s)
+    step_ms: float  # decode_s / the longest row's steps
+
+
 @dataclasses.dataclass
 class GenerationOutput:
     token_ids: list[list[int]]  # new tokens per row, cut at EOS (EOS not included)
     texts: list[str] | None  # decoded token_ids (None without a tokenizer)
     steps: list[int]  # forward passes per row after prefill
-    stats: dict  # decode_s, prefill_s, compile_s, tokens_per_s, compression, ...
+    stats: GenerationStats
     step_of_token: list[list[int]]  # per new token: the step that emitted it (0 = prefill)
 
 
@@ -184,7 +215,7 @@ def output(
     counts = hist.sum(0).tolist()  # steps that emitted 1, 2, ... tokens
     steps = steps.tolist()
     new_tokens, total_steps = int(n_out.sum()), int(sum(steps))
-    stats = {
+    stats: GenerationStats = {
         "new_tokens": new_tokens,
         "row_steps": total_steps,  # forward passes summed over rows, as the engine's
         # new tokens per forward pass after the prefill (the prefill's token counts too)
