@@ -286,72 +286,62 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     state = emit(state, spec, acc.emitted, a_b + 1)
 
     # 7. feed the sources what the step verified; shift the window by its new level
-    fed = FedRows.of(prev_b, layout, step_tokens_bt, logits_rows_br, tree, active_b)
+    computed_br, computed_prev_br, computed_ok_br = computed_rows(
+        prev_b, layout, step_tokens_bt, logits_rows_br, tree, active_b
+    )
+    shifted_bmw = jnp.concatenate([draft.window[:, 1:], new_level_bw[:, None]], axis=1)
     verified_step = Verified(
         tokens=state.tokens,
         end=state.prompt_len + state.n_out,
         start=state.prompt_len + before.n_out,
         max_emit=config.max_emit,
         active=active_b,
-        window=window_ngrams(draft.window, input_b, new_level_bw, active_b),
-        computed=fed.tokens,
-        computed_prev=fed.prev,
-        computed_ok=fed.ok,
+        window=window_ngrams(draft.window, shifted_bmw, input_b, active_b),
+        computed=computed_br,
+        computed_prev=computed_prev_br,
+        computed_ok=computed_ok_br,
         logits=logits_brv,
-        on_path=accepted_rows(config, acc, fed.tokens.shape[1]),
+        on_path=accepted_rows(config, acc, computed_br.shape[1]),
     )
     sources = tuple(
         source.feed(own, verified_step)
         for source, own in zip(config.sources, draft.sources, strict=True)
     )
-    window = jnp.where(
-        active_b[:, None, None],
-        jnp.concatenate([draft.window[:, 1:], new_level_bw[:, None]], axis=1),
-        draft.window,
-    )
+    window = jnp.where(active_b[:, None, None], shifted_bmw, draft.window)
     draft = dataclasses.replace(draft, window=window, sources=sources)
     return dataclasses.replace(state, draft=draft)
 
 
-@dataclasses.dataclass
-class FedRows:
+def computed_rows(prev_b, layout: StepLayout, step_tokens_bt, logits_rows_br, tree, active_b):
     """The R tokens of a step whose logits were computed: tokens [B, R], the token each
-    follows [B, R] (its parent's; the input's is the token before it) and which are
-    real [B, R] (not padding, and the row active)."""
-
-    tokens: jax.Array
-    prev: jax.Array
-    ok: jax.Array
-
-    @classmethod
-    def of(cls, prev_b, layout: StepLayout, step_tokens_bt, logits_rows_br, tree, active_b):
-        B = step_tokens_bt.shape[0]
-        window_parents = jnp.asarray(layout.parent_of_rows[1 : 1 + layout.window_rows])
-        parent_index_br = jnp.concatenate(
-            [
-                jnp.zeros((B, 1), jnp.int32),  # the input: replaced below
-                jnp.broadcast_to(window_parents, (B, layout.window_rows)),
-                jnp.where(tree.parent == draft_tree.ROOT, 0, layout.tree_start + tree.parent),
-            ],
-            axis=1,
-        )
-        prev_br = jnp.take_along_axis(step_tokens_bt, parent_index_br, axis=1)
-        prev_br = prev_br.at[:, 0].set(prev_b)
-        ok_br = jnp.concatenate([jnp.ones((B, 1 + layout.window_rows), bool), tree.valid], axis=1)
-        tokens_br = jnp.take_along_axis(step_tokens_bt, logits_rows_br, axis=1)
-        return cls(tokens_br, prev_br, ok_br & active_b[:, None])
+    follows [B, R] (its parent's; the input's is the token before it, prev_b) and which
+    are real [B, R] (not padding, and the row active)."""
+    B = step_tokens_bt.shape[0]
+    window_parents = jnp.asarray(layout.parent_of_rows[1 : 1 + layout.window_rows])
+    parent_index_br = jnp.concatenate(
+        [
+            jnp.zeros((B, 1), jnp.int32),  # the input: replaced below
+            jnp.broadcast_to(window_parents, (B, layout.window_rows)),
+            jnp.where(tree.parent == draft_tree.ROOT, 0, layout.tree_start + tree.parent),
+        ],
+        axis=1,
+    )
+    prev_br = jnp.take_along_axis(step_tokens_bt, parent_index_br, axis=1)
+    prev_br = prev_br.at[:, 0].set(prev_b)
+    ok_br = jnp.concatenate([jnp.ones((B, 1 + layout.window_rows), bool), tree.valid], axis=1)
+    tokens_br = jnp.take_along_axis(step_tokens_bt, logits_rows_br, axis=1)
+    return tokens_br, prev_br, ok_br & active_b[:, None]
 
 
-def window_ngrams(window_bmw, input_b, new_level_bw, active_b) -> WindowNGrams:
+def window_ngrams(window_bmw, shifted_bmw, input_b, active_b) -> WindowNGrams:
     """The window's W n-grams of this step: each column's oldest level, then its other
-    levels and the new level; a level-0 token follows the one left of it, column 0 the
-    step's input."""
+    levels and the new level (the shifted window's column); a level-0 token follows the
+    one left of it, column 0 the step's input."""
     B, _, w = window_bmw.shape
-    tails_bmw = jnp.concatenate([window_bmw[:, 1:], new_level_bw[:, None]], axis=1)
     prev_bw = jnp.concatenate([input_b[:, None], window_bmw[:, 0, :-1]], axis=1)
     return WindowNGrams(
         keys=window_bmw[:, 0],
-        tails=jnp.swapaxes(tails_bmw, 1, 2),
+        tails=jnp.swapaxes(shifted_bmw, 1, 2),
         prev=prev_bw,
         ok=jnp.broadcast_to(active_b[:, None], (B, w)),
     )
