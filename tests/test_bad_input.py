@@ -13,6 +13,7 @@ would report the damage instead, so these rows also prove the fail-fast order.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -31,26 +32,29 @@ import pytest
 
 import lookahead_jax as lj
 from tests import tiny
+from tests.fork_runner import ForkRunner
 
 GEN, CONV = "lookahead_jax.generate", "checkpoints_convert"
 LONG_PROMPT_TOKENS = 1000  # the tiny models' context is 1024
 
 
+_RUNNER: list[ForkRunner] = []
+
+
 def run_module(module: str, args: list[str], env: dict | None = None, timeout: float = 180):
-    full_env = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        JAX_PLATFORMS="cpu",
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
-    )
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-    )
+    """`python -m module args` with `env` on top of one device and offline hubs, forked
+    from a runner that has the imports done (tests/fork_runner.py: a fresh interpreter
+    per row would spend seconds importing JAX before it reads a flag)."""
+    if not _RUNNER:
+        base = dict(
+            os.environ,
+            HF_HUB_OFFLINE="1",
+            JAX_PLATFORMS="cpu",
+            XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        )
+        _RUNNER.append(ForkRunner(base))
+        atexit.register(_RUNNER[0].close)
+    return _RUNNER[0].run(module, args, env, timeout=timeout)
 
 
 # ------------------------------------------------------------------ the bad inputs
