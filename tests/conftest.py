@@ -35,6 +35,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
+import contextlib  # noqa: E402
 import gc  # noqa: E402
 
 import pytest  # noqa: E402
@@ -107,15 +108,43 @@ def smollm2(smollm2_ckpt):
     return lj.load(smollm2_ckpt)
 
 
+_GGUF_ONCE: dict = {}
+
+
+@contextlib.contextmanager
+def gguf_parsed_once():
+    """While transformers reads a GGUF: each file parsed once, each tensor-name map built
+    once, for the whole session.
+
+    transformers parses the file's metadata in full for the config, again for the weights
+    and again for the tokenizer (8 s each for SmolLM2's 49k-token vocabulary), and builds
+    gguf's tensor-name map once per tensor (397 times, 10 s). The objects returned are the
+    ones gguf makes; only the repeats are skipped. Patched only inside this block, so our
+    own GGUF reader (checkpoints/convert) is never given a shared one.
+    """
+    import functools
+
+    import gguf
+
+    if not _GGUF_ONCE:
+        _GGUF_ONCE["reader"] = functools.lru_cache(maxsize=None)(gguf.GGUFReader)
+        _GGUF_ONCE["names"] = functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", _GGUF_ONCE["reader"])
+        mp.setattr(gguf, "get_tensor_name_map", _GGUF_ONCE["names"])
+        yield
+
+
 @pytest.fixture(scope="session")
 def smollm2_hf_tokenizer():
-    """transformers' own tokenizer from the GGUF (seconds; the model's weights take ~50)."""
+    """transformers' own tokenizer from the GGUF (seconds; the model's weights take ~20)."""
     from transformers import AutoTokenizer
 
     from lookahead_jax.checkpoints import default_model
 
     path = default_model.gguf_path()
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    with gguf_parsed_once():
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 @pytest.fixture(scope="session")
@@ -127,7 +156,8 @@ def smollm2_hf(smollm2_hf_tokenizer):
     from lookahead_jax.checkpoints import default_model
 
     path = default_model.gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    with gguf_parsed_once():
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).eval()
     return model, smollm2_hf_tokenizer
