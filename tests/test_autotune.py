@@ -127,17 +127,18 @@ def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache
     # impossible (100x): it must call the lookahead off after warm-up, mid-generation.
     fake = {t: 1e-6 * (1 + t / 1000) for t in FLAT}
     monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: fake)
-    monkeypatch.setattr(autotune, "Guard", functools.partial(autotune.Guard, give_up_below=100))
+    # A short warm-up (16 steps, judged every 8), so that a short generation gets past it.
+    guard = functools.partial(autotune.Guard, give_up_below=100, warmup_steps=16, window_steps=8)
+    monkeypatch.setattr(autotune, "Guard", guard)
     prompts = random_prompts(3, 128, 5, 12, seed=41)
-    # enough tokens that even a well-guessing layout runs past the guard's warm-up
-    plain = lj.generate(model, prompts, max_new_tokens=500, lookahead=None)
-    guard = autotune.Guard(cost_ratio=1.0)
+    # enough tokens that even a well-guessing layout (3 tokens a step) runs past the warm-up
+    plain = lj.generate(model, prompts, max_new_tokens=100, lookahead=None)
     for stream in (None, lambda new: None):
-        out = lj.generate(model, prompts, max_new_tokens=500, lookahead="auto", stream=stream)
+        out = lj.generate(model, prompts, max_new_tokens=100, lookahead="auto", stream=stream)
         auto = out.stats["config"]["lookahead_auto"]
         assert out.token_ids == plain.token_ids
         assert auto["chosen"] is not None
-        assert auto["switched_to_plain_after_steps"] >= guard.warmup_steps
+        assert auto["switched_to_plain_after_steps"] >= guard(cost_ratio=1.0).warmup_steps
         # the histogram covers every step, lookahead phase and plain phase together
         hist = out.stats["accepted_hist"]
         assert sum(hist.values()) == sum(out.steps)

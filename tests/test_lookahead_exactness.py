@@ -17,7 +17,7 @@ from tests import tiny
 from tests.helpers import assert_same_or_near_tie, random_prompts, with_eos
 
 LA = lj.LookaheadConfig
-# The paper's (N, W, G): run at batch 8 (the tree configs below also at batches 3 and 1).
+# The paper's (N, W, G): run at batch 8 (the CPU's default tree also at batches 3 and 1).
 PAPER_CONFIGS = [
     LA(2, 3, 2),  # N=2: bigrams, one token per candidate
     LA(3, 1, 3),  # W=1
@@ -86,9 +86,8 @@ def plain64(model64):
 def test_lookahead_equals_plain_float64(model64, plain64, la):
     accepted = 0
     batches = [(8, PROMPTS)]
-    if la in TREE_CONFIGS:  # batch 3 (rows finishing apart) for the CPU's default layout
-        batches += [(3, PROMPTS[:9])] if la == LA.for_budget(16) else []
-        batches += [(1, PROMPTS[9:12])]
+    if la == LA.for_budget(16):  # the CPU's default layout: batch 3 (rows finishing
+        batches += [(3, PROMPTS[:9]), (1, PROMPTS[9:12])]  # apart), and batch 1
     with jax.enable_x64(True):
         for batch, prompts in batches:
             tokens, steps, stats = run(model64, prompts, batch, lookahead=la)
@@ -170,7 +169,8 @@ def test_eos_inside_an_accepted_span(model64):
     """A row stops at an EOS that sits in the middle of a multi-token step."""
     la = LA.for_budget(16)
     with jax.enable_x64(True):
-        out = lj.generate(model64, PROMPTS[12:20], max_new_tokens=40, lookahead=la)
+        # MAX_NEW, batch 8: the shapes (and so the programs) of the tokens=16 case above
+        out = lj.generate(model64, PROMPTS[12:20], max_new_tokens=MAX_NEW, lookahead=la)
         found = None
         for row, (toks, step_of) in enumerate(zip(out.token_ids, out.step_of_token, strict=True)):
             for i in range(1, len(toks) - 1):
@@ -185,8 +185,8 @@ def test_eos_inside_an_accepted_span(model64):
         row, i, eos = found
         m = with_eos(model64, (eos,))
         prompts = PROMPTS[12:20]
-        la_out = lj.generate(m, prompts, max_new_tokens=40, lookahead=la)
-        plain = lj.generate(m, prompts, max_new_tokens=40, lookahead=None)
+        la_out = lj.generate(m, prompts, max_new_tokens=MAX_NEW, lookahead=la)
+        plain = lj.generate(m, prompts, max_new_tokens=MAX_NEW, lookahead=None)
     assert la_out.token_ids[row] == out.token_ids[row][:i]
     assert la_out.token_ids == plain.token_ids
 

@@ -81,7 +81,8 @@ def test_two_processes_equal_one(tiny_ckpts, tmp_path):
         ).token_ids
         got = results[0][name]["tokens"] + results[1][name]["tokens"]
         assert got == want, name
-        assert results[0][name]["streamed"] + results[1][name]["streamed"] == want, name
+        if la is not None:  # the host (streaming) loop ran for the lookahead run
+            assert results[0][name]["streamed"] + results[1][name]["streamed"] == want, name
         if name == "data2_model4_sampling":  # the engine ran these settings over all prompts
             for pid in (0, 1):
                 assert results[pid]["engine"]["tokens"] == want, pid
