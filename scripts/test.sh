@@ -13,4 +13,6 @@ export HF_HUB_OFFLINE=1
 cores="$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)"  # nproc: Linux; getconf: macOS
 workers="${LOOKAHEAD_JAX_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
 # --durations: the slowest tests in every log, CI's included (the suite's budget is 15 min)
-exec .venv/bin/python -m pytest -q -n "$workers" --durations=25 "$@"
+# --dist loadfile: a file's tests run in one worker, so its module fixtures are made once
+# and its tests share the programs they compile (most tests of a file use the same shapes)
+exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --durations=25 "$@"
