@@ -38,9 +38,9 @@ def test_two_processes_equal_one(tiny_ckpts, tmp_path):
     port = str(free_port())
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=str(root))
-    # each worker sets its own device count; it keeps the suite's LLVM level (conftest.py)
+    # each worker sets its own device count; it keeps the suite's compile flags (conftest.py)
     env["XLA_FLAGS"] = " ".join(
-        f for f in env.get("XLA_FLAGS", "").split() if "optimization_level" in f
+        f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f
     )
     procs = [
         subprocess.Popen(
