@@ -6,7 +6,7 @@ import pytest
 
 import lookahead_jax as lj
 from lookahead_jax.distributed.sharding import parse_mesh, spec_for
-from tests.helpers import accepted_guesses, assert_same_or_near_tie, random_prompts
+from tests.helpers import accepted_guesses, assert_greedy_or_near_tie, random_prompts
 
 LA = lj.LookaheadConfig(4, 3, 3)
 # Each mesh decodes plain and lookahead, greedy and sampled, in two of the four pairings
@@ -158,10 +158,9 @@ def test_smollm2_sharded_equals_single(smollm2, smollm2_ckpt):
     # lookahead only (its step is a forward of every layer too); plain decoding on a mesh
     # is checked on the tiny models, where it compiles in a fraction of the time
     la = lj.LookaheadConfig(4, 4, 4)
-    want = lj.generate(smollm2, prompts, max_new_tokens=24, lookahead=la).token_ids
     got = lj.generate(model, prompts, max_new_tokens=24, lookahead=la).token_ids
-    for p, g, w in zip(prompts, got, want, strict=True):
-        assert_same_or_near_tie(smollm2, p, g, w)
+    for p, g in zip(prompts, got, strict=True):  # one-device teacher forcing, not a decode
+        assert_greedy_or_near_tie(smollm2, p, g)
     layer = model.params.layers[0]
     assert layer.w_up.addressable_shards[0].data.shape[-1] == 1536 // mesh.shape["model"]
     assert np.prod(layer.wk.addressable_shards[0].data.shape) == np.prod(
