@@ -17,7 +17,7 @@ import pytest
 
 import lookahead_jax as lj
 from lookahead_jax import decoding
-from lookahead_jax.decoding import programs
+from lookahead_jax.decoding import loop, programs
 from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.decoding.loop_copies import loop_copies, protected_shapes
 from lookahead_jax.decoding.sampling import RowSampling
@@ -47,6 +47,25 @@ def copies(model, lookahead, batch: int, sampled: bool = False) -> list:
             lambda x, w: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=w), state, where
         )
     return loop_copies(exe.as_text(), protected_shapes(model.params, state, min_elements=256))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def default_cpu_emitters():
+    """The programs as a user compiles them: with XLA:CPU's default (fusion) emitters, not
+    the loop emitters the suite's XLA_FLAGS choose for speed (tests/conftest.py); with
+    those, the plain loop at batch 3 copies a layer's K/V buffer every step. Compiled
+    apart from the other tests' programs, which are cached without their options."""
+    mp = pytest.MonkeyPatch()
+    default = loop.compiler_options
+    mp.setattr(
+        loop,
+        "compiler_options",
+        lambda platform=None: {**default(platform), "xla_cpu_use_fusion_emitters": True},
+    )
+    programs.clear()
+    yield
+    programs.clear()
+    mp.undo()
 
 
 @pytest.fixture(scope="module")
