@@ -1,12 +1,12 @@
 """The draft tree (draft_tree.py) against pure-Python references, with hypothesis:
 
-* merge: a slot's parent comes before it; `ancestors` is exactly each slot's path; no two
-  slots hold the same path; the kept paths are the best-scored distinct ones (scores
+* merge: a node's parent comes before it; `ancestors` is exactly each node's path; no two
+  nodes hold the same path; the kept paths are the best-scored distinct ones (scores
   weighed by source and depth when a weight is given, as the acceptance record does),
-  and when the slots suffice every distinct path is kept;
+  and when the nodes suffice every distinct path is kept;
 * verify: the deepest all-right path (the first on ties), its tokens and the bonus, and
-  which slots' paths are right;
-* the step's mask built from a merged tree: a tree slot sees the input, its ancestors and
+  which nodes' paths are right;
+* the step's mask built from a merged tree: a tree node sees the input, its ancestors and
   itself, never another branch.
 """
 
@@ -48,19 +48,19 @@ def proposals(draw):
     score = rng.choice([0.1, 0.3, 0.5, 0.9], (b, n)).astype(np.float32)
     valid = rng.random((b, n)) < 0.85
     source = rng.integers(0, 3, (b, n)).astype(np.int32)
-    slots = draw(st.integers(1, n + 2))
+    nodes = draw(st.integers(1, n + 2))
     weight = None  # or a factor per (source, depth), from a small set so ties stay common
     if draw(st.booleans()):
         weight = rng.choice([0.25, 1.0, 2.0], (b, 3, MAX_DEPTH)).astype(np.float32)
     return (
         dict(tokens=tokens, parent=parent, depth=depth, score=score, valid=valid, source=source),
-        slots,
+        nodes,
         weight,
     )
 
 
-def reference_merge(p: dict, row: int, slots: int, weight=None):
-    """[(path tuple, source, prior score)] in slot order, by the rules of the module
+def reference_merge(p: dict, row: int, nodes: int, weight=None):
+    """[(path tuple, source, prior score)] in node order, by the rules of the module
     docstring, and the set of distinct paths."""
     n = p["tokens"].shape[1]
     path, ok, prior, key = [], [], [], []
@@ -82,7 +82,7 @@ def reference_merge(p: dict, row: int, slots: int, weight=None):
         if path[i] in seen:
             continue
         seen.add(path[i])
-        if len(kept) < slots:
+        if len(kept) < nodes:
             kept.append((path[i], int(p["source"][row, i]), prior[i]))
     return kept, seen
 
@@ -91,7 +91,7 @@ _merge = jax.jit(draft_tree.merge, static_argnums=(1, 2))
 
 
 def slot_paths(tree, row: int):
-    """The token path of every valid slot, from the parent pointers."""
+    """The token path of every valid node, from the parent pointers."""
     tokens, parent, valid = (np.asarray(x)[row] for x in (tree.tokens, tree.parent, tree.valid))
     out = []
     for q in range(len(tokens)):
@@ -109,10 +109,10 @@ def slot_paths(tree, row: int):
 @SETTINGS
 @given(proposals())
 def test_merge_keeps_the_best_distinct_paths_as_a_prefix_closed_tree(case):
-    p, slots, weight = case
+    p, nodes, weight = case
     tree = _merge(
         draft_tree.Proposals(**{k: jnp.asarray(v) for k, v in p.items()}),
-        slots,
+        nodes,
         MAX_DEPTH,
         None if weight is None else jnp.asarray(weight),
     )
@@ -121,15 +121,15 @@ def test_merge_keeps_the_best_distinct_paths_as_a_prefix_closed_tree(case):
         for x in (tree.parent, tree.depth, tree.valid, tree.source, tree.score, tree.ancestors)
     )
     for row in range(parent.shape[0]):
-        want, distinct = reference_merge(p, row, slots, weight)
+        want, distinct = reference_merge(p, row, nodes, weight)
         paths = slot_paths(tree, row)
         n_valid = int(valid[row].sum())
-        # valid slots first, in the reference's order, with the representative's source
+        # valid nodes first, in the reference's order, with the representative's source
         # and its prior (unweighted) score
         assert valid[row, :n_valid].all() and not valid[row, n_valid:].any()
         got = [(paths[q], int(source[row, q]), float(score[row, q])) for q in range(n_valid)]
         assert got == want
-        if slots >= len(distinct):  # room for all: every distinct path is kept
+        if nodes >= len(distinct):  # room for all: every distinct path is kept
             assert {paths[q] for q in range(n_valid)} == distinct
         for q in range(n_valid):
             par = parent[row, q]
@@ -145,8 +145,8 @@ def test_merge_keeps_the_best_distinct_paths_as_a_prefix_closed_tree(case):
             assert parent[row, q] == ROOT and np.flatnonzero(anc[row, q]).tolist() == [q]
 
 
-def reference_verify(paths, tokens, parent, after_root, after_slot):
-    """(accepted, best slot or None, the slots whose whole path is right) per the one rule."""
+def reference_verify(paths, tokens, parent, after_root, after_node):
+    """(accepted, best node or None, the nodes whose whole path is right) per the one rule."""
     best, best_depth, all_right = None, 0, set()
     for q, path in enumerate(paths):
         if path is None:
@@ -154,7 +154,7 @@ def reference_verify(paths, tokens, parent, after_root, after_slot):
         node, right = q, True
         while node != ROOT:
             par = int(parent[node])
-            expected = after_root if par == ROOT else after_slot[par]
+            expected = after_root if par == ROOT else after_node[par]
             right &= int(tokens[node]) == int(expected)
             node = par
         if right:
@@ -170,29 +170,29 @@ _verify = jax.jit(draft_tree.verify, static_argnums=3)
 @SETTINGS
 @given(proposals(), st.integers(0, 2**31 - 1))
 def test_verify_accepts_the_deepest_all_right_path_plus_the_bonus(case, seed):
-    p, slots, _ = case
+    p, nodes, _ = case
     tree = _merge(
-        draft_tree.Proposals(**{k: jnp.asarray(v) for k, v in p.items()}), slots, MAX_DEPTH
+        draft_tree.Proposals(**{k: jnp.asarray(v) for k, v in p.items()}), nodes, MAX_DEPTH
     )
     rng = np.random.default_rng(seed)
     b, d = tree.tokens.shape
     tokens, parent = np.asarray(tree.tokens), np.asarray(tree.parent)
     # the model's tokens: mostly what the tree guessed, so that deep paths are right
     after_root = np.where(rng.random(b) < 0.7, tokens[:, 0], rng.integers(0, 3, b)).astype(np.int32)
-    after_slot = rng.integers(0, 3, (b, d)).astype(np.int32)
+    after_node = rng.integers(0, 3, (b, d)).astype(np.int32)
     for row in range(b):
         for q in range(d):
             children = np.flatnonzero(parent[row] == q)
             if len(children) and rng.random() < 0.7:
-                after_slot[row, q] = tokens[row, rng.choice(children)]
-    acc = _verify(tree, jnp.asarray(after_root), jnp.asarray(after_slot), MAX_DEPTH)
+                after_node[row, q] = tokens[row, rng.choice(children)]
+    acc = _verify(tree, jnp.asarray(after_root), jnp.asarray(after_node), MAX_DEPTH)
     accepted, path, emitted, source = (
         np.asarray(x) for x in (acc.accepted, acc.path, acc.emitted, acc.source)
     )
     for row in range(b):
         paths = slot_paths(tree, row)
         want_a, best, all_right = reference_verify(
-            paths, tokens[row], parent[row], after_root[row], after_slot[row]
+            paths, tokens[row], parent[row], after_root[row], after_node[row]
         )
         assert set(np.flatnonzero(np.asarray(acc.right)[row]).tolist()) == all_right
         assert accepted[row] == want_a
@@ -202,24 +202,24 @@ def test_verify_accepts_the_deepest_all_right_path_plus_the_bonus(case, seed):
         walk = path[row, :want_a].tolist()
         assert walk[-1] == best and [len(paths[q]) for q in walk] == list(range(1, want_a + 1))
         assert emitted[row, :want_a].tolist() == list(paths[best])
-        assert emitted[row, want_a] == after_slot[row, best]  # the bonus token
+        assert emitted[row, want_a] == after_node[row, best]  # the bonus token
         assert source[row] == np.asarray(tree.source)[row, best]
 
 
 @SETTINGS
 @given(proposals(), st.integers(1, 4), st.integers(0, 3))
 def test_step_mask_tree_rows_see_the_input_their_ancestors_and_themselves(case, n, w):
-    p, slots, _ = case
+    p, nodes, _ = case
     tree = _merge(
-        draft_tree.Proposals(**{k: jnp.asarray(v) for k, v in p.items()}), slots, MAX_DEPTH
+        draft_tree.Proposals(**{k: jnp.asarray(v) for k, v in p.items()}), nodes, MAX_DEPTH
     )
-    lay = StepLayout(n + 1, w, slots)
+    lay = StepLayout(n + 1, w, nodes)
     mask = np.asarray(lay.mask(tree.ancestors))
     offsets = np.asarray(lay.offsets(tree.depth))
     s = lay.tree_start
     for row in range(mask.shape[0]):
         np.testing.assert_array_equal(mask[row, :s], lay.static_mask[:s])  # input and window
-        for q in range(slots):
+        for q in range(nodes):
             seen = set(np.flatnonzero(mask[row, s + q]).tolist())
             want = {0} | {s + u for u in np.flatnonzero(np.asarray(tree.ancestors)[row, q])}
             assert seen == want

@@ -17,13 +17,13 @@ from tests import tiny
 from tests.helpers import assert_same_or_near_tie, random_prompts, teacher_forced_logits, with_eos
 
 
-def hf_greedy(hf, prompt: list[int], max_new: int, eos: int) -> list[int]:
+def hf_greedy(hf, prompt: list[int], max_new_tokens: int, eos: int) -> list[int]:
     ids = torch.as_tensor([prompt])
     with torch.no_grad():
         out = hf.generate(
             ids,
             attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new,
+            max_new_tokens=max_new_tokens,
             do_sample=False,
             eos_token_id=eos,
             pad_token_id=0,

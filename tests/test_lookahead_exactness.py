@@ -27,7 +27,7 @@ PAPER_CONFIGS = [
     LA(4, 3, 3, prompt_pool=False),
     LA(3, 1, 0, verify_window=True),  # no pool candidates: pure Jacobi verification
 ]
-# Draft trees fed by every source; budgets of 32+ slots are larger than the context of
+# Draft trees fed by every source; budgets of 32+ nodes are larger than the context of
 # the shortest prompts when they start.
 TREE_CONFIGS = [
     LA.for_budget(8),  # token recycling + suffix match, no window
@@ -100,7 +100,7 @@ def test_lookahead_equals_plain_float64(model64, plain64, la):
                 hist = st["accepted_hist"]
                 assert set(hist) == {str(k) for k in range(1, la.max_emit + 1)}
                 accepted += sum(int(k) - 1 for k, c in hist.items() for _ in range(c))
-    if la.tree_slots > 0 or la.verify_window:
+    if la.tree_nodes > 0 or la.verify_window:
         assert accepted > 0, "no guess was ever accepted: the comparison would be vacuous"
     else:
         assert accepted == 0
@@ -108,7 +108,7 @@ def test_lookahead_equals_plain_float64(model64, plain64, la):
 
 @pytest.mark.parametrize("la", [None, LA.for_budget(16)], ids=["plain", "tokens=16"])
 def test_attention_in_blocks_of_the_cache_gives_the_same_tokens(model64, plain64, la):
-    """Attention over the cache in blocks of 5 slots (up to the longest row, the last
+    """Attention over the cache in blocks of 5 nodes (up to the longest row, the last
     block moved back to end at S; models/llama.py) decodes exactly what one block over
     the whole cache does: the blocks only regroup the softmax's sums, and a block past a
     row's length leaves that row untouched."""
@@ -129,9 +129,9 @@ def test_the_acceptance_record_weighs_the_merge_and_never_changes_the_output(
     seen = []
     merge = draft_tree.merge
 
-    def spy(p, slots, max_depth, weight_bja=None):  # runs when the step is traced
+    def spy(p, nodes, max_depth, weight_bja=None):  # runs when the step is traced
         seen.append(weight_bja is not None)
-        return merge(p, slots, max_depth, weight_bja)
+        return merge(p, nodes, max_depth, weight_bja)
 
     monkeypatch.setattr(draft_tree, "merge", spy)
     # recycle_k=7: a layout no other test compiles, so that both programs are traced here

@@ -10,7 +10,7 @@ import pytest
 from lookahead_jax.guesses import draft_tree
 from lookahead_jax.guesses.lookahead_layout import StepLayout
 
-# N=4, W=5 and a 6-slot tree of two chains, written by hand: the input, window levels
+# N=4, W=5 and a 6-node tree of two chains, written by hand: the input, window levels
 # a0/a1/a2 (5 columns each), chains v0/v1 (3 tokens each). Row = query, column = key.
 EXPECTED_N4_W5_G2 = """
 in  x . . . . . . . . . . . . . . . . . . . . .
@@ -56,12 +56,12 @@ def test_mask_and_positions_n4_w5_two_chains_by_hand():
     tree = two_chains([[7, 8, 9], [10, 11, 12]])
     np.testing.assert_array_equal(np.asarray(lay.mask(tree.ancestors))[0], expected)
     np.testing.assert_array_equal(np.asarray(lay.offsets(tree.depth))[0], EXPECTED_OFFSETS_N4_W5_G2)
-    # logits: the input, the newest level's 5 columns, all 6 tree slots
+    # logits: the input, the newest level's 5 columns, all 6 tree nodes
     assert lay.logits_rows.tolist() == [0, 11, 12, 13, 14, 15, *range(16, 22)]
 
 
 def test_chains_sharing_a_prefix_share_slots():
-    """v1 = (7, 8, 12) shares v0's first two tokens: it takes one slot, below v0's second."""
+    """v1 = (7, 8, 12) shares v0's first two tokens: it takes one node, below v0's second."""
     tree = two_chains([[7, 8, 9], [7, 8, 12]])
     assert np.asarray(tree.valid)[0].tolist() == [True, True, True, True, False, False]
     assert np.asarray(tree.tokens)[0, :4].tolist() == [7, 8, 9, 12]
@@ -78,13 +78,13 @@ def window_kind(lay: StepLayout, t: int):
 CONFIGS = [(2, 1, 0), (2, 3, 2), (3, 1, 1), (4, 5, 2), (5, 7, 7), (5, 15, 15), (6, 2, 4), (3, 0, 5)]
 
 
-@pytest.mark.parametrize("n,w,slots", CONFIGS)
-def test_each_window_token_sees_exactly_its_causal_context(n, w, slots):
-    lay = StepLayout(n, w, slots)
+@pytest.mark.parametrize("n,w,nodes", CONFIGS)
+def test_each_window_token_sees_exactly_its_causal_context(n, w, nodes):
+    lay = StepLayout(n, w, nodes)
     mask, off = lay.static_mask, lay.static_offsets
     for t in range(lay.tree_start):
         seen = np.flatnonzero(mask[t])
-        # never a tree slot, and one token at each position from the input's to its own
+        # never a tree node, and one token at each position from the input's to its own
         assert seen.max() < lay.tree_start
         assert sorted(off[seen].tolist()) == list(range(off[t] + 1)), window_kind(lay, t)
         assert mask[t, t] and mask[t, 0]
@@ -97,11 +97,11 @@ def test_each_window_token_sees_exactly_its_causal_context(n, w, slots):
         assert np.flatnonzero(mask[t]).tolist() == [0]
 
 
-@pytest.mark.parametrize("n,w,slots", CONFIGS)
-def test_logits_rows_are_the_used_predictions(n, w, slots):
-    lay = StepLayout(n, w, slots)
+@pytest.mark.parametrize("n,w,nodes", CONFIGS)
+def test_logits_rows_are_the_used_predictions(n, w, nodes):
+    lay = StepLayout(n, w, nodes)
     rows = lay.logits_rows
-    assert len(rows) == 1 + w + slots and len(set(rows.tolist())) == len(rows)
+    assert len(rows) == 1 + w + nodes and len(set(rows.tolist())) == len(rows)
     assert rows[0] == 0
     assert all(window_kind(lay, int(t)) == ("win", n - 2, j) for j, t in enumerate(rows[1 : 1 + w]))
     assert rows[1 + w :].tolist() == list(range(lay.tree_start, lay.num_tokens))
@@ -124,11 +124,11 @@ def test_window_paths_n4_w5():
     assert len(lay.logits_rows) == lay.num_tokens  # every token has logits
 
 
-@pytest.mark.parametrize("n,w,slots", CONFIGS)
-def test_each_window_path_is_what_its_last_node_sees(n, w, slots):
+@pytest.mark.parametrize("n,w,nodes", CONFIGS)
+def test_each_window_path_is_what_its_last_node_sees(n, w, nodes):
     """A window node's causal context is exactly the input and its path: the path is a
-    guess of the next tokens that the pass verifies like a tree slot."""
-    lay = StepLayout(n, w, slots, verify_window=True)
+    guess of the next tokens that the pass verifies like a tree node."""
+    lay = StepLayout(n, w, nodes, verify_window=True)
     for k in range(lay.window_tokens):
         path = np.flatnonzero(lay.window_ancestors[k])
         seen = set(np.flatnonzero(lay.static_mask[1 + k]).tolist())

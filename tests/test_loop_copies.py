@@ -39,7 +39,9 @@ def copies(model, lookahead, batch: int, sampled: bool = False) -> list:
     sampling = RowSampling(rows(dtype=jnp.float32), rows(), rows(dtype=jnp.float32))
     args = (model.params, rows(PROMPT), rows(), rows(), rows(2, dtype=jnp.uint32), sampling)
     exe, _ = programs.compiled(model, spec, CAP, args, "run_loop")
-    state = jax.eval_shape(functools.partial(decoding.start, spec=spec, max_new_cap=CAP), *args)
+    state = jax.eval_shape(
+        functools.partial(decoding.start, spec=spec, max_new_tokens_bucket=CAP), *args
+    )
     assert state.cache.slots > BLOCK
     if model.mesh is not None:  # each device's shards too
         where = sharding.state_shardings(state, model.mesh)

@@ -180,7 +180,7 @@ def may_see(q, k) -> bool:
 def chains_layout(n: int, w: int, g: int):
     """The layout and (static, one-row) mask/offsets of a step whose tree holds G
     distinct candidate chains of N-1 tokens (unique tokens: nothing merges, so chain c
-    token i is tree slot c*(N-1) + i)."""
+    token i is tree node c*(N-1) + i)."""
     m = n - 1
     lay = StepLayout(n, w, g * m)
     tokens = jnp.arange(g * m, dtype=jnp.int32).reshape(1, g, m)
@@ -268,7 +268,7 @@ def test_model_rows_ignore_every_token_of_other_branches_and_the_future(nwg, see
 def verify_inputs(draw):
     """cands [B, G, M], valid [B, G], after_input [B] over a tiny vocabulary, and the
     model: a random function from a token prefix to the model's next token (equal
-    prefixes, merged into one tree slot, get equal predictions). Each candidate starts
+    prefixes, merged into one tree node, get equal predictions). Each candidate starts
     with a drawn number of right tokens."""
     b = draw(st.integers(1, 2))
     g = draw(st.integers(0, 3))
@@ -321,7 +321,7 @@ def verify_chains(cands, valid, after_input, model):
         )
         tree = jax.jit(draft_tree.merge, static_argnums=(1, 2))(prop, g * m, m)
     tokens, parent, ok = (np.asarray(x) for x in (tree.tokens, tree.parent, tree.valid))
-    after_slot = np.zeros(tokens.shape, np.int32)
+    after_node = np.zeros(tokens.shape, np.int32)
     for row in range(b):
         for q in range(tokens.shape[1]):
             if ok[row, q]:
@@ -329,8 +329,8 @@ def verify_chains(cands, valid, after_input, model):
                 while node != draft_tree.ROOT:
                     path.append(int(tokens[row, node]))
                     node = int(parent[row, node])
-                after_slot[row, q] = model(row, tuple(reversed(path)))
-    acc = draft_tree.verify(tree, jnp.asarray(after_input), jnp.asarray(after_slot), m)
+                after_node[row, q] = model(row, tuple(reversed(path)))
+    acc = draft_tree.verify(tree, jnp.asarray(after_input), jnp.asarray(after_node), m)
     return np.asarray(acc.accepted), np.asarray(acc.emitted)
 
 
@@ -358,9 +358,9 @@ def test_verify_then_emit(inputs, eos_ids, seed):
     rng = np.random.default_rng(seed)
     prompt_len = rng.integers(1, 5, b).astype(np.int32)
     n_out = rng.integers(0, 4, b).astype(np.int32)
-    max_new = (n_out + rng.integers(0, 4, b)).astype(np.int32)  # remaining 0..3
-    done = (n_out >= max_new) | (rng.random(b) < 0.2)
-    state = make_state(prompt_len, n_out, max_new, done, width=m + 1, rng=rng)
+    max_new_tokens = (n_out + rng.integers(0, 4, b)).astype(np.int32)  # remaining 0..3
+    done = (n_out >= max_new_tokens) | (rng.random(b) < 0.2)
+    state = make_state(prompt_len, n_out, max_new_tokens, done, width=m + 1, rng=rng)
     spec = decode_state.DecodeSpec(lm=LlamaLM(TINY), eos_ids=tuple(eos_ids), lookahead=None)
     new = decode_state.emit(state, spec, jnp.asarray(emitted), jnp.asarray(a + 1))
     tokens_before = np.asarray(state.tokens)
@@ -373,19 +373,21 @@ def test_verify_then_emit(inputs, eos_ids, seed):
             continue
         step = emitted[row, :count].tolist()
         before_eos = next((i for i, t in enumerate(step) if t in eos_ids), count)
-        budget = int(max_new[row] - n_out[row])
+        budget = int(max_new_tokens[row] - n_out[row])
         k = min(count, before_eos, budget)
         assert n_after[row] - n_out[row] == k
-        assert n_after[row] <= max_new[row]  # never past the budget
+        assert n_after[row] <= max_new_tokens[row]  # never past the budget
         start = int(prompt_len[row] + n_out[row])
         np.testing.assert_array_equal(tokens_after[row, :start], tokens_before[row, :start])
         assert tokens_after[row, start : start + k].tolist() == step[:k]
-        assert bool(done_after[row]) == (before_eos < count or n_after[row] >= max_new[row])
+        assert bool(done_after[row]) == (before_eos < count or n_after[row] >= max_new_tokens[row])
 
 
-def make_state(prompt_len, n_out, max_new, done, width: int, rng) -> decode_state.DecodeState:
+def make_state(
+    prompt_len, n_out, max_new_tokens, done, width: int, rng
+) -> decode_state.DecodeState:
     b = len(prompt_len)
-    slots = int((prompt_len + max_new).max()) + width + 2
+    slots = int((prompt_len + max_new_tokens).max()) + width + 2
     cache = kv_cache.KVCache(
         k=(jnp.zeros((b, 1, slots, 2)),),
         v=(jnp.zeros((b, 1, slots, 2)),),
@@ -397,7 +399,7 @@ def make_state(prompt_len, n_out, max_new, done, width: int, rng) -> decode_stat
         step_of_token=jnp.zeros((b, slots), jnp.int32),
         prompt_len=jnp.asarray(prompt_len),
         n_out=jnp.asarray(n_out),
-        max_new=jnp.asarray(max_new),
+        max_new_tokens=jnp.asarray(max_new_tokens),
         done=jnp.asarray(done),
         steps=jnp.ones((b,), jnp.int32),
         rng=jnp.zeros((b, 2), jnp.uint32),

@@ -40,7 +40,7 @@ class DecodeState:
     step_of_token: jax.Array  # [B, S] int32: the step that emitted each new token (0 = prefill)
     prompt_len: jax.Array  # [B] int32
     n_out: jax.Array  # [B] int32 new tokens emitted (EOS excluded)
-    max_new: jax.Array  # [B] int32 budget per row
+    max_new_tokens: jax.Array  # [B] int32 budget per row
     done: jax.Array  # [B] bool
     steps: jax.Array  # [B] int32 forward passes after prefill while the row was active
     rng: jax.Array  # [B, 2] uint32 per-row PRNG keys (sampling.row_keys)
@@ -70,9 +70,9 @@ class DecodeSpec:
         return 1 if self.lookahead is None else self.lookahead.max_emit
 
 
-def slots_needed(prompt_bucket: int, max_new_cap: int, max_emit: int) -> int:
+def slots_needed(prompt_bucket: int, max_new_tokens_bucket: int, max_emit: int) -> int:
     """Cache/token-buffer slots so that no fixed-size write ever goes out of bounds."""
-    return prompt_bucket + max_new_cap + max_emit
+    return prompt_bucket + max_new_tokens_bucket + max_emit
 
 
 def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b) -> DecodeState:
@@ -87,10 +87,10 @@ def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b) -> DecodeState:
     i = jnp.arange(E)[None]
     is_eos = jnp.isin(new_be, jnp.asarray(spec.eos_ids, jnp.int32)) & (i < count_b[:, None])
     first_eos = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, axis=-1), E)
-    k = jnp.minimum(jnp.minimum(count_b, first_eos), state.max_new - state.n_out)
+    k = jnp.minimum(jnp.minimum(count_b, first_eos), state.max_new_tokens - state.n_out)
     k = jnp.where(active, k, 0)
     n_out = state.n_out + k
-    done = state.done | (active & ((first_eos < count_b) | (n_out >= state.max_new)))
+    done = state.done | (active & ((first_eos < count_b) | (n_out >= state.max_new_tokens)))
 
     # the E tokens go to slots start.. of each active row; an inactive row's go past S,
     # where the scatter drops them, so both buffers are written in place
@@ -118,12 +118,12 @@ def prefill(
     sampling: RowSampling,
     *,
     spec: DecodeSpec,
-    max_new_cap: int,
+    max_new_tokens_bucket: int,
 ) -> DecodeState:
     """Run the prompts [B, P] (right-padded), fill the cache, emit the first new token.
     sampling: each row's settings ([B] arrays)."""
     B, P = prompt_bp.shape
-    S = slots_needed(P, max_new_cap, max(spec.max_emit, spec.min_slack))
+    S = slots_needed(P, max_new_tokens_bucket, max(spec.max_emit, spec.min_slack))
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
     last = (prompt_len_b - 1)[:, None]
     logits, k, v = spec.lm.apply(params, prompt_bp, positions, causal_mask(P), None, last)
@@ -136,7 +136,7 @@ def prefill(
         step_of_token=jnp.zeros((B, S), jnp.int32),
         prompt_len=prompt_len_b.astype(jnp.int32),
         n_out=jnp.zeros((B,), jnp.int32),
-        max_new=max_new_b.astype(jnp.int32),
+        max_new_tokens=max_new_b.astype(jnp.int32),
         done=max_new_b <= 0,
         steps=jnp.zeros((B,), jnp.int32),
         rng=rng_b2,

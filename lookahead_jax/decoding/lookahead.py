@@ -8,7 +8,7 @@ Each step runs one forward pass (lookahead_layout.py) over
   trajectory; the model's token after its newest level becomes the new newest level,
   the oldest level is dropped, and the column (oldest level .. new token) is an n-gram
   that goes into the pool;
-* a draft tree of Z slots (draft_tree.py) merged from the guess sources, each behind
+* a draft tree of Z nodes (draft_tree.py) merged from the guess sources, each behind
   one protocol (guesses/guess_source.py: init, propose, feed) — the built-in ones:
     - pool      the pool's (N-1)-grams whose key is the input (ngram_pool.py);
     - suffix    continuations of earlier occurrences of the row's last tokens in its
@@ -33,9 +33,9 @@ the step verified (guess_source.Verified): the pool takes the W window n-grams a
 n-grams of the emitted text that end at the new tokens (and the prompt's before the
 first step, `prompt_pool`); the recycling tables are refreshed from the logits of every
 token whose logits the step computes (the input, the window's newest level and every
-tree slot).
+tree node).
 
-Window initialisation: every slot starts as a prompt token drawn uniformly at random
+Window initialisation: every window cell starts as a prompt token drawn uniformly at random
 (with the row's seed-derived key) from the row's prompt, as the reference does.
 
 Stages of `lookahead_step`: propose (each source -> Proposals) -> merge (-> DraftTree,
@@ -61,7 +61,7 @@ from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 from lookahead_jax.guesses.lookahead_layout import StepLayout
 from lookahead_jax.models import kv_cache
 
-# A window slot's draw key is the row key folded with this (new-token indices,
+# A window cell's draw key is the row key folded with this (new-token indices,
 # used for sampling noise, never reach it).
 _WINDOW_KEY_SALT = 0x7FFFFFFF
 
@@ -182,7 +182,7 @@ def well_formed(p: draft_tree.Proposals, max_depth: int):
 def window_tree(layout: StepLayout, window_flat, window_source: int) -> draft_tree.DraftTree:
     """The window's own paths as a verifiable tree (verify_window): static shape.
 
-    window_flat [B, M*W]: the window's tokens in window order (its M*W slots);
+    window_flat [B, M*W]: the window's tokens in window order (its M*W cells);
     window_source: the window's index in the source names."""
     B, k = window_flat.shape
     bcast = lambda x: jnp.broadcast_to(jnp.asarray(x), (B, *np.shape(x)))  # noqa: E731
@@ -212,9 +212,9 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     #      each source got accepted at each depth for this row lately)
     proposals = propose(state, config, spec.sampled, input_b, prev_b)
     record = state.draft.record
-    if layout.slots:
+    if layout.nodes:
         weight_bja = None if record is None else acceptance_record.weights(record)
-        tree = draft_tree.merge(proposals, layout.slots, config.tree_depth, weight_bja)
+        tree = draft_tree.merge(proposals, layout.nodes, config.tree_depth, weight_bja)
     else:
         tree = draft_tree.empty(B)
 
@@ -348,7 +348,7 @@ def window_ngrams(window_bmw, shifted_bmw, input_b, active_b) -> WindowNGrams:
 
 
 def accepted_rows(config: LookaheadConfig, acc: draft_tree.Acceptance, R: int):
-    """[B, R] bool: the logits rows of the accepted path's slots (verified node k is
+    """[B, R] bool: the logits rows of the accepted path's nodes (verified node k is
     logits row first_row + k)."""
     first_row = 1 + (0 if config.verify_window else config.layout.window_rows)
     path_rows_ba = first_row + acc.path

@@ -3,9 +3,10 @@
 
 All three are pure functions of (params, state) with a static `DecodeSpec`:
 
-    state = start(params, prompt [B, P], prompt_len [B], max_new [B], rng [B, 2],
-                  sampling, spec=spec, max_new_cap=cap)  # right-padded prompts, first
-                                                # token emitted; sampling: RowSampling [B]
+    state = start(params, prompt [B, P], prompt_len [B], max_new_tokens [B], rng [B, 2],
+                  sampling, spec=spec, max_new_tokens_bucket=64)
+        # right-padded prompts, the first token emitted; sampling: RowSampling [B]; the
+        # bucket: a static bound on every row's max_new_tokens (sizes buffers and cache)
     state = step(params, state, spec=spec)      # every active row emits 1..max_emit tokens
     state = run_loop(params, state, max_steps, stop_at_finish, spec=spec)  # while_loop
 
@@ -15,8 +16,8 @@ row's new tokens are `tokens[b, prompt_len[b] : prompt_len[b] + n_out[b]]`. Exam
     spec = DecodeSpec(lm=model.lm, eos_ids=model.eos_ids,
                       lookahead=LookaheadConfig.for_budget(16))
     greedy = RowSampling.of([SamplingConfig()] * B)
-    state = jax.jit(functools.partial(start, spec=spec, max_new_cap=64))(
-        model.params, prompt, prompt_len, max_new, row_keys(0, B), greedy)
+    state = jax.jit(functools.partial(start, spec=spec, max_new_tokens_bucket=64))(
+        model.params, prompt, prompt_len, max_new_tokens, row_keys(0, B), greedy)
     step_fn = jax.jit(functools.partial(step, spec=spec), donate_argnums=1)
     while not state.done.all():
         state = step_fn(model.params, state)
@@ -52,13 +53,13 @@ def start(
     sampling: RowSampling,
     *,
     spec: DecodeSpec,
-    max_new_cap: int,
+    max_new_tokens_bucket: int,
 ) -> DecodeState:
     """Prefill the right-padded prompts [B, P] and emit each row's first token; with
     lookahead, also set up the window, pool and recycling tables.
 
     sampling: each row's settings ([B] arrays; sampling.RowSampling).
-    max_new_cap: the largest budget any row has (sizes the token buffer and cache)."""
+    max_new_tokens_bucket: the largest budget any row has (sizes the token buffer and cache)."""
     state = prefill(
         params,
         prompt_bp,
@@ -67,7 +68,7 @@ def start(
         rng_b2,
         sampling,
         spec=spec,
-        max_new_cap=max_new_cap,
+        max_new_tokens_bucket=max_new_tokens_bucket,
     )
     if spec.lookahead is not None:
         state = init_lookahead(state, spec, prompt_bp.shape[1])
@@ -139,11 +140,11 @@ class Jitted:
     run_loop: object
 
 
-def jitted(spec: DecodeSpec, max_new_cap: int, mesh, start_args) -> Jitted:
+def jitted(spec: DecodeSpec, max_new_tokens_bucket: int, mesh, start_args) -> Jitted:
     """`start`, `step` and `run_loop` jitted for these start arguments (params,
-    prompt [B, P], prompt_len [B], max_new [B], rng [B, 2], RowSampling of [B] arrays); on
+    prompt [B, P], prompt_len [B], max_new_tokens [B], rng [B, 2], RowSampling of [B] arrays); on
     a mesh with explicit in/out shardings."""
-    start_fn = functools.partial(start, spec=spec, max_new_cap=max_new_cap)
+    start_fn = functools.partial(start, spec=spec, max_new_tokens_bucket=max_new_tokens_bucket)
     step_fn = functools.partial(step, spec=spec)
     loop_fn = functools.partial(run_loop, spec=spec)
     jit = functools.partial(jax.jit, compiler_options=compiler_options())

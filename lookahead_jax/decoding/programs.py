@@ -1,7 +1,7 @@
 """Compiled decoding programs, kept per process and shape.
 
-`programs(model, spec, cap, start_args, loop)` returns the `Programs` for one decode:
-`start` and the loop it runs (`step` for the host loop, `run_loop` for the device
+`programs(model, spec, max_new_tokens_bucket, start_args, loop)` returns the `Programs`
+for one decode: `start` and the loop it runs (`step` for the host loop, `run_loop` for the device
 loop), compiled ahead of time once per (spec, budget, mesh, argument shapes) in this
 process — and, through JAX's persistent compilation cache, across processes.
 
@@ -68,24 +68,34 @@ def precision_scope(dtype):
     return jax.default_matmul_precision(precision)
 
 
-def _key(model, spec: DecodeSpec, cap: int, start_args):
+def _key(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args):
     leaves, tree = jax.tree.flatten(start_args)
     shapes = tuple((a.shape, str(a.dtype), getattr(a, "sharding", None)) for a in leaves)
-    return (spec, cap, model.mesh, tree, shapes, matmul_precision(spec.cache_dtype))
+    return (
+        spec,
+        max_new_tokens_bucket,
+        model.mesh,
+        tree,
+        shapes,
+        matmul_precision(spec.cache_dtype),
+    )
 
 
-def compiled(model, spec: DecodeSpec, cap: int, start_args, name: str):
+def compiled(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, name: str):
     """(executable, seconds spent compiling) of entry point `name`: 'start', 'step' or
     'run_loop'."""
-    key = _key(model, spec, cap, start_args)
+    key = _key(model, spec, max_new_tokens_bucket, start_args)
     if (key, name) in _COMPILED:
         _COMPILED.move_to_end((key, name))
         return _COMPILED[(key, name)], 0.0
     t = time.perf_counter()
     if key not in _JITTED:
-        fns = decoding.jitted(spec, cap, model.mesh, start_args)
+        fns = decoding.jitted(spec, max_new_tokens_bucket, model.mesh, start_args)
         state = jax.eval_shape(
-            functools.partial(decoding.start, spec=spec, max_new_cap=cap), *start_args
+            functools.partial(
+                decoding.start, spec=spec, max_new_tokens_bucket=max_new_tokens_bucket
+            ),
+            *start_args,
         )
         _JITTED[key] = (fns, state)
     fns, state = _JITTED[key]
@@ -110,8 +120,10 @@ def _forget_least_recent() -> None:
             _JITTED.pop(key, None)
 
 
-def programs(model, spec: DecodeSpec, cap: int, start_args, loop: str) -> Programs:
+def programs(
+    model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, loop: str
+) -> Programs:
     """Start and `loop` ('step' or 'run_loop'), compiled (or taken from the cache)."""
-    start, a = compiled(model, spec, cap, start_args, "start")
-    loop_exe, b = compiled(model, spec, cap, start_args, loop)
+    start, a = compiled(model, spec, max_new_tokens_bucket, start_args, "start")
+    loop_exe, b = compiled(model, spec, max_new_tokens_bucket, start_args, loop)
     return Programs(start=start, loop=loop_exe, compile_s=a + b)

@@ -34,8 +34,8 @@ batch and its programs), and the guess sources' state (pool [B, V, C, N-1], recy
 tables [B, V, k], window [B, N-1, W]). The host holds the queue, which request sits in
 which slot, and the results; it sees the device only between `generate` calls.
 
-Fixed shapes: the state's S = P + cap + E (a prompt bucket, the budget's bucket, the
-widest step's emit). An offline run takes its prompts shortest bucket first (stable
+Fixed shapes: the state's S = P + max_new_tokens_bucket + E (a prompt bucket, the budget's
+bucket, the widest step's emit). An offline run takes its prompts shortest bucket first (stable
 within a bucket), starting with P = the first prompt's bucket; a request of a longer
 bucket first grows the state (`grow_slots`: the S axis padded, rows in flight
 untouched), so attention never spans slots sized for the longest prompt of the dataset
@@ -128,7 +128,7 @@ Listener = Callable[[Update], None]
 class _Encoded:
     id: int | str
     ids: list[int]
-    max_new: int
+    max_new_tokens: int
     sampling: SamplingConfig
     seed: int  # the row key is fold_in(PRNGKey(seed), key)
     key: int
@@ -255,9 +255,9 @@ class Engine:
         ids = inputs.encode_prompt(
             self.model.tokenizer, self.model.lm.vocab_size, r.prompt, self.chat, what
         )
-        max_new = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
-        inputs.check_max_new_tokens(max_new)
-        inputs.check_context(self.model.lm.max_context, len(ids), max_new)
+        max_new_tokens = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
+        inputs.check_max_new_tokens(max_new_tokens)
+        inputs.check_context(self.model.lm.max_context, len(ids), max_new_tokens)
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
             raise UserInputError(
                 f"{what} has {len(ids)} tokens, more than the engine's max_prompt_tokens "
@@ -277,7 +277,7 @@ class Engine:
         if stop and self.model.tokenizer is None:
             raise UserInputError(f"{what}: stop strings need a tokenizer")
         seed, key = (self.seed, prompt_key(pid)) if r.seed is None else (r.seed, 0)
-        return _Encoded(pid, ids, max_new, sampling, seed, key, stop, listener, stream)
+        return _Encoded(pid, ids, max_new_tokens, sampling, seed, key, stop, listener, stream)
 
     def encode(self, prompts: Iterable) -> list[_Encoded]:
         """Every prompt encoded and checked (ids unique, prompt + budget within the
@@ -293,7 +293,7 @@ class Engine:
         if not out:
             raise UserInputError("no prompts to decode")
         if multihost.is_multiprocess():  # every process runs the same rounds
-            blob = repr([(r.id, r.ids, r.max_new, r.sampling, r.stop) for r in out]).encode()
+            blob = repr([(r.id, r.ids, r.max_new_tokens, r.sampling, r.stop) for r in out]).encode()
             digest = int.from_bytes(hashlib.sha256(blob).digest()[:4], "little") >> 1  # int32
             multihost.agree(digest, "prompts (all of them, in the same order)")
         return out
@@ -309,7 +309,9 @@ class Engine:
 
     def _run(self, requests: list[_Encoded]) -> Iterator[Result]:
         fixed_P = None if self.max_prompt_tokens is None else inputs.bucket(self.max_prompt_tokens)
-        cap = inputs.bucket(max(self.max_new_tokens, *(r.max_new for r in requests)))
+        max_new_tokens_bucket = inputs.bucket(
+            max(self.max_new_tokens, *(r.max_new_tokens for r in requests))
+        )
         sampled = self.sampled
         if sampled is None:
             sampled = any(not r.sampling.greedy for r in requests)
@@ -317,7 +319,9 @@ class Engine:
             requests = sorted(requests, key=lambda r: inputs.bucket(len(r.ids)))
         self.stats = _fresh_stats(self.batch)
         t0 = time.perf_counter()
-        slots = _Slots(self, sampled, cap, fixed_P or inputs.bucket(len(requests[0].ids)))
+        slots = _Slots(
+            self, sampled, max_new_tokens_bucket, fixed_P or inputs.bucket(len(requests[0].ids))
+        )
         slots.queue.extend(requests)
         while slots.busy():
             yield from slots.round()
@@ -359,9 +363,9 @@ class Engine:
             encoded = self._encode_one(r, pid, listener, streams)
             if encoded.id in self._known:
                 raise UserInputError(f"prompt {encoded.id!r}: the id is already in flight")
-            if encoded.max_new > self.max_new_tokens:
+            if encoded.max_new_tokens > self.max_new_tokens:
                 raise UserInputError(
-                    f"prompt {encoded.id!r}: max_new_tokens {encoded.max_new} is more than "
+                    f"prompt {encoded.id!r}: max_new_tokens {encoded.max_new_tokens} is more than "
                     f"this engine's {self.max_new_tokens}"
                 )
             self._known.add(encoded.id)
@@ -515,7 +519,7 @@ class _Active:
 class _Slots:
     """The B slots on the device and the host's view of them (module docstring)."""
 
-    def __init__(self, engine: Engine, sampled: bool, cap: int, P: int):
+    def __init__(self, engine: Engine, sampled: bool, max_new_tokens_bucket: int, P: int):
         model = engine.model
         self.engine, self.model, self.B = engine, model, engine.batch
         self.queue: collections.deque[_Encoded] = collections.deque()
@@ -536,7 +540,7 @@ class _Slots:
             cache_dtype=jnp.dtype(model.dtype).name,
         )
         self.slack = self.spec.max_emit
-        self.cap = cap
+        self.max_new_tokens_bucket = max_new_tokens_bucket
         self.hist_done = None  # accepted-length histogram of results read [E]
         self.state: DecodeState | None = None
         self.cancelled: set[int] = set()  # slots whose requests were cancelled
@@ -553,8 +557,8 @@ class _Slots:
     # ------------------------------------------------------------------ shapes, programs
 
     def _set_shape(self, P: int) -> None:
-        """Programs for the state of prompt side P: S = P + cap + slack (the loop compiled
-        now, the insert at its first use)."""
+        """Programs for the state of prompt side P: S = P + max_new_tokens_bucket + slack
+        (the loop compiled now, the insert at its first use)."""
         self.P = P
         rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((self.B, *shape), dtype)  # noqa: E731
         self.loop_args = (
@@ -565,7 +569,9 @@ class _Slots:
             rows(2, dtype=jnp.uint32),
             RowSampling(rows(dtype=jnp.float32), rows(), rows(dtype=jnp.float32)),
         )
-        self.loop = self._compiled(self.spec, self.cap, self.loop_args, "run_loop")
+        self.loop = self._compiled(
+            self.spec, self.max_new_tokens_bucket, self.loop_args, "run_loop"
+        )
         shape = self._state_shape(self.spec)
         mesh = self.model.mesh
         self.state_sh = None if mesh is None else sharding.state_shardings(shape, mesh)
@@ -586,11 +592,13 @@ class _Slots:
         """The B-row state's shapes under `spec`."""
         from lookahead_jax import decoding
 
-        fn = functools.partial(decoding.start, spec=spec, max_new_cap=self.cap)
+        fn = functools.partial(
+            decoding.start, spec=spec, max_new_tokens_bucket=self.max_new_tokens_bucket
+        )
         return jax.eval_shape(fn, *self.loop_args)
 
-    def _compiled(self, spec, cap, args, name):
-        exe, secs = programs.compiled(self.model, spec, cap, args, name)
+    def _compiled(self, spec, max_new_tokens_bucket, args, name):
+        exe, secs = programs.compiled(self.model, spec, max_new_tokens_bucket, args, name)
         self.engine.stats["compile_s"] += secs
         return exe
 
@@ -622,16 +630,16 @@ class _Slots:
         n = slot_state.prefill_rows(len(requests), self.B)
         pad = n - len(requests)
         prompt = np.zeros((n, P), np.int32)
-        prompt_len, max_new = np.ones((n,), np.int32), np.zeros((n,), np.int32)
+        prompt_len, max_new_tokens = np.ones((n,), np.int32), np.zeros((n,), np.int32)
         for i, r in enumerate(requests):
             prompt[i, : len(r.ids)] = r.ids
-            prompt_len[i], max_new[i] = len(r.ids), r.max_new
+            prompt_len[i], max_new_tokens[i] = len(r.ids), r.max_new_tokens
         keys = np.concatenate(
             [np.asarray(keys_for(r.seed, [r.key])) for r in requests]
             + [np.zeros((pad, 2), np.uint32)]
         )
         sampling = RowSampling.of([r.sampling for r in requests] + [SamplingConfig()] * pad)
-        rows = (prompt, prompt_len, max_new, keys, sampling)
+        rows = (prompt, prompt_len, max_new_tokens, keys, sampling)
         mesh = self.model.mesh
         if mesh is not None:  # where the start program takes them: rows over `data`
             rows = jax.tree.map(
@@ -642,8 +650,9 @@ class _Slots:
         if P not in buckets:
             buckets.append(P)
         self.engine.stats["prefill_calls"] += 1
-        # the budget that gives this bucket's state the state's S = self.P + cap + slack
-        start = self._compiled(self.spec, self.P + self.cap - P, args, "start")
+        # the budget bucket that gives this prompt bucket's state the state's
+        # S = self.P + max_new_tokens_bucket + slack
+        start = self._compiled(self.spec, self.P + self.max_new_tokens_bucket - P, args, "start")
         return start(*args)
 
     def _fill(self) -> list[_Active]:
@@ -695,12 +704,14 @@ class _Slots:
             self.state.tokens,
             self.state.prompt_len,
             self.state.n_out,
-            self.state.max_new,
+            self.state.max_new_tokens,
             self.state.done,
             self.state.steps,
             self.state.accept_hist,
         )
-        tokens, prompt_len, n_out, max_new, done, steps, hist = map(multihost.all_rows, fields)
+        tokens, prompt_len, n_out, max_new_tokens, done, steps, hist = map(
+            multihost.all_rows, fields
+        )
         cancelled, self.cancelled = self.cancelled, set()
         retired = np.zeros((self.B,), bool)
         for s, a in enumerate(self.active):
@@ -713,7 +724,7 @@ class _Slots:
             elif a.request.stop:
                 finish, cut = self._stop(a, new)
             if finish is None and done[s]:
-                finish = "length" if n_out[s] >= max_new[s] else "eos"
+                finish = "length" if n_out[s] >= max_new_tokens[s] else "eos"
             if finish is None:
                 if a.request.listener is not None and len(new) > a.sent:
                     a.request.listener(Update(a.request.id, new[a.sent :]))

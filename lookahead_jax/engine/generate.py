@@ -134,11 +134,11 @@ def generate(
         lookahead=lookahead,
         cache_dtype=jnp.dtype(model.dtype).name,
     )
-    args, cap = inputs.device_inputs(model, ids, max_new_tokens, seed, sampling)
+    args, max_new_tokens_bucket = inputs.device_inputs(model, ids, max_new_tokens, seed, sampling)
 
     # compile first: neither timing below includes compilation
     loop = "step" if stream else "run_loop"
-    progs = programs.programs(model, spec, cap, args, loop)
+    progs = programs.programs(model, spec, max_new_tokens_bucket, args, loop)
     t0 = time.perf_counter()
     state = progs.start(*args)
     jax.block_until_ready(state)
@@ -147,7 +147,9 @@ def generate(
     watch = driver.NO_WATCH
     if auto is not None:  # a losing lookahead hands over to plain decoding (same state)
         plain_spec = dataclasses.replace(spec, lookahead=None, min_slack=spec.max_emit)
-        auto.plain_program = lambda: programs.compiled(model, plain_spec, cap, args, loop)
+        auto.plain_program = lambda: programs.compiled(
+            model, plain_spec, max_new_tokens_bucket, args, loop
+        )
         watch = auto
     interrupted = False
     t0 = time.perf_counter()
@@ -155,7 +157,7 @@ def generate(
         if stream is not None:
             state = driver.on_host(model.params, progs.loop, state, stream, watch)
         else:
-            chunk = steps_per_call or (auto and auto.chunk_steps) or cap + 1
+            chunk = steps_per_call or (auto and auto.chunk_steps) or max_new_tokens_bucket + 1
             state = driver.on_device(model.params, progs.loop, state, chunk, watch)
     except KeyboardInterrupt as e:
         interrupted = True

@@ -110,7 +110,7 @@ def encode_prompt(tokenizer, vocab: int, prompt, chat: bool, what: str) -> list[
 
 
 def device_inputs(model, ids: list[list[int]], max_new_tokens: int, seed: int, sampling):
-    """The start arguments (params, prompt [B, P], prompt_len [B], max_new [B], rng [B, 2],
+    """The start arguments (params, prompt [B, P], prompt_len [B], max_new_tokens [B], rng [B, 2],
     RowSampling of [B] arrays: `sampling`, a SamplingConfig, on every row) and the budget
     bucket. With several processes `ids` are this process's rows; all processes must agree
     on the shapes, so the bucket covers everyone's longest prompt."""

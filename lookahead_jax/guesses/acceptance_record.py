@@ -1,6 +1,6 @@
 """The per-row acceptance record that adapts how the draft tree is filled.
 
-The tree has a fixed number of slots Z and the sources propose more nodes than that;
+The tree has a fixed number of nodes Z and the sources propose more nodes than that;
 `draft_tree.merge` keeps the best-scored ones. A node's score is a modelled chance that
 its path is right, from rates fixed per source (the priors beside each source:
 POOL_RATES, SUFFIX_RATES, RECYCLE_RATES) and
@@ -9,10 +9,10 @@ probability). Which source pays differs by row and along a row: a row copying co
 accepts long suffix matches, a row writing prose accepts short recycled guesses. So each
 row keeps, on the device, per source j and tree depth a (1..A):
 
-    expected[b, j, a]  the sum of the prior scores of the slots it was offered
+    expected[b, j, a]  the sum of the prior scores of the nodes it was offered
                        (the tokens the priors said it would get accepted there)
     accepted[b, j, a]  the tokens it really got accepted there (0 or 1 per step: the
-                       right path holds one slot per depth)
+                       right path holds one node per depth)
 
 both decayed by DECAY each step the row decodes, so that the record follows the row.
 The next step weighs every proposal's score by
@@ -21,15 +21,15 @@ The next step weighs every proposal's score by
 
 (> 1: the source beat its prior at that depth for this row; < 1: it fell short) before
 `merge` orders them. PRIOR_TOKENS keeps a young record near 1, and a source that lost its
-slots sees both sums decay and its weight return to 1, so it is tried again.
+nodes sees both sums decay and its weight return to 1, so it is tried again.
 
 Example, one row, recycling at depth 1 (other cells alike; DECAY 0.9, PRIOR_TOKENS 0.5):
 
-    step   offered slots' scores   one right?   expected   accepted   weight
+    step   offered nodes' scores   one right?   expected   accepted   weight
     1      0.45 + 0.15              yes          0.60       1.00       1.50 / 1.10 = 1.36
     2      0.45 + 0.15              no           1.14       0.90       1.40 / 1.64 = 0.85
 
-Only which candidates fill the tree changes: verification checks every slot against the
+Only which candidates fill the tree changes: verification checks every node against the
 model's own token as before, so the output is the same with or without the record.
 """
 
@@ -69,9 +69,9 @@ def weights(record: AcceptanceRecord):
 
 
 def update(record: AcceptanceRecord, tree: DraftTree, acc: Acceptance, active_b):
-    """Decay the record and add one step: the tree that was verified (its slots' sources,
-    depths and prior scores) and which of its slots' paths were right (`acc.right`:
-    the accepted path, or a slot holding the same path as a verified window path, which
+    """Decay the record and add one step: the tree that was verified (its nodes' sources,
+    depths and prior scores) and which of its nodes' paths were right (`acc.right`:
+    the accepted path, or a node holding the same path as a verified window path, which
     verification may have preferred). Rows not active keep theirs."""
     J, A = record.expected.shape[1:]
     source_bzj = jax.nn.one_hot(tree.source, J, dtype=jnp.float32)  # source -1: all zero

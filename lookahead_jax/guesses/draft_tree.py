@@ -7,36 +7,36 @@ estimated chance that every token on the path from the root to the node is right
 chain of k guessed tokens is k nodes, each the parent of the next; a tree template is
 nodes whose parents fan out.
 
-`merge` turns the `count` proposals of a row into a tree of Z slots (`count` may exceed Z):
+`merge` turns the `count` proposals of a row into a tree of Z nodes (`count` may exceed Z):
 
 1. order the proposals by score, best first (a node never scores above its parent, and
    ties keep the proposal order, in which a parent always comes first); a row's
    acceptance record (acceptance_record.py) may weigh the scores by source and depth;
 2. merge equal paths: a node is a *duplicate* when an earlier node has the same token,
-   depth and (merged) parent, i.e. the same path from the root; duplicates take no slot;
+   depth and (merged) parent, i.e. the same path from the root; duplicates take no node;
 3. keep the first Z distinct nodes. Every kept node's parent comes earlier, so it is
-   kept too: the tree is prefix-closed and slot order is parent-before-child.
+   kept too: the tree is prefix-closed and node order is parent-before-child.
 
 Example, Z=5, proposals (score order, root = r):
 
-    proposal   path       kept as slot   slot's parent
+    proposal   path       kept as node   node's parent
     p0         r-a        0              root
     p1         r-a-b      1              0
     p2         r-c        2              root
     p3         r-a        duplicate of p0
     p4         r-a-d      3              0      (p4's parent p3 merged into p0)
     p5         r-a-b-e    4              1
-    p6         r-c-f      - (no slot left)
+    p6         r-c-f      - (no node left)
 
-Each slot sees the root, its ancestors and itself (and the cache): `ancestors[q, u]`
-says slot u lies on the path to slot q (q included). A slot at depth d sits at position
-p + d, where p is the input's. Empty slots are padding: they see only the root and
-themselves, and no real slot sees them.
+Each node sees the root, its ancestors and itself (and the cache): `ancestors[q, u]`
+says node u lies on the path to node q (q included). A node at depth d sits at position
+p + d, where p is the input's. Empty nodes are padding: they see only the root and
+themselves, and no real node sees them.
 
-`verify` applies the one acceptance rule: slot q is right iff its token equals the
-model's token after its parent (after the root for depth 1); the deepest slot whose
-whole path is right wins (the first such slot on ties), and the step emits that path's
-tokens plus the model's token after its last slot (the bonus token). "The model's token"
+`verify` applies the one acceptance rule: node q is right iff its token equals the
+model's token after its parent (after the root for depth 1); the deepest node whose
+whole path is right wins (the first such node on ties), and the step emits that path's
+tokens plus the model's token after its last node (the bonus token). "The model's token"
 is the greedy argmax or the seeded Gumbel-max sample (sampling.py): the rule is exact
 for both.
 """
@@ -122,16 +122,16 @@ def concat(parts: list[Proposals]) -> Proposals:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DraftTree:
-    """Z slots per row in parent-before-child order (see the module docstring).
+    """Z nodes per row in parent-before-child order (see the module docstring).
 
-    tokens     [B, Z] int32   (0 in empty slots)
-    parent     [B, Z] int32   slot of the parent (< own slot), or ROOT
-    depth      [B, Z] int32   1.. (1 in empty slots: they sit at p + 1)
+    tokens     [B, Z] int32   (0 in empty nodes)
+    parent     [B, Z] int32   node of the parent (< own node), or ROOT
+    depth      [B, Z] int32   1.. (1 in empty nodes: they sit at p + 1)
     valid      [B, Z] bool
-    source     [B, Z] int32   the source of the first proposal merged into the slot (in
+    source     [B, Z] int32   the source of the first proposal merged into the node (in
                               merge order: the best score, weighed when weights are given)
-    score      [B, Z] float32 that proposal's prior score (0 in empty slots and window paths)
-    ancestors  [B, Z, Z] bool slot u is on the path to slot q (q itself included)
+    score      [B, Z] float32 that proposal's prior score (0 in empty nodes and window paths)
+    ancestors  [B, Z, Z] bool node u is on the path to node q (q itself included)
     """
 
     tokens: jax.Array
@@ -143,12 +143,12 @@ class DraftTree:
     ancestors: jax.Array
 
     @property
-    def slots(self) -> int:
+    def nodes(self) -> int:
         return self.tokens.shape[1]
 
 
 def empty(batch: int) -> DraftTree:
-    """A tree of no slots."""
+    """A tree of no nodes."""
     z = lambda dt, *shape: jnp.zeros((batch, *shape), dt)  # noqa: E731
     return DraftTree(
         z(jnp.int32, 0),
@@ -162,7 +162,7 @@ def empty(batch: int) -> DraftTree:
 
 
 def concat_trees(first: DraftTree, second: DraftTree) -> DraftTree:
-    """Both trees' slots side by side (first's, then second's), verified together."""
+    """Both trees' nodes side by side (first's, then second's), verified together."""
     B, d1 = first.tokens.shape
     d2 = second.tokens.shape[1]
     cat = lambda a, b: jnp.concatenate([a, b], axis=1)  # noqa: E731
@@ -200,7 +200,7 @@ def _propagate_down(parent, score, valid, max_depth: int):
 
 
 def ancestors_of(parent_bz, max_depth: int):
-    """[B, Z, Z] bool: slot u is on the path from the root to slot q (q included).
+    """[B, Z, Z] bool: node u is on the path from the root to node q (q included).
 
     Needs parent < own index (or ROOT); `max_depth` bounds the path length."""
     B, Z = parent_bz.shape
@@ -213,8 +213,8 @@ def ancestors_of(parent_bz, max_depth: int):
     return jax.lax.fori_loop(0, max_depth, body, eye)
 
 
-def merge(p: Proposals, slots: int, max_depth: int, weight_bja=None) -> DraftTree:
-    """Merge equal paths and keep the best `slots` distinct nodes (module docstring).
+def merge(p: Proposals, nodes: int, max_depth: int, weight_bja=None) -> DraftTree:
+    """Merge equal paths and keep the best `nodes` distinct nodes (module docstring).
 
     max_depth: the deepest proposal (a static bound, e.g. the longest chain).
     weight_bja: None, or [B, J, A] factors (acceptance_record.weights): a node of source
@@ -262,18 +262,18 @@ def merge(p: Proposals, slots: int, max_depth: int, weight_bja=None) -> DraftTre
     first = jnp.argmax(same, axis=2)  # [B, count] the earliest node with u's path (u if none)
     distinct = valid & (first == jnp.arange(count)[None])
 
-    # 3. the first `slots` distinct nodes; a duplicate's children hang below its original
+    # 3. the first `nodes` distinct nodes; a duplicate's children hang below its original
     n_distinct = jnp.cumsum(distinct, axis=1)
-    keep = distinct & (n_distinct <= slots)
-    slot = jnp.where(keep, n_distinct - 1, slots)  # `slots` = dropped (out of range)
+    keep = distinct & (n_distinct <= nodes)
+    node = jnp.where(keep, n_distinct - 1, nodes)  # `nodes` = dropped (out of range)
     rep_parent = jnp.where(parent == ROOT, ROOT, _gather_rows(first, parent))
-    parent_slot = jnp.where(rep_parent == ROOT, ROOT, _gather_rows(slot, rep_parent))
+    parent_node = jnp.where(rep_parent == ROOT, ROOT, _gather_rows(node, rep_parent))
 
     def scatter(values, fill):
-        out = jnp.full((B, slots), fill, values.dtype)
-        return jax.vmap(lambda o, s, v: o.at[s].set(v, mode="drop"))(out, slot, values)
+        out = jnp.full((B, nodes), fill, values.dtype)
+        return jax.vmap(lambda o, s, v: o.at[s].set(v, mode="drop"))(out, node, values)
 
-    tree_parent = scatter(parent_slot, ROOT)
+    tree_parent = scatter(parent_node, ROOT)
     return DraftTree(
         tokens=scatter(tokens, 0),
         parent=tree_parent,
@@ -291,12 +291,12 @@ class Acceptance:
     """The verified outcome of one step, per row.
 
     accepted  [B] int32     guessed tokens accepted (0..max depth)
-    path      [B, A] int32  slots of the accepted path, depth 1 first (A = max depth;
+    path      [B, A] int32  nodes of the accepted path, depth 1 first (A = max depth;
                             entries >= accepted are meaningless)
     emitted   [B, E] int32  the step's tokens (E = A + 1): the accepted ones, then the bonus
-    source    [B] int32     source of the accepted path's last slot (-1 if none)
-    right     [B, Z] bool   slots whose whole path is right (the accepted path's slots, and
-                            any other slot holding the same path)
+    source    [B] int32     source of the accepted path's last node (-1 if none)
+    right     [B, Z] bool   nodes whose whole path is right (the accepted path's nodes, and
+                            any other node holding the same path)
     """
 
     accepted: jax.Array
@@ -313,11 +313,11 @@ def is_right(tokens, expected):
     return tokens == expected
 
 
-def verify(tree: DraftTree, after_root_b, after_slot_bz, max_depth: int) -> Acceptance:
+def verify(tree: DraftTree, after_root_b, after_node_bz, max_depth: int) -> Acceptance:
     """The deepest right path, plus the model's token after it (module docstring).
 
     after_root [B]     the model's token after the input
-    after_slot [B, Z]  the model's token after each slot
+    after_node [B, Z]  the model's token after each node
     """
     B, Z = tree.tokens.shape
     if Z == 0 or max_depth == 0:
@@ -326,7 +326,7 @@ def verify(tree: DraftTree, after_root_b, after_slot_bz, max_depth: int) -> Acce
         path = jnp.zeros((B, max_depth), jnp.int32)
         return Acceptance(zeros, path, emitted, zeros - 1, jnp.zeros((B, Z), bool))
     expected = jnp.where(
-        tree.parent == ROOT, after_root_b[:, None], _gather_rows(after_slot_bz, tree.parent)
+        tree.parent == ROOT, after_root_b[:, None], _gather_rows(after_node_bz, tree.parent)
     )
     right = tree.valid & is_right(tree.tokens, expected)  # [B, Z]
     path_right = tree.valid & ~jnp.any(tree.ancestors & ~right[:, None, :], axis=2)
@@ -339,7 +339,7 @@ def verify(tree: DraftTree, after_root_b, after_slot_bz, max_depth: int) -> Acce
     path = jnp.argmax(at_level, axis=2).astype(jnp.int32)  # [B, A]
     path_tokens = jnp.take_along_axis(tree.tokens, path, axis=1)
     bonus = jnp.where(
-        accepted > 0, jnp.take_along_axis(after_slot_bz, best[:, None], axis=1)[:, 0], after_root_b
+        accepted > 0, jnp.take_along_axis(after_node_bz, best[:, None], axis=1)[:, 0], after_root_b
     )
     i = jnp.arange(max_depth + 1)[None]
     padded = jnp.pad(path_tokens, ((0, 0), (0, 1)))

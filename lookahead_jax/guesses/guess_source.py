@@ -6,7 +6,7 @@ argument) with
 
     name    its key in the stats and its row in the acceptance record
     nodes   how many draft nodes `propose` returns per row: its share of the proposals,
-            a static count (the tree's Z slots are filled from every source's nodes)
+            a static count (the tree's Z nodes are filled from every source's nodes)
     depth   the deepest node it proposes (the root's children are depth 1)
 
 and three pure, fixed-shape functions of its own state (any pytree; None if it keeps
@@ -134,11 +134,11 @@ class Verified:
     active     [B] bool      rows that decoded this step
     window     WindowNGrams  the window's n-grams (W = 0 without a window)
     computed       [B, R] int32  the R step tokens whose logits the step computed (the
-                                 input, the window's newest level, every tree slot)
+                                 input, the window's newest level, every tree node)
     computed_prev  [B, R] int32  the token each of them follows
     computed_ok    [B, R] bool   real (not padding) and the row active
     logits         [B, R, V]     their logits
-    on_path        [B, R] bool   those of the accepted path's slots (their logits saw the
+    on_path        [B, R] bool   those of the accepted path's nodes (their logits saw the
                                  true context, as the input's did)
     """
 

@@ -2,7 +2,7 @@
 tokens per step (`LookaheadConfig.for_budget`).
 
 A step feeds T tokens through the model (lookahead_layout.py): the input, the Jacobi
-window's (N-1)*W tokens and the draft tree's Z slots; `tokens_per_step` is T. The knobs
+window's (N-1)*W tokens and the draft tree's Z nodes; `tokens_per_step` is T. The knobs
 and what each source is are described in lookahead.py; `for_budget(T)` picks the best
 measured layout that feeds at most T tokens.
 """
@@ -32,11 +32,11 @@ class LookaheadConfig:
 
     n, w, g     the paper's knobs: n-gram size N (window levels + 1), window columns W
                 (0: no window), pool n-grams G looked up per step (they compete with
-                the other sources for the tree's slots)
+                the other sources for the tree's nodes)
     suffix      suffix-match continuations proposed, each up to `suffix_span` tokens,
                 keyed on up to `suffix_key` of the row's last tokens
     recycle     token-recycling template nodes; `recycle_k` next tokens kept per token
-    tree        draft-tree slots Z fed per step (None: one per proposed node)
+    tree        draft-tree nodes Z fed per step (None: one per proposed node)
     pool_capacity  n-grams kept per key (None: g)
     prompt_pool seed the pool with the prompt's n-grams
     verify_window  also verify the window's own paths
@@ -47,7 +47,7 @@ class LookaheadConfig:
                 depth for the row lately (False: the priors alone, as before)
     extra_sources  guess sources beyond the built-in ones (guess_source.GuessSource,
                 e.g. one written outside the package: docs/library.md); they propose
-                after them and compete with them for the tree's slots
+                after them and compete with them for the tree's nodes
     budget      set by for_budget: the tokens-per-step budget the layout serves
 
     `sources` are the guess sources these knobs make (the pool if G > 0, suffix match,
@@ -103,7 +103,7 @@ class LookaheadConfig:
         self._check_extra_sources()
         if self.tree is not None and self.tree > self.proposed_nodes:
             raise UserInputError(
-                f"lookahead tree={self.tree} has more slots than the guess sources propose "
+                f"lookahead tree={self.tree} has more nodes than the guess sources propose "
                 f"({self.proposed_nodes} nodes: "
                 + ", ".join(f"{s.name} {s.nodes}" for s in self.sources)
                 + "): the rest would always be empty"
@@ -172,7 +172,7 @@ class LookaheadConfig:
         return sum(s.nodes for s in self.sources)
 
     @property
-    def tree_slots(self) -> int:
+    def tree_nodes(self) -> int:
         return self.proposed_nodes if self.tree is None else self.tree
 
     @property
@@ -182,7 +182,7 @@ class LookaheadConfig:
 
     @property
     def layout(self) -> StepLayout:
-        return StepLayout(self.n, self.w, self.tree_slots, self.verify_window)
+        return StepLayout(self.n, self.w, self.tree_nodes, self.verify_window)
 
     @property
     def verify_depth(self) -> int:
@@ -304,7 +304,7 @@ class LookaheadConfig:
             "suffix_key": self.suffix_key,
             "recycle": self.recycle,
             "recycle_k": self.recycle_k,
-            "tree": self.tree_slots,
+            "tree": self.tree_nodes,
             "pool_capacity": self.pool_capacity or self.g,
             "step_tokens": self.tokens_per_step,
             "prompt_pool": self.prompt_pool,

@@ -1,26 +1,26 @@
 """Where each token of a lookahead step sits: its index, position and what it may see.
 
-One step feeds T = 1 + M*W + Z tokens (M = N-1 window levels, Z tree slots):
+One step feeds T = 1 + M*W + Z tokens (M = N-1 window levels, Z tree nodes):
 
     index 0                 the input token (newest accepted), position p
     1 + l*W + j             Jacobi window level l (0 = oldest), column j,
                             position p + 1 + l + j
-    1 + M*W + q             draft-tree slot q (draft_tree.py), position p + depth[q]
+    1 + M*W + q             draft-tree node q (draft_tree.py), position p + depth[q]
 
 Every token also sees the row's whole cache (positions < p). Among the new tokens:
 
 * a window token (l, j) sees the input, level 0 up to column j and its own column on
   levels 1..l: exactly the tokens at positions p .. p+1+l+j, one each, so column j of
   the window is a Jacobi trajectory whose levels are consecutive positions;
-* a tree slot sees the input, its ancestors and itself (the tree's `ancestors`);
+* a tree node sees the input, its ancestors and itself (the tree's `ancestors`);
 * the window and the tree never see each other.
 
 The input and window part is static, derived from (N, W) alone in numpy at trace time;
 the tree part is data (each row's tree differs from step to step).
 
-Example, N=4, W=5 and a 6-slot tree holding two chains of 3 tokens, v0 and v1 (T = 22).
+Example, N=4, W=5 and a 6-node tree holding two chains of 3 tokens, v0 and v1 (T = 22).
 Rows are queries, columns keys; `in` is the input, alj window level l column j, vci
-chain c token i (tree slots 0..5); [+k] is the position offset from p; x = may attend.
+chain c token i (tree nodes 0..5); [+k] is the position offset from p; x = may attend.
 
                in 00 01 02 03 04 10 11 12 13 14 20 21 22 23 24 00 01 02 10 11 12
                   |<-------------- window alj -------------->| |<-- tree vci ->|
@@ -48,7 +48,7 @@ chain c token i (tree slots 0..5); [+k] is the position offset from p; x = may a
     v12 [+3]    x  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  .  x  x  x
 
 Had v1 started with v0's first token, the tree would have merged them: v1's first token
-would share slot 0 and its later tokens would hang below it (see draft_tree.py).
+would share node 0 and its later tokens would hang below it (see draft_tree.py).
 
 (tests/test_lookahead_layout.py holds this matrix verbatim.)
 """
@@ -66,7 +66,7 @@ import numpy as np
 class StepLayout:
     n: int  # window levels + 1 (the pool's n-gram size)
     w: int  # window columns (0: no window)
-    slots: int  # draft-tree slots Z
+    nodes: int  # draft-tree nodes Z
     verify_window: bool = False  # logits for every window token (see window_parents)
 
     @property
@@ -80,7 +80,7 @@ class StepLayout:
 
     @property
     def num_tokens(self) -> int:
-        return 1 + self.window_tokens + self.slots
+        return 1 + self.window_tokens + self.nodes
 
     @property
     def tree_start(self) -> int:
@@ -112,7 +112,7 @@ class StepLayout:
         return mask
 
     def offsets(self, tree_depth_bz):
-        """[B, T]: each token's position minus the input's (a tree slot's is its depth)."""
+        """[B, T]: each token's position minus the input's (a tree node's is its depth)."""
         B = tree_depth_bz.shape[0]
         static = jnp.broadcast_to(jnp.asarray(self.static_offsets), (B, self.tree_start))
         return jnp.concatenate([static, tree_depth_bz.astype(jnp.int32)], axis=1)
@@ -130,7 +130,7 @@ class StepLayout:
 
         Index 0 is the input, then the window tokens that need logits — the newest
         level's W (or, with verify_window, all (N-1)*W in window order) — then the Z
-        tree slots.
+        tree nodes.
         """
         if self.verify_window:
             window = list(range(1, self.tree_start))
@@ -162,7 +162,7 @@ class StepLayout:
     # (column j's parent is column j-1, column 0's the input) and level l of column j
     # hangs below level l-1 of column j. Every root-to-node path is a causal chain of
     # consecutive positions, so each one is a guess of the next tokens that this very
-    # pass verifies, like a tree slot (verify_window).
+    # pass verifies, like a tree node (verify_window).
 
     def window_parent(self, level: int, col: int) -> int:
         """Window node index (level*W + col) of the parent, or -1 for the input."""

@@ -19,7 +19,7 @@ the pair was never seen.
 The step's input is expanded into a draft tree of fixed shape: a node of the static
 *template* is (parent node, rank r) and its token is its parent's r-th candidate. Both
 tables are refreshed from the logits of every token whose logits the step computes (the
-input, the window's newest level, every tree slot) — tokens the step does not keep,
+input, the window's newest level, every tree node) — tokens the step does not keep,
 recycled. Before the first step the token table is
 seeded from the prompt: each token's entry 0 is the token that followed its last
 occurrence.
@@ -157,7 +157,7 @@ def seed_from_text(table: RecycleTable, tokens_bs, end_b) -> RecycleTable:
 
 
 def _first_writer(index_br, prio_br, ok_br, size: int):
-    """Which of R writes into `size` slots go through: per slot, the ok writer with the
+    """Which of R writes into `size` entries go through: per entry, the ok writer with the
     highest (distinct) priority; the rest get index `size` (dropped)."""
     prio = jnp.where(ok_br, prio_br, -1).astype(jnp.int32)
     best = jax.vmap(lambda i, p: jnp.full((size,), -1, jnp.int32).at[i].max(p))(index_br, prio)

@@ -40,11 +40,11 @@ class Ours:
     def __init__(self, model, lookahead, temperature: float = 0.0):
         self.model, self.lookahead, self.temperature = model, lookahead, temperature
 
-    def __call__(self, ids: list[int], max_new: int, seed: int = 0) -> dict:
+    def __call__(self, ids: list[int], max_new_tokens: int, seed: int = 0) -> dict:
         out = lj.generate(
             self.model,
             [ids],
-            max_new_tokens=max_new,
+            max_new_tokens=max_new_tokens,
             lookahead=self.lookahead,
             temperature=self.temperature,
             seed=seed,
@@ -64,7 +64,7 @@ class HF:
     def __init__(self, hf_model, prompt_lookup: int | None, temperature: float = 0.0):
         self.model, self.prompt_lookup, self.temperature = hf_model, prompt_lookup, temperature
 
-    def __call__(self, ids: list[int], max_new: int, seed: int = 0) -> dict:
+    def __call__(self, ids: list[int], max_new_tokens: int, seed: int = 0) -> dict:
         import torch
 
         torch.manual_seed(seed)
@@ -77,7 +77,7 @@ class HF:
             out = self.model.generate(
                 x,
                 attention_mask=torch.ones_like(x),
-                max_new_tokens=max_new,
+                max_new_tokens=max_new_tokens,
                 **{"do_sample": False, **kw},
             )
         seconds = time.perf_counter() - t

@@ -54,7 +54,7 @@ def child(args, batch: int, layouts: list[str]) -> list[dict]:
     greedy = {"sampled": False} if per_row else {"sampling": sampling.SamplingConfig()}
 
     check = _checker()
-    prompt, cap = args.prompt, args.cap
+    prompt, max_new_tokens_bucket = args.prompt, args.max_new_tokens_bucket
     if args.shape:  # a real shape with random weights (the 7B/8B shapes on a GPU)
         from cost_curve import bench_model
 
@@ -78,9 +78,14 @@ def child(args, batch: int, layouts: list[str]) -> list[dict]:
             greedy_rows = sampling.RowSampling.of([sampling.SamplingConfig()] * batch)
             args += (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), greedy_rows),)
         t0 = time.perf_counter()
-        exe, _ = programs.compiled(model, spec, cap, args, "run_loop")
+        exe, _ = programs.compiled(model, spec, max_new_tokens_bucket, args, "run_loop")
         compile_s = time.perf_counter() - t0
-        state = jax.eval_shape(functools.partial(decoding.start, spec=spec, max_new_cap=cap), *args)
+        state = jax.eval_shape(
+            functools.partial(
+                decoding.start, spec=spec, max_new_tokens_bucket=max_new_tokens_bucket
+            ),
+            *args,
+        )
         found = check.loop_copies(exe.as_text(), check.protected_shapes(model.params, state))
         kinds = collections.Counter((c.op, tuple(c.shape)) for c in found)
         rows.append(
@@ -108,7 +113,12 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--layouts", default="plain,8")
     ap.add_argument("--prompt", type=int, default=256, help="prompt bucket P")
-    ap.add_argument("--cap", type=int, default=256, help="token budget: S = P + cap + E")
+    ap.add_argument(
+        "--max_new_tokens_bucket",
+        type=int,
+        default=256,
+        help="token budget: S = P + max_new_tokens_bucket + E",
+    )
     ap.add_argument("--out", default="benchmarks/cpu/loop_copies")
     ap.add_argument("--child-batch", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -130,14 +140,14 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--child-batch", str(B), "--ckpt", args.ckpt,
                    "--layouts", args.layouts, "--prompt", str(args.prompt), "--dtype", args.dtype,
                    *(["--shape", args.shape] if args.shape else []),
-                   "--cap", str(args.cap)]  # fmt: skip
+                   "--max_new_tokens_bucket", str(args.max_new_tokens_bucket)]  # fmt: skip
             done = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True)
             rows += [dict(r, version=label) for r in json.loads(done.stdout.splitlines()[-1])]
     lines = [
         "# What the decode loop copies, read from its HLO",
         "",
         f"{args.shape or args.ckpt} ({args.dtype}), prompt bucket {args.prompt}, budget "
-        f"{args.cap}; CPU: {cpu_model()} ({os.cpu_count()} cores); device "
+        f"{args.max_new_tokens_bucket}; CPU: {cpu_model()} ({os.cpu_count()} cores); device "
         f"{rows[0]['device'] if rows else '?'}. Copies inside the compiled `run_loop` of "
         "weights, K/V buffers, pool, recycling tables or token buffer "
         "(decoding/loop_copies.py); compile seconds of that program, no compilation cache.",
