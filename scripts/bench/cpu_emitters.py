@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ import lookahead_jax as lj  # noqa: E402
 from lookahead_jax.decoding import loop, programs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
 from prompts import prompt_set  # noqa: E402
 
 DEFAULT_OPTIONS = loop.compiler_options
@@ -36,16 +36,6 @@ VARIANTS = {
         "xla_cpu_use_fusion_emitters": False,
     },
 }
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main() -> None:
@@ -99,7 +89,7 @@ def main() -> None:
         "",
         f"`python scripts/bench/cpu_emitters.py --batch {args.batch} --max-new-tokens "
         f"{args.max_new_tokens} --rounds {args.rounds} --repeats {args.repeats}`; "
-        f"{cpu_name()}, {os.cpu_count()} cores; SmolLM2-135M float32, the first "
+        f"{cpu_model()}, {os.cpu_count()} cores; SmolLM2-135M float32, the first "
         f"{args.batch} MT-bench prompt(s). Compile: seconds for the decode's programs, "
         "min / max over rounds. Decode: whole-call seconds, min / median over rounds x "
         "repeats. Tokens were equal in every call of both variants.",
@@ -120,7 +110,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(
-        json.dumps({"cpu": cpu_name(), "args": vars(args), "records": records}, indent=1) + "\n"
+        json.dumps({"cpu": cpu_model(), "args": vars(args), "records": records}, indent=1) + "\n"
     )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
