@@ -395,7 +395,7 @@ CASES = [
         "lookahead-tree-bigger-than-its-sources",
         GEN,
         (*CORRUPT, *G, "--lookahead", "n=2,w=0,g=0,recycle=4,tree=9"),
-        ("tree=9", "more slots than the guess sources propose", "4 nodes"),
+        ("tree=9", "more nodes than the guess sources propose", "4 nodes"),
         lambda p, a: lj.LookaheadConfig(2, 0, 0, recycle=4, tree=9),
     ),
     Case(
