@@ -22,30 +22,31 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int, UInt32
 
 from lookahead_jax.decoding.sampling import RowSampling, choose_tokens
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+from lookahead_jax.models import seam
 from lookahead_jax.models.kv_cache import KVCache, write_prefix
 
 if TYPE_CHECKING:  # lookahead.py imports this module
     from lookahead_jax.decoding.lookahead import DraftState
-    from lookahead_jax.models.seam import CausalLM
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DecodeState:
     cache: KVCache
-    tokens: jax.Array  # [B, S] int32, see module docstring
-    step_of_token: jax.Array  # [B, S] int32: the step that emitted each new token (0 = prefill)
-    prompt_len: jax.Array  # [B] int32
-    n_out: jax.Array  # [B] int32 new tokens emitted (EOS excluded)
-    max_new_tokens: jax.Array  # [B] int32 budget per row
-    done: jax.Array  # [B] bool
-    steps: jax.Array  # [B] int32 forward passes after prefill while the row was active
-    rng: jax.Array  # [B, 2] uint32 per-row PRNG keys (sampling.row_keys)
-    sampling: RowSampling  # [B] temperature, top-k, top-p per row
-    accept_hist: jax.Array  # [B, E] int32: steps that emitted 1..E tokens
+    tokens: Int[Array, "B S"]  # see the module docstring
+    step_of_token: Int[Array, "B S"]  # the step that emitted each new token (0 = prefill)
+    prompt_len: Int[Array, " B"]
+    n_out: Int[Array, " B"]  # new tokens emitted (EOS excluded)
+    max_new_tokens: Int[Array, " B"]  # budget per row
+    done: Bool[Array, " B"]
+    steps: Int[Array, " B"]  # forward passes after prefill while the row was active
+    rng: UInt32[Array, "B 2"]  # per-row PRNG keys (sampling.row_keys)
+    sampling: RowSampling  # temperature, top-k, top-p per row
+    accept_hist: Int[Array, "B E"]  # steps that emitted 1..E tokens
     draft: DraftState | None = None  # the window's and the guess sources' state
 
 
@@ -53,7 +54,7 @@ class DecodeState:
 class DecodeSpec:
     """Everything static about a decode: a jit static argument."""
 
-    lm: CausalLM  # the model seam (seam.py)
+    lm: seam.CausalLM  # the model seam (seam.py)
     eos_ids: tuple[int, ...]
     # whether any row may sample (False: every row is greedy, whatever its settings say,
     # and the programs carry no sampling code); the settings are per row, in the state
@@ -126,7 +127,7 @@ def prefill(
     S = slots_needed(P, max_new_tokens_bucket, max(spec.max_emit, spec.min_slack))
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
     last = (prompt_len_b - 1)[:, None]
-    logits, k, v = spec.lm.apply(params, prompt_bp, positions, causal_mask(P), None, last)
+    logits, k, v = seam.apply(spec.lm, params, prompt_bp, positions, causal_mask(P), None, last)
     cache = spec.lm.init_cache(B, S, jnp.dtype(spec.cache_dtype))
     cache = write_prefix(cache, k, v, prompt_len_b)
     tokens = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt_bp)

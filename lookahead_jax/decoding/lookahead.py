@@ -51,7 +51,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Int
 
+from lookahead_jax import shapes
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
 from lookahead_jax.decoding.sampling import choose_tokens, gumbel_noise
 from lookahead_jax.errors import UserInputError
@@ -59,7 +61,7 @@ from lookahead_jax.guesses import acceptance_record, draft_tree
 from lookahead_jax.guesses.guess_source import Prompt, Sampler, Text, Verified, WindowNGrams
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 from lookahead_jax.guesses.lookahead_layout import StepLayout
-from lookahead_jax.models import kv_cache
+from lookahead_jax.models import kv_cache, seam
 
 # A window cell's draw key is the row key folded with this (new-token indices,
 # used for sampling noise, never reach it).
@@ -80,11 +82,11 @@ class DraftState:
     tokens_by_source  [B, J] int32  guessed tokens accepted from each
     """
 
-    window: jax.Array
+    window: Int[Array, "B M W"]  # M = N-1 levels
     sources: tuple[Any, ...]
     record: acceptance_record.AcceptanceRecord | None
-    paths_by_source: jax.Array
-    tokens_by_source: jax.Array
+    paths_by_source: Int[Array, "B J"]
+    tokens_by_source: Int[Array, "B J"]
 
 
 def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> DecodeState:
@@ -151,6 +153,7 @@ def propose(
     parts = []
     for j, (source, own) in enumerate(zip(config.sources, state.draft.sources, strict=True)):
         p = source.propose(own, text)
+        shapes.check(text, p, names=("Text", f"{source.name}.propose()"))
         if p.tokens.shape != (input_b.shape[0], source.nodes):
             raise UserInputError(
                 f"guess source {source.name!r} proposed {p.tokens.shape[1:]} nodes a row; it "
@@ -222,7 +225,8 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     step_tokens_bt = jnp.concatenate([input_b[:, None], window_flat, tree.tokens], axis=1)
     offsets_bt = layout.offsets(tree.depth)
     logits_rows_br = jnp.broadcast_to(jnp.asarray(layout.logits_rows), (B, len(layout.logits_rows)))
-    logits_brv, new_k, new_v = spec.lm.apply(
+    logits_brv, new_k, new_v = seam.apply(
+        spec.lm,
         params,
         step_tokens_bt,
         # a guess may sit past the model's last position; clamped, it is never kept
@@ -303,10 +307,13 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         logits=logits_brv,
         on_path=accepted_rows(config, acc, computed_br.shape[1]),
     )
+    shapes.check(verified_step)
     sources = tuple(
         source.feed(own, verified_step)
         for source, own in zip(config.sources, draft.sources, strict=True)
     )
+    for source, own, new in zip(config.sources, draft.sources, sources, strict=True):
+        shapes.check(own, new, names=(f"{source.name} state", f"{source.name}.feed()"))
     window = jnp.where(active_b[:, None, None], shifted_bmw, draft.window)
     draft = dataclasses.replace(draft, window=window, sources=sources)
     return dataclasses.replace(state, draft=draft)
@@ -338,7 +345,8 @@ def window_ngrams(window_bmw, shifted_bmw, input_b, active_b) -> WindowNGrams:
     levels and the new level (the shifted window's column); a level-0 token follows the
     one left of it, column 0 the step's input."""
     B, _, w = window_bmw.shape
-    prev_bw = jnp.concatenate([input_b[:, None], window_bmw[:, 0, :-1]], axis=1)
+    # [:, :w]: without a window (W = 0) the input alone would make prev [B, 1]
+    prev_bw = jnp.concatenate([input_b[:, None], window_bmw[:, 0, :-1]], axis=1)[:, :w]
     return WindowNGrams(
         keys=window_bmw[:, 0],
         tails=jnp.swapaxes(shifted_bmw, 1, 2),

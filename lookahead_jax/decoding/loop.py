@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from lookahead_jax import shapes
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, prefill
 from lookahead_jax.decoding.lookahead import init_lookahead, lookahead_step
 from lookahead_jax.decoding.plain import plain_step
@@ -44,6 +45,7 @@ from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import sharding
 
 
+@shapes.checked
 def start(
     params,
     prompt_bp,
@@ -75,6 +77,7 @@ def start(
     return state
 
 
+@shapes.checked
 def step(params, state: DecodeState, *, spec: DecodeSpec) -> DecodeState:
     """One forward pass: plain (1 token per row) or lookahead (1..max_emit)."""
     if spec.lookahead is None:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
 from lookahead_jax.decoding.sampling import choose_tokens
-from lookahead_jax.models import kv_cache
+from lookahead_jax.models import kv_cache, seam
 
 
 def plain_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
@@ -16,7 +16,8 @@ def plain_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     B = state.tokens.shape[0]
     active = ~state.done
     positions = state.cache.lengths[:, None]
-    logits, new_k, new_v = spec.lm.apply(
+    logits, new_k, new_v = seam.apply(
+        spec.lm,
         params,
         input_tokens(state)[:, None],
         positions,

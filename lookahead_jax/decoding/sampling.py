@@ -47,6 +47,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Float, Int
 
 from lookahead_jax.errors import UserInputError
 
@@ -83,9 +84,9 @@ class RowSampling:
     top_p        [B] float32   1: off
     """
 
-    temperature: jax.Array
-    top_k: jax.Array
-    top_p: jax.Array
+    temperature: Float[Array, " B"]
+    top_k: Int[Array, " B"]
+    top_p: Float[Array, " B"]
 
     @classmethod
     def of(cls, configs) -> RowSampling:

@@ -39,6 +39,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Float
 
 from lookahead_jax.guesses.draft_tree import Acceptance, DraftTree
 
@@ -54,8 +55,8 @@ PRIOR_TOKENS = 0.5  # pseudo-tokens on both sides of the ratio (weight 1 for a n
 class AcceptanceRecord:
     """expected [B, J, A], accepted [B, J, A] float32 (J guess sources, A tree depths)."""
 
-    expected: jax.Array
-    accepted: jax.Array
+    expected: Float[Array, "B J A"]
+    accepted: Float[Array, "B J A"]
 
 
 def init(batch: int, sources: int, depth: int) -> AcceptanceRecord:

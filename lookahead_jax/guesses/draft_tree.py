@@ -47,6 +47,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
 
 ROOT = -1  # parent index of a depth-1 node: the step's input token
 
@@ -65,12 +66,12 @@ class Proposals:
                               LookaheadConfig.source_names; the step sets it)
     """
 
-    tokens: jax.Array
-    parent: jax.Array
-    depth: jax.Array
-    score: jax.Array
-    valid: jax.Array
-    source: jax.Array
+    tokens: Int[Array, "B Z"]
+    parent: Int[Array, "B Z"]
+    depth: Int[Array, "B Z"]
+    score: Float[Array, "B Z"]
+    valid: Bool[Array, "B Z"]
+    source: Int[Array, "B Z"]
 
     @property
     def count(self) -> int:
@@ -134,13 +135,13 @@ class DraftTree:
     ancestors  [B, Z, Z] bool node u is on the path to node q (q itself included)
     """
 
-    tokens: jax.Array
-    parent: jax.Array
-    depth: jax.Array
-    valid: jax.Array
-    source: jax.Array
-    score: jax.Array
-    ancestors: jax.Array
+    tokens: Int[Array, "B Z"]
+    parent: Int[Array, "B Z"]
+    depth: Int[Array, "B Z"]
+    valid: Bool[Array, "B Z"]
+    source: Int[Array, "B Z"]
+    score: Float[Array, "B Z"]
+    ancestors: Bool[Array, "B Z Z"]
 
     @property
     def nodes(self) -> int:
@@ -299,11 +300,11 @@ class Acceptance:
                             any other node holding the same path)
     """
 
-    accepted: jax.Array
-    path: jax.Array
-    emitted: jax.Array
-    source: jax.Array
-    right: jax.Array
+    accepted: Int[Array, " B"]
+    path: Int[Array, "B A"]
+    emitted: Int[Array, "B E"]
+    source: Int[Array, " B"]
+    right: Bool[Array, "B Z"]
 
 
 def is_right(tokens, expected):

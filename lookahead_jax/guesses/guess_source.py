@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import jax
+from jaxtyping import Array, Bool, Float, Int
 
 from lookahead_jax.guesses.draft_tree import Proposals
 
@@ -60,9 +61,9 @@ class Prompt:
     vocab   V: the model's vocabulary size (static)
     """
 
-    tokens: jax.Array
-    end: jax.Array
-    active: jax.Array
+    tokens: Int[Array, "B S"]
+    end: Int[Array, " B"]
+    active: Bool[Array, " B"]
     bucket: int
     vocab: int
 
@@ -80,9 +81,9 @@ class Sampler:
                  there is argmax(log p / temperature + noise)
     """
 
-    sampling: jax.Array
-    temperature: jax.Array
-    n_out: jax.Array
+    sampling: Bool[Array, " B"]
+    temperature: Float[Array, " B"]
+    n_out: Int[Array, " B"]
     noise: Callable[[jax.Array, int], jax.Array]
 
 
@@ -98,11 +99,11 @@ class Text:
     sampler  Sampler, or None when no row can sample (DecodeSpec.sampled is False)
     """
 
-    tokens: jax.Array
-    end: jax.Array
-    input: jax.Array
-    prev: jax.Array
-    active: jax.Array
+    tokens: Int[Array, "B S"]
+    end: Int[Array, " B"]
+    input: Int[Array, " B"]
+    prev: Int[Array, " B"]
+    active: Bool[Array, " B"]
     sampler: Sampler | None
 
 
@@ -117,10 +118,10 @@ class WindowNGrams:
     ok     [B, W] bool   (the row was active)
     """
 
-    keys: jax.Array
-    tails: jax.Array
-    prev: jax.Array
-    ok: jax.Array
+    keys: Int[Array, "B W"]
+    tails: Int[Array, "B W M"]
+    prev: Int[Array, "B W"]
+    ok: Bool[Array, "B W"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,17 +143,17 @@ class Verified:
                                  true context, as the input's did)
     """
 
-    tokens: jax.Array
-    end: jax.Array
-    start: jax.Array
+    tokens: Int[Array, "B S"]
+    end: Int[Array, " B"]
+    start: Int[Array, " B"]
     max_emit: int
-    active: jax.Array
+    active: Bool[Array, " B"]
     window: WindowNGrams
-    computed: jax.Array
-    computed_prev: jax.Array
-    computed_ok: jax.Array
-    logits: jax.Array
-    on_path: jax.Array
+    computed: Int[Array, "B R"]
+    computed_prev: Int[Array, "B R"]
+    computed_ok: Bool[Array, "B R"]
+    logits: Float[Array, "B R V"]
+    on_path: Bool[Array, "B R"]
 
 
 @runtime_checkable

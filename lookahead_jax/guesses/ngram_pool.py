@@ -28,6 +28,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Int
 
 from lookahead_jax.guesses.draft_tree import Proposals, chains
 from lookahead_jax.guesses.guess_source import Prompt, Text, Verified
@@ -38,11 +39,11 @@ EMPTY = -1
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class NGramPool:
-    tokens: jax.Array  # [B, V, C, M] int32
-    head: jax.Array  # [B, V] int32
-    fill: jax.Array  # [B, V] int32
-    prev: jax.Array  # [B, V, C] int32
-    hits: jax.Array  # [B, V, C] int32
+    tokens: Int[Array, "B V C M"]
+    head: Int[Array, "B V"]
+    fill: Int[Array, "B V"]
+    prev: Int[Array, "B V C"]
+    hits: Int[Array, "B V C"]
 
     @property
     def capacity(self) -> int:

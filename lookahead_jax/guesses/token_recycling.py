@@ -43,6 +43,7 @@ import heapq
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Float, Int
 
 from lookahead_jax.guesses.draft_tree import ROOT, Proposals
 from lookahead_jax.guesses.guess_source import Prompt, Text, Verified
@@ -56,11 +57,11 @@ PAIR_BUCKETS = 1 << PAIR_BITS  # 2-token contexts a row remembers (a few thousan
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class RecycleTable:
-    by_token: jax.Array  # [B, V, k] int32
-    by_pair: jax.Array  # [B, PAIR_BUCKETS, k] int32
-    pair_key: jax.Array  # [B, PAIR_BUCKETS, 2] int32: (previous, last) token of the bucket's pair
-    token_probs: jax.Array  # [B, V, k] float32: each entry's probability when recorded
-    pair_probs: jax.Array  # [B, PAIR_BUCKETS, k] float32
+    by_token: Int[Array, "B V k"]
+    by_pair: Int[Array, f"B {PAIR_BUCKETS} k"]
+    pair_key: Int[Array, f"B {PAIR_BUCKETS} 2"]  # (previous, last) token of the bucket's pair
+    token_probs: Float[Array, "B V k"]  # each entry's probability when recorded
+    pair_probs: Float[Array, f"B {PAIR_BUCKETS} k"]
 
     @property
     def k(self) -> int:

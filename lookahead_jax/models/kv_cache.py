@@ -26,6 +26,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jaxtyping import Array, Int, Shaped
 
 BATCH_AXIS, SLOTS_AXIS = 0, 2  # of each layer's [B, K, S, Dh]
 
@@ -33,9 +34,9 @@ BATCH_AXIS, SLOTS_AXIS = 0, 2  # of each layer's [B, K, S, Dh]
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    k: tuple[jax.Array, ...]  # L x [B, K, S, Dh]
-    v: tuple[jax.Array, ...]  # L x [B, K, S, Dh]
-    lengths: jax.Array  # [B] int32
+    k: tuple[Shaped[Array, "B K S Dh"], ...]  # one per layer (L)
+    v: tuple[Shaped[Array, "B K S Dh"], ...]
+    lengths: Int[Array, " B"]
 
     @property
     def slots(self) -> int:

@@ -33,13 +33,22 @@ does not. `lj.testing.assert_lookahead_matches_plain` checks it for a model.
 
 The Llama forward (llama.LlamaLM) is one implementation; nnx_model.from_nnx adapts a
 Flax NNX module.
+
+Decoding calls a model through `apply` below, which checks these shapes (ForwardPass:
+one binding per letter of docs/architecture.md's legend, shapes.py) when the step is
+traced, so a model that breaks them fails with the field's name, not deep inside a step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol, runtime_checkable
 
+from jaxtyping import Array, Bool, Float, Int, Shaped
+
+from lookahead_jax import shapes
 from lookahead_jax.errors import UserInputError
+from lookahead_jax.models.kv_cache import KVCache
 
 REQUIRED = ("vocab_size", "max_context", "apply", "init_cache", "param_shardings")
 
@@ -71,3 +80,42 @@ def check_model(lm) -> None:
             f"{type(lm).__name__} must be hashable (it is a static argument of the jitted "
             "programs): make it a frozen dataclass"
         ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardPass:
+    """One `apply` call, its arguments and results, as the contract above shapes them."""
+
+    tokens: Int[Array, "B T"]
+    positions: Int[Array, "B T"]
+    mask: Bool[Array, "#B T T"]  # one mask for every row, or one per row
+    cache: KVCache | None
+    logits_rows: Int[Array, "B R"] | None  # None: every one of the T rows (R = T)
+    logits: Float[Array, "B R V"]
+    new_k: tuple[Shaped[Array, "B K T Dh"], ...]  # one per layer
+    new_v: tuple[Shaped[Array, "B K T Dh"], ...]
+
+
+def apply(lm: CausalLM, params, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br=None):
+    """`lm.apply(...)` with its shapes checked (ForwardPass; under jit, once, at trace time):
+    logits [B, R, V] and each layer's new K/V [B, K, T, Dh], as many layers as the cache."""
+    logits, new_k, new_v = lm.apply(
+        params, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br
+    )
+    call = ForwardPass(
+        tokens_bt, positions_bt, mask_btu, cache, logits_rows_br, logits, tuple(new_k), tuple(new_v)
+    )
+    name = f"{type(lm).__name__}.apply"
+    shapes.check(call, names=(name,))
+    rows = tokens_bt.shape[1] if logits_rows_br is None else logits_rows_br.shape[1]
+    if logits.shape[1:] != (rows, lm.vocab_size):
+        raise shapes.ShapeError(
+            f"{name}: logits {list(logits.shape)}, expected [B, {rows}, {lm.vocab_size}] "
+            "(a row per logits_rows entry, vocab_size wide)"
+        )
+    if cache is not None and not len(new_k) == len(new_v) == len(cache.k):
+        raise shapes.ShapeError(
+            f"{name}: {len(new_k)} new K and {len(new_v)} new V layers for a cache of "
+            f"{len(cache.k)} layers"
+        )
+    return logits, new_k, new_v
