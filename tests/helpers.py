@@ -46,20 +46,6 @@ def assert_same_or_near_tie(
     return False
 
 
-def assert_greedy_or_near_tie(model, prompt: list[int], got: list[int], tie: float = NEAR_TIE):
-    """Every token of `got` is `model`'s argmax given the prompt and the tokens before it
-    (one teacher-forced pass), or one of a near-tie top 2: greedy decoding, checked
-    without decoding again."""
-    logits = teacher_forced_logits(model, prompt + got)[len(prompt) - 1 : -1]
-    for i, (token, row) in enumerate(zip(got, logits, strict=True)):
-        if token != int(row.argmax()):
-            gap = top2_gap(row)
-            assert gap < tie and row[token] >= row.max() - tie, (
-                f"new token {i} ({token}) is not the argmax ({int(row.argmax())}); the top-2 "
-                f"gap is {gap:.3g}: not a near-tie\n got={got}"
-            )
-
-
 def with_eos(model, eos_ids: tuple[int, ...]):
     """The same model with different EOS ids."""
     return dataclasses.replace(model, eos_ids=tuple(eos_ids), tokenizer=None)
