@@ -94,12 +94,15 @@ def test_smollm2_logits_match_hf(smollm2, smollm2_ckpt, smollm2_hf):
         "Lookahead decoding breaks the sequential dependency of",
         "1, 2, 3, 4, 5,",
     ]
+    # all prompts in one right-padded batch: one program per dtype (a causal pass's logits
+    # at a position never see the padding after it)
+    ids = [tok(t).input_ids for t in prompts]
+    padded = np.asarray([x + [0] * (max(map(len, ids)) - len(x)) for x in ids])
     with jax.enable_x64(True):
-        model64 = lj.load(smollm2_ckpt, dtype="float64")
-        ours64 = [full_forward(model64, np.asarray([tok(t).input_ids])) for t in prompts]
-    for text, o64 in zip(prompts, ours64, strict=True):
-        ids = np.asarray([tok(text).input_ids])
+        ours64 = full_forward(lj.load(smollm2_ckpt, dtype="float64"), padded)
+    ours32 = full_forward(smollm2, padded)
+    for text, x, o64, o32 in zip(prompts, ids, ours64, ours32, strict=True):
         with torch.no_grad():
-            ref = hf(torch.as_tensor(ids)).logits.numpy()
-        assert np.abs(o64 - ref).max() <= 1e-4, text
-        assert np.abs(full_forward(smollm2, ids) - ref).max() <= 2e-4, text
+            ref = hf(torch.as_tensor([x])).logits.numpy()[0]
+        assert np.abs(o64[: len(x)] - ref).max() <= 1e-4, text
+        assert np.abs(o32[: len(x)] - ref).max() <= 2e-4, text

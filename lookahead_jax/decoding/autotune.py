@@ -252,8 +252,7 @@ def cost_curve(model, stop_above: float = float("inf"), batch: int = 1) -> dict:
 
     On a CPU device a curve measured while other processes kept cores busy (see
     OtherCpuUse) serves this process only and is measured again by the next one."""
-    rows = "" if batch == 1 else f"-b{batch}"
-    path = _tune_dir() / f"cost-{_device_key(model)}{rows}.json"
+    path = cost_curve_path(model, batch)
     if path.is_file():
         try:
             return {int(k): v for k, v in json.loads(path.read_text())["curve"].items()}
@@ -268,9 +267,21 @@ def cost_curve(model, stop_above: float = float("inf"), batch: int = 1) -> dict:
         # measured beside other work: good for this process, not for the cache
         _UNSAVED_CURVES[path] = curve
         return curve
-    record = {"curve": curve, "measured": time.time(), "other_cores": others.cores}
-    write_atomic(path, json.dumps(record))
+    save_cost_curve(model, curve, batch, other_cores=others.cores)
     return curve
+
+
+def cost_curve_path(model, batch: int = 1) -> Path:
+    """Where the cost curve of this device/model/dtype at `batch` rows is cached."""
+    rows = "" if batch == 1 else f"-b{batch}"
+    return _tune_dir() / f"cost-{_device_key(model)}{rows}.json"
+
+
+def save_cost_curve(model, curve: dict, batch: int = 1, **about) -> None:
+    """Cache a cost curve {T: seconds} (measured, or given: a test seeds one so that
+    `auto` need not measure), with `about` (e.g. other_cores) beside it."""
+    record = {"curve": curve, "measured": time.time(), **about}
+    write_atomic(cost_curve_path(model, batch), json.dumps(record))
 
 
 def cost_ratio(curve: dict, tokens: int) -> float:
