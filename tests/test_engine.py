@@ -113,8 +113,8 @@ def test_engine_equals_plain_decoding_alone(model64, lookahead, batch, temperatu
     if batch < len(PROMPTS):  # slots were refilled while others decoded
         assert stats["rounds"] > 1
     # growing: one S per prompt bucket, shortest first; fixed: one S for the run
-    assert len(stats["cache_slots"]) == (1 if max_prompt else len(stats["prompt_buckets"]))
-    assert stats["cache_slots"] == sorted(stats["cache_slots"])
+    assert len(stats["cache_positions"]) == (1 if max_prompt else len(stats["prompt_buckets"]))
+    assert stats["cache_positions"] == sorted(stats["cache_positions"])
 
 
 def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tmp_path):

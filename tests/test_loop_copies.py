@@ -42,7 +42,7 @@ def copies(model, lookahead, batch: int, sampled: bool = False) -> list:
     state = jax.eval_shape(
         functools.partial(decoding.start, spec=spec, max_new_tokens_bucket=CAP), *args
     )
-    assert state.cache.slots > BLOCK
+    assert state.cache.positions > BLOCK
     if model.mesh is not None:  # each device's shards too
         where = sharding.state_shardings(state, model.mesh)
         state = jax.tree.map(

@@ -413,7 +413,7 @@ def make_state(
 
 # ------------------------------------------------------------------ the KV commit
 
-KV_LAYERS, KV_SLOTS, KV_TOKENS, KV_WIDTH = 2, 12, 5, 4
+KV_LAYERS, KV_POSITIONS, KV_TOKENS, KV_WIDTH = 2, 12, 5, 4
 _commit = jax.jit(kv_cache.commit)
 
 
@@ -421,9 +421,9 @@ _commit = jax.jit(kv_cache.commit)
 @given(st.integers(1, 3), st.integers(0, 2**31 - 1))
 def test_commit_writes_only_the_chosen_kv_at_each_rows_own_length(b, seed):
     rng = np.random.default_rng(seed)
-    shape = (KV_LAYERS, b, 1, KV_SLOTS, 2)  # per layer [B, K, S, Dh]
+    shape = (KV_LAYERS, b, 1, KV_POSITIONS, 2)  # per layer [B, K, S, Dh]
     old_k, old_v = rng.normal(size=shape), rng.normal(size=shape)
-    lengths = rng.integers(0, KV_SLOTS - KV_WIDTH + 1, b)  # the caller's guarantee
+    lengths = rng.integers(0, KV_POSITIONS - KV_WIDTH + 1, b)  # the caller's guarantee
     new_k = rng.normal(size=(KV_LAYERS, b, 1, KV_TOKENS, 2))
     new_v = rng.normal(size=(KV_LAYERS, b, 1, KV_TOKENS, 2))
     src = rng.integers(0, KV_TOKENS, (b, KV_WIDTH))

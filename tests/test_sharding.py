@@ -124,7 +124,7 @@ def test_biases_shard_with_their_projection_and_qk_norms_replicate():
 def test_kv_heads_that_do_not_divide_are_replicated():
     mesh = lj.make_mesh(data=1, model=4)
     assert spec_for(
-        ("batch", "kv_heads", "slots", "head_dim"), (1, 3, 1, 64), mesh
+        ("batch", "kv_heads", "positions", "head_dim"), (1, 3, 1, 64), mesh
     ) == jax.sharding.PartitionSpec(None, None, None, None)
     assert spec_for(("embed", "mlp"), (576, 1536), mesh) == jax.sharding.PartitionSpec(
         None, "model"

@@ -8,8 +8,8 @@ Every row keeps the invariant
     tokens[b, cache.lengths[b]]   the newest token: the input of the next step
 
 so a step never needs to carry "the last token" separately. Prompts are
-right-padded to a bucket length P; the pad slots are overwritten by new tokens.
-Slots past a row's end hold garbage and are never read.
+right-padded to a bucket length P; the pad positions are overwritten by new tokens.
+Positions past a row's end hold garbage and are never read.
 
 Plain decoding uses the fields up to `accept_hist`; lookahead decoding also
 fills `draft` (the guess sources' state, lookahead.DraftState; None otherwise).
@@ -71,8 +71,8 @@ class DecodeSpec:
         return 1 if self.lookahead is None else self.lookahead.max_emit
 
 
-def slots_needed(prompt_bucket: int, max_new_tokens_bucket: int, max_emit: int) -> int:
-    """Cache/token-buffer slots so that no fixed-size write ever goes out of bounds."""
+def positions_needed(prompt_bucket: int, max_new_tokens_bucket: int, max_emit: int) -> int:
+    """Cache/token-buffer positions S so that no fixed-size write ever goes out of bounds."""
     return prompt_bucket + max_new_tokens_bucket + max_emit
 
 
@@ -93,15 +93,15 @@ def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b) -> DecodeState:
     n_out = state.n_out + k
     done = state.done | (active & ((first_eos < count_b) | (n_out >= state.max_new_tokens)))
 
-    # the E tokens go to slots start.. of each active row; an inactive row's go past S,
+    # the E tokens go to positions start.. of each active row; an inactive row's go past S,
     # where the scatter drops them, so both buffers are written in place
     B, S = state.tokens.shape
-    start = state.prompt_len + state.n_out  # first free slot of each row
-    slots_be = jnp.where(active[:, None], start[:, None] + i, S)
+    start = state.prompt_len + state.n_out  # first free position of each row
+    at_be = jnp.where(active[:, None], start[:, None] + i, S)
     rows_be = jnp.broadcast_to(jnp.arange(B)[:, None], (B, E))
     step_id = jnp.broadcast_to(state.steps[:, None], new_be.shape).astype(jnp.int32)
-    tokens = state.tokens.at[rows_be, slots_be].set(new_be, mode="drop")
-    step_of = state.step_of_token.at[rows_be, slots_be].set(step_id, mode="drop")
+    tokens = state.tokens.at[rows_be, at_be].set(new_be, mode="drop")
+    step_of = state.step_of_token.at[rows_be, at_be].set(step_id, mode="drop")
     return dataclasses.replace(state, tokens=tokens, step_of_token=step_of, n_out=n_out, done=done)
 
 
@@ -124,7 +124,7 @@ def prefill(
     """Run the prompts [B, P] (right-padded), fill the cache, emit the first new token.
     sampling: each row's settings ([B] arrays)."""
     B, P = prompt_bp.shape
-    S = slots_needed(P, max_new_tokens_bucket, max(spec.max_emit, spec.min_slack))
+    S = positions_needed(P, max_new_tokens_bucket, max(spec.max_emit, spec.min_slack))
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
     last = (prompt_len_b - 1)[:, None]
     logits, k, v = seam.apply(spec.lm, params, prompt_bp, positions, causal_mask(P), None, last)

@@ -126,7 +126,7 @@ def shardings_for(specs, mesh: Mesh | None):
     )
 
 
-KV_CACHE_AXES = ("batch", "kv_heads", "slots", "head_dim")  # each layer's [B, K, S, Dh]
+KV_CACHE_AXES = ("batch", "kv_heads", "positions", "head_dim")  # each layer's [B, K, S, Dh]
 
 
 def batch_major(x, mesh: Mesh) -> NamedSharding:

@@ -37,11 +37,11 @@ which slot, and the results; it sees the device only between `generate` calls.
 Fixed shapes: the state's S = P + max_new_tokens_bucket + E (a prompt bucket, the budget's
 bucket, the widest step's emit). An offline run takes its prompts shortest bucket first (stable
 within a bucket), starting with P = the first prompt's bucket; a request of a longer
-bucket first grows the state (`grow_slots`: the S axis padded, rows in flight
-untouched), so attention never spans slots sized for the longest prompt of the dataset
+bucket first grows the state (`grow_positions`: the S axis padded, rows in flight
+untouched), so attention never spans positions sized for the longest prompt of the dataset
 while short ones decode. A prompt of bucket P' is prefilled with budget S - P' - E, so
 its state has the current S. New programs: one prefill per prompt bucket and row count
-(`stats["prompt_buckets"]`), one loop and one insert per S (`stats["cache_slots"]`).
+(`stats["prompt_buckets"]`), one loop and one insert per S (`stats["cache_positions"]`).
 `max_prompt_tokens` fixes P (arrival order kept, no growth): what a server wants.
 
 Exactness: a row's tokens depend only on its prompt, budget, sampling settings and PRNG
@@ -484,7 +484,7 @@ class EngineStats(TypedDict, total=False):
     compile_s: float
     prompt_buckets: list[int]  # prompt sides P the state was shaped for, in order
     prefill_calls: int
-    cache_slots: list[int]  # cache sizes S the loop was compiled for, in order
+    cache_positions: list[int]  # cache sizes S the loop was compiled for, in order
     batch: int
     groups: list[dict]  # per run of one sampling mode: sampling, lookahead, auto's choice
     wall_s: float  # offline runs
@@ -500,7 +500,7 @@ def _fresh_stats(batch: int) -> EngineStats:
         "compile_s": 0.0,
         "prompt_buckets": [],
         "prefill_calls": 0,
-        "cache_slots": [],
+        "cache_positions": [],
         "batch": batch,
         "groups": [],
     }
@@ -577,16 +577,16 @@ class _Slots:
         self.state_sh = None if mesh is None else sharding.state_shardings(shape, mesh)
         self.insert = slot_state.program(slot_state.insert, self.state_sh, donate_argnums=0)
         self.retire = slot_state.program(slot_state.retire, self.state_sh, donate_argnums=0)
-        self.slots_S = shape.tokens.shape[1]
-        self.engine.stats["cache_slots"].append(self.slots_S)
+        self.positions_S = shape.tokens.shape[1]
+        self.engine.stats["cache_positions"].append(self.positions_S)
 
     def _grow(self, P: int) -> None:
         """Move to a longer prompt side P: the rows in flight keep decoding in a state
-        whose S axis is padded (the new slots lie past every row's end)."""
+        whose S axis is padded (the new positions lie past every row's end)."""
         self._set_shape(P)
         if self.state is not None:
-            grow = slot_state.program(slot_state.grow_slots, self.state_sh, static_argnums=1)
-            self.state = grow(self.state, self.slots_S)
+            grow = slot_state.program(slot_state.grow_positions, self.state_sh, static_argnums=1)
+            self.state = grow(self.state, self.positions_S)
 
     def _state_shape(self, spec):
         """The B-row state's shapes under `spec`."""

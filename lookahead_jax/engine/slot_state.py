@@ -1,5 +1,5 @@
 """The engine's edits of the B-slot device state, each a small jitted program: prompts
-written into free slots, the slots' S axis grown, rows retired.
+written into free slots, the state's S axis grown, rows retired.
 
 Every leaf of a DecodeState has its rows (the engine's slots) on its first axis, the K/V
 buffers' [B, K, S, Dh] too, so every edit here is one `tree.map`.
@@ -43,16 +43,16 @@ def _greedy_where(rows_b, sampling: RowSampling) -> RowSampling:
     )
 
 
-def grow_slots(state: DecodeState, slots: int) -> DecodeState:
+def grow_positions(state: DecodeState, positions: int) -> DecodeState:
     """The state with its S axis (token buffers [B, S], K/V buffers [B, K, S, Dh]) padded
-    with zeros to `slots`. The new slots lie past every row's end, where nothing is read."""
+    with zeros to `positions`. The new positions lie past every row's end, where nothing is read."""
 
     def pad(x, axis):
         widths = [(0, 0)] * x.ndim
-        widths[axis] = (0, slots - x.shape[axis])
+        widths[axis] = (0, positions - x.shape[axis])
         return jnp.pad(x, widths)
 
-    cache = kv_cache.map_buffers(lambda x: pad(x, kv_cache.SLOTS_AXIS), state.cache)
+    cache = kv_cache.map_buffers(lambda x: pad(x, kv_cache.POSITIONS_AXIS), state.cache)
     return dataclasses.replace(
         state, cache=cache, tokens=pad(state.tokens, 1), step_of_token=pad(state.step_of_token, 1)
     )
@@ -76,7 +76,7 @@ _PROGRAMS: dict = {}
 
 
 def program(fn, out_shardings, **jit_kw):
-    """`fn` (insert, retire, empty_slots, grow_slots) jitted once per process, output
+    """`fn` (insert, retire, empty_slots, grow_positions) jitted once per process, output
     sharding and jit options, so that jax.jit's own cache compiles it once per shape
     across runs. (Their compilations, a fraction of a second each, are not in the stats'
     compile_s.)"""

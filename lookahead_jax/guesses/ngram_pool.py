@@ -1,25 +1,25 @@
 """The n-gram pool: per batch row, per key token, a ring of up to C distinct (N-1)-grams.
 
     tokens [B, V, C, M]   M = N-1 follower tokens of each stored n-gram
-    head   [B, V]         the ring slot the next insert for that key writes
-    fill   [B, V]         slots in use (0..C); slots >= fill are empty
+    head   [B, V]         the ring entry the next insert for that key writes
+    fill   [B, V]         entries in use (0..C); entries >= fill are empty
     prev   [B, V, C]      the token before the key when the n-gram was last inserted
                           (EMPTY if unknown): its 2-token context
     hits   [B, V, C]      how often the n-gram was inserted
 
 An n-gram is (key, f_1..f_M), seen after a token `prev`. Inserting one that the key's
 ring already holds counts a hit and records the new `prev` (deduplicated); otherwise it
-goes to slot `head`, which is the oldest entry once the ring is full (first in, first
+goes to entry `head`, which is the oldest entry once the ring is full (first in, first
 out). Example with C=2, M=1, key 7:
 
-    insert (7, 3) after 1: slots [3, -]  hits [1, 0]  head 1 fill 1
-    insert (7, 3) after 4: slots [3, -]  hits [2, 0]  (duplicate: a hit; prev now 4)
-    insert (7, 5) after 1: slots [3, 5]  hits [2, 1]  head 0 fill 2
-    insert (7, 9) after 2: slots [9, 5]  hits [1, 1]  head 1 fill 2   <- 3 was the oldest
+    insert (7, 3) after 1: entries [3, -]  hits [1, 0]  head 1 fill 1
+    insert (7, 3) after 4: entries [3, -]  hits [2, 0]  (duplicate: a hit; prev now 4)
+    insert (7, 5) after 1: entries [3, 5]  hits [2, 1]  head 0 fill 2
+    insert (7, 9) after 2: entries [9, 5]  hits [1, 1]  head 1 fill 2   <- 3 was the oldest
 
 `lookup` returns the G best of a key's n-grams (G <= C): those whose 2-token context
 matches the row's first, then the most inserted, then the newest. Everything is
-fixed-shape; an empty slot is padding that `lookup` marks invalid.
+fixed-shape; an empty entry is padding that `lookup` marks invalid.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ def lookup(pool: NGramPool, key_b, prev_b, count: int):
     rows = jnp.arange(key_b.shape[0])
     c = pool.capacity
     tails = pool.tokens[rows, key_b]  # [B, C, M]
-    slot = jnp.arange(c)[None]
-    used = slot < pool.fill[rows, key_b][:, None]
+    entry = jnp.arange(c)[None]
+    used = entry < pool.fill[rows, key_b][:, None]
     match = pool.prev[rows, key_b] == prev_b[:, None]
-    age = (pool.head[rows, key_b][:, None] - 1 - slot) % c  # 0 = the newest
+    age = (pool.head[rows, key_b][:, None] - 1 - entry) % c  # 0 = the newest
     hits = pool.hits[rows, key_b]
     score = jnp.where(used, (match * (c + 1) * 1024 + jnp.minimum(hits, 1023)) * (c + 1) - age, -1)
     best, idx = jax.lax.top_k(score, count)
@@ -82,15 +82,15 @@ def _insert_row(tokens_vcm, head_v, fill_v, prev_vc, hits_vc, key, tail_m, prev,
     """Insert one n-gram into one row's pool (a hit if it is already there; a no-op if
     `ok` is False)."""
     c = tokens_vcm.shape[1]
-    slots = tokens_vcm[key]  # [C, M]
+    entries = tokens_vcm[key]  # [C, M]
     used = jnp.arange(c) < fill_v[key]
-    same = jnp.all(slots == tail_m[None], axis=-1) & used
+    same = jnp.all(entries == tail_m[None], axis=-1) & used
     dup = jnp.any(same)
     do = ok & ~dup
     h = head_v[key]
-    # a new n-gram goes to the head slot; a duplicate updates its own slot
+    # a new n-gram goes to the head entry; a duplicate updates its own entry
     at = jnp.where(dup, jnp.argmax(same), h)
-    tokens_vcm = tokens_vcm.at[key, h].set(jnp.where(do, tail_m, slots[h]))
+    tokens_vcm = tokens_vcm.at[key, h].set(jnp.where(do, tail_m, entries[h]))
     prev_vc = prev_vc.at[key, at].set(jnp.where(ok, prev, prev_vc[key, at]))
     hits_vc = hits_vc.at[key, at].set(
         jnp.where(ok, jnp.where(dup, hits_vc[key, at] + 1, 1), hits_vc[key, at])

@@ -179,13 +179,13 @@ def update(table: RecycleTable, prev_br, tokens_br, logits_brv, priority_br, ok_
     probs = jnp.exp(top_logits - jax.nn.logsumexp(logits_brv, axis=-1, keepdims=True))
     probs = probs.astype(jnp.float32)
     write = jax.vmap(lambda dst, i, v: dst.at[i].set(v, mode="drop"))
-    token_slot = _first_writer(tokens_br, priority_br, ok_br, V)
+    token_at = _first_writer(tokens_br, priority_br, ok_br, V)
     bucket = _first_writer(pair_bucket(prev_br, tokens_br), priority_br, ok_br, buckets)
     return RecycleTable(
-        by_token=write(table.by_token, token_slot, top),
+        by_token=write(table.by_token, token_at, top),
         by_pair=write(table.by_pair, bucket, top),
         pair_key=write(table.pair_key, bucket, jnp.stack([prev_br, tokens_br], axis=-1)),
-        token_probs=write(table.token_probs, token_slot, probs),
+        token_probs=write(table.token_probs, token_at, probs),
         pair_probs=write(table.pair_probs, bucket, probs),
     )
 

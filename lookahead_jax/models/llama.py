@@ -23,9 +23,9 @@ cost is compile time, which grows with depth (MaxText's `scan_layers=False` make
 same trade for serving).
 
 The forward knows nothing about lookahead: it takes explicit positions and a boolean
-mask among the new tokens, and attends to a row's cache slots below its length. A
+mask among the new tokens, and attends to a row's cache positions below its length. A
 sliding window is applied here, from positions (a token at position p sees keys at
-positions p - window < k; cache slot s holds position s), so every caller — prefill, plain
+positions p - window < k), so every caller — prefill, plain
 steps, each lookahead window and draft-tree node — gets it without knowing of it. A
 lookahead step is just a particular (tokens, positions, mask). `LlamaLM` wraps it in
 the model seam (seam.py).
@@ -247,9 +247,9 @@ def rms_norm(x, weight, eps: float):
 
 NEG_INF = -1e30
 
-# Cache slots one step of attention reads at a time: the attention runs over blocks of
-# this many slots up to the batch's longest row, so a step costs what the live rows hold,
-# not the cache's size S (a cache of at most this many slots is read whole).
+# Cache positions one step of attention reads at a time: the attention runs over blocks of
+# this many positions up to the batch's longest row, so a step costs what the live rows hold,
+# not the cache's size S (a cache of at most this many positions is read whole).
 ATTENTION_BLOCK = 64
 
 
@@ -271,21 +271,21 @@ def attention(
     window: int = 0,
     block: int = ATTENTION_BLOCK,
 ):
-    """Softmax attention over [cache slots below each row's length] + [new tokens under mask].
+    """Softmax attention over [cache positions below each row's length] + [new tokens under mask].
 
     q          [B, T, K, Q, Dh]
     k/v_new    [B, K, U, Dh]     the new tokens' keys/values (U = T)
     self_mask  [B|1, T, U]       bool, which new tokens each new token sees
-    cache_k/v  [B, K, S, Dh]     or None (prefill); slot s holds position s
+    cache_k/v  [B, K, S, Dh]     or None (prefill)
     cache_len  [B]
     positions  [B, T]            the new tokens' positions (needed with a window)
     window     the sliding window in positions (0: this layer attends fully)
-    block      cache slots per block (ATTENTION_BLOCK)
+    block      cache positions per block (ATTENTION_BLOCK)
 
     Returns [B, T, K, Q, Dh]. The softmax is computed online (flash-decoding): per query
     a running max `top` of the scores, `mass` = sum of exp(score - top) and `acc` = the
     values weighted by exp(score - top), over the new tokens first and then the cache,
-    `block` slots at a time, as far as the longest row's length. A block past a row's
+    `block` positions at a time, as far as the longest row's length. A block past a row's
     length is masked whole for it, which leaves its top, mass and acc exactly as they were
     (its scores are NEG_INF: exp(NEG_INF - top) = 0 and the rescale is exp(0) = 1), so a
     row's output does not depend on the other rows' lengths.
@@ -311,14 +311,14 @@ def attention(
         jnp.einsum("bktqu,bkue->bktqe", p.astype(dtype), v_new_bkue, preferred_element_type=f32),
     )
 
-    def absorb(carry, k_bkse, v_bkse, slots_s, fresh_s):
-        """Fold the cache slots `slots_s` (K/V [B, K, S', Dh], S' slots of the cache)
-        into (top, mass, acc); slots where `fresh_s` is False were folded in already."""
+    def absorb(carry, k_bkse, v_bkse, at_s, fresh_s):
+        """Fold the cache positions `at_s` (K/V [B, K, S', Dh], S' positions of the cache)
+        into (top, mass, acc); positions where `fresh_s` is False were folded in already."""
         top, mass, acc = carry
         s = jnp.einsum("bktqe,bkse->bktqs", q_bktqe, k_bkse, preferred_element_type=f32)
-        visible = fresh_s[None, None, :] & (slots_s[None, None, :] < cache_len_b[:, None, None])
+        visible = fresh_s[None, None, :] & (at_s[None, None, :] < cache_len_b[:, None, None])
         if window:
-            visible = visible & in_window(positions_bt[:, :, None], slots_s[None, None, :], window)
+            visible = visible & in_window(positions_bt[:, :, None], at_s[None, None, :], window)
         s = jnp.where(visible[:, None, :, None, :], s * scale, NEG_INF)  # [B, K, T, Q, S']
         new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
         rescale = jnp.exp(top - new_top)
@@ -330,18 +330,18 @@ def attention(
 
     S = cache_k_bkse.shape[2]
     if block >= S:
-        slots = jnp.arange(S)
-        carry = absorb(carry, cache_k_bkse, cache_v_bkse, slots, slots >= 0)
+        at = jnp.arange(S)
+        carry = absorb(carry, cache_k_bkse, cache_v_bkse, at, at >= 0)
     else:
 
         def one_block(j, carry):
-            # the last block is moved back to end at S; its slots below j * block
+            # the last block is moved back to end at S; its positions below j * block
             # belong to the block before and are not folded in twice
             start = jnp.minimum(j * block, S - block)
             k = jax.lax.dynamic_slice_in_dim(cache_k_bkse, start, block, axis=2)
             v = jax.lax.dynamic_slice_in_dim(cache_v_bkse, start, block, axis=2)
-            slots = start + jnp.arange(block)
-            return absorb(carry, k, v, slots, slots >= j * block)
+            at = start + jnp.arange(block)
+            return absorb(carry, k, v, at, at >= j * block)
 
         n_blocks = (jnp.max(cache_len_b) + block - 1) // block
         carry = jax.lax.fori_loop(0, n_blocks, one_block, carry)
@@ -434,7 +434,7 @@ def _plus(x, bias):
 class LlamaLM:
     """The Llama forward behind the model seam (seam.CausalLM): hashable, a jit static.
     `weights` says how the params hold their matrices: "float", "int8" or "q8_0"
-    (quantize.py); `attention_block` how many cache slots the attention reads at a time
+    (quantize.py); `attention_block` how many cache positions the attention reads at a time
     (ATTENTION_BLOCK). Its params are per layer (split_layers)."""
 
     cfg: LlamaConfig
@@ -461,9 +461,11 @@ class LlamaLM:
             self.attention_block,
         )
 
-    def init_cache(self, batch: int, slots: int, dtype) -> KVCache:
+    def init_cache(self, batch: int, positions: int, dtype) -> KVCache:
         c = self.cfg
-        return kv_cache.init_cache(c.num_layers, batch, slots, c.num_kv_heads, c.head_dim, dtype)
+        return kv_cache.init_cache(
+            c.num_layers, batch, positions, c.num_kv_heads, c.head_dim, dtype
+        )
 
     def param_shardings(self, mesh: Mesh | None):
         """One Sharding per array of the per-layer params."""

@@ -9,7 +9,7 @@ follows the seam's `apply` (seam.py):
         -> logits [B, R, V], new_k, new_v (each L arrays [B, K, T, Dh])
 
 where `cache` is a kv_cache.KVCache (k, v: L buffers [B, K, S, Dh]; lengths [B]) or None
-for the prefill: attend to slots below each row's length, never write it. Example (a complete,
+for the prefill: attend to positions below each row's length, never write it. Example (a complete,
 runnable one: examples/tiny_nnx_lm.py):
 
     model = lj.from_nnx(MyLM(cfg, rngs=nnx.Rngs(0)), max_context=2048, eos_ids=(2,),
@@ -45,9 +45,9 @@ class NnxLM:
         module = nnx.merge(self.graphdef, params)
         return module(tokens_bt, positions_bt, mask_btu, cache, logits_rows_br)
 
-    def init_cache(self, batch: int, slots: int, dtype):
+    def init_cache(self, batch: int, positions: int, dtype):
         layers, heads, head_dim = self.cache_shape
-        return kv_cache.init_cache(layers, batch, slots, heads, head_dim, dtype)
+        return kv_cache.init_cache(layers, batch, positions, heads, head_dim, dtype)
 
     def param_shardings(self, mesh):
         """Replicated on every device of the mesh (or one device without a mesh)."""

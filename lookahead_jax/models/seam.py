@@ -9,14 +9,14 @@ A model is any hashable object (it is a static argument of the jitted programs) 
     apply(params, tokens [B, T], positions [B, T], mask [B|1, T, T], cache, logits_rows [B, R])
         -> logits [B, R, V] (float32, or float64 for float64 params),
            new_k, new_v (each L arrays [B, K, T, Dh])   the T new tokens' cache entries
-    init_cache(batch, slots, dtype) -> KVCache      k, v: L buffers [B, K, S, Dh]; lengths [B] = 0
+    init_cache(batch, positions, dtype) -> KVCache  k, v: L buffers [B, K, S, Dh]; lengths [B] = 0
     param_shardings(mesh) -> the params' structure, one jax Sharding per array (mesh None:
         one device)
 
 The contract of `apply`, which exactness rests on:
 
-* tokens t of the pass sit at `positions[b, t]` and see the row's cache slots
-  `0 .. cache.lengths[b] - 1` (slot s holds position s) and the new tokens u with
+* tokens t of the pass sit at `positions[b, t]` and see the row's cache positions
+  `0 .. cache.lengths[b] - 1` and the new tokens u with
   `mask[b, t, u]`, nothing else; a row never sees another row;
 * it reads the cache only below each row's length and never writes it: the caller
   commits the entries of the tokens it keeps (kv_cache.commit), so guesses that turn
@@ -60,7 +60,7 @@ class CausalLM(Protocol):
 
     def apply(self, params, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br=None): ...
 
-    def init_cache(self, batch: int, slots: int, dtype): ...
+    def init_cache(self, batch: int, positions: int, dtype): ...
 
     def param_shardings(self, mesh): ...
 
