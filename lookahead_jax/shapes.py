@@ -104,10 +104,10 @@ def _check_all(contracts: list) -> None:
     for where, value, array in contracts:
         if not isinstance(value, array):
             dtype = getattr(value, "dtype", type(value).__name__)
-            want = array.__name__.split(", ", 1)[-1].rstrip("]")  # "Int[Array, 'B S']"
+            kind = array.__name__.split("[", 1)[0]  # Int, Float, Shaped...
             raise ShapeError(
                 f"{where} is {dtype}{list(getattr(value, 'shape', []))}, which breaks "
-                f"{array.__name__.split('[', 1)[0]}[{want}] (letters bound so far: {_bindings()})"
+                f"{kind}['{array.dim_str}'] (letters bound so far: {_bindings()})"
             )
 
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -280,3 +281,59 @@ def test_the_step_never_verifies_a_node_that_breaks_the_proposal_rules():
     )
     assert well_formed(p, 2).tolist() == [[True, True, False, False, False, False]]
     assert well_formed(p, 3).tolist() == [[True, True, False, False, True, False]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Witness:
+    """A source that proposes nothing valid and keeps, per row, what `init` and `feed` were
+    told: the row keys, steps whose first emitted token is `chosen` after the input, and
+    steps by `accepted_source`."""
+
+    sources: int  # J, with the witness itself
+    name: str = "witness"
+    nodes: int = 1
+    depth: int = 1
+
+    def init(self, prompt):
+        B = prompt.tokens.shape[0]
+        return prompt.keys, jnp.zeros((B,), jnp.int32), jnp.zeros((B, self.sources), jnp.int32)
+
+    def propose(self, state, text):
+        B = text.tokens.shape[0]
+        one = jnp.zeros((B, 1, 1), jnp.int32)
+        return lj.guesses.chains(one, jnp.zeros((B, 1), jnp.int32), jnp.ones((B, 1, 1)))
+
+    def feed(self, state, step):
+        keys, chosen_ok, by_source = state
+        first = jnp.take_along_axis(step.tokens, step.start[:, None], axis=1)[:, 0]
+        chosen_ok += step.active & (step.chosen[:, 0] == first)  # row 0: after the input
+        counted = step.active & (step.accepted_source >= 0)
+        hot = jax.nn.one_hot(step.accepted_source, self.sources, dtype=jnp.int32)
+        return keys, chosen_ok, by_source + hot * counted[:, None]
+
+
+def test_feed_gets_the_chosen_tokens_and_the_accepted_source_and_init_the_row_keys(tiny_ckpts):
+    from lookahead_jax.decoding import DecodeSpec, RowSampling, row_keys
+    from lookahead_jax.decoding.loop import start, step
+    from lookahead_jax.decoding.sampling import SamplingConfig
+
+    model = lj.load(tiny_ckpts["gqa"][1])
+    base = lj.LookaheadConfig.for_budget(16)
+    la = dataclasses.replace(base, extra_sources=(Witness(len(base.source_names) + 1),))
+    spec = DecodeSpec(lm=model.lm, eos_ids=(), lookahead=la)
+    prompts = np.asarray([[5, 6, 7, 5, 6, 7, 5, 6], [9, 8, 9, 8, 9, 8, 9, 8]], np.int32)
+    B = len(prompts)
+    state = jax.jit(functools.partial(start, spec=spec, max_new_tokens_bucket=16))(
+        model.params, prompts, np.full(B, 8, np.int32), np.full(B, 16, np.int32),
+        row_keys(3, B), RowSampling.of([SamplingConfig()] * B),
+    )  # fmt: skip
+    step_fn = jax.jit(functools.partial(step, spec=spec))
+    while not bool(state.done.all()):
+        state = step_fn(model.params, state)
+    keys, chosen_ok, by_source = state.draft.sources[-1]
+    np.testing.assert_array_equal(keys, row_keys(3, B))
+    np.testing.assert_array_equal(chosen_ok, state.steps)  # every step of every row
+    np.testing.assert_array_equal(by_source, state.draft.paths_by_source)
+    assert int(by_source.sum()) > 0  # some paths were accepted: the check is not vacuous
+    witness = la.source_names.index("witness")
+    assert int(by_source[:, witness].sum()) == 0  # and none from the witness's invalid node

@@ -108,6 +108,7 @@ def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> 
         tokens=state.tokens,
         end=state.prompt_len + state.n_out,
         active=~state.done,
+        keys=state.rng,
         bucket=prompt_bucket,
         vocab=vocab,
     )
@@ -305,7 +306,9 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         computed_prev=computed_prev_br,
         computed_ok=computed_ok_br,
         logits=logits_brv,
+        chosen=chosen_br,
         on_path=accepted_rows(config, acc, computed_br.shape[1]),
+        accepted_source=acc.source,
     )
     shapes.check(verified_step)
     sources = tuple(

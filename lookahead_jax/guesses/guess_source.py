@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import jax
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float, Int, UInt32
 
 from lookahead_jax.guesses.draft_tree import Proposals
 
@@ -57,6 +57,9 @@ class Prompt:
     tokens  [B, S] int32  prompt, then output; positions >= end hold nothing yet
     end     [B] int32     tokens known (prompt + new tokens so far)
     active  [B] bool      rows that will decode (not done at the prefill)
+    keys    [B, 2] uint32 each row's PRNG key (sampling.row_keys: a function of the seed
+                          and the request, never of the row's place in the batch), for
+                          a source that draws at random; fold in a salt of its own
     bucket  P: the padded prompt length of the prefill (static)
     vocab   V: the model's vocabulary size (static)
     """
@@ -64,6 +67,7 @@ class Prompt:
     tokens: Int[Array, "B S"]
     end: Int[Array, " B"]
     active: Bool[Array, " B"]
+    keys: UInt32[Array, "B 2"]
     bucket: int
     vocab: int
 
@@ -139,8 +143,12 @@ class Verified:
     computed_prev  [B, R] int32  the token each of them follows
     computed_ok    [B, R] bool   real (not padding) and the row active
     logits         [B, R, V]     their logits
+    chosen         [B, R] int32  the model's token after each of them: the argmax, or for
+                                 a sampling row its seeded draw (what verification compared)
     on_path        [B, R] bool   those of the accepted path's nodes (their logits saw the
                                  true context, as the input's did)
+    accepted_source  [B] int32   the source (its index in LookaheadConfig.source_names)
+                                 of the accepted path's deepest node; -1: none accepted
     """
 
     tokens: Int[Array, "B S"]
@@ -153,7 +161,9 @@ class Verified:
     computed_prev: Int[Array, "B R"]
     computed_ok: Bool[Array, "B R"]
     logits: Float[Array, "B R V"]
+    chosen: Int[Array, "B R"]
     on_path: Bool[Array, "B R"]
+    accepted_source: Int[Array, " B"]
 
 
 @runtime_checkable
