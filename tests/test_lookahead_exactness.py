@@ -240,11 +240,12 @@ def test_smollm2_float32_lookahead_equals_plain(smollm2):
     ]
     tok = smollm2.tokenizer
     prompts = [tok.encode_prompt(q, chat=True) for q in questions]
-    plain = lj.generate(smollm2, prompts, max_new_tokens=48, lookahead=None)
+    # 32 tokens: compression 1.35 there (1.42 at 48), at two thirds of the decoding time
+    plain = lj.generate(smollm2, prompts, max_new_tokens=32, lookahead=None)
     # the layout a CPU gets; the paper's layouts and the larger trees are covered on the
     # tiny models in float64
     for la in (LA.for_budget(16),):
-        out = lj.generate(smollm2, prompts, max_new_tokens=48, lookahead=la)
+        out = lj.generate(smollm2, prompts, max_new_tokens=32, lookahead=la)
         for p, got, want in zip(prompts, out.token_ids, plain.token_ids, strict=True):
             assert_same_or_near_tie(smollm2, p, got, want)
         assert out.stats["compression"] > 1.2  # real acceptance on a real model
