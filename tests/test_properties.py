@@ -28,8 +28,8 @@ from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig
 from lookahead_jax.guesses import draft_tree, ngram_pool
 from lookahead_jax.guesses.lookahead_layout import StepLayout
 from lookahead_jax.models import kv_cache
-from lookahead_jax.models.config import LlamaConfig
 from lookahead_jax.models.llama import LlamaLM, forward, init_params
+from tests import tiny
 
 # Examples per property: each new shape compiles, so the suite's time goes with them (a
 # run draws fresh examples: database=None, so CI runs add up to many more)
@@ -209,16 +209,7 @@ def test_mask_rows_see_their_own_branch_one_token_per_earlier_position(nwg):
         assert sorted(position(kinds[u]) for u in seen) == list(range(position(kinds[t]) + 1))
 
 
-TINY = LlamaConfig(
-    vocab_size=32,
-    hidden_size=16,
-    intermediate_size=32,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=8,
-    max_position_embeddings=256,
-)
+TINY = tiny.llama_config()
 TINY_PARAMS = init_params(TINY, jax.random.PRNGKey(0), scale=0.5)
 
 

@@ -19,20 +19,11 @@ from lookahead_jax import shapes
 from lookahead_jax.decoding import DecodeSpec, RowSampling, row_keys
 from lookahead_jax.decoding.loop import start, step
 from lookahead_jax.decoding.sampling import SamplingConfig
-from lookahead_jax.models.config import LlamaConfig
 from lookahead_jax.models.llama import LlamaLM, init_params, split_layers
+from tests import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
-CFG = LlamaConfig(
-    vocab_size=40,
-    hidden_size=16,
-    intermediate_size=32,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=8,
-    max_position_embeddings=128,
-)
+CFG = tiny.llama_config()
 PARAMS = jax.eval_shape(lambda: split_layers(init_params(CFG, jax.random.PRNGKey(0))))
 B, P = 3, 8
 
@@ -88,7 +79,7 @@ class HeadsLM(LlamaLM):
 
 
 def test_a_model_that_breaks_the_seam_is_named_at_trace_time():
-    with pytest.raises(shapes.ShapeError, match=r"NarrowLM.apply: logits \[3, 1, 39\]"):
+    with pytest.raises(shapes.ShapeError, match=r"NarrowLM.apply: logits \[3, 1, 31\]"):
         trace(NarrowLM(CFG), None)
     # the prefill binds T = P = 8 from its tokens; the first layer's new K then holds
     # [B, T, K, Dh] = [3, 8, 1, 8], whose third axis breaks T

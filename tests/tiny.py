@@ -12,6 +12,24 @@ from pathlib import Path
 
 VOCAB = 128
 
+
+def llama_config():
+    """A LlamaConfig small enough to trace and compile in a blink (no checkpoint, no HF):
+    for tests of the forward's and the step's own properties."""
+    from lookahead_jax.models.config import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        max_position_embeddings=256,
+    )
+
+
 VARIANTS = {
     # name: LlamaConfig overrides
     "mha": dict(num_attention_heads=4, num_key_value_heads=4),
