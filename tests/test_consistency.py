@@ -27,14 +27,14 @@ from tests.helpers import random_prompts
 PROMPTS = random_prompts(16, 128, 2, 10, seed=3)
 # the module (the package's `train` attribute is the function of that name)
 TRAIN_MODULE = importlib.import_module("lookahead_jax.training.train")
-BLOCK, BLOCKS, SLOTS = 4, 3, 12
+BLOCK, BLOCKS, MAX_PROMPT = 4, 3, 12
 
 
 @pytest.fixture(scope="module")
 def base(tiny_ckpts):
     with jax.enable_x64(True):
         model = lj.load(tiny_ckpts["gqa"][1], dtype="float64")
-        data = C.collect(model, PROMPTS, BLOCK, BLOCKS, SLOTS, batch=8)
+        data = C.collect(model, PROMPTS, BLOCK, BLOCKS, MAX_PROMPT, batch=8)
     return model, data
 
 
@@ -74,6 +74,10 @@ def test_trajectories_file_round_trip_and_bad_files(base, tmp_path):
     assert again.meta == data.meta
     for f in ("prompt", "prompt_len", "fixed", "out_len", "states", "iters"):
         np.testing.assert_array_equal(getattr(again, f), getattr(data, f))
+    # a file from before the rename names the longest prompt prompt_slots
+    meta = {("prompt_slots" if k == "max_prompt_tokens" else k): v for k, v in data.meta.items()}
+    old = C.save_trajectories(dataclasses.replace(data, meta=meta), tmp_path / "old.npz")
+    assert C.load_trajectories(old).max_prompt_tokens == data.max_prompt_tokens
     path.write_bytes(path.read_bytes()[:100])  # cut short
     with pytest.raises(lj.CheckpointError, match="not a trajectory dataset"):
         C.load_trajectories(path)
@@ -171,7 +175,7 @@ def test_training_lowers_jacobi_iterations_and_decodes_exactly(base, tmp_path, t
         params = C.train(model, data, tmp_path / "work", tc, progress=False)
         out = C.write_checkpoint(model, params, tmp_path / "tuned", {"kind": "consistency"})
         tuned = lj.load(out, dtype="float64")
-        after = C.collect(tuned, PROMPTS, BLOCK, BLOCKS, SLOTS, batch=8)
+        after = C.collect(tuned, PROMPTS, BLOCK, BLOCKS, MAX_PROMPT, batch=8)
         lj.testing.assert_lookahead_matches_plain(
             tuned,
             PROMPTS[:6],
@@ -238,6 +242,7 @@ def test_mix_walks_from_the_base_to_the_trained_parameters(base):
         (["--prompts", "{missing}"], "--prompts not found"),
         (["--prompts", "{bad}"], "bad.jsonl line 2: unknown key 'text'"),
         (["--prompts", "{good}", "--block", "1"], "--block must be >= 2"),
+        (["--prompts", "{good}", "--prompt-slots", "0"], "--max-prompt-tokens"),  # old name
         (["--prompts", "{good}", "--warmup", "300"], "warmup must be in [0, steps=200)"),
         (["--prompts", "{good}", "--teacher", "me"], "teacher must be one of ('self', 'base')"),
         (["--prompts", "{good}", "--mix", "0"], "--mix must be in (0, 1], got 0.0"),
@@ -271,7 +276,7 @@ def test_training_on_a_mesh_equals_one_device(tiny_ckpts, tmp_path):
     tc = C.TrainConfig(steps=2, batch=4, learning_rate=1e-3, warmup=1)
     with jax.enable_x64(True):
         single = lj.load(ckpt, dtype="float64")
-        data = C.collect(single, PROMPTS[:4], BLOCK, 2, SLOTS, batch=4)
+        data = C.collect(single, PROMPTS[:4], BLOCK, 2, MAX_PROMPT, batch=4)
         sharded = lj.load(ckpt, dtype="float64", mesh=lj.make_mesh(2, 4))
         want = C.train(single, data, tmp_path / "one", tc, progress=False)
         got = C.train(sharded, data, tmp_path / "mesh", tc, progress=False)

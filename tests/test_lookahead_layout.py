@@ -60,7 +60,7 @@ def test_mask_and_positions_n4_w5_two_chains_by_hand():
     assert lay.logits_rows.tolist() == [0, 11, 12, 13, 14, 15, *range(16, 22)]
 
 
-def test_chains_sharing_a_prefix_share_slots():
+def test_chains_sharing_a_prefix_share_nodes():
     """v1 = (7, 8, 12) shares v0's first two tokens: it takes one node, below v0's second."""
     tree = two_chains([[7, 8, 9], [7, 8, 12]])
     assert np.asarray(tree.valid)[0].tolist() == [True, True, True, True, False, False]

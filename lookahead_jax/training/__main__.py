@@ -34,7 +34,13 @@ def build_parser(prog: str = "python -m lookahead_jax.training") -> OneLineArgum
     p.add_argument("--max-prompts", type=int, default=None, help="use the first N prompts")
     p.add_argument("--block", type=int, default=16, help="Jacobi block size n (default 16)")
     p.add_argument("--blocks", type=int, default=4, help="blocks of output per prompt")
-    p.add_argument("--prompt-slots", type=int, default=256, help="longest prompt kept, tokens")
+    p.add_argument(
+        "--max-prompt-tokens",
+        "--prompt-slots",  # its name before the rename, kept for scripts that use it
+        type=int,
+        default=256,
+        help="longest prompt kept, tokens (default 256)",
+    )
     p.add_argument("--collect-batch", type=int, default=8, help="prompts per collection pass")
     p.add_argument("--steps", type=int, default=200, help="optimizer updates")
     p.add_argument("--batch", type=int, default=4, help="examples per micro-batch")
@@ -104,8 +110,10 @@ def _run(args) -> int:
         ar_weight=args.ar_weight, teacher=args.teacher, seed=args.seed, save_every=args.save_every,
     ).check()  # fmt: skip
     training.check_mix(args.mix, "--mix")  # before the model loads and trains
-    if args.block < 2 or args.blocks < 1 or args.prompt_slots < 1 or args.collect_batch < 1:
-        raise UserInputError("--block must be >= 2; --blocks, --prompt-slots, --collect-batch >= 1")
+    if args.block < 2 or args.blocks < 1 or args.max_prompt_tokens < 1 or args.collect_batch < 1:
+        raise UserInputError(
+            "--block must be >= 2; --blocks, --max-prompt-tokens, --collect-batch >= 1"
+        )
     if args.max_prompts is not None and args.max_prompts < 1:
         raise UserInputError(f"--max-prompts must be >= 1, got {args.max_prompts}")
     if resolve_dtype(args.dtype) not in (jnp.float32, jnp.float64):
@@ -126,7 +134,7 @@ def _run(args) -> int:
     work.mkdir(parents=True, exist_ok=True)
     data_path = work / "trajectories.npz"
     ids = encode(model, records, args.chat, args.prompts)
-    settings = dict(block=args.block, blocks=args.blocks, prompt_slots=args.prompt_slots)
+    settings = dict(block=args.block, blocks=args.blocks, max_prompt_tokens=args.max_prompt_tokens)
     settings.update(seed=args.seed, base=str(model.path), dtype=args.dtype)
     settings["prompts_given"] = len(records)
     # the token ids of the prompts, --chat included
@@ -150,7 +158,7 @@ def _run(args) -> int:
             elif not args.quiet:
                 print(f"collecting trajectories {done}/{total}", file=sys.stderr)
 
-        data = training.collect(model, ids, args.block, args.blocks, args.prompt_slots,
+        data = training.collect(model, ids, args.block, args.blocks, args.max_prompt_tokens,
                                 args.collect_batch, args.seed, report)  # fmt: skip
         data.meta.update(dtype=args.dtype, prompts_sha256=settings["prompts_sha256"])
         training.save_trajectories(data, data_path)

@@ -1,25 +1,25 @@
 """Where every token of a consistency example sits: one forward pass holds the prompt, the
 fixed point (the model's greedy output) and one Jacobi state of every n-token block.
 
-A row has S = P + 2Y slots (P prompt slots, Y = m * n output slots):
+A row has S = P + 2Y columns (P prompt columns, Y = m * n output columns):
 
-    slots [0, P)        the prompt, left-padded: token i of a p-token prompt at slot
-                        P - p + i, position i
-    slots [P, P + Y)    the fixed point y*: y*_t at slot P + t, position p + t
-    slots [P + Y, S)    the guesses: block k's token j (g_k[j]) at slot P + Y + k*n + j,
-                        position p + k*n + j, the position of y*_{k*n+j}
+    columns [0, P)        the prompt, left-padded: token i of a p-token prompt at
+                          column P - p + i, position i
+    columns [P, P + Y)    the fixed point y*: y*_t at column P + t, position p + t
+    columns [P + Y, S)    the guesses: block k's token j (g_k[j]) at column
+                          P + Y + k*n + j, position p + k*n + j, the position of y*_{k*n+j}
 
 Attention: the prompt and y* are one causal sequence; guess block k sees the prompt,
 y*[:k*n] (the true text before it) and its own tokens up to itself — so every block is a
 Jacobi state conditioned on the true prefix, and all m blocks are computed at once.
-Padding (prompt slots before the prompt, output slots at or past the row's output
-length `out_len`) is seen by no one; each slot always sees itself (no empty softmax).
+Padding (prompt columns before the prompt, output columns at or past the row's output
+length `out_len`) is seen by no one; each column always sees itself (no empty softmax).
 
 Predictions for block k's token j (the distribution of the token at position
-p + k*n + j) come from the slot holding the token at the position before it:
+p + k*n + j) come from the column holding the token at the position before it:
 
-    fixed point:  slot P + k*n + j - 1          (k = j = 0: slot P - 1, the prompt's last)
-    guess:        slot P + Y + k*n + j - 1      (j >= 1; j = 0 has no guessed context)
+    fixed point:  column P + k*n + j - 1        (k = j = 0: column P - 1, the prompt's last)
+    guess:        column P + Y + k*n + j - 1    (j >= 1; j = 0 has no guessed context)
 
 Requesting the 2Y rows R = [P - 1, P + 2Y - 1) gives both: fixed-point row of output
 token t is R[t], guess row of (k, j >= 1) is R[Y + k*n + j].
@@ -27,11 +27,11 @@ token t is R[t], guess row of (k, j >= 1) is R[Y + k*n + j].
 Worked example: P = 3, n = 2, m = 2 (Y = 4), a 2-token prompt "a b", y* = "c d e f",
 guesses g0 = "x d", g1 = "e y":
 
-    slot      0    1  2  3  4  5  6  7  8  9  10
+    column    0    1  2  3  4  5  6  7  8  9  10
     token     pad  a  b  c  d  e  f  x  d  e  y
     position  -    0  1  2  3  4  5  2  3  4  5
 
-Slot 9 (g1[0] = e, position 4) sees a b c d (slots 1-4) and itself; not e f, not g0.
+Column 9 (g1[0] = e, position 4) sees a b c d (columns 1-4) and itself; not e f, not g0.
 The fixed point's distribution for y*_3 = f is row 5 (after e); block 1's guess for it
 is row 9 (after g1[0]). R = [2, 10): rows 2 3 4 5 (predicting c d e f) then 6 7 8 9.
 """
@@ -41,15 +41,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 
-def slots(prompt_slots: int, block: int, blocks: int) -> int:
+def columns(max_prompt: int, block: int, blocks: int) -> int:
     """S = P + 2Y."""
-    return prompt_slots + 2 * block * blocks
+    return max_prompt + 2 * block * blocks
 
 
-def positions_and_mask(prompt_len_b, out_len_b, prompt_slots: int, block: int, blocks: int):
+def positions_and_mask(prompt_len_b, out_len_b, max_prompt: int, block: int, blocks: int):
     """positions [B, S] int32 and the attention mask [B, S, S] bool (row attends to
     column) for rows with these prompt and output lengths (out_len <= Y)."""
-    P, n, Y = prompt_slots, block, block * blocks
+    P, n, Y = max_prompt, block, block * blocks
     S = P + 2 * Y
     s = jnp.arange(S)
     p = prompt_len_b[:, None]  # [B, 1]
@@ -70,10 +70,10 @@ def positions_and_mask(prompt_len_b, out_len_b, prompt_slots: int, block: int, b
     return positions, mask
 
 
-def logits_rows(prompt_slots: int, block: int, blocks: int):
-    """The 2Y slots whose logits the losses and the Jacobi update need, [2Y] int32."""
+def logits_rows(max_prompt: int, block: int, blocks: int):
+    """The 2Y columns whose logits the losses and the Jacobi update need, [2Y] int32."""
     Y = block * blocks
-    return jnp.arange(prompt_slots - 1, prompt_slots + 2 * Y - 1, dtype=jnp.int32)
+    return jnp.arange(max_prompt - 1, max_prompt + 2 * Y - 1, dtype=jnp.int32)
 
 
 def tokens(prompt_bp, fixed_by, guess_by):
@@ -86,7 +86,7 @@ def logits(lm, params, prompt_bp, fixed_by, guess_by, prompt_len_b, out_len_b, b
     """[B, 2Y, V]: one forward pass of the layout, the logits of `logits_rows`: the first
     Y rows predict y* from the true text, the next Y each block's tokens from its guesses.
     fixed_only: [B, Y, V], the first Y rows alone (a teacher needs no more); they see
-    only the prompt and y*, so the pass leaves the guess slots out (P + Y slots, not S)."""
+    only the prompt and y*, so the pass leaves the guess columns out (P + Y columns, not S)."""
     P, Y = prompt_bp.shape[1], fixed_by.shape[1]
     blocks = Y // block
     seq = tokens(prompt_bp, fixed_by, guess_by)

@@ -23,7 +23,7 @@ On disk (`save_trajectories` / `load_trajectories`, one .npz written atomically)
     out_len  [X]    int32   whole blocks of y* kept (a multiple of n)
     states   [X, n + 1, Y] int32  Jacobi state s of every block (s = 0: the guess)
     iters    [X, m] int32   iterations block k took to reach y* (0..n)
-    meta     json: block, blocks, prompt_slots, base checkpoint, seed, counts
+    meta     json: block, blocks, max_prompt_tokens, base checkpoint, seed, counts
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class Trajectories:
         return self.meta["blocks"]
 
     @property
-    def prompt_slots(self) -> int:
-        return self.meta["prompt_slots"]
+    def max_prompt_tokens(self) -> int:
+        return self.meta["max_prompt_tokens"]
 
     def __len__(self) -> int:
         return len(self.prompt)
@@ -102,25 +102,25 @@ def collect(
     prompts: list[list[int]],
     block: int = 16,
     blocks: int = 4,
-    prompt_slots: int = 256,
+    max_prompt_tokens: int = 256,
     batch: int = 8,
     seed: int = 0,
     progress=None,
 ) -> Trajectories:
     """Trajectories of `model` (an lj.Model) for token-id prompts: greedy outputs of up to
     Y = block * blocks tokens, then n Jacobi iterations of every block from a start of
-    random prompt tokens. Prompts longer than `prompt_slots` are skipped (counted in
+    random prompt tokens. Prompts longer than `max_prompt_tokens` are skipped (counted in
     meta). `progress(done, total)` is called after each batch."""
     import lookahead_jax as lj
 
-    if block < 2 or blocks < 1 or prompt_slots < 1 or batch < 1:
+    if block < 2 or blocks < 1 or max_prompt_tokens < 1 or batch < 1:
         raise UserInputError(
-            f"block must be >= 2 and blocks, prompt_slots, batch >= 1; got block={block}, "
-            f"blocks={blocks}, prompt_slots={prompt_slots}, batch={batch}"
+            f"block must be >= 2 and blocks, max_prompt_tokens, batch >= 1; got block={block}, "
+            f"blocks={blocks}, max_prompt_tokens={max_prompt_tokens}, batch={batch}"
         )
-    kept = [p for p in prompts if 0 < len(p) <= prompt_slots]
+    kept = [p for p in prompts if 0 < len(p) <= max_prompt_tokens]
     if not kept:
-        raise UserInputError(f"no prompt fits in {prompt_slots} tokens (of {len(prompts)})")
+        raise UserInputError(f"no prompt fits in {max_prompt_tokens} tokens (of {len(prompts)})")
     Y = block * blocks
     run = _trajectory_fn(model.lm, block)
     rng = np.random.default_rng(seed)
@@ -129,13 +129,13 @@ def collect(
         rows = kept[start : start + batch]
         outs = lj.generate(model, rows, max_new_tokens=Y, lookahead=None).token_ids
         B = len(rows)  # the arrays keep `batch` rows: one compilation
-        prompt = np.zeros((batch, prompt_slots), np.int32)
+        prompt = np.zeros((batch, max_prompt_tokens), np.int32)
         fixed = np.zeros((batch, Y), np.int32)
         prompt_len = np.ones(batch, np.int32)
         out_len = np.zeros(batch, np.int32)
         guess0 = np.zeros((batch, Y), np.int32)
         for b, (p, y) in enumerate(zip(rows, outs, strict=True)):
-            prompt[b, prompt_slots - len(p) :] = p
+            prompt[b, max_prompt_tokens - len(p) :] = p
             prompt_len[b] = len(p)
             fixed[b, : len(y)] = y
             out_len[b] = len(y) // block * block
@@ -165,7 +165,7 @@ def collect(
         "format": FORMAT,
         "block": block,
         "blocks": blocks,
-        "prompt_slots": prompt_slots,
+        "max_prompt_tokens": max_prompt_tokens,
         "seed": seed,
         "base": str(getattr(model, "path", None)),
         "prompts_given": len(prompts),
@@ -241,4 +241,6 @@ def load_trajectories(path) -> Trajectories:
         raise CheckpointError(f"{path} is not a trajectory dataset: {e}") from e
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    if "prompt_slots" in meta:  # the key's name in files written before the rename
+        meta["max_prompt_tokens"] = meta.pop("prompt_slots")
     return Trajectories(**arrays, meta=meta)
