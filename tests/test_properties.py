@@ -304,6 +304,12 @@ def reference_verify(cands, valid, model):
     return out
 
 
+# jitted: one program per example's shapes, not one per operation (eager mode compiles
+# each op it has not seen at those shapes: ~300 compiles over this test's examples)
+_verify = jax.jit(draft_tree.verify, static_argnums=3)
+_emit = jax.jit(decode_state.emit, static_argnums=1)
+
+
 def verify_chains(cands, valid, after_input, model):
     """The candidates as a merged draft tree, verified with the model's tokens."""
     b, g, m = cands.shape
@@ -324,7 +330,7 @@ def verify_chains(cands, valid, after_input, model):
                     path.append(int(tokens[row, node]))
                     node = int(parent[row, node])
                 after_node[row, q] = model(row, tuple(reversed(path)))
-    acc = draft_tree.verify(tree, jnp.asarray(after_input), jnp.asarray(after_node), m)
+    acc = _verify(tree, jnp.asarray(after_input), jnp.asarray(after_node), m)
     return np.asarray(acc.accepted), np.asarray(acc.emitted)
 
 
@@ -356,7 +362,7 @@ def test_verify_then_emit(inputs, eos_ids, seed):
     done = (n_out >= max_new_tokens) | (rng.random(b) < 0.2)
     state = make_state(prompt_len, n_out, max_new_tokens, done, width=m + 1, rng=rng)
     spec = decode_state.DecodeSpec(lm=LlamaLM(TINY), eos_ids=tuple(eos_ids), lookahead=None)
-    new = decode_state.emit(state, spec, jnp.asarray(emitted), jnp.asarray(a + 1))
+    new = _emit(state, spec, jnp.asarray(emitted), jnp.asarray(a + 1))
     tokens_before = np.asarray(state.tokens)
     tokens_after, n_after, done_after = (np.asarray(x) for x in (new.tokens, new.n_out, new.done))
     for row in range(b):
