@@ -25,10 +25,10 @@ same trade for serving).
 The forward knows nothing about lookahead: it takes explicit positions and a boolean
 mask among the new tokens, and attends to a row's cache positions below its length. A
 sliding window is applied here, from positions (a token at position p sees keys at
-positions p - window < k), so every caller — prefill, plain
-steps, each lookahead window and draft-tree node — gets it without knowing of it. A
-lookahead step is just a particular (tokens, positions, mask). `LlamaLM` wraps it in
-the model seam (seam.py).
+positions p - window < k; the cache's entry s along S holds position s), so every
+caller — prefill, plain steps, each lookahead window and draft-tree node — gets it
+without knowing of it. A lookahead step is just a particular (tokens, positions, mask).
+`LlamaLM` wraps it in the model seam (seam.py).
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def attention(
     q          [B, T, K, Q, Dh]
     k/v_new    [B, K, U, Dh]     the new tokens' keys/values (U = T)
     self_mask  [B|1, T, U]       bool, which new tokens each new token sees
-    cache_k/v  [B, K, S, Dh]     or None (prefill)
+    cache_k/v  [B, K, S, Dh]     or None (prefill); entry s along S holds position s
     cache_len  [B]
     positions  [B, T]            the new tokens' positions (needed with a window)
     window     the sliding window in positions (0: this layer attends fully)

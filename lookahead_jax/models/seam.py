@@ -16,7 +16,7 @@ A model is any hashable object (it is a static argument of the jitted programs) 
 The contract of `apply`, which exactness rests on:
 
 * tokens t of the pass sit at `positions[b, t]` and see the row's cache positions
-  `0 .. cache.lengths[b] - 1` and the new tokens u with
+  `0 .. cache.lengths[b] - 1` (the cache's entry s holds position s) and the new tokens u with
   `mask[b, t, u]`, nothing else; a row never sees another row;
 * it reads the cache only below each row's length and never writes it: the caller
   commits the entries of the tokens it keeps (kv_cache.commit), so guesses that turn
