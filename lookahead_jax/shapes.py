@@ -122,13 +122,15 @@ def check(*objects, names: tuple[str, ...] | None = None) -> None:
 
 
 def checked(fn):
-    """`fn`, checking its dataclass arguments and its result together (one binding per
-    letter): for functions from a state to a state, such as a decode step."""
+    """`fn`, checking its positional dataclass arguments and its result together (one
+    binding per letter): for functions from a state to a state, such as a decode step.
+    Keyword arguments are static configuration (the DecodeSpec), not arrays, and are not
+    walked."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)
-        inputs = [a for a in (*args, *kwargs.values()) if dataclasses.is_dataclass(a)]
+        inputs = [a for a in args if dataclasses.is_dataclass(a)]
         names = tuple(f"{fn.__name__}: {type(a).__name__} in" for a in inputs)
         check(*inputs, out, names=(*names, f"{fn.__name__}: {type(out).__name__} out"))
         return out

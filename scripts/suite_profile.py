@@ -39,8 +39,7 @@ _now: collections.Counter = collections.Counter()
 def _on_duration(event: str, duration: float, **_) -> None:
     if event in EVENTS:
         _now[EVENTS[event]] += duration
-        if event.endswith("backend_compile_duration"):
-            _now["compiles"] += 1
+        _now["compiles"] += EVENTS[event] == "compile_s"
 
 
 def _on_event(event: str, **_) -> None:
