@@ -5,13 +5,13 @@ from lookahead_jax.checkpoints.loading import ModelInfo, inspect, load
 from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed.sharding import make_mesh
 from lookahead_jax.engine import testing
-from lookahead_jax.engine.continuous import Engine, EngineStats, Request, Result
+from lookahead_jax.engine.continuous import Engine, Request, Result
 from lookahead_jax.engine.generate import (
     GenerationInterrupted,
     GenerationOutput,
-    GenerationStats,
     generate,
 )
+from lookahead_jax.engine.stats import SourceStats, Stats
 from lookahead_jax.engine.streaming import StreamDetokenizer
 from lookahead_jax.errors import CheckpointError, MissingFileError, UserInputError
 from lookahead_jax.guesses.lookahead_config import DEFAULT_LOOKAHEAD, LookaheadConfig
@@ -24,10 +24,8 @@ __all__ = [
     "DEFAULT_LOOKAHEAD",
     "CheckpointError",
     "Engine",
-    "EngineStats",
     "GenerationInterrupted",
     "GenerationOutput",
-    "GenerationStats",
     "LlamaConfig",
     "LookaheadConfig",
     "MissingFileError",
@@ -36,6 +34,8 @@ __all__ = [
     "Request",
     "Result",
     "SamplingConfig",
+    "SourceStats",
+    "Stats",
     "StreamDetokenizer",
     "UserInputError",
     "decoding",

@@ -117,6 +117,29 @@ def test_engine_equals_plain_decoding_alone(model64, lookahead, batch, temperatu
     assert stats["cache_positions"] == sorted(stats["cache_positions"])
 
 
+def test_generate_is_one_engine_run_and_shares_its_programs(model64):
+    """lj.generate runs a batch through the engine (a slot per prompt, one prefill that is
+    the state): an Engine of the same shapes reuses its two programs and gives the same
+    tokens, and the steps that emitted them."""
+    longest = max(len(p) for p in PROMPTS)
+    with jax.enable_x64(True):
+        out = lj.generate(model64, PROMPTS, max_new_tokens=MAX_NEW, seed=SEED, lookahead=None)
+        engine = lj.Engine(
+            model64,
+            batch=len(PROMPTS),
+            max_new_tokens=MAX_NEW,
+            lookahead=None,
+            seed=SEED,
+            max_prompt_tokens=longest,
+        )
+        results = sorted(engine.run(PROMPTS), key=lambda r: r.id)
+    assert out.stats["prefill_calls"] == engine.stats["prefill_calls"] == 1
+    assert engine.stats["compile_s"] == 0.0
+    assert [r.token_ids for r in results] == out.token_ids
+    assert [r.step_of_token for r in results] == out.step_of_token
+    assert out.stats["new_tokens"] == sum(map(len, out.token_ids)) > 0
+
+
 def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tmp_path):
     """auto's guard calls a losing lookahead off in the middle of a run, with slots
     mid-decode and prompts still queued: every prompt's tokens are still exact."""
@@ -140,9 +163,9 @@ def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tm
             max_prompt_tokens=LONGEST,
         )
         results = list(engine.run(requests(order_seed=7)))
-    group = engine.stats["groups"][0]
-    assert group["lookahead"]["name"] == config.name
-    assert group["switched_to_plain_after_steps"] is not None
+    config_used = engine.stats["config"]
+    assert config_used["lookahead"]["name"] == config.name
+    assert config_used["lookahead_auto"]["switched_to_plain_after_steps"] is not None
     check_against_reference(model64, results, 0.0)
 
 
@@ -167,7 +190,7 @@ def test_per_prompt_sampling_settings_share_one_batch(model64):
     greedy, sampled = reference(model64, 0.0), reference(model64, 0.9)
     for i, tokens in results.items():
         assert tokens == (sampled if i % 2 else greedy)[i][: BUDGETS[i]]
-    assert len(engine.stats["groups"]) == 1 and engine.stats["groups"][0]["sampled"]
+    assert engine.stats["config"]["sampled"]
 
 
 def test_online_requests_while_it_decodes(model64):

@@ -379,11 +379,9 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
     bar.close()
     writer.close()
     s = engine.stats
-    modes = ", ".join(
-        "plain" if g["lookahead"] is None else g["lookahead"]["name"] for g in s["groups"]
-    )
+    mode = "plain" if s["config"]["lookahead"] is None else s["config"]["lookahead"]["name"]
     print(
-        f"[{modes}] {s['prompts']} prompts, {s['new_tokens']} tokens in {s['wall_s']:.2f} s "
+        f"[{mode}] {s['prompts']} prompts, {s['new_tokens']} tokens in {s['wall_s']:.2f} s "
         f"({s['tokens_per_s']:.1f} tokens/s), compression {s['compression']:.2f}, batch "
         f"{args.batch}, prompt buckets {s['prompt_buckets']}, compile {s['compile_s']:.2f} s, "
         f"total {time.perf_counter() - t_start:.1f} s",

@@ -402,10 +402,10 @@ def hist_compression(hist_be) -> tuple[float, int]:
 
 
 class AutoRun:
-    """The whole `lookahead="auto"` policy for one generation: choose a layout (or plain
-    decoding), watch the acceptance and hand a losing lookahead to plain decoding
-    mid-way (`check`, called by driver.py between chunks), and record what was seen
-    (`report`).
+    """The whole `lookahead="auto"` policy for one engine run: choose a layout (or plain
+    decoding) for its batch, judge the acceptance between rounds (`gives_up`: then the
+    engine hands the state to plain decoding, `to_plain`), and keep what was seen for
+    `record_acceptance`.
 
     With several processes, process 0's choice is used (cost curves may differ) and the
     guard is off (a mid-way switch would need every process to agree).
@@ -420,8 +420,6 @@ class AutoRun:
         self.model, self.sampling, self.choice = model, sampling, choice
         multi = multihost.is_multiprocess()
         self.guard = None if choice.config is None or multi else Guard(choice.cost_ratio)
-        self.plain_program = None  # () -> (executable, compile seconds), set by the caller
-        self.compile_s = 0.0
         self.after_steps = None  # steps before the switch to plain decoding
         self.lookahead_hist = None  # the lookahead phase's accepted-length histogram
         self._last_steps = 0
@@ -434,20 +432,6 @@ class AutoRun:
     def chunk_steps(self) -> int | None:
         """How many steps the device loop runs between checks (None: no checks)."""
         return self.guard.window_steps if self.guard else None
-
-    def check(self, state):
-        """None to carry on, or (plain executable, plain state) to switch."""
-        from lookahead_jax.distributed import multihost
-
-        if not self.watching:
-            return None
-        steps = int(multihost.local_rows(state.steps).max())
-        hist = multihost.local_rows(state.accept_hist)
-        if not self.gives_up(hist, steps):
-            return None
-        exe, self.compile_s = self.plain_program()
-        self.after_steps, self.lookahead_hist = steps, hist
-        return exe, to_plain(state)
 
     @property
     def watching(self) -> bool:
@@ -464,22 +448,6 @@ class AutoRun:
         self._last_steps = steps
         compression, _ = hist_compression(hist_be)
         return not self.guard.keep_going(compression, steps)
-
-    def report(self, state, stats: dict, interrupted: bool) -> None:
-        """Add the choice to `stats['config']`; fold the lookahead phase's acceptance into
-        the running factor (not for an interrupted generation)."""
-        from lookahead_jax.distributed import multihost
-
-        stats["config"]["lookahead_auto"] = {
-            **self.choice.describe(),
-            "switched_to_plain_after_steps": self.after_steps,
-        }
-        if self.config is not None and not interrupted:
-            hist = self.lookahead_hist
-            if hist is None:
-                hist = multihost.local_rows(state.accept_hist)
-            compression, steps = hist_compression(hist)
-            record_acceptance(self.model, self.config, compression, steps, self.sampling)
 
 
 def to_plain(state):

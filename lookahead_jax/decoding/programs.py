@@ -1,9 +1,9 @@
 """Compiled decoding programs, kept per process and shape.
 
-`programs(model, spec, max_new_tokens_bucket, start_args, loop)` returns the `Programs`
-for one decode: `start` and the loop it runs (`step` for the host loop, `run_loop` for the device
-loop), compiled ahead of time once per (spec, budget, mesh, argument shapes) in this
-process — and, through JAX's persistent compilation cache, across processes.
+`compiled(model, spec, max_new_tokens_bucket, start_args, name)` returns one entry point
+of a decode (`start`, `step` or `run_loop`) compiled ahead of time, once per (spec,
+budget, mesh, argument shapes) in this process — and, through JAX's persistent
+compilation cache, across processes.
 
 At most `MAX_KEPT` executables are kept, the least recently used dropped first: each
 compiled XLA:CPU executable holds memory mappings of its JIT code (SmolLM2: ~160 for a
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import time
 
@@ -30,13 +29,6 @@ from lookahead_jax.decoding.loop import compiler_options  # noqa: F401  (re-expo
 MAX_KEPT = 64  # compiled executables kept per process (assign to change)
 _JITTED: dict = {}  # program key -> (decoding.Jitted, state shape)
 _COMPILED = collections.OrderedDict()  # (program key, entry point) -> executable, LRU first
-
-
-@dataclasses.dataclass(frozen=True)
-class Programs:
-    start: object  # compiled decoding.start
-    loop: object  # compiled decoding.step or decoding.run_loop
-    compile_s: float  # seconds spent compiling now (0 when all were cached)
 
 
 def clear() -> None:
@@ -118,12 +110,3 @@ def _forget_least_recent() -> None:
         (key, _), _ = _COMPILED.popitem(last=False)
         if all(kept != key for kept, _ in _COMPILED):
             _JITTED.pop(key, None)
-
-
-def programs(
-    model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, loop: str
-) -> Programs:
-    """Start and `loop` ('step' or 'run_loop'), compiled (or taken from the cache)."""
-    start, a = compiled(model, spec, max_new_tokens_bucket, start_args, "start")
-    loop_exe, b = compiled(model, spec, max_new_tokens_bucket, start_args, loop)
-    return Programs(start=start, loop=loop_exe, compile_s=a + b)

@@ -7,8 +7,7 @@ laid out over the mesh's `data` axis. These helpers are no-ops with one process.
     initialize()             jax.distributed.initialize (auto-detected on TPU, SLURM,
                              Open MPI, ...; or coordinator/num_processes/process_id)
     agree_max(x)             the maximum of x over all processes
-    global_rows(mesh, a)     a global [B, ...] array from this process's rows
-    local_rows(arr)          this process's rows of a global [B, ...] array, as numpy
+    every_process_rows(ids)  every process's rows of token ids, in process order
     all_rows(arr)            every row of a global array, as numpy, on every process
     replicated(mesh, a)      a global array holding the same `a` on every device
     agree(value, what)       raise unless every process passed the same int
@@ -51,24 +50,21 @@ def agree_max(value: int) -> int:
     return int(np.max(multihost_utils.process_allgather(np.asarray([value], np.int64))))
 
 
-def global_rows(mesh, local: np.ndarray) -> jax.Array:
-    """A batch-major array whose rows are every process's `local` rows, in process order."""
-    if mesh is None or not is_multiprocess():
-        return jnp.asarray(local)
-    sharding = NamedSharding(mesh, PartitionSpec("data", *([None] * (local.ndim - 1))))
-    global_shape = (local.shape[0] * jax.process_count(), *local.shape[1:])
-    return jax.make_array_from_process_local_data(sharding, local, global_shape)
+def every_process_rows(local: list[list[int]]) -> tuple[list[list[int]], int]:
+    """(every process's rows of token ids, process p's after process p - 1's; the index
+    of this process's first row). Each process passes as many rows. One process: its
+    own, 0."""
+    if not is_multiprocess():
+        return local, 0
+    from jax.experimental import multihost_utils
 
-
-def local_rows(arr: jax.Array) -> np.ndarray:
-    """This process's rows (in order) of a batch-major array sharded over `data` only."""
-    if arr.is_fully_addressable:
-        return np.asarray(arr)
-    blocks: dict[int, np.ndarray] = {}
-    for shard in arr.addressable_shards:
-        start = shard.index[0].start or 0
-        blocks.setdefault(start, np.asarray(shard.data))  # replicas along `model` repeat
-    return np.concatenate([blocks[k] for k in sorted(blocks)])
+    agree(len(local), "number of prompts")
+    longest = agree_max(max(len(row) for row in local))
+    padded = np.full((len(local), longest), -1, np.int32)
+    for b, row in enumerate(local):
+        padded[b, : len(row)] = row
+    every = np.asarray(multihost_utils.process_allgather(padded)).reshape(-1, longest)
+    return [row[row >= 0].tolist() for row in every], len(local) * jax.process_index()
 
 
 def all_rows(arr: jax.Array) -> np.ndarray:

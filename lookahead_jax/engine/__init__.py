@@ -1,5 +1,6 @@
-"""Requests through decoding: `generate` (static batches, generate.py), `Engine`
-(continuous batching over a dataset, continuous.py), what both share (prompt encoding
-inputs.py; streaming detokenization streaming.py), and the exactness harness for a model
-behind the seam (testing.py, public as lj.testing).
+"""Requests through decoding: `Engine` (the host loop: continuous batching, offline or
+online, continuous.py), `generate` (a batch of prompts as one engine run, generate.py),
+what both share (prompt encoding inputs.py, `Stats` stats.py, Ctrl-C interrupts.py,
+streaming detokenization streaming.py), and the exactness harness for a model behind
+the seam (testing.py, public as lj.testing).
 """

@@ -1,11 +1,13 @@
-"""The engine: continuous batching with lookahead decoding in every slot, offline (a list
-of prompts, `Engine.run`) or online (requests submitted while it decodes, `submit`,
-`cancel`, `round`: what the HTTP server runs on).
+"""The engine: the one host loop of every decode. Continuous batching with lookahead
+decoding in every slot, offline (a list of prompts, `Engine.run`, the JSONL command, and
+`lj.generate`: a batch of prompts is one offline run with a slot per prompt) or online
+(requests submitted while it decodes, `submit`, `cancel`, `round`: what the HTTP server
+runs on).
 
 B slots decode together on the device; a slot whose request ends is refilled with the
 next waiting one while the other slots keep decoding. The three verbs of JetStream's
-engine interface, over this package's one decode path (decoding.start / run_loop, the
-same DecodeState, compiled programs and auto policy as `lj.generate`):
+engine interface, over this package's one decode path (decoding.start / run_loop, one
+DecodeState, the compiled programs of programs.py, autotune's auto policy):
 
     prefill   decoding.start on the requests that go into free slots, those of one
               bucket together [n, P] (P: their power-of-two bucket; n: a power of two,
@@ -22,7 +24,10 @@ same DecodeState, compiled programs and auto policy as `lj.generate`):
 A round (`round`) admits what was submitted, prefills it into free slots, runs the loop
 once, then reads every slot's tokens back: each request's listener gets the tokens
 committed since its last update, a stop string ends its request, and a finished slot is
-freed. A slot's life:
+freed. Into an empty engine, B requests at once are one prefill that is the state (no
+insert): lj.generate's batch costs its two programs, start and loop. Offline, a round
+runs with Ctrl-C held (interrupts.py), so that an interrupt finds host and device
+agreeing. A slot's life:
 
     empty (done) --insert--> decoding --EOS, budget, stop string or cancel--> done
         --result read--> refilled
@@ -64,7 +69,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -74,13 +78,15 @@ from lookahead_jax.decoding import autotune, programs
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
 from lookahead_jax.distributed import multihost, sharding
-from lookahead_jax.engine import inputs, slot_state
+from lookahead_jax.engine import inputs, interrupts, slot_state
+from lookahead_jax.engine import stats as decode_stats
 from lookahead_jax.engine.stop_strings import find_stop
 from lookahead_jax.errors import UserInputError
+from lookahead_jax.guesses import acceptance_record
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig, max_step_tokens
 from lookahead_jax.models import seam
 
-FINISHES = ("eos", "length", "stop", "cancelled", "error")
+FINISHES = ("eos", "length", "stop", "cancelled", "error", "interrupted")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,11 +110,13 @@ class Result:
     id: int | str
     token_ids: list[int]  # new tokens, cut at EOS (EOS not included) or at a stop string
     text: str | None  # decoded token_ids, cut before a stop string (None without a tokenizer)
-    finish: str  # FINISHES: "eos", "length", "stop", "cancelled" or "error"
+    finish: str  # FINISHES: "eos", "length", "stop", "cancelled", "error" or "interrupted"
     prompt_tokens: int
     steps: int  # forward passes after its prefill
     time_s: float  # wall time from its insert to its result
     error: str | None = None  # finish "error": what failed
+    step_of_token: list[int] = dataclasses.field(default_factory=list)  # per token in
+    # token_ids: the step that emitted it (0 = the prefill)
 
 
 @dataclasses.dataclass
@@ -177,8 +185,9 @@ class Engine:
     temperature / top_k / top_p / max_new_tokens: defaults for requests without their own.
     seed: prompt `id`'s noise is fold_in(PRNGKey(seed), prompt_key(id)).
     steps_per_call: the device loop returns to the host at least this often (progress,
-    Ctrl-C) even when no slot finished; stream_steps: as often while a request with a
-    listener decodes (its tokens arrive every this many steps).
+    Ctrl-C) even when no slot finished; None: as often as auto checks its choice, else
+    only when a slot finishes. stream_steps: as often while a request with a listener
+    decodes (its tokens arrive every this many steps).
     max_prompt_tokens: fix the prompt side of the shapes (longer prompts are refused), so
     that runs over other prompts reuse the same compiled programs; default: each run
     sizes for its longest prompt. The budget side is max_new_tokens (offline, or a
@@ -199,7 +208,7 @@ class Engine:
         top_p: float | None = None,
         seed: int = 0,
         chat: bool = False,
-        steps_per_call: int = 64,
+        steps_per_call: int | None = 64,
         max_prompt_tokens: int | None = None,
         stream_steps: int = 4,
         sampled: bool | None = None,
@@ -231,7 +240,7 @@ class Engine:
             inputs.check_context(model.lm.max_context, max_prompt_tokens, max_new_tokens)
         self.max_prompt_tokens = max_prompt_tokens
         self.sampled = sampled
-        self.stats: EngineStats = {}
+        self.stats: decode_stats.Stats = {}
         self._slots: _Slots | None = None  # the online slots (created at the first round)
         self._inbox: queue.Queue = queue.Queue()  # ("submit", _Encoded) | ("cancel", id)
         self._known: set = set()  # ids submitted and not yet finished (online)
@@ -308,6 +317,17 @@ class Engine:
         return self._run(self.encode(prompts))
 
     def _run(self, requests: list[_Encoded]) -> Iterator[Result]:
+        slots = self.offline(requests)
+        while slots.busy():
+            results, pressed = slots.held_round()
+            yield from results
+            if pressed:  # after the round's results: the rest is redone by a rerun
+                raise KeyboardInterrupt
+        slots.finish()
+
+    def offline(self, requests: list[_Encoded]) -> _Slots:
+        """Fresh stats and slots with `requests` queued (what `run` drives; lj.generate
+        drives its rounds itself, for streaming and Ctrl-C)."""
         fixed_P = None if self.max_prompt_tokens is None else inputs.bucket(self.max_prompt_tokens)
         max_new_tokens_bucket = inputs.bucket(
             max(self.max_new_tokens, *(r.max_new_tokens for r in requests))
@@ -317,27 +337,12 @@ class Engine:
             sampled = any(not r.sampling.greedy for r in requests)
         if fixed_P is None:  # shortest bucket first: the cache grows once per bucket at most
             requests = sorted(requests, key=lambda r: inputs.bucket(len(r.ids)))
-        self.stats = _fresh_stats(self.batch)
-        t0 = time.perf_counter()
+        self.stats = decode_stats.fresh(self.batch)
         slots = _Slots(
             self, sampled, max_new_tokens_bucket, fixed_P or inputs.bucket(len(requests[0].ids))
         )
         slots.queue.extend(requests)
-        while slots.busy():
-            yield from slots.round()
-        slots.record_acceptance()
-        self._finish_stats(time.perf_counter() - t0, slots.hist_done)
-
-    def _finish_stats(self, wall: float, hist_e=None) -> None:
-        """Totals of a run; `hist_e` [E]: the finished rows' steps by tokens emitted (the
-        lookahead phase's, if auto handed over to plain decoding), as lj.generate's
-        accepted_hist."""
-        s = self.stats
-        if hist_e is not None:
-            s["accepted_hist"] = {str(i + 1): int(c) for i, c in enumerate(hist_e)}
-        s["wall_s"] = wall
-        s["tokens_per_s"] = s["new_tokens"] / wall if wall > 0 else 0.0
-        s["compression"] = s["new_tokens"] / max(s["row_steps"], 1)
+        return slots
 
     # ------------------------------------------------------------------ online
 
@@ -401,7 +406,7 @@ class Engine:
         try:
             if self._slots is None:
                 if not self.stats:
-                    self.stats = _fresh_stats(self.batch)
+                    self.stats = decode_stats.fresh(self.batch)
                 # without max_prompt_tokens the state starts at the smallest prompt bucket
                 # and grows as longer prompts come
                 P = inputs.bucket(self.max_prompt_tokens or 1)
@@ -470,42 +475,6 @@ class Engine:
                 self._wake.wait(idle_wait_s)
 
 
-class EngineStats(TypedDict, total=False):
-    """`Engine.stats` of a run (offline) or since the first request (online): a dict with
-    these keys, typed as lj.generate's GenerationStats is (whose new_tokens, row_steps,
-    compression, accepted_hist, compile_s and tokens_per_s mean the same)."""
-
-    prompts: int  # requests finished
-    new_tokens: int
-    row_steps: int  # forward passes summed over rows
-    compression: float  # new_tokens / row_steps (offline runs)
-    accepted_hist: dict[str, int]  # offline runs: finished rows' steps by tokens emitted
-    rounds: int  # device calls of the decode loop
-    compile_s: float
-    prompt_buckets: list[int]  # prompt sides P the state was shaped for, in order
-    prefill_calls: int
-    cache_positions: list[int]  # cache sizes S the loop was compiled for, in order
-    batch: int
-    groups: list[dict]  # per run of one sampling mode: sampling, lookahead, auto's choice
-    wall_s: float  # offline runs
-    tokens_per_s: float  # offline runs: new_tokens / wall_s
-
-
-def _fresh_stats(batch: int) -> EngineStats:
-    return {
-        "prompts": 0,
-        "new_tokens": 0,
-        "row_steps": 0,
-        "rounds": 0,
-        "compile_s": 0.0,
-        "prompt_buckets": [],
-        "prefill_calls": 0,
-        "cache_positions": [],
-        "batch": batch,
-        "groups": [],
-    }
-
-
 @dataclasses.dataclass
 class _Active:
     """A request in a slot: when it went in and how many of its tokens its listener has."""
@@ -520,11 +489,14 @@ class _Slots:
     """The B slots on the device and the host's view of them (module docstring)."""
 
     def __init__(self, engine: Engine, sampled: bool, max_new_tokens_bucket: int, P: int):
+        self.started = time.perf_counter()
         model = engine.model
         self.engine, self.model, self.B = engine, model, engine.batch
+        self.stats = engine.stats
         self.queue: collections.deque[_Encoded] = collections.deque()
         self.dequeued = 0  # requests that left `queue`: admitted or cancelled
         self.active: list[_Active | None] = [None] * self.B
+        self.after_collect: Callable[[], None] | None = None  # called after each read-back
         self.auto = None
         lookahead = engine.lookahead
         if lookahead == "auto":
@@ -539,20 +511,27 @@ class _Slots:
             lookahead=lookahead,
             cache_dtype=jnp.dtype(model.dtype).name,
         )
+        self.source_names = () if lookahead is None else lookahead.source_names
         self.slack = self.spec.max_emit
         self.max_new_tokens_bucket = max_new_tokens_bucket
-        self.hist_done = None  # accepted-length histogram of results read [E]
+        self.hist_done = None  # the lookahead phase's accepted-length histogram [E] of
+        self.plain_steps = 0  # results read; after auto's hand-over, their plain steps
+        self.weights = None  # (sum of finished rows' record weights [n_sources, A], rows)
         self.state: DecodeState | None = None
         self.cancelled: set[int] = set()  # slots whose requests were cancelled
+        self.to_retire = np.zeros((self.B,), bool)  # freed slots the device still decodes
         self._set_shape(P)
-        engine.stats["groups"].append(
-            {
-                "sampling": engine.sampling.describe(),
-                "sampled": sampled,
-                "lookahead": None if lookahead is None else lookahead.describe(),
-                "auto": None if self.auto is None else self.auto.choice.describe(),
+        self.stats["config"] = {
+            "lookahead": None if lookahead is None else lookahead.describe(),
+            "dtype": self.spec.cache_dtype,
+            "sampled": sampled,
+            **engine.sampling.describe(),
+        }
+        if self.auto is not None:
+            self.stats["config"]["lookahead_auto"] = {
+                **self.auto.choice.describe(),
+                "switched_to_plain_after_steps": None,
             }
-        )
 
     # ------------------------------------------------------------------ shapes, programs
 
@@ -578,7 +557,7 @@ class _Slots:
         self.insert = slot_state.program(slot_state.insert, self.state_sh, donate_argnums=0)
         self.retire = slot_state.program(slot_state.retire, self.state_sh, donate_argnums=0)
         self.positions_S = shape.tokens.shape[1]
-        self.engine.stats["cache_positions"].append(self.positions_S)
+        self.stats["cache_positions"].append(self.positions_S)
 
     def _grow(self, P: int) -> None:
         """Move to a longer prompt side P: the rows in flight keep decoding in a state
@@ -599,7 +578,7 @@ class _Slots:
 
     def _compiled(self, spec, max_new_tokens_bucket, args, name):
         exe, secs = programs.compiled(self.model, spec, max_new_tokens_bucket, args, name)
-        self.engine.stats["compile_s"] += secs
+        self.stats["compile_s"] += secs
         return exe
 
     # ------------------------------------------------------------------ rounds
@@ -607,22 +586,50 @@ class _Slots:
     def busy(self) -> bool:
         return bool(self.queue) or any(x is not None for x in self.active)
 
-    def round(self) -> Iterator[Result]:
-        """Admit, decode, read back; yields the requests that finished."""
+    def held_round(self) -> tuple[list[Result], bool]:
+        """`round` with Ctrl-C held (interrupts.py): (its results, whether Ctrl-C came)."""
+        with interrupts.held() as ctrl_c:
+            results = self.round()
+        return results, ctrl_c.pressed
+
+    def round(self) -> list[Result]:
+        """Admit, decode, read back; returns the requests that finished."""
+        stats = self.stats
+        t, compile_s = time.perf_counter(), stats["compile_s"]
         admitted = self._fill()
-        if admitted and any(a.request.listener for a in admitted):
-            yield from self._collect()  # the first tokens (the prefill's) go out now
+        finished = []
+        if admitted:
+            jax.block_until_ready(self.state)
+            stats["prefill_s"] += time.perf_counter() - t - (stats["compile_s"] - compile_s)
+            if any(a.request.listener for a in admitted):
+                finished += self._collect()  # the first tokens (the prefill's) go out now
         if not any(x is not None for x in self.active):
-            return
+            return finished
+        t, compile_s = time.perf_counter(), stats["compile_s"]
         if self.state is not None and not multihost.all_rows(self.state.done).all():
-            streaming = any(x is not None and x.request.streams for x in self.active)
-            steps = self.engine.stream_steps if streaming else self.engine.steps_per_call
+            if self.to_retire.any():
+                self.state = self.retire(self.state, self.to_retire)
+                self.to_retire[:] = False
             self.state = self.loop(
-                self.model.params, self.state, jnp.int32(steps), jnp.bool_(bool(self.queue))
+                self.model.params, self.state, jnp.int32(self._steps()), jnp.bool_(bool(self.queue))
             )
-            self.engine.stats["rounds"] += 1
+            stats["rounds"] += 1
             self._watch()
-        yield from self._collect()
+        finished += self._collect()
+        stats["decode_s"] += time.perf_counter() - t - (stats["compile_s"] - compile_s)
+        return finished
+
+    def _steps(self) -> int:
+        """Steps the next loop call may run: stream_steps while a request streams, else
+        steps_per_call (None: auto's check window while it watches, else the whole budget)."""
+        engine = self.engine
+        if any(x is not None and x.request.streams for x in self.active):
+            return engine.stream_steps
+        if engine.steps_per_call is not None:
+            return engine.steps_per_call
+        if self.auto is not None and self.auto.watching:
+            return self.auto.chunk_steps
+        return self.max_new_tokens_bucket + 1
 
     def _prefill(self, P: int, requests: list[_Encoded]) -> DecodeState:
         """One prefill of the requests of bucket P, padded to `prefill_rows` rows (a padding
@@ -646,10 +653,10 @@ class _Slots:
                 lambda a: multihost.replicated(mesh, a, sharding.batch_major(a, mesh)), rows
             )
         args = (self.model.params, *rows)
-        buckets = self.engine.stats["prompt_buckets"]
+        buckets = self.stats["prompt_buckets"]
         if P not in buckets:
             buckets.append(P)
-        self.engine.stats["prefill_calls"] += 1
+        self.stats["prefill_calls"] += 1
         # the budget bucket that gives this prompt bucket's state the state's
         # S = self.P + max_new_tokens_bucket + slack
         start = self._compiled(self.spec, self.P + self.max_new_tokens_bucket - P, args, "start")
@@ -657,7 +664,8 @@ class _Slots:
 
     def _fill(self) -> list[_Active]:
         """Prefill the queue's next requests into the free slots: one prefill per prompt
-        bucket among them, then one insert of its rows."""
+        bucket among them, then one insert of its rows. Into an empty engine, B requests
+        are one prefill at the state's P, and that is the state (no insert)."""
         free = [s for s in range(self.B) if self.active[s] is None]
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
         self.dequeued += len(taken)
@@ -666,14 +674,17 @@ class _Slots:
         longest = max(inputs.bucket(len(r.ids)) for r in taken)
         if longest > self.P:
             self._grow(longest)
-        by_bucket: dict[int, list] = {}
-        for s, r in zip(free, taken, strict=False):  # the first len(taken) free slots
-            by_bucket.setdefault(inputs.bucket(len(r.ids)), []).append((s, r))
         now = time.perf_counter()
         admitted = []
         for s, r in zip(free, taken, strict=False):  # active before any device call, so
             self.active[s] = _Active(r, now)  # that a failing one fails them too (_fail_all)
             admitted.append(self.active[s])
+        if self.state is None and len(taken) == self.B:  # free == all slots, in order
+            self.state = self._prefill(self.P, taken)
+            return admitted
+        by_bucket: dict[int, list] = {}
+        for s, r in zip(free, taken, strict=False):  # the first len(taken) free slots
+            by_bucket.setdefault(inputs.bucket(len(r.ids)), []).append((s, r))
         for P, placed in by_bucket.items():
             fresh = self._prefill(P, [r for _, r in placed])
             if self.state is None:
@@ -682,6 +693,7 @@ class _Slots:
             slots = np.full((fresh.done.shape[0],), self.B, np.int32)  # padding: dropped
             slots[: len(placed)] = [s for s, _ in placed]
             self.state = self.insert(self.state, fresh, slots)
+            self.to_retire[[s for s, _ in placed]] = False
         return admitted
 
     def cancel(self, request_id) -> Result | None:
@@ -691,29 +703,23 @@ class _Slots:
             if r.id == request_id:
                 self.queue.remove(r)
                 self.dequeued += 1
-                return self._deliver(_Active(r, time.perf_counter()), [], "cancelled", [], 0)
+                return self._deliver(_Active(r, time.perf_counter()), [], [], "cancelled", 0)
         for s, a in enumerate(self.active):
             if a is not None and a.request.id == request_id:
                 self.cancelled.add(s)  # ended by the next _collect
         return None
 
-    def _collect(self) -> Iterator[Result]:
+    def _read(self, *fields) -> list[np.ndarray]:
+        return [multihost.all_rows(getattr(self.state, f)) for f in fields]
+
+    def _collect(self) -> list[Result]:
         """Read every slot back: send each listener its new tokens, end the requests that
         are done (EOS, budget), hit a stop string or were cancelled, free their slots."""
-        fields = (
-            self.state.tokens,
-            self.state.prompt_len,
-            self.state.n_out,
-            self.state.max_new_tokens,
-            self.state.done,
-            self.state.steps,
-            self.state.accept_hist,
-        )
-        tokens, prompt_len, n_out, max_new_tokens, done, steps, hist = map(
-            multihost.all_rows, fields
+        tokens, step_of, prompt_len, n_out, max_new_tokens, done, steps = self._read(
+            "tokens", "step_of_token", "prompt_len", "n_out", "max_new_tokens", "done", "steps"
         )
         cancelled, self.cancelled = self.cancelled, set()
-        retired = np.zeros((self.B,), bool)
+        finished, ended = [], []
         for s, a in enumerate(self.active):
             if a is None:
                 continue
@@ -730,12 +736,45 @@ class _Slots:
                     a.request.listener(Update(a.request.id, new[a.sent :]))
                     a.sent = len(new)
                 continue
-            retired[s] = True
+            ended.append(s)
+            # a row the device still decodes (cancelled, stopped) is retired before the
+            # next loop call; so is a done row that sampled, so that a batch left with
+            # greedy rows skips the sampling work (slot_state.retire)
+            self.to_retire[s] = not done[s] or not a.request.sampling.greedy
+            step_of_token = step_of[s, prompt_len[s] : prompt_len[s] + len(cut)].tolist()
+            finished.append(self._deliver(a, cut, step_of_token, finish, int(steps[s])))
+        self._count_rows(ended)
+        for s in ended:
             self.active[s] = None
-            self._add_hist(hist[s])
-            yield self._deliver(a, cut, finish, new, int(steps[s]))
-        if retired.any():
-            self.state = self.retire(self.state, retired)
+        if self.after_collect is not None:
+            self.after_collect()
+        return finished
+
+    def interrupted(self) -> list[Result]:
+        """End every request in a slot with finish "interrupted" and the tokens it has
+        (after a Ctrl-C between rounds: the state is whole)."""
+        if self.state is None:
+            return []
+        tokens, step_of, prompt_len, n_out, steps = self._read(
+            "tokens", "step_of_token", "prompt_len", "n_out", "steps"
+        )
+        occupied = [s for s, a in enumerate(self.active) if a is not None]
+        self._count_rows(occupied)
+        results = []
+        for s in occupied:
+            new = slice(prompt_len[s], prompt_len[s] + n_out[s])
+            a, self.active[s] = self.active[s], None
+            results.append(
+                self._deliver(
+                    a,
+                    tokens[s, new].tolist(),
+                    step_of[s, new].tolist(),
+                    "interrupted",
+                    int(steps[s]),
+                )
+            )
+        self.stats["interrupted"] = True
+        return results
 
     def _stop(self, a: _Active, new: list[int]) -> tuple[str | None, list[int]]:
         """("stop", the tokens up to the one that completes the first stop string) once
@@ -745,12 +784,14 @@ class _Slots:
         a.stop_checked = len(new)
         return (None, new) if end is None else ("stop", new[:end])
 
-    def _deliver(self, a: _Active, cut: list[int], finish: str, new, steps: int) -> Result:
+    def _deliver(
+        self, a: _Active, cut: list[int], step_of_token: list[int], finish: str, steps: int
+    ) -> Result:
         tokenizer = self.model.tokenizer
         text = None if tokenizer is None else tokenizer.decode(cut)
         if finish == "stop":
             text = text[: min(i for i in (text.find(s) for s in a.request.stop) if i >= 0)]
-        stats = self.engine.stats
+        stats = self.stats
         stats["prompts"] += 1
         stats["new_tokens"] += len(cut)
         stats["row_steps"] += steps
@@ -762,45 +803,94 @@ class _Slots:
             prompt_tokens=len(a.request.ids),
             steps=steps,
             time_s=time.perf_counter() - a.inserted,
+            step_of_token=step_of_token,
         )
         if a.request.listener is not None:
             a.request.listener(Update(a.request.id, cut[a.sent :], result))
         return result
 
-    # ------------------------------------------------------------------ auto
+    def finish(self, record: bool = True) -> None:
+        """The run's totals (offline); with `record`, auto's acceptance is folded into
+        the model's running factor."""
+        if record:
+            self.record_acceptance()
+        decode_stats.finish(self.stats, time.perf_counter() - self.started, self.accepted_hist())
+
+    # ------------------------------------------------------------------ per-row counts
+
+    def _count_rows(self, slots: list[int]) -> None:
+        """Count the rows `slots` (ending now) into the stats: their steps by tokens
+        emitted and, with lookahead, each source's accepted paths and tokens."""
+        if not slots:
+            return
+        (hist,) = self._read("accept_hist")
+        for s in slots:
+            self._add_hist(hist[s])
+        draft = self.state.draft
+        if draft is None:
+            return
+        paths, tokens = (
+            multihost.all_rows(a)[slots].sum(0)
+            for a in (draft.paths_by_source, draft.tokens_by_source)
+        )
+        weights = None
+        if draft.record is not None:  # the rows' last weights by depth, averaged
+            record = acceptance_record.AcceptanceRecord(
+                expected=multihost.all_rows(draft.record.expected)[slots],
+                accepted=multihost.all_rows(draft.record.accepted)[slots],
+            )
+            w_sum = acceptance_record.weights(record).sum(0)  # [n_sources, A]
+            total, rows = self.weights or (0.0, 0)
+            self.weights = (total + w_sum, rows + len(slots))
+            weights = self.weights[0] / self.weights[1]
+        decode_stats.count_sources(self.stats, self.source_names, paths, tokens, weights)
 
     def _add_hist(self, hist_e) -> None:
-        """Count a finished row's accepted-length histogram [E] into the lookahead phase's
-        (the plain phase after auto's hand-over is not counted)."""
+        """Count a finished row's accepted-length histogram [E]: into the lookahead
+        phase's, or after auto's hand-over to plain decoding, its steps (one column)."""
         if self.auto is not None and self.auto.after_steps is not None:
+            self.plain_steps += int(hist_e.sum())
             return
         if self.hist_done is None:
             self.hist_done = np.zeros_like(hist_e)
         self.hist_done += hist_e
 
+    def accepted_hist(self):
+        """[E]: the finished rows' steps by tokens emitted, the plain phase's included."""
+        if self.auto is None or self.auto.lookahead_hist is None:
+            return self.hist_done
+        hist = self.auto.lookahead_hist.sum(0).copy()
+        hist[0] += self.plain_steps
+        return hist
+
+    # ------------------------------------------------------------------ auto
+
     def _lookahead_hist(self):
         """[1 + B, E]: the read results' histogram, then each occupied slot's."""
-        live = multihost.all_rows(self.state.accept_hist)
+        (live,) = self._read("accept_hist")
         occupied = np.asarray([x is not None for x in self.active])
         rows = [self.hist_done if self.hist_done is not None else np.zeros(live.shape[1])]
         return np.concatenate([np.asarray(rows, live.dtype), live[occupied]], axis=0)
 
     def _watch(self) -> None:
         """auto: hand a losing lookahead over to plain decoding, mid-run, for every slot
-        (the same state without the guess sources; buffers keep their sizes)."""
+        (the same state without the guess sources; buffers keep their sizes). The rows
+        in flight keep their lookahead phase's counts (hist, sources)."""
         if self.auto is None or not self.auto.watching:
             return
         hist = self._lookahead_hist()
         steps = int(hist.sum()) // self.B  # the lookahead phase's device steps, about
         if not self.auto.gives_up(hist, steps):
             return
+        occupied = [s for s, a in enumerate(self.active) if a is not None]
+        self._count_rows(occupied)  # their lookahead phase, before the state loses it
         self.auto.after_steps, self.auto.lookahead_hist = steps, hist.sum(0, keepdims=True)
         self.spec = dataclasses.replace(self.spec, lookahead=None, min_slack=self.slack)
         self._set_shape(self.P)  # plain programs; the state has no guess sources now
         self.state = autotune.to_plain(self.state)
         if self.state_sh is not None:
             self.state = jax.device_put(self.state, self.state_sh)
-        self.engine.stats["groups"][-1]["switched_to_plain_after_steps"] = steps
+        self.stats["config"]["lookahead_auto"]["switched_to_plain_after_steps"] = steps
 
     def record_acceptance(self) -> None:
         """auto: fold this run's lookahead acceptance into the model's running factor."""

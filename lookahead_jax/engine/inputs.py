@@ -10,12 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import jax
 import numpy as np
 
-from lookahead_jax.decoding.sampling import RowSampling, row_keys
-from lookahead_jax.distributed import multihost
-from lookahead_jax.distributed.sharding import check_batch
 from lookahead_jax.errors import UserInputError
 
 MIN_PROMPT_BUCKET = 16
@@ -107,29 +103,3 @@ def encode_prompt(tokenizer, vocab: int, prompt, chat: bool, what: str) -> list[
     if bad:
         raise UserInputError(f"{what} has token ids outside [0, {vocab}): {bad[:5]}")
     return ids
-
-
-def device_inputs(model, ids: list[list[int]], max_new_tokens: int, seed: int, sampling):
-    """The start arguments (params, prompt [B, P], prompt_len [B], max_new_tokens [B], rng [B, 2],
-    RowSampling of [B] arrays: `sampling`, a SamplingConfig, on every row) and the budget
-    bucket. With several processes `ids` are this process's rows; all processes must agree
-    on the shapes, so the bucket covers everyone's longest prompt."""
-    B = len(ids)
-    multihost.agree(B, "number of prompts")
-    multihost.agree(max_new_tokens, "max_new_tokens")
-    P = bucket(multihost.agree_max(max(len(p) for p in ids)))
-    check_batch(model.mesh, B * jax.process_count())
-    prompt = np.zeros((B, P), np.int32)
-    for b, p in enumerate(ids):
-        prompt[b, : len(p)] = p
-    first_row = B * jax.process_index()
-    rng = np.asarray(row_keys(seed, first_row + B))[first_row:]
-    per_row = (
-        prompt,
-        np.asarray([len(p) for p in ids], np.int32),
-        np.full((B,), max_new_tokens, np.int32),
-        rng,
-        RowSampling.of([sampling] * B),
-    )
-    args = (model.params, *jax.tree.map(lambda a: multihost.global_rows(model.mesh, a), per_row))
-    return args, bucket(max_new_tokens)

@@ -113,7 +113,7 @@ def run_engine(model, ids, batch, lookahead, max_new):
     tokens = [None] * len(ids)
     for r in results:
         tokens[r.id] = r.token_ids
-    group = engine.stats["groups"][0]
+    config = engine.stats["config"]
     return {
         "tokens": tokens,
         "seconds": seconds,
@@ -121,9 +121,11 @@ def run_engine(model, ids, batch, lookahead, max_new):
         "rounds": engine.stats["rounds"],
         "compression": engine.stats["compression"],
         "compile_s_in_timing": engine.stats["compile_s"],
-        "lookahead": group["lookahead"] and group["lookahead"]["name"],
-        "auto": group["auto"],
-        "switched_to_plain_after_steps": group.get("switched_to_plain_after_steps"),
+        "lookahead": config["lookahead"] and config["lookahead"]["name"],
+        "auto": config.get("lookahead_auto"),
+        "switched_to_plain_after_steps": (config.get("lookahead_auto") or {}).get(
+            "switched_to_plain_after_steps"
+        ),
     }
 
 

@@ -53,7 +53,7 @@ def run_once(model, prompts, batch: int, layout, new_tokens: int) -> dict:
     results = list(engine.run(prompts))
     seconds = time.perf_counter() - t
     tokens = sum(len(r.token_ids) for r in results)
-    group = engine.stats["groups"][0]
+    config = engine.stats["config"]
     return {
         "seconds": seconds,
         "new_tokens": tokens,
@@ -61,9 +61,11 @@ def run_once(model, prompts, batch: int, layout, new_tokens: int) -> dict:
         "row_steps": engine.stats["row_steps"],
         "rounds": engine.stats["rounds"],
         "compile_s": engine.stats["compile_s"],
-        "layout": group["lookahead"],
-        "auto_choice": group["auto"],
-        "switched_to_plain_after_steps": group.get("switched_to_plain_after_steps"),
+        "layout": config["lookahead"],
+        "auto_choice": config.get("lookahead_auto"),
+        "switched_to_plain_after_steps": (config.get("lookahead_auto") or {}).get(
+            "switched_to_plain_after_steps"
+        ),
     }
 
 

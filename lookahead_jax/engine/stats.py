@@ -1,0 +1,87 @@
+"""`Stats`: what a decode counted and timed — one type for `lj.generate`'s output and
+`lj.Engine.stats`, since both run through the engine's host loop (continuous.py).
+
+A TypedDict rather than a dataclass: the CLI writes it out as JSON as it is, and every
+caller reads it by key. The counts are summed as each request's result is read
+(`count_result`), so an online engine's stats are exact at any point between rounds.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class SourceStats(TypedDict, total=False):
+    """One guess source's share of a decode (Stats.sources)."""
+
+    paths: int  # steps whose accepted path came from this source
+    tokens: int  # guessed tokens it got accepted
+    weight_by_depth: list[float]  # with `adapt`: the finished rows' last record weights,
+    # averaged
+
+
+class Stats(TypedDict, total=False):
+    """A decode's stats: a dict with these keys."""
+
+    prompts: int  # requests finished (an interrupted one counts too)
+    new_tokens: int  # all requests
+    row_steps: int  # forward passes after the prefill, summed over rows
+    compression: float  # new_tokens / row_steps (the prefill's token counts too)
+    accepted_hist: dict[str, int]  # steps that emitted "1", "2", ... tokens (the lookahead
+    # phase's, if auto handed over to plain decoding)
+    sources: dict[str, SourceStats]  # lookahead only: by source name, then "window"
+    batch: int  # rows decoded together (lj.generate: the prompts)
+    interrupted: bool  # Ctrl-C ended it (lj.generate's GenerationInterrupted.partial)
+    config: dict  # lookahead (LookaheadConfig.describe() or None), dtype, sampled, the
+    # default sampling settings; with auto, lookahead_auto: what it chose and why, and
+    # switched_to_plain_after_steps
+    rounds: int  # device calls of the decode loop
+    prefill_calls: int
+    prompt_buckets: list[int]  # prompt sides P the state was shaped for, in order
+    cache_positions: list[int]  # cache sizes S the loop was compiled for, in order
+    compile_s: float  # compilation in this run (0 when every program was compiled)
+    prefill_s: float  # prefills and inserts, compilation not included
+    decode_s: float  # decode loop calls and reading their tokens back
+    wall_s: float  # the whole run, compilation included (offline runs)
+    tokens_per_s: float  # new_tokens / (wall_s - compile_s) (offline runs)
+    step_ms: float  # lj.generate: decode_s / the longest row's steps
+
+
+def fresh(batch: int) -> Stats:
+    return {
+        "prompts": 0,
+        "new_tokens": 0,
+        "row_steps": 0,
+        "rounds": 0,
+        "prefill_calls": 0,
+        "prompt_buckets": [],
+        "cache_positions": [],
+        "compile_s": 0.0,
+        "prefill_s": 0.0,
+        "decode_s": 0.0,
+        "batch": batch,
+        "interrupted": False,
+    }
+
+
+def count_sources(stats: Stats, names: tuple[str, ...], paths_n, tokens_n, weights_na=None):
+    """Add a finished row's per-source counts, paths_n and tokens_n [n_sources];
+    weights_na [n_sources, A]: the finished rows' record weights by depth, averaged so far."""
+    sources = stats.setdefault("sources", {})
+    for i, name in enumerate(names):
+        entry = sources.setdefault(name, {"paths": 0, "tokens": 0})
+        entry["paths"] += int(paths_n[i])
+        entry["tokens"] += int(tokens_n[i])
+        if weights_na is not None:
+            entry["weight_by_depth"] = [round(float(w), 4) for w in weights_na[i]]
+
+
+def finish(stats: Stats, wall_s: float, hist_e=None) -> None:
+    """Totals of an offline run (or of lj.generate's); `hist_e` [E]: the finished rows'
+    steps by tokens emitted."""
+    if hist_e is not None:
+        stats["accepted_hist"] = {str(i + 1): int(c) for i, c in enumerate(hist_e)}
+    stats["wall_s"] = wall_s
+    busy = wall_s - stats["compile_s"]
+    stats["tokens_per_s"] = stats["new_tokens"] / busy if busy > 0 else 0.0
+    stats["compression"] = stats["new_tokens"] / max(stats["row_steps"], 1)
