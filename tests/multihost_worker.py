@@ -24,7 +24,7 @@ for name, (sizes, la, temp) in RUNS.items():
     la_cfg = lj.LookaheadConfig(*la) if la else None
     out_ = lj.generate(model, local, max_new_tokens=16, lookahead=la_cfg, temperature=temp, seed=9)
     streamed = [[], []]
-    if la_cfg is not None:  # the host loop, once: the lookahead step with per-row noise
+    if la_cfg is not None:  # streamed, once: a round per step, with per-row noise
         lj.generate(
             model,
             local,

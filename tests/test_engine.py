@@ -9,6 +9,9 @@ mid-way, arrival orders shuffled, several batch sizes.
 
 import dataclasses
 import functools
+import os
+import signal
+import threading
 from collections import Counter
 
 import jax
@@ -138,6 +141,37 @@ def test_generate_is_one_engine_run_and_shares_its_programs(model64):
     assert [r.token_ids for r in results] == out.token_ids
     assert [r.step_of_token for r in results] == out.step_of_token
     assert out.stats["new_tokens"] == sum(map(len, out.token_ids)) > 0
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(),
+    reason="Ctrl-C is held only in the main thread",
+)
+def test_ctrl_c_in_generate_returns_the_tokens_decoded_so_far(model64):
+    """Ctrl-C during lj.generate (sent by its own stream callback, so that it lands inside
+    a round, where it is held) ends the run after that round: GenerationInterrupted
+    carries each row's tokens so far, a prefix of the full decode, all of them streamed."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    streamed = [[] for _ in PROMPTS]
+
+    def stream(new):
+        for b, tokens in enumerate(new):
+            streamed[b] += tokens
+        if sum(map(len, streamed)) > 2 * len(PROMPTS):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    try:
+        with jax.enable_x64(True), pytest.raises(lj.GenerationInterrupted) as caught:
+            lj.generate(
+                model64, PROMPTS, max_new_tokens=MAX_NEW, seed=SEED, lookahead=None, stream=stream
+            )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    partial, full = caught.value.partial, reference(model64, 0.0)
+    assert partial.stats["interrupted"]
+    assert partial.token_ids == streamed
+    assert all(full[b][: len(tokens)] == tokens for b, tokens in enumerate(partial.token_ids))
+    assert 2 * len(PROMPTS) < sum(map(len, partial.token_ids)) < sum(map(len, full))
 
 
 def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tmp_path):

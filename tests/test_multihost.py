@@ -1,6 +1,6 @@
 """Two processes x 4 CPU devices (loopback, gloo collectives) = one 8-device mesh.
 
-Each process feeds its own rows of the batch and reads back only its own rows;
+Each process passes its own rows of the batch to lj.generate and gets back its own rows;
 together they must produce exactly the single-process tokens. The engine runs the same
 rounds on both processes over all prompts, its slots split over the processes.
 """

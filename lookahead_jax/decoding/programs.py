@@ -1,9 +1,9 @@
 """Compiled decoding programs, kept per process and shape.
 
 `compiled(model, spec, max_new_tokens_bucket, start_args, name)` returns one entry point
-of a decode (`start`, `step` or `run_loop`) compiled ahead of time, once per (spec,
-budget, mesh, argument shapes) in this process — and, through JAX's persistent
-compilation cache, across processes.
+of a decode (`start` or `run_loop`) compiled ahead of time, once per (spec, budget, mesh,
+argument shapes) in this process — and, through JAX's persistent compilation cache,
+across processes; `state_shape` the shapes of the state they pass, traced once too.
 
 At most `MAX_KEPT` executables are kept, the least recently used dropped first: each
 compiled XLA:CPU executable holds memory mappings of its JIT code (SmolLM2: ~160 for a
@@ -73,14 +73,9 @@ def _key(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args):
     )
 
 
-def compiled(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, name: str):
-    """(executable, seconds spent compiling) of entry point `name`: 'start', 'step' or
-    'run_loop'."""
-    key = _key(model, spec, max_new_tokens_bucket, start_args)
-    if (key, name) in _COMPILED:
-        _COMPILED.move_to_end((key, name))
-        return _COMPILED[(key, name)], 0.0
-    t = time.perf_counter()
+def _jitted(key, model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args):
+    """(decoding.Jitted, the state's shapes) of a program key, traced once: tracing the
+    prefill of a 30-layer model takes a second or more."""
     if key not in _JITTED:
         fns = decoding.jitted(spec, max_new_tokens_bucket, model.mesh, start_args)
         state = jax.eval_shape(
@@ -90,10 +85,26 @@ def compiled(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, na
             *start_args,
         )
         _JITTED[key] = (fns, state)
-    fns, state = _JITTED[key]
+    return _JITTED[key]
+
+
+def state_shape(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args):
+    """The shapes (jax.ShapeDtypeStruct leaves) of the DecodeState `start` gives."""
+    key = _key(model, spec, max_new_tokens_bucket, start_args)
+    return _jitted(key, model, spec, max_new_tokens_bucket, start_args)[1]
+
+
+def compiled(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, name: str):
+    """(executable, seconds spent compiling) of entry point `name`: 'start' or
+    'run_loop' (decoding.run_loop: `step` runs inside it)."""
+    key = _key(model, spec, max_new_tokens_bucket, start_args)
+    if (key, name) in _COMPILED:
+        _COMPILED.move_to_end((key, name))
+        return _COMPILED[(key, name)], 0.0
+    t = time.perf_counter()
+    fns, state = _jitted(key, model, spec, max_new_tokens_bucket, start_args)
     lower_args = {
         "start": start_args,
-        "step": (model.params, state),
         "run_loop": (model.params, state, jnp.int32(0), jnp.bool_(False)),
     }[name]
     with precision_scope(spec.cache_dtype):

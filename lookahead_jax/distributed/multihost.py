@@ -1,4 +1,5 @@
-"""Several processes (hosts), one global batch: each process feeds and reads its own rows.
+"""Several processes (hosts), one global batch: each process passes its own rows and gets
+them back.
 
 On a multi-host TPU slice or GPU cluster every process runs the same program
 with its own prompts; the global batch is the processes' rows in process order,
@@ -92,15 +93,3 @@ def agree(value: int, what: str) -> None:
         from lookahead_jax.errors import UserInputError
 
         raise UserInputError(f"every process must pass the same {what}")
-
-
-@jax.jit
-def _all(x):
-    return jnp.all(x)
-
-
-def all_true(arr: jax.Array) -> bool:
-    """jnp.all over a possibly multi-process array (the result is replicated)."""
-    return (
-        bool(np.asarray(_all(arr))) if not arr.is_fully_addressable else bool(np.asarray(arr).all())
-    )

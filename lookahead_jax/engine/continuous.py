@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import hashlib
 import itertools
 import queue
@@ -317,7 +316,7 @@ class Engine:
         return self._run(self.encode(prompts))
 
     def _run(self, requests: list[_Encoded]) -> Iterator[Result]:
-        slots = self.offline(requests)
+        slots = self._offline(requests)
         while slots.busy():
             results, pressed = slots.held_round()
             yield from results
@@ -325,9 +324,49 @@ class Engine:
                 raise KeyboardInterrupt
         slots.finish()
 
-    def offline(self, requests: list[_Encoded]) -> _Slots:
-        """Fresh stats and slots with `requests` queued (what `run` drives; lj.generate
-        drives its rounds itself, for streaming and Ctrl-C)."""
+    def run_batch(
+        self, prompts: list, stream: Callable[[list[list[int]]], None] | None = None
+    ) -> tuple[list[Result], bool]:
+        """Decode a batch: prompt b (text, chat messages or token ids) is request b, its
+        noise keyed b (`lj.generate`'s row b). With batch = len(prompts) (as lj.generate
+        has it) they go into the slots in one prefill, prompt b into slot b.
+
+        stream(new): after the prefill and after every round (`stream_steps` steps), each
+        prompt's newly committed tokens, when some are new. Ctrl-C ends the run after the
+        round it came in; the requests in flight then end with finish "interrupted".
+
+        Returns (the results in prompt order, whether Ctrl-C ended it)."""
+        new: list[list[int]] = [[] for _ in prompts]
+        listener = None if stream is None else (lambda u: new[u.id].extend(u.token_ids))
+        requests = [
+            self._encode_one(
+                p if isinstance(p, Request) else Request(p), b, listener, stream=stream is not None
+            )
+            for b, p in enumerate(prompts)
+        ]
+        slots = self._offline(requests)
+        if stream is not None:
+
+            def after_collect():
+                if any(new):
+                    stream([list(tokens) for tokens in new])
+                    for tokens in new:
+                        tokens.clear()
+
+            slots.after_collect = after_collect
+        results, pressed = {}, False
+        while slots.busy() and not pressed:
+            finished, pressed = slots.held_round()
+            results.update((r.id, r) for r in finished)
+            if multihost.is_multiprocess():  # all stop after the same round
+                pressed = bool(multihost.agree_max(int(pressed)))
+        if pressed:
+            results.update((r.id, r) for r in slots.interrupted())
+        slots.finish(record=not pressed)  # an interrupted run's acceptance is not recorded
+        return [results[b] for b in range(len(prompts))], pressed
+
+    def _offline(self, requests: list[_Encoded]) -> _Slots:
+        """Fresh stats and slots with `requests` queued."""
         fixed_P = None if self.max_prompt_tokens is None else inputs.bucket(self.max_prompt_tokens)
         max_new_tokens_bucket = inputs.bucket(
             max(self.max_new_tokens, *(r.max_new_tokens for r in requests))
@@ -492,7 +531,6 @@ class _Slots:
         self.started = time.perf_counter()
         model = engine.model
         self.engine, self.model, self.B = engine, model, engine.batch
-        self.stats = engine.stats
         self.queue: collections.deque[_Encoded] = collections.deque()
         self.dequeued = 0  # requests that left `queue`: admitted or cancelled
         self.active: list[_Active | None] = [None] * self.B
@@ -514,12 +552,12 @@ class _Slots:
         self.source_names = () if lookahead is None else lookahead.source_names
         self.slack = self.spec.max_emit
         self.max_new_tokens_bucket = max_new_tokens_bucket
-        self.hist_done = None  # the lookahead phase's accepted-length histogram [E] of
+        self.hist_done_e = None  # the lookahead phase's accepted-length histogram [E] of
         self.plain_steps = 0  # results read; after auto's hand-over, their plain steps
         self.weights = None  # (sum of finished rows' record weights [n_sources, A], rows)
         self.state: DecodeState | None = None
         self.cancelled: set[int] = set()  # slots whose requests were cancelled
-        self.to_retire = np.zeros((self.B,), bool)  # freed slots the device still decodes
+        self.to_retire_b = np.zeros((self.B,), bool)  # freed slots the device still decodes
         self._set_shape(P)
         self.stats["config"] = {
             "lookahead": None if lookahead is None else lookahead.describe(),
@@ -532,6 +570,10 @@ class _Slots:
                 **self.auto.choice.describe(),
                 "switched_to_plain_after_steps": None,
             }
+
+    @property
+    def stats(self) -> decode_stats.Stats:
+        return self.engine.stats
 
     # ------------------------------------------------------------------ shapes, programs
 
@@ -551,7 +593,9 @@ class _Slots:
         self.loop = self._compiled(
             self.spec, self.max_new_tokens_bucket, self.loop_args, "run_loop"
         )
-        shape = self._state_shape(self.spec)
+        shape = programs.state_shape(
+            self.model, self.spec, self.max_new_tokens_bucket, self.loop_args
+        )
         mesh = self.model.mesh
         self.state_sh = None if mesh is None else sharding.state_shardings(shape, mesh)
         self.insert = slot_state.program(slot_state.insert, self.state_sh, donate_argnums=0)
@@ -566,15 +610,6 @@ class _Slots:
         if self.state is not None:
             grow = slot_state.program(slot_state.grow_positions, self.state_sh, static_argnums=1)
             self.state = grow(self.state, self.positions_S)
-
-    def _state_shape(self, spec):
-        """The B-row state's shapes under `spec`."""
-        from lookahead_jax import decoding
-
-        fn = functools.partial(
-            decoding.start, spec=spec, max_new_tokens_bucket=self.max_new_tokens_bucket
-        )
-        return jax.eval_shape(fn, *self.loop_args)
 
     def _compiled(self, spec, max_new_tokens_bucket, args, name):
         exe, secs = programs.compiled(self.model, spec, max_new_tokens_bucket, args, name)
@@ -605,18 +640,20 @@ class _Slots:
                 finished += self._collect()  # the first tokens (the prefill's) go out now
         if not any(x is not None for x in self.active):
             return finished
-        t, compile_s = time.perf_counter(), stats["compile_s"]
-        if self.state is not None and not multihost.all_rows(self.state.done).all():
-            if self.to_retire.any():
-                self.state = self.retire(self.state, self.to_retire)
-                self.to_retire[:] = False
+        (done_b,) = self._read("done")
+        if not (done_b | self.to_retire_b).all():
+            t, compile_s = time.perf_counter(), stats["compile_s"]
+            if self.to_retire_b.any():
+                self.state = self.retire(self.state, self.to_retire_b)
+                self.to_retire_b[:] = False
             self.state = self.loop(
                 self.model.params, self.state, jnp.int32(self._steps()), jnp.bool_(bool(self.queue))
             )
+            jax.block_until_ready(self.state)
+            stats["decode_s"] += time.perf_counter() - t - (stats["compile_s"] - compile_s)
             stats["rounds"] += 1
             self._watch()
         finished += self._collect()
-        stats["decode_s"] += time.perf_counter() - t - (stats["compile_s"] - compile_s)
         return finished
 
     def _steps(self) -> int:
@@ -627,8 +664,8 @@ class _Slots:
             return engine.stream_steps
         if engine.steps_per_call is not None:
             return engine.steps_per_call
-        if self.auto is not None and self.auto.watching:
-            return self.auto.chunk_steps
+        if self.auto is not None and self.auto.chunk_steps is not None:
+            return self.auto.chunk_steps  # also after a hand-over: Ctrl-C is noticed as soon
         return self.max_new_tokens_bucket + 1
 
     def _prefill(self, P: int, requests: list[_Encoded]) -> DecodeState:
@@ -693,7 +730,7 @@ class _Slots:
             slots = np.full((fresh.done.shape[0],), self.B, np.int32)  # padding: dropped
             slots[: len(placed)] = [s for s, _ in placed]
             self.state = self.insert(self.state, fresh, slots)
-            self.to_retire[[s for s, _ in placed]] = False
+            self.to_retire_b[[s for s, _ in placed]] = False
         return admitted
 
     def cancel(self, request_id) -> Result | None:
@@ -740,7 +777,7 @@ class _Slots:
             # a row the device still decodes (cancelled, stopped) is retired before the
             # next loop call; so is a done row that sampled, so that a batch left with
             # greedy rows skips the sampling work (slot_state.retire)
-            self.to_retire[s] = not done[s] or not a.request.sampling.greedy
+            self.to_retire_b[s] = not done[s] or not a.request.sampling.greedy
             step_of_token = step_of[s, prompt_len[s] : prompt_len[s] + len(cut)].tolist()
             finished.append(self._deliver(a, cut, step_of_token, finish, int(steps[s])))
         self._count_rows(ended)
@@ -819,8 +856,10 @@ class _Slots:
     # ------------------------------------------------------------------ per-row counts
 
     def _count_rows(self, slots: list[int]) -> None:
-        """Count the rows `slots` (ending now) into the stats: their steps by tokens
-        emitted and, with lookahead, each source's accepted paths and tokens."""
+        """Count the rows `slots` into the stats: their steps by tokens emitted and, with
+        lookahead, each source's accepted paths and tokens. Rows that end now; or, at
+        auto's hand-over, the rows in flight (their lookahead phase: the plain state that
+        follows starts its counts afresh)."""
         if not slots:
             return
         (hist,) = self._read("accept_hist")
@@ -851,14 +890,14 @@ class _Slots:
         if self.auto is not None and self.auto.after_steps is not None:
             self.plain_steps += int(hist_e.sum())
             return
-        if self.hist_done is None:
-            self.hist_done = np.zeros_like(hist_e)
-        self.hist_done += hist_e
+        if self.hist_done_e is None:
+            self.hist_done_e = np.zeros_like(hist_e)
+        self.hist_done_e += hist_e
 
     def accepted_hist(self):
         """[E]: the finished rows' steps by tokens emitted, the plain phase's included."""
         if self.auto is None or self.auto.lookahead_hist is None:
-            return self.hist_done
+            return self.hist_done_e
         hist = self.auto.lookahead_hist.sum(0).copy()
         hist[0] += self.plain_steps
         return hist
@@ -869,7 +908,7 @@ class _Slots:
         """[1 + B, E]: the read results' histogram, then each occupied slot's."""
         (live,) = self._read("accept_hist")
         occupied = np.asarray([x is not None for x in self.active])
-        rows = [self.hist_done if self.hist_done is not None else np.zeros(live.shape[1])]
+        rows = [self.hist_done_e if self.hist_done_e is not None else np.zeros(live.shape[1])]
         return np.concatenate([np.asarray(rows, live.dtype), live[occupied]], axis=0)
 
     def _watch(self) -> None:
@@ -895,8 +934,8 @@ class _Slots:
     def record_acceptance(self) -> None:
         """auto: fold this run's lookahead acceptance into the model's running factor."""
         auto = self.auto
-        if auto is None or auto.config is None or self.hist_done is None:
+        if auto is None or auto.config is None or self.hist_done_e is None:
             return
-        hist = auto.lookahead_hist if auto.lookahead_hist is not None else self.hist_done[None]
+        hist = auto.lookahead_hist if auto.lookahead_hist is not None else self.hist_done_e[None]
         compression, steps = autotune.hist_compression(hist)  # steps: row-steps, as generate's
         autotune.record_acceptance(self.model, auto.config, compression, steps, auto.sampling)

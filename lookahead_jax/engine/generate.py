@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from lookahead_jax.distributed import multihost
 from lookahead_jax.engine import inputs
-from lookahead_jax.engine.continuous import Engine, Request
+from lookahead_jax.engine.continuous import Engine
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
@@ -99,40 +99,29 @@ def generate(
         max_prompt_tokens=max(len(p) for p in ids),
         stream_steps=1,
     )
-    # row b is request b, keyed b (the noise of row b): the first fill puts it in slot b
-    new: list[list[int]] = [[] for _ in ids]
-    listener = None if stream is None else (lambda u: new[u.id].extend(u.token_ids))
-    slots = engine.offline(
-        [engine._encode_one(Request(p), b, listener, stream is not None) for b, p in enumerate(ids)]
-    )
+    mine = slice(first_row, first_row + len(local))
+    on_round = None
     if stream is not None:
-        rows = range(first_row, first_row + len(local))
 
-        def after_collect():
-            if any(new[b] for b in rows):
-                stream([new[b] for b in rows])
-                for b in rows:
-                    new[b] = []
+        def on_round(new: list[list[int]]) -> None:
+            if any(new[mine]):
+                stream(new[mine])
 
-        slots.after_collect = after_collect
-    results, pressed = {}, False
-    while slots.busy() and not pressed:
-        finished, pressed = slots.held_round()
-        results.update((r.id, r) for r in finished)
-    if pressed:
-        results.update((r.id, r) for r in slots.interrupted())
-    slots.finish(record=not pressed)  # an interrupted run's acceptance is not recorded
-    out = _output(
-        model, engine.stats, [results[b] for b in range(first_row, first_row + len(local))]
-    )
-    if pressed:
+    results, interrupted = engine.run_batch(ids, on_round)
+    out = _output(model, engine.stats, results[mine])
+    if interrupted:
         raise GenerationInterrupted(out)
     return out
 
 
 def _output(model, stats: Stats, results) -> GenerationOutput:
-    """This process's rows of a finished or interrupted run, in prompt order."""
+    """This process's rows of a finished or interrupted run, in prompt order. With
+    several processes the token and step counts are this process's rows', the rest
+    (accepted_hist, sources) the whole batch's."""
     steps = [r.steps for r in results]
+    stats["new_tokens"] = sum(len(r.token_ids) for r in results)
+    stats["row_steps"] = sum(steps)
+    stats["compression"] = stats["new_tokens"] / max(stats["row_steps"], 1)
     stats["step_ms"] = 1000 * stats["decode_s"] / max(max(steps, default=0), 1)
     return GenerationOutput(
         token_ids=[r.token_ids for r in results],

@@ -1,5 +1,5 @@
 """What goes into a decode: prompts (text or token ids) encoded and checked, the token
-budget checked against the model's context, and the padded device arrays.
+budget checked against the model's context, and the buckets that pad their shapes.
 
 Prompts are right-padded to a bucket length (powers of two from 16) and the token
 budget is rounded up to a power of two, so a new prompt length rarely means a new

@@ -27,8 +27,8 @@ class Stats(TypedDict, total=False):
     new_tokens: int  # all requests
     row_steps: int  # forward passes after the prefill, summed over rows
     compression: float  # new_tokens / row_steps (the prefill's token counts too)
-    accepted_hist: dict[str, int]  # steps that emitted "1", "2", ... tokens (the lookahead
-    # phase's, if auto handed over to plain decoding)
+    accepted_hist: dict[str, int]  # steps that emitted "1", "2", ... tokens (after auto's
+    # hand-over to plain decoding, its steps count under "1")
     sources: dict[str, SourceStats]  # lookahead only: by source name, then "window"
     batch: int  # rows decoded together (lj.generate: the prompts)
     interrupted: bool  # Ctrl-C ended it (lj.generate's GenerationInterrupted.partial)
@@ -39,15 +39,17 @@ class Stats(TypedDict, total=False):
     prefill_calls: int
     prompt_buckets: list[int]  # prompt sides P the state was shaped for, in order
     cache_positions: list[int]  # cache sizes S the loop was compiled for, in order
-    compile_s: float  # compilation in this run (0 when every program was compiled)
-    prefill_s: float  # prefills and inserts, compilation not included
-    decode_s: float  # decode loop calls and reading their tokens back
-    wall_s: float  # the whole run, compilation included (offline runs)
-    tokens_per_s: float  # new_tokens / (wall_s - compile_s) (offline runs)
+    compile_s: float  # compiling the prefill and loop programs in this run (0 when every
+    # one was compiled already; the small insert / retire programs are left out)
+    prefill_s: float  # prefills and inserts, their compile_s left out
+    decode_s: float  # decode loop calls, their compile_s left out
+    wall_s: float  # the whole run: compiling, reading results back and auto's choice too
+    tokens_per_s: float  # new_tokens / (prefill_s + decode_s)
     step_ms: float  # lj.generate: decode_s / the longest row's steps
 
 
 def fresh(batch: int) -> Stats:
+    """The stats of a run that has not started."""
     return {
         "prompts": 0,
         "new_tokens": 0,
@@ -82,6 +84,6 @@ def finish(stats: Stats, wall_s: float, hist_e=None) -> None:
     if hist_e is not None:
         stats["accepted_hist"] = {str(i + 1): int(c) for i, c in enumerate(hist_e)}
     stats["wall_s"] = wall_s
-    busy = wall_s - stats["compile_s"]
+    busy = stats["prefill_s"] + stats["decode_s"]
     stats["tokens_per_s"] = stats["new_tokens"] / busy if busy > 0 else 0.0
     stats["compression"] = stats["new_tokens"] / max(stats["row_steps"], 1)
