@@ -678,10 +678,12 @@ class _Slots:
         for i, r in enumerate(requests):
             prompt[i, : len(r.ids)] = r.ids
             prompt_len[i], max_new_tokens[i] = len(r.ids), r.max_new_tokens
-        keys = np.concatenate(
-            [np.asarray(keys_for(r.seed, [r.key])) for r in requests]
-            + [np.zeros((pad, 2), np.uint32)]
-        )
+        keys = np.zeros((n, 2), np.uint32)  # padding rows: zeros
+        by_seed: dict[int, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_seed.setdefault(r.seed, []).append(i)
+        for seed, rows_i in by_seed.items():  # one vmapped fold_in per seed, not per row
+            keys[rows_i] = np.asarray(keys_for(seed, [requests[i].key for i in rows_i]))
         sampling = RowSampling.of([r.sampling for r in requests] + [SamplingConfig()] * pad)
         rows = (prompt, prompt_len, max_new_tokens, keys, sampling)
         mesh = self.model.mesh
