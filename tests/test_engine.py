@@ -127,14 +127,8 @@ def test_generate_is_one_engine_run_and_shares_its_programs(model64):
     longest = max(len(p) for p in PROMPTS)
     with jax.enable_x64(True):
         out = lj.generate(model64, PROMPTS, max_new_tokens=MAX_NEW, seed=SEED, lookahead=None)
-        engine = lj.Engine(
-            model64,
-            batch=len(PROMPTS),
-            max_new_tokens=MAX_NEW,
-            lookahead=None,
-            seed=SEED,
-            max_prompt_tokens=longest,
-        )
+        shapes = dict(batch=len(PROMPTS), max_new_tokens=MAX_NEW, max_prompt_tokens=longest)
+        engine = lj.Engine(model64, lookahead=None, seed=SEED, **shapes)
         results = sorted(engine.run(PROMPTS), key=lambda r: r.id)
     assert out.stats["prefill_calls"] == engine.stats["prefill_calls"] == 1
     assert engine.stats["compile_s"] == 0.0
