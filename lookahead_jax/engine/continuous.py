@@ -751,9 +751,10 @@ class _Slots:
     def _read(self, *fields) -> list[np.ndarray]:
         return [multihost.all_rows(getattr(self.state, f)) for f in fields]
 
-    def _collect(self) -> list[Result]:
+    def _collect(self, end_all: str | None = None) -> list[Result]:
         """Read every slot back: send each listener its new tokens, end the requests that
-        are done (EOS, budget), hit a stop string or were cancelled, free their slots."""
+        are done (EOS, budget), hit a stop string or were cancelled, free their slots.
+        end_all: end every request in a slot with this finish, as a cancel."""
         tokens, step_of, prompt_len, n_out, max_new_tokens, done, steps = self._read(
             "tokens", "step_of_token", "prompt_len", "n_out", "max_new_tokens", "done", "steps"
         )
@@ -764,8 +765,8 @@ class _Slots:
                 continue
             new = tokens[s, prompt_len[s] : prompt_len[s] + n_out[s]].tolist()
             finish, cut = None, new
-            if s in cancelled:
-                finish = "cancelled"
+            if end_all is not None or s in cancelled:
+                finish = end_all or "cancelled"
             elif a.request.stop:
                 finish, cut = self._stop(a, new)
             if finish is None and done[s]:
@@ -792,28 +793,8 @@ class _Slots:
     def interrupted(self) -> list[Result]:
         """End every request in a slot with finish "interrupted" and the tokens it has
         (after a Ctrl-C between rounds: the state is whole)."""
-        if self.state is None:
-            return []
-        tokens, step_of, prompt_len, n_out, steps = self._read(
-            "tokens", "step_of_token", "prompt_len", "n_out", "steps"
-        )
-        occupied = [s for s, a in enumerate(self.active) if a is not None]
-        self._count_rows(occupied)
-        results = []
-        for s in occupied:
-            new = slice(prompt_len[s], prompt_len[s] + n_out[s])
-            a, self.active[s] = self.active[s], None
-            results.append(
-                self._deliver(
-                    a,
-                    tokens[s, new].tolist(),
-                    step_of[s, new].tolist(),
-                    "interrupted",
-                    int(steps[s]),
-                )
-            )
         self.stats["interrupted"] = True
-        return results
+        return [] if self.state is None else self._collect(end_all="interrupted")
 
     def _stop(self, a: _Active, new: list[int]) -> tuple[str | None, list[int]]:
         """("stop", the tokens up to the one that completes the first stop string) once

@@ -2,8 +2,9 @@
 `lj.Engine.stats`, since both run through the engine's host loop (continuous.py).
 
 A TypedDict rather than a dataclass: the CLI writes it out as JSON as it is, and every
-caller reads it by key. The counts are summed as each request's result is read
-(`count_result`), so an online engine's stats are exact at any point between rounds.
+caller reads it by key. The counts are summed as each request's result is read (the
+engine's `_deliver` and `count_sources`), so an online engine's stats are exact at any
+point between rounds.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def fresh(batch: int) -> Stats:
 
 
 def count_sources(stats: Stats, names: tuple[str, ...], paths_n, tokens_n, weights_na=None):
-    """Add a finished row's per-source counts, paths_n and tokens_n [n_sources];
+    """Add finished rows' per-source counts, paths_n and tokens_n [n_sources], summed;
     weights_na [n_sources, A]: the finished rows' record weights by depth, averaged so far."""
     sources = stats.setdefault("sources", {})
     for i, name in enumerate(names):
