@@ -15,6 +15,7 @@ from lookahead_jax.checkpoints import checkpoint
 from lookahead_jax.checkpoints.tokenizer import Tokenizer
 from lookahead_jax.distributed.sharding import default_mesh, shardings_for
 from lookahead_jax.errors import UserInputError
+from lookahead_jax.models import packed
 from lookahead_jax.models.bundle import Model
 from lookahead_jax.models.config import LlamaConfig
 from lookahead_jax.models.llama import LlamaLM, param_specs, quantize_params, split_layers
@@ -69,6 +70,7 @@ def load(
     compilation_cache: bool = True,
     verify: bool = True,
     weights: str = "float",
+    cpu_kernel: bool | None = None,
 ) -> Model:
     """Load a converted checkpoint (checkpoints/convert/; CLI: python -m checkpoints_convert)
     or the bundled default.
@@ -83,6 +85,9 @@ def load(
     with per-output-channel scales) or "q8_0" (int8 with one scale per 32 inputs, llama.cpp's
     Q8_0 layout: a checkpoint converted from a Q8_0 GGUF gets back that file's own int8
     values and scales); activations in `dtype` (quantize.py).
+    cpu_kernel: pack the matrices for the CPU's small-M kernel (models/packed.py): None
+    where it applies (float32 or int8 weights, one CPU device, the kernel built here),
+    False never (e.g. to differentiate through the model: the kernel has no gradient).
     """
     dtype = resolve_dtype(dtype)
     check_weights(weights)
@@ -111,6 +116,15 @@ def load(
         stacked = shardings_for(param_specs(info.cfg, weights), mesh)
         params = quantize_params(params, info.cfg, stacked, weights)
     params = jax.device_put(split_layers(params), lm.param_shardings(mesh))
+    if cpu_kernel is None:
+        cpu_kernel = packed.wanted(dtype, weights, mesh)
+    if cpu_kernel:
+        if not packed.wanted(dtype, weights, mesh):
+            raise UserInputError(
+                "cpu_kernel=True needs float32 with float or int8 weights on one CPU device, "
+                "and the kernel built here (models/cpu_kernel: x86-64 with AVX2 and FMA, g++)"
+            )
+        params = packed.pack_params(params, info.cfg)
     return Model(
         lm=lm,
         params=params,

@@ -135,14 +135,16 @@ def build_parser(prog: str = "python -m lookahead_jax.generate") -> argparse.Arg
 
 
 def stats_line(out, total_s: float) -> str:
+    from lookahead_jax.decoding import autotune
+
     s = out.stats
     config = s["config"]["lookahead"]
     mode = "plain" if config is None else f"lookahead {config['name']}"
     auto = s["config"].get("lookahead_auto")
     if auto is not None:
-        mode = f"auto: {mode}"
+        mode = f"auto: {mode}; {autotune.why(auto)}"
         if auto.get("switched_to_plain_after_steps") is not None:
-            mode += f", plain after step {auto['switched_to_plain_after_steps']}"
+            mode += f"; plain after step {auto['switched_to_plain_after_steps']}"
     return (
         f"[{mode}] {s['new_tokens']} tokens in {s['decode_s'] + s['prefill_s']:.2f} s "
         f"({s['tokens_per_s']:.1f} tokens/s), {s['row_steps']} steps, compression "

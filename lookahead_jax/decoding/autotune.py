@@ -38,6 +38,7 @@ import numpy as np
 
 from lookahead_jax.cache_dir import cache_root, write_atomic
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+from lookahead_jax.models import packed
 
 # tokens per step (a LookaheadConfig.for_budget layout): prior compression (new tokens per
 # step) on MT-bench first turns (2 per category), greedy, 256 new tokens, SmolLM2-135M
@@ -71,6 +72,9 @@ class Choice:
     # earlier runs on this machine saw (1.0 until one was recorded), so a run's choice can
     # depend on earlier runs; reported with every choice
     acceptance_factor: float = 1.0
+    # with plain decoding chosen: the lookahead candidate that came closest, so a user
+    # sees why none was taken (its step's cost ratio beside the compression it expects)
+    runner_up: Choice | None = None
 
     def describe(self) -> dict:
         return {
@@ -79,6 +83,7 @@ class Choice:
             "expected_speedup": round(self.expected_speedup, 3),
             "expected_compression": round(self.expected_compression, 3),
             "cost_ratio": round(self.cost_ratio, 3),
+            "runner_up": None if self.runner_up is None else self.runner_up.describe(),
             "acceptance_factor": round(self.acceptance_factor, 3),
         }
 
@@ -105,6 +110,8 @@ def _device_key(model) -> str:
     kind = f"{d.platform}-{d.device_kind}".replace(" ", "_").replace("/", "_")
     weights = getattr(model.lm, "weights", "float")  # int8 steps cost differently
     suffix = "" if weights == "float" else f"-{weights}"
+    if packed.is_packed(model.params):  # the CPU kernel's steps cost differently too
+        suffix += "-packed"
     dtype = jnp.dtype(model.dtype).name
     return f"{kind}-x{jax.device_count()}-{model_fingerprint(model)}-{dtype}{suffix}"
 
@@ -359,8 +366,26 @@ def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int 
         if best is None or c / r > best.expected_speedup:
             best = Choice(cfg, c / r, r, c, table, factor)
     if best is None or best.expected_speedup < MARGIN:
-        return Choice(None, 1.0, 1.0, 1.0, table, factor)
+        return Choice(None, 1.0, 1.0, 1.0, table, factor, runner_up=best)
     return best
+
+
+def why(auto: dict) -> str:
+    """A few words on an auto choice (a Choice.describe()) for the stats line: the chosen
+    step's cost over a plain step and the gain expected, or why plain decoding won."""
+    if auto.get("chosen") is not None:
+        return (
+            f"a step costs {auto['cost_ratio']:.2f}x a plain one for "
+            f"~{auto['expected_compression']:.2f} tokens: {auto['expected_speedup']:.2f}x expected"
+        )
+    best = auto.get("runner_up")
+    if best is None:
+        return "no lookahead step fits"
+    return (
+        f"{best['chosen']} would cost {best['cost_ratio']:.2f}x a plain step for "
+        f"~{best['expected_compression']:.2f} tokens: {best['expected_speedup']:.2f}x, "
+        f"under {MARGIN}x"
+    )
 
 
 @dataclasses.dataclass

@@ -41,10 +41,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from lookahead_jax.distributed import sharding
-from lookahead_jax.models import kv_cache, quantize
+from lookahead_jax.models import kv_cache, packed, quantize
 from lookahead_jax.models.config import LlamaConfig
 from lookahead_jax.models.kv_cache import KVCache
-from lookahead_jax.models.quantize import einsum
+from lookahead_jax.models.packed import einsum
 from lookahead_jax.models.rope import apply_rope, rope_cos_sin
 
 
@@ -377,7 +377,7 @@ def forward(
     dtype = params.embed.dtype
     B, T = tokens_bt.shape
     K, Q, Dh = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
-    x_btd = quantize.take_rows(params.embed, tokens_bt)
+    x_btd = packed.take_rows(params.embed, tokens_bt)
     cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), dtype)
     eps = cfg.rms_norm_eps
     new_k, new_v = [], []
@@ -403,7 +403,7 @@ def forward(
                 window=window,
                 block=attention_block,
             )
-            wo = quantize.merge_leading(lp.wo, 2)  # [H * Dh, D]
+            wo = packed.merge_leading(lp.wo, 2)  # [H * Dh, D]
             o = einsum("btf,fd->btd", o.reshape(B, T, K * Q * Dh), wo)
             x_btd = x_btd + _plus(o, lp.bo)
         with jax.named_scope(f"layer_{i}"), jax.named_scope("mlp"):

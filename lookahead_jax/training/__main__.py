@@ -128,7 +128,9 @@ def _run(args) -> int:
     progress = not args.quiet and sys.stderr.isatty()
 
     mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else None
-    model = lj.load(args.ckpt, dtype=args.dtype, mesh=mesh)
+    # the weights as they are (cpu_kernel=False): training differentiates through the
+    # forward, and the CPU kernel's packed weights have no gradient
+    model = lj.load(args.ckpt, dtype=args.dtype, mesh=mesh, cpu_kernel=False)
     if model.tokenizer is None:
         raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; text prompts need one")
     work.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,219 @@
+// y[M, N] = x[M, K] @ W[K, N] for small M on an x86-64 CPU with AVX2 and FMA, reading
+// W once (lookahead_jax/models/cpu_kernel/__init__.py says why and where it is used).
+//
+// W is stored in panels of 16 output columns, [P, K, 16] with P = N / 16, so a panel
+// is K * 64 contiguous bytes: W[k, 16 p + j] = panels[p, k, j]. For each panel the
+// rows of x go through it six at a time, each group keeping its 6 x 16 outputs in 12
+// AVX registers over the whole sum over k (BLIS's 6 x 16 register tile for AVX2); the
+// first group reads the panel from memory, the others from L2, and while a panel is
+// used the next one is prefetched into L2, so the weights stream from memory once
+// whatever M is. Panels are shared out between XLA's intra-op threads.
+//
+// Every output is one chain of FMAs over k = 0 .. K-1 in order, the same whichever
+// group, thread or M the row comes in: a row's result does not depend on the other rows
+// (a lookahead step's rows get bit for bit what a one-token step computes).
+//
+// Weights are float32, or int8 with one float32 scale per output column (per-channel
+// int8: the int8 values are summed in float32 and the sum is scaled, as quantize.py's
+// reference computes it).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kPanel = 16;  // output columns per panel: two 8-float AVX registers
+constexpr int kRows = 6;        // rows of x per register tile
+
+inline void load16(const float* w, __m256& w0, __m256& w1) {
+  w0 = _mm256_loadu_ps(w);
+  w1 = _mm256_loadu_ps(w + 8);
+}
+
+inline void load16(const int8_t* w, __m256& w0, __m256& w1) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+  w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+}
+
+// R rows of x (row stride K) times one panel (K x 16), into y (row stride ldy), each
+// output times scale[j] when scale is given. `next` is prefetched into L2 meanwhile.
+template <int R, typename W>
+inline void tile(const float* x, int64_t K, const W* panel, const float* scale, float* y,
+                 int64_t ldy, const char* next) {
+  static_assert(R >= 1 && R <= kRows, "rows per tile");
+  // named registers, not an array: GCC spills an array of __m256 to the stack every k
+#define LJ_ROWS(F) F(0) F(1) F(2) F(3) F(4) F(5)
+#define LJ_INIT(r)                                                   \
+  __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = _mm256_setzero_ps(); \
+  const float* x##r = x + (r < R ? r : 0) * K;
+  LJ_ROWS(LJ_INIT)
+  // the next panel has as many 64-byte lines as this one has values of k per line of W
+  const int64_t line_bytes = 64;
+  const int64_t next_lines = K * kPanel * static_cast<int64_t>(sizeof(W)) / line_bytes;
+  for (int64_t k = 0; k < K; ++k) {
+    if (k < next_lines) _mm_prefetch(next + k * line_bytes, _MM_HINT_T1);
+    __m256 w0, w1;
+    load16(panel + k * kPanel, w0, w1);
+#define LJ_FMA(r)                                   \
+  if constexpr (r < R) {                            \
+    const __m256 b = _mm256_broadcast_ss(x##r + k); \
+    a##r##0 = _mm256_fmadd_ps(b, w0, a##r##0);      \
+    a##r##1 = _mm256_fmadd_ps(b, w1, a##r##1);      \
+  }
+    LJ_ROWS(LJ_FMA)
+  }
+  __m256 s0 = _mm256_set1_ps(1.0f), s1 = s0;
+  if (scale != nullptr) load16(scale, s0, s1);
+#define LJ_STORE(r)                                                    \
+  if constexpr (r < R) {                                               \
+    _mm256_storeu_ps(y + r * ldy, scale ? _mm256_mul_ps(a##r##0, s0) : a##r##0); \
+    _mm256_storeu_ps(y + r * ldy + 8, scale ? _mm256_mul_ps(a##r##1, s1) : a##r##1); \
+  }
+  LJ_ROWS(LJ_STORE)
+#undef LJ_ROWS
+#undef LJ_INIT
+#undef LJ_FMA
+#undef LJ_STORE
+}
+
+template <typename W>
+struct Matmul {
+  const float* x;
+  int64_t M, K;
+  const W* panels;
+  int64_t P;
+  const float* scale;  // [P * 16] or nullptr
+  float* y;
+
+  // panels [p0, p1) for every row of x
+  void run(int64_t p0, int64_t p1) const {
+    const int64_t ldy = P * kPanel;
+    for (int64_t p = p0; p < p1; ++p) {
+      const W* panel = panels + p * K * kPanel;
+      const char* next = reinterpret_cast<const char*>(p + 1 < p1 ? panel + K * kPanel : panel);
+      const float* s = scale ? scale + p * kPanel : nullptr;
+      float* yp = y + p * kPanel;
+      int64_t m = 0;
+      for (; m + kRows <= M; m += kRows) tile<kRows>(x + m * K, K, panel, s, yp + m * ldy, ldy, next);
+      const float* xm = x + m * K;
+      float* ym = yp + m * ldy;
+      switch (M - m) {
+        case 5: tile<5>(xm, K, panel, s, ym, ldy, next); break;
+        case 4: tile<4>(xm, K, panel, s, ym, ldy, next); break;
+        case 3: tile<3>(xm, K, panel, s, ym, ldy, next); break;
+        case 2: tile<2>(xm, K, panel, s, ym, ldy, next); break;
+        case 1: tile<1>(xm, K, panel, s, ym, ldy, next); break;
+        default: break;
+      }
+    }
+  }
+};
+
+// Chunks of panels handed out by an atomic counter: the calling thread and the tasks
+// it schedules take chunks until none are left, and the caller then waits only for the
+// chunks still being computed (a task that starts late finds nothing left to do; the
+// shared state outlives it).
+template <typename W>
+struct Shared {
+  Matmul<W> mm;
+  int64_t chunk = 1, n_chunks = 0;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void work() {
+    for (;;) {
+      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= n_chunks) return;
+      mm.run(c * chunk, std::min(mm.P, (c + 1) * chunk));
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+template <typename W>
+ffi::Error Run(ffi::ThreadPool pool, const Matmul<W>& mm) {
+  if (mm.M == 0 || mm.P == 0) return ffi::Error::Success();
+  auto shared = std::make_shared<Shared<W>>();
+  shared->mm = mm;
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  shared->chunk = std::max<int64_t>(1, mm.P / (8 * threads));
+  shared->n_chunks = (mm.P + shared->chunk - 1) / shared->chunk;
+  for (int64_t t = 1; t < threads && t < shared->n_chunks; ++t) {
+    pool.Schedule([shared] { shared->work(); });
+  }
+  shared->work();
+  while (shared->done.load(std::memory_order_acquire) < shared->n_chunks) _mm_pause();
+  return ffi::Error::Success();
+}
+
+template <typename W, ffi::DataType T>
+ffi::Error Check(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<T>& panels,
+                 ffi::ResultBuffer<ffi::F32>& y, Matmul<W>& mm) {
+  const auto wd = panels.dimensions();
+  if (wd.size() != 3 || wd[2] != kPanel) {
+    return ffi::Error::InvalidArgument("panels must be [P, K, 16]");
+  }
+  const auto xd = x.dimensions();
+  const int64_t K = xd.size() ? xd.back() : 0;
+  if (K != wd[1]) return ffi::Error::InvalidArgument("x's last axis is not the panels' K");
+  mm.K = K;
+  mm.M = K ? x.element_count() / K : 0;
+  mm.P = wd[0];
+  if (static_cast<int64_t>(y->element_count()) != mm.M * mm.P * kPanel) {
+    return ffi::Error::InvalidArgument("y must hold M x P * 16 values");
+  }
+  mm.x = x.typed_data();
+  mm.panels = reinterpret_cast<const W*>(panels.untyped_data());
+  mm.y = y->typed_data();
+  mm.scale = nullptr;
+  return ffi::Error::Success();
+}
+
+ffi::Error F32Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
+                   ffi::ResultBuffer<ffi::F32> y) {
+  Matmul<float> mm;
+  if (ffi::Error e = Check<float, ffi::F32>(x, panels, y, mm); e.failure()) return e;
+  return Run(pool, mm);
+}
+
+ffi::Error Int8Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> panels,
+                    ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
+  Matmul<int8_t> mm;
+  if (ffi::Error e = Check<int8_t, ffi::S8>(x, panels, y, mm); e.failure()) return e;
+  if (static_cast<int64_t>(scale.element_count()) != mm.P * kPanel) {
+    return ffi::Error::InvalidArgument("scale must hold P * 16 values");
+  }
+  mm.scale = scale.typed_data();
+  return Run(pool, mm);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LjSmallMF32, F32Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LjSmallMInt8, Int8Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+// 1 where this CPU runs the kernel (AVX2 and FMA), else 0: checked before registering.
+extern "C" int lj_small_m_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}

@@ -1,0 +1,174 @@
+"""Weights packed in panels for the CPU's small-M kernel (cpu_kernel/), and the matmul
+entry points the forward calls for any weight: float, Int8Weight or PackedWeight.
+
+A matrix the forward multiplies by — a weight whose `contracted` axes (quantize.CONTRACTED)
+are summed over, the rest kept — is, as a plain matrix, W[K, N]: the contracted axes
+moved first and merged into K, the kept ones merged into N in order. Packed, it is
+`panels[P, K, 16]` with N = 16 P and
+
+    W[k, 16 p + j] = panels[p, k, j]
+
+so each panel of 16 output columns is K x 64 contiguous bytes, which the kernel streams
+once per step. Worked example, the tied embedding E [V, D] as the LM head (contracted
+axis D, kept axis V): W = E.T is [D, V] and E[v, d] = panels[v // 16, d, v % 16]; the
+embedding lookup reads its rows straight from the panels (`take_rows`), so the packed
+model holds one copy of E.
+
+Packing happens once, at load (`pack_params`), where the decode programs run on one CPU
+device in float32 and the kernel is available (`wanted`). Float64 (the exactness tests),
+bfloat16, Q8_0's block scales, meshes and other platforms keep the weights as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from lookahead_jax.models import cpu_kernel, quantize
+from lookahead_jax.models.quantize import Int8Weight
+
+PANEL = cpu_kernel.PANEL
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PackedWeight:
+    """A matrix in panels (module docstring): `panels` [P, K, 16] float32 or int8, with
+    `scale` [N] float32 (one per output column) for int8. `shape` is the weight's own
+    shape and `contracted` its summed axes (non-negative positions, adjacent), both
+    static: the einsums and the lookup read them."""
+
+    panels: jax.Array
+    scale: jax.Array | None = None
+    shape: tuple[int, ...] = dataclasses.field(default=(), metadata=dict(static=True))
+    contracted: tuple[int, ...] = dataclasses.field(default=(), metadata=dict(static=True))
+
+    @property
+    def dtype(self):
+        """The compute dtype: float32."""
+        return jnp.dtype(jnp.float32)
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        """The kept (output) axes' positions, in order."""
+        return tuple(i for i in range(len(self.shape)) if i not in self.contracted)
+
+
+def is_packed(params) -> bool:
+    """Whether any matrix of `params` is packed (the model runs the CPU kernel)."""
+    leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, PackedWeight))
+    return any(isinstance(x, PackedWeight) for x in leaves)
+
+
+def wanted(dtype, weights: str, mesh) -> bool:
+    """Whether `lj.load` packs: float32 compute, float or per-channel int8 weights, one
+    device, a CPU, and the kernel built here."""
+    return (
+        jnp.dtype(dtype) == jnp.float32
+        and weights in ("float", "int8")
+        and mesh is None
+        and jax.default_backend() == "cpu"
+        and cpu_kernel.available()
+    )
+
+
+def pack(w, contracted: tuple[int, ...]):
+    """A float32 array or per-channel Int8Weight -> its PackedWeight; returned as it is
+    where it cannot be packed (N not a multiple of 16, block scales, not float32)."""
+    values = w.q if isinstance(w, Int8Weight) else w
+    if isinstance(w, Int8Weight) and (w.block or w.dtype != jnp.float32):
+        return w
+    if not isinstance(w, Int8Weight) and w.dtype != jnp.float32:
+        return w
+    contracted = tuple(sorted(d % values.ndim for d in contracted))
+    kept = tuple(i for i in range(values.ndim) if i not in contracted)
+    K = math.prod(values.shape[i] for i in contracted)
+    N = math.prod(values.shape[i] for i in kept)
+    if N % PANEL:
+        return w
+    panels = _panels(values, contracted + kept, K, N)
+    scale = w.scale.reshape(N) if isinstance(w, Int8Weight) else None
+    return PackedWeight(panels, scale, tuple(values.shape), contracted)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _panels(values, order: tuple[int, ...], K: int, N: int):
+    w_kn = jnp.transpose(values, order).reshape(K, N)
+    return w_kn.reshape(K, N // PANEL, PANEL).transpose(1, 0, 2)
+
+
+def pack_params(params, cfg):
+    """Per-layer LlamaParams with every matrix of quantize.CONTRACTED packed (what can
+    be), the float originals freed as they go."""
+    from lookahead_jax.models import llama
+
+    specs = llama.flat_names(llama.param_specs(cfg))
+
+    def contracted(name):
+        return quantize.contracted_dims(name, specs[name].axes[int(name.startswith("layers/")) :])
+
+    def one(name, w):
+        return None if w is None else pack(w, contracted(name))
+
+    layers = tuple(
+        dataclasses.replace(
+            lp,
+            **{
+                f.name: one(f"layers/{f.name}", getattr(lp, f.name))
+                for f in dataclasses.fields(lp)
+                if f"layers/{f.name}" in quantize.CONTRACTED
+            },
+        )
+        for lp in params.layers
+    )
+    return dataclasses.replace(
+        params,
+        embed=one("embed", params.embed),
+        lm_head=one("lm_head", params.lm_head),
+        layers=layers,
+    )
+
+
+def einsum(spec: str, x, w, **kwargs):
+    """jnp.einsum(spec, x, w) for a float, Int8Weight or PackedWeight `w`. For a
+    PackedWeight the spec must contract x's last axes with w's contracted axes (in w's
+    order) and give x's other axes then w's kept axes: every matmul of llama.forward."""
+    if not isinstance(w, PackedWeight):
+        return quantize.einsum(spec, x, w, **kwargs)
+    operands, out = spec.split("->")
+    x_letters, w_letters = operands.split(",")
+    summed = "".join(w_letters[i] for i in w.contracted)
+    kept = "".join(w_letters[i] for i in w.kept)
+    lead = x_letters[: len(x_letters) - len(summed)]
+    if x_letters[len(lead) :] != summed or out != lead + kept:
+        raise ValueError(f"a packed weight cannot take the einsum {spec!r}")
+    K = w.panels.shape[1]
+    y = cpu_kernel.matmul(x.reshape(-1, K).astype(jnp.float32), w.panels, w.scale)
+    return y.reshape(x.shape[: len(lead)] + tuple(w.shape[i] for i in w.kept))
+
+
+def take_rows(w, ids):
+    """w[ids] (an embedding lookup) for a float, Int8Weight or PackedWeight `w` of rows
+    [V, D] (contracted D): row v is panels[v // 16, :, v % 16] (times scale[v])."""
+    if not isinstance(w, PackedWeight):
+        return quantize.take_rows(w, ids)
+    assert w.contracted == (1,), "rows of a [V, D] weight contracted over D"
+    rows = w.panels[ids // PANEL, :, ids % PANEL]  # [..., D]
+    if w.scale is None:
+        return rows
+    return rows.astype(jnp.float32) * w.scale[ids][..., None]
+
+
+def merge_leading(w, n: int):
+    """quantize.merge_leading for any weight; a PackedWeight is a [K, N] matrix already,
+    so only its recorded shape changes (its first n axes, all contracted, as one)."""
+    if not isinstance(w, PackedWeight):
+        return quantize.merge_leading(w, n)
+    assert w.contracted == tuple(range(len(w.contracted))) and n <= len(w.contracted)
+    shape = (math.prod(w.shape[:n]), *w.shape[n:])
+    contracted = tuple(range(len(w.contracted) - n + 1))
+    return dataclasses.replace(w, shape=shape, contracted=contracted)

@@ -1,0 +1,114 @@
+"""The CPU's small-M kernel (models/cpu_kernel/) and its packed weights (models/packed.py):
+the kernel against XLA's matmul at every M the tile code has a path for, float32 and
+int8; a row's result independent of the other rows (what makes a lookahead step's logits
+those of a one-token step, bit for bit); the embedding lookup out of the panels; the
+packed model's forward against the unpacked one's; lookahead == plain on a packed model;
+and which weights `lj.load` packs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lookahead_jax as lj
+from lookahead_jax.models import cpu_kernel, packed, quantize
+from lookahead_jax.models.llama import forward
+from lookahead_jax.models.packed import PackedWeight
+
+pytestmark = pytest.mark.skipif(
+    not cpu_kernel.available(), reason="the CPU kernel does not run here (x86-64, AVX2, g++)"
+)
+
+
+def _weight(rng, K, N):
+    return jnp.asarray((rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32))
+
+
+@pytest.mark.parametrize("M", [1, 2, 5, 6, 7, 13, 64])
+def test_kernel_is_xlas_matmul(M):
+    """Every tile height (1 .. 6 rows and the full 6-row groups), K not a multiple of
+    anything, N of several panels; float32 and per-channel int8."""
+    rng = np.random.default_rng(M)
+    K, N = 37, 80
+    w = _weight(rng, K, N)
+    x = jnp.asarray(rng.standard_normal((M, K)).astype(np.float32))
+    got = packed.einsum("mk,kn->mn", x, packed.pack(w, (0,)))
+    np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-5)
+    q = quantize.quantize(w, (0,))
+    got = packed.einsum("mk,kn->mn", x, packed.pack(q, (0,)))
+    want = (x @ q.q.astype(jnp.float32)) * q.scale
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_the_other_rows():
+    """Row r of an M-row product equals, bit for bit, the one-row product of row r."""
+    rng = np.random.default_rng(0)
+    w = packed.pack(_weight(rng, 576, 192), (0,))
+    x = jnp.asarray(rng.standard_normal((16, 576)).astype(np.float32))
+    many = np.asarray(packed.einsum("mk,kn->mn", x, w))
+    for r in (0, 5, 6, 15):
+        one = np.asarray(packed.einsum("mk,kn->mn", x[r : r + 1], w))
+        np.testing.assert_array_equal(many[r : r + 1], one)
+
+
+def test_lookup_and_lm_head_out_of_the_panels():
+    """A [V, D] embedding packed over D: its rows come back exactly (float and int8),
+    and as the LM head it is x @ E.T."""
+    rng = np.random.default_rng(1)
+    emb = jnp.asarray(rng.standard_normal((48, 24)).astype(np.float32))
+    ids = jnp.asarray([[0, 17, 47], [16, 15, 1]])
+    p = packed.pack(emb, (1,))
+    assert isinstance(p, PackedWeight) and p.panels.shape == (3, 24, 16)
+    np.testing.assert_array_equal(packed.take_rows(p, ids), emb[ids])
+    q = quantize.quantize(emb, (1,))
+    np.testing.assert_allclose(
+        packed.take_rows(packed.pack(q, (1,)), ids), quantize.take_rows(q, ids), rtol=1e-6
+    )
+    x = jnp.asarray(rng.standard_normal((2, 3, 24)).astype(np.float32))
+    np.testing.assert_allclose(packed.einsum("brd,vd->brv", x, p), x @ emb.T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="cannot take the einsum"):
+        packed.einsum("brv,vd->brd", x, p)  # contracting the kept axis
+
+
+def test_what_is_packed():
+    """A weight whose N is not a multiple of 16, a float64 one and a Q8_0 one stay as they are."""
+    rng = np.random.default_rng(2)
+    assert not isinstance(packed.pack(_weight(rng, 16, 24), (0,)), PackedWeight)
+    with jax.enable_x64(True):
+        assert not isinstance(packed.pack(jnp.zeros((16, 32), jnp.float64), (0,)), PackedWeight)
+    q8 = quantize.quantize(_weight(rng, 64, 32), (0,), block=32)
+    assert packed.pack(q8, (0,)) is q8
+
+
+@pytest.fixture(scope="module")
+def models(tiny_ckpts):
+    path = tiny_ckpts["gqa"][1]
+    return lj.load(path, cpu_kernel=False), lj.load(path), lj.load(path, weights="int8")
+
+
+def test_load_packs_and_the_forward_agrees(models):
+    plain, kern, int8 = models
+    assert not packed.is_packed(plain.params)
+    lp = kern.params.layers[0]
+    assert all(isinstance(w, PackedWeight) for w in (lp.wq, lp.wo, lp.w_gate, lp.w_down))
+    assert isinstance(kern.params.embed, PackedWeight)
+    assert isinstance(int8.params.layers[0].w_up, PackedWeight)
+    assert int8.params.layers[0].w_up.panels.dtype == jnp.int8
+    cfg = plain.lm.cfg
+    tokens = jnp.asarray([[5, 9, 14, 3, 7, 2]], jnp.int32)
+    pos = jnp.arange(6)[None]
+    mask = jnp.tril(jnp.ones((1, 6, 6), bool))
+    want = forward(plain.params, cfg, tokens, pos, mask)[0]
+    got = forward(kern.params, cfg, tokens, pos, mask)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_lookahead_equals_plain_on_the_packed_model(models):
+    """float32, the kernel in every matmul: lookahead's tokens are plain decoding's, and
+    lookahead accepted guesses (not a vacuous pass)."""
+    _, kern, _ = models
+    prompts = [[5, 9, 14, 3, 7, 2, 5, 9, 14, 3], [11, 12, 13, 11, 12, 13, 11]]
+    plain = lj.generate(kern, prompts, max_new_tokens=24, lookahead=None)
+    la = lj.generate(kern, prompts, max_new_tokens=24, lookahead=lj.LookaheadConfig.for_budget(8))
+    assert la.token_ids == plain.token_ids
+    assert la.stats["compression"] > 1.0
