@@ -26,7 +26,7 @@ IDS = np.random.default_rng(0).integers(0, tiny.VOCAB, (1, 40))
 def test_safetensors_params_are_exact(tiny_ckpts):
     hf_dir, ckpt = tiny_ckpts["gqa"]
     hf = tiny.load_hf(hf_dir)
-    params = flatten(lj.load(ckpt).params)
+    params = flatten(lj.load(ckpt, cpu_kernel=False).params)  # unpacked: checkpoint names
     sd = hf.state_dict()
     cfg = hf.config
     wq = sd["model.layers.1.self_attn.q_proj.weight"].numpy()
@@ -213,7 +213,7 @@ def test_gguf_quantized_round_trip(tmp_path):
     hf = tiny.hf_model("gqa", seed=5, hidden_size=64, intermediate_size=128)
     write_tiny_gguf(hf, tmp_path / "q8.gguf", quant="Q8_0")
     convert(tmp_path / "q8.gguf", tmp_path / "ckpt", progress=False)
-    params = flatten(lj.load(tmp_path / "ckpt").params)
+    params = flatten(lj.load(tmp_path / "ckpt", cpu_kernel=False).params)
     w = hf.state_dict()["model.layers.0.mlp.up_proj.weight"].numpy()
     q = gguf.quants.dequantize(
         gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0

@@ -167,6 +167,11 @@ def flat_names(tree, is_leaf=None) -> dict[str, object]:
     'layers/wq/scale' unless `is_leaf` stops at the Int8Weight. Per-layer params (of
     arrays) are stacked first (stack_layers), as the checkpoint holds them."""
     if isinstance(tree, LlamaParams):
+        if packed.is_packed(tree):
+            raise ValueError(
+                "packed params (the CPU kernel's layout, models/packed.py) have no checkpoint "
+                "names: lj.load(..., cpu_kernel=False) gives the weights as stored"
+            )
         tree = stack_layers(tree)
     leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_leaf)
     return {_path_name(p): leaf for p, leaf in leaves}
