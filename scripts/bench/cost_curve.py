@@ -101,7 +101,12 @@ def bench_model(name: str, dtype):
     its whole budget), for the scripts that decode with it."""
     from lookahead_jax.checkpoints.loading import Model, resolve_dtype
 
-    cfg, params = model_and_params(name, resolve_dtype(dtype))
+    from lookahead_jax.models import packed
+
+    dtype = resolve_dtype(dtype)
+    cfg, params = model_and_params(name, dtype)
+    if packed.wanted(dtype, "float", None):  # as lj.load packs for the CPU kernel
+        params = packed.pack_params(params, cfg)
     return Model(lm=LlamaLM(cfg), params=params, eos_ids=())
 
 
