@@ -40,6 +40,12 @@ def test_choice_follows_the_cost_curve(model, tmp_cache, monkeypatch):
     steep = autotune.choose(model)
     assert steep.config is None and steep.expected_speedup == 1.0  # nothing can win
     assert all(v < autotune.MARGIN for v in steep.table.values())
+    # the stats line says why: the closest candidate's cost ratio and expected gain
+    best = max(steep.table, key=steep.table.get)
+    assert steep.runner_up.config.key == best
+    why = autotune.why(steep.describe())
+    assert steep.runner_up.config.name in why and f"{steep.table[best]:.2f}x" in why, why
+    assert f"{flat.cost_ratio:.2f}x a plain one" in autotune.why(flat.describe())
     # with free steps, a cap on the step's tokens picks the best prior under the cap
     monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: FLAT)
     limited = autotune.choose(model, max_step_tokens=20)

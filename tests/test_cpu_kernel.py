@@ -80,14 +80,13 @@ def test_what_is_packed():
     assert packed.pack(q8, (0,)) is q8
 
 
-@pytest.fixture(scope="module")
-def models(tiny_ckpts):
-    path = tiny_ckpts["gqa"][1]
-    return lj.load(path, cpu_kernel=False), lj.load(path), lj.load(path, weights="int8")
-
-
-def test_load_packs_and_the_forward_agrees(models):
-    plain, kern, int8 = models
+@pytest.mark.parametrize("variant", ["gqa", "tied"])
+def test_load_packs_and_the_forward_agrees(tiny_ckpts, variant):
+    """gqa: an untied LM head [D, V]; tied: the embedding packed from its transpose serves
+    the lookup and the LM head. Both int8 and float32 packed."""
+    path = tiny_ckpts[variant][1]
+    plain, kern, int8 = (lj.load(path, cpu_kernel=False), lj.load(path),
+                         lj.load(path, weights="int8"))  # fmt: skip
     assert not packed.is_packed(plain.params)
     lp = kern.params.layers[0]
     assert all(isinstance(w, PackedWeight) for w in (lp.wq, lp.wo, lp.w_gate, lp.w_down))
@@ -103,12 +102,30 @@ def test_load_packs_and_the_forward_agrees(models):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_lookahead_equals_plain_on_the_packed_model(models):
-    """float32, the kernel in every matmul: lookahead's tokens are plain decoding's, and
-    lookahead accepted guesses (not a vacuous pass)."""
-    _, kern, _ = models
+@pytest.mark.parametrize("weights", ["float", "int8"])
+def test_lookahead_equals_plain_on_the_packed_model(tiny_ckpts, weights):
+    """float32, the kernel in every matmul (float32 or int8 panels): lookahead's tokens are
+    plain decoding's, and lookahead accepted guesses (not a vacuous pass)."""
+    kern = lj.load(tiny_ckpts["gqa"][1], weights=weights)
+    assert packed.is_packed(kern.params)
     prompts = [[5, 9, 14, 3, 7, 2, 5, 9, 14, 3], [11, 12, 13, 11, 12, 13, 11]]
     plain = lj.generate(kern, prompts, max_new_tokens=24, lookahead=None)
     la = lj.generate(kern, prompts, max_new_tokens=24, lookahead=lj.LookaheadConfig.for_budget(8))
     assert la.token_ids == plain.token_ids
     assert la.stats["compression"] > 1.0
+
+
+def test_what_cannot_take_packed_params(tiny_ckpts):
+    """Checkpoint names, training and a kernel asked for where it cannot run: each says so."""
+    from lookahead_jax.errors import UserInputError
+    from lookahead_jax.models.llama import flat_names
+    from lookahead_jax.training import TrainConfig, train
+
+    path = tiny_ckpts["gqa"][1]
+    model = lj.load(path)
+    with pytest.raises(ValueError, match="cpu_kernel=False"):
+        flat_names(model.params)
+    with pytest.raises(UserInputError, match="cpu_kernel=False"):
+        train(model, None, "unused", TrainConfig(), progress=False)
+    with pytest.raises(UserInputError, match="cpu_kernel=True needs"):
+        lj.load(path, weights="q8_0", cpu_kernel=True)

@@ -124,7 +124,7 @@ def load(
                 "cpu_kernel=True needs float32 with float or int8 weights on one CPU device, "
                 "and the kernel built here (models/cpu_kernel: x86-64 with AVX2 and FMA, g++)"
             )
-        params = packed.pack_params(params, info.cfg)
+        params = packed.pack_params(params, info.cfg, free=True)
     return Model(
         lm=lm,
         params=params,

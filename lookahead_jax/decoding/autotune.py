@@ -76,14 +76,20 @@ class Choice:
     # sees why none was taken (its step's cost ratio beside the compression it expects)
     runner_up: Choice | None = None
 
+    def summary(self) -> dict:
+        """The candidate's name, step cost ratio, expected compression and speedup."""
+        return {
+            "chosen": None if self.config is None else self.config.name,
+            "cost_ratio": round(self.cost_ratio, 3),
+            "expected_compression": round(self.expected_compression, 3),
+            "expected_speedup": round(self.expected_speedup, 3),
+        }
+
     def describe(self) -> dict:
         return {
             "auto": True,
-            "chosen": None if self.config is None else self.config.name,
-            "expected_speedup": round(self.expected_speedup, 3),
-            "expected_compression": round(self.expected_compression, 3),
-            "cost_ratio": round(self.cost_ratio, 3),
-            "runner_up": None if self.runner_up is None else self.runner_up.describe(),
+            **self.summary(),
+            "runner_up": None if self.runner_up is None else self.runner_up.summary(),
             "acceptance_factor": round(self.acceptance_factor, 3),
         }
 

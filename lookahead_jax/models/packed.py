@@ -39,8 +39,10 @@ PANEL = cpu_kernel.PANEL
 class PackedWeight:
     """A matrix in panels (module docstring): `panels` [P, K, 16] float32 or int8, with
     `scale` [N] float32 (one per output column) for int8. `shape` is the weight's own
-    shape and `contracted` its summed axes (non-negative positions, adjacent), both
-    static: the einsums and the lookup read them."""
+    shape and `contracted` its summed axes, both static: the einsums and the lookup read
+    them. Unlike Int8Weight.contracted (negative positions, the same in a stacked and a
+    per-layer weight), these are non-negative positions in `shape`: a packed weight is
+    always one layer's."""
 
     panels: jax.Array
     scale: jax.Array | None = None
@@ -97,28 +99,34 @@ def pack(w, contracted: tuple[int, ...]):
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _panels(values, order: tuple[int, ...], K: int, N: int):
+    """The weight's axes in `order` (contracted first) as W [K, N], cut into panels
+    [P = N / 16, K, 16]."""
     w_kn = jnp.transpose(values, order).reshape(K, N)
     return w_kn.reshape(K, N // PANEL, PANEL).transpose(1, 0, 2)
 
 
-def pack_params(params, cfg):
+def pack_params(params, cfg, free: bool = False):
     """Per-layer LlamaParams with every matrix of quantize.CONTRACTED packed (what can
-    be), the float originals freed as they go."""
+    be). `free`: delete each original array once its panels are made (lj.load owns them),
+    so packing holds one matrix twice at a time, not the whole model."""
     from lookahead_jax.models import llama
 
-    specs = llama.flat_names(llama.param_specs(cfg))
+    specs = llama.flat_names(llama.param_specs(cfg))  # stacked: layer weights lead with L
 
-    def contracted(name):
-        return quantize.contracted_dims(name, specs[name].axes[int(name.startswith("layers/")) :])
-
-    def one(name, w):
-        return None if w is None else pack(w, contracted(name))
+    def pack_named(name: str, w):
+        if w is None:
+            return None
+        axes = specs[name].axes[1:] if name.startswith("layers/") else specs[name].axes
+        out = pack(w, quantize.contracted_dims(name, axes))
+        if free and out is not w:  # the values only: an int8 scale may live on in `out`
+            (w.q if isinstance(w, Int8Weight) else w).delete()
+        return out
 
     layers = tuple(
         dataclasses.replace(
             lp,
             **{
-                f.name: one(f"layers/{f.name}", getattr(lp, f.name))
+                f.name: pack_named(f"layers/{f.name}", getattr(lp, f.name))
                 for f in dataclasses.fields(lp)
                 if f"layers/{f.name}" in quantize.CONTRACTED
             },
@@ -127,8 +135,8 @@ def pack_params(params, cfg):
     )
     return dataclasses.replace(
         params,
-        embed=one("embed", params.embed),
-        lm_head=one("lm_head", params.lm_head),
+        embed=pack_named("embed", params.embed),
+        lm_head=pack_named("lm_head", params.lm_head),
         layers=layers,
     )
 
@@ -146,9 +154,11 @@ def einsum(spec: str, x, w, **kwargs):
     lead = x_letters[: len(x_letters) - len(summed)]
     if x_letters[len(lead) :] != summed or out != lead + kept:
         raise ValueError(f"a packed weight cannot take the einsum {spec!r}")
+    if kwargs.get("preferred_element_type", jnp.float32) != jnp.float32:
+        raise ValueError("the CPU kernel accumulates and returns float32")
     K = w.panels.shape[1]
-    y = cpu_kernel.matmul(x.reshape(-1, K).astype(jnp.float32), w.panels, w.scale)
-    return y.reshape(x.shape[: len(lead)] + tuple(w.shape[i] for i in w.kept))
+    y_mn = cpu_kernel.matmul(x.reshape(-1, K).astype(jnp.float32), w.panels, w.scale)
+    return y_mn.reshape(x.shape[: len(lead)] + tuple(w.shape[i] for i in w.kept))
 
 
 def take_rows(w, ids):

@@ -33,6 +33,7 @@ import numpy as np
 
 from lookahead_jax.cache_dir import write_atomic
 from lookahead_jax.errors import UserInputError
+from lookahead_jax.models import packed
 from lookahead_jax.training import layout
 from lookahead_jax.training.loss import TEACHERS, losses
 from lookahead_jax.training.trajectories import Trajectories, differences
@@ -235,6 +236,11 @@ def train(model, data: Trajectories, work_dir, tc: TrainConfig, progress: bool =
     import orbax.checkpoint as ocp
 
     tc.check()
+    if packed.is_packed(model.params):
+        raise UserInputError(
+            "training differentiates through the model, and the CPU kernel's packed weights "
+            "have no gradient: load the model with lj.load(..., cpu_kernel=False)"
+        )
     dtype = jax.tree.leaves(model.params)[0].dtype
     if dtype not in (np.float32, np.float64):
         raise UserInputError(

@@ -100,7 +100,6 @@ def bench_model(name: str, dtype):
     """model_and_params(name, dtype) as an lj.Model (no tokenizer, no EOS: every row runs
     its whole budget), for the scripts that decode with it."""
     from lookahead_jax.checkpoints.loading import Model, resolve_dtype
-
     from lookahead_jax.models import packed
 
     dtype = resolve_dtype(dtype)

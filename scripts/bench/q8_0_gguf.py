@@ -105,7 +105,9 @@ def main() -> None:
         sources = requantize_gguf(gguf_path(), tmp / "smollm2-q8_0.gguf")
         convert(tmp / "smollm2-q8_0.gguf", tmp / "ckpt", progress=False)
         print(f"wrote and converted the Q8_0 GGUF in {time.perf_counter() - t0:.0f} s", flush=True)
-        models = {w: lj.load(tmp / "ckpt", weights=w) for w in WEIGHTS}
+        # every format through XLA's matmuls (cpu_kernel=False: Q8_0 has no kernel path,
+        # and exact_matrices reads the weights by their checkpoint names)
+        models = {w: lj.load(tmp / "ckpt", weights=w, cpu_kernel=False) for w in WEIGHTS}
     exact = exact_matrices(models["q8_0"], models["float"])
     print("q8_0 exact:", exact, flush=True)
 

@@ -2,12 +2,13 @@
 from memory once, for the M = B x T rows of a decode step (small_m.cc is the kernel).
 
 Why a kernel of our own (benchmarks/cpu/small_m.md): a decode step is bound by reading
-its weights, and at M = 1 XLA:CPU's matrix-vector path streams them once; at M = 2 .. 64
-it calls Eigen's GEMM, which at these shapes costs 1.7x (M = 2) to 4x (M = 16) the
-M = 1 time on the 2-core AMD EPYC, while the arithmetic would allow ~1.3x. No library
-here does better (numpy's OpenBLAS, PyTorch's oneDNN, XLA's XNNPACK / YNNPACK / oneDNN
-fusions: measured in small_m.md), so lookahead's T-token step and the engine's B-row
-step threw away most of what their guesses won.
+its weights, and at M = 1 XLA:CPU's own matrix-vector kernel streams them once; at M > 1
+jaxlib 0.10.2 sends the dot to YNNPACK (a `__ynn_fusion`), which at these shapes costs
+1.5x (M = 2) to 4x (M = 16) the M = 1 time on the 2-core AMD EPYC, while the arithmetic
+would allow ~1.3x. No other library here does better (Eigen with YNNPACK off, numpy's
+OpenBLAS, PyTorch, XLA's XNNPACK and oneDNN options: measured in small_m.md), so
+lookahead's T-token step and the engine's B-row step threw away most of what their
+guesses won.
 
 The kernel is built on first use with the machine's C++ compiler (g++ or $CXX) into the
 cache directory, keyed by its source and jaxlib's version, and registered as an XLA FFI
@@ -25,6 +26,8 @@ import os
 import platform
 import shutil
 import subprocess
+import threading
+import warnings
 from pathlib import Path
 
 import jax
@@ -35,6 +38,8 @@ from lookahead_jax.cache_dir import cache_root, exclusive
 PANEL = 16  # output columns per panel (small_m.cc's kPanel)
 SOURCE = Path(__file__).with_name("small_m.cc")
 TARGETS = {"float32": "lookahead_jax_small_m_f32", "int8": "lookahead_jax_small_m_int8"}
+# AVX2 + FMA, not -march=native: a library in a shared cache directory may be loaded on
+# another machine, and lj_small_m_supported() checks the CPU before it is registered
 FLAGS = ("-O3", "-mavx2", "-mfma", "-std=c++17", "-shared", "-fPIC")
 ENV = "LOOKAHEAD_JAX_CPU_KERNEL"  # "0" turns the kernel off
 
@@ -60,9 +65,13 @@ def _build(out: Path) -> None:
     os.replace(tmp, out)
 
 
+_LOCK = threading.Lock()  # one build and registration per process
+
+
 @functools.cache
 def _load() -> ctypes.CDLL | None:
-    """The built and registered library, or None where the kernel cannot run here."""
+    """The built and registered library, or None where the kernel cannot run here (with
+    a warning where it should have: the model then runs 1.5-4x slower steps)."""
     if os.environ.get(ENV) == "0" or platform.machine().lower() not in ("x86_64", "amd64"):
         return None
     path = _library_path()
@@ -71,7 +80,12 @@ def _load() -> ctypes.CDLL | None:
             if not path.is_file():
                 _build(path)
         lib = ctypes.cdll.LoadLibrary(str(path))
-    except OSError:
+    except OSError as e:
+        warnings.warn(
+            f"the CPU kernel could not be built, XLA's matmuls are used instead "
+            f"({ENV}=0 silences this): {e}",
+            stacklevel=3,
+        )
         return None
     if not lib.lj_small_m_supported():
         return None
@@ -82,7 +96,8 @@ def _load() -> ctypes.CDLL | None:
 
 def available() -> bool:
     """Whether the kernel runs here (builds and registers it on the first call)."""
-    return _load() is not None
+    with _LOCK:
+        return _load() is not None
 
 
 def matmul(x_mk: jax.Array, panels_pkj: jax.Array, scale_n: jax.Array | None = None):
