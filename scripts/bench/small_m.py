@@ -36,7 +36,7 @@ SHAPES = {  # name: (K, N, copies)
 NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
 XLA_OPTIONS = {  # jaxlib 0.10.2: dots of M > 1 go to YNNPACK by default (a __ynn_fusion)
     "xla": {},
-    "xla, ynn off": NO_YNN,
+    "xla+ynn_off": NO_YNN,
     "xla+xnnpack": {"xla_cpu_use_xnnpack": True},
     "xla+onednn": {"xla_cpu_use_onednn": True},
     "xla+onednn_fusion=dot": {
