@@ -24,10 +24,10 @@ def _weight(rng, K, N):
     return jnp.asarray((rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32))
 
 
-@pytest.mark.parametrize("M", [1, 2, 5, 6, 7, 13, 64])
+@pytest.mark.parametrize("M", [1, 5, 13])
 def test_kernel_is_xlas_matmul(M):
-    """Every tile height (1 .. 6 rows and the full 6-row groups), K not a multiple of
-    anything, N of several panels; float32 and per-channel int8."""
+    """One row, a partial tile (5), full 6-row groups and a remainder (13 = 6 + 6 + 1),
+    K not a multiple of anything, N of several panels; float32 and per-channel int8."""
     rng = np.random.default_rng(M)
     K, N = 37, 80
     w = _weight(rng, K, N)
@@ -104,8 +104,9 @@ def test_load_packs_and_the_forward_agrees(tiny_ckpts, variant):
 
 @pytest.mark.parametrize("weights", ["float", "int8"])
 def test_lookahead_equals_plain_on_the_packed_model(tiny_ckpts, weights):
-    """float32, the kernel in every matmul (float32 or int8 panels): lookahead's tokens are
-    plain decoding's, and lookahead accepted guesses (not a vacuous pass)."""
+    """float32, the kernel in every matmul (float32 or int8 panels; test_int8's exactness
+    runs in float64, unpacked): lookahead's tokens are plain decoding's, and lookahead
+    accepted guesses (not a vacuous pass)."""
     kern = lj.load(tiny_ckpts["gqa"][1], weights=weights)
     assert packed.is_packed(kern.params)
     prompts = [[5, 9, 14, 3, 7, 2, 5, 9, 14, 3], [11, 12, 13, 11, 12, 13, 11]]
