@@ -116,14 +116,13 @@ def load(
         stacked = shardings_for(param_specs(info.cfg, weights), mesh)
         params = quantize_params(params, info.cfg, stacked, weights)
     params = jax.device_put(split_layers(params), lm.param_shardings(mesh))
-    if cpu_kernel is None:
-        cpu_kernel = packed.wanted(dtype, weights, mesh)
-    if cpu_kernel:
-        if not packed.wanted(dtype, weights, mesh):
-            raise UserInputError(
-                "cpu_kernel=True needs float32 with float or int8 weights on one CPU device, "
-                "and the kernel built here (models/cpu_kernel: x86-64 with AVX2 and FMA, g++)"
-            )
+    runs_here = packed.wanted(dtype, weights, mesh)
+    if cpu_kernel and not runs_here:
+        raise UserInputError(
+            "cpu_kernel=True needs float32 with float or int8 weights on one CPU device, "
+            "and the kernel built here (models/cpu_kernel: x86-64 with AVX2 and FMA, g++)"
+        )
+    if runs_here and cpu_kernel is not False:
         params = packed.pack_params(params, info.cfg, free=True)
     return Model(
         lm=lm,
