@@ -1,9 +1,11 @@
-"""The CPU's small-M kernel (models/cpu_kernel/) and its packed weights (models/packed.py):
-the kernel against XLA's matmul at every M the tile code has a path for, float32 and
+"""The CPU kernels (models/cpu_kernel/) and the packed weights (models/packed.py): the
+small-M matmul against XLA's matmul at every M the tile code has a path for, float32 and
 int8; a row's result independent of the other rows (what makes a lookahead step's logits
-those of a one-token step, bit for bit); the embedding lookup out of the panels; the
-packed model's forward against the unpacked one's; lookahead == plain on a packed model;
-and which weights `lj.load` packs."""
+those of a one-token step, bit for bit); the embedding lookup out of the panels; the cache
+attention against llama.attention's own (ragged and empty rows, lookahead masks, sliding
+windows, head dims of one and several tiles) and a query's result independent of the
+other queries; the packed model's forward against the unpacked one's; lookahead == plain
+on a packed model; and which weights `lj.load` packs."""
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +14,7 @@ import pytest
 
 import lookahead_jax as lj
 from lookahead_jax.models import cpu_kernel, packed, quantize
-from lookahead_jax.models.llama import forward
+from lookahead_jax.models.llama import attention, forward
 from lookahead_jax.models.packed import PackedWeight
 
 pytestmark = pytest.mark.skipif(
@@ -49,6 +51,53 @@ def test_a_rows_result_does_not_depend_on_the_other_rows():
     for r in (0, 5, 6, 15):
         one = np.asarray(packed.einsum("mk,kn->mn", x[r : r + 1], w))
         np.testing.assert_array_equal(many[r : r + 1], one)
+
+
+def _attention_inputs(rng, B, K, T, Q, S, Dh):
+    def normal(*shape):
+        return jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+
+    lengths = jnp.asarray(rng.integers(0, S - T + 1, B), jnp.int32)
+    lengths = lengths.at[0].set(S - T).at[-1].set(0)  # a full row and an empty one
+    positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+    # a lookahead-like mask: each token sees itself and a few tokens before it
+    t = np.arange(T)
+    mask = jnp.asarray((t[None, :] <= t[:, None]) & (t[:, None] - t[None, :] < 3))[None]
+    new = (normal(B, T, K, Q, Dh), normal(B, K, T, Dh), normal(B, K, T, Dh), mask)
+    return new, (normal(B, K, S, Dh), normal(B, K, S, Dh), lengths, positions)
+
+
+@pytest.mark.parametrize(
+    "B, K, T, Q, S, Dh, window",
+    [
+        (3, 3, 1, 3, 100, 64, 0),  # a one-token step of SmolLM2's heads, ragged rows
+        (2, 2, 5, 2, 70, 8, 0),  # several tokens, one register of head dim
+        (3, 1, 4, 3, 90, 24, 9),  # a sliding window; a head dim of 16 + 8
+    ],
+)
+def test_cache_attention_is_llamas(B, K, T, Q, S, Dh, window):
+    """llama.attention with the cache read by the kernel equals its XLA loop over blocks
+    (float32 rounding), for every row including an empty one."""
+    new, cache = _attention_inputs(np.random.default_rng(S), B, K, T, Q, S, Dh)
+
+    def run(kernel):
+        return jax.jit(attention, static_argnames=("window", "kernel"))(
+            *new, *cache, window=window, kernel=kernel
+        )
+
+    np.testing.assert_allclose(run(True), run(False), rtol=2e-5, atol=2e-5)
+
+
+def test_a_querys_attention_does_not_depend_on_the_other_queries():
+    """A 16-token step's first token gets, bit for bit, what that token gets alone."""
+    (q, *_), (k, v, lengths, positions) = _attention_inputs(
+        np.random.default_rng(7), 2, 3, 16, 3, 80, 64
+    )
+    q_bkre = jnp.swapaxes(q, 1, 2).reshape(2, 3, 16 * 3, 64)
+    many = cpu_kernel.cache_attention(q_bkre, k, v, lengths, positions, 0, 0.125)
+    one = cpu_kernel.cache_attention(q_bkre[:, :, :3], k, v, lengths, positions[:, :1], 0, 0.125)
+    for m, o in zip(many, one, strict=True):
+        np.testing.assert_array_equal(np.asarray(m)[:, :, :3], np.asarray(o))
 
 
 def test_lookup_and_lm_head_out_of_the_panels():

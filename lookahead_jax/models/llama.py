@@ -41,7 +41,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from lookahead_jax.distributed import sharding
-from lookahead_jax.models import kv_cache, packed, quantize
+from lookahead_jax.models import cpu_kernel, kv_cache, packed, quantize
 from lookahead_jax.models.config import LlamaConfig
 from lookahead_jax.models.kv_cache import KVCache
 from lookahead_jax.models.packed import einsum
@@ -275,6 +275,7 @@ def attention(
     positions_bt=None,
     window: int = 0,
     block: int = ATTENTION_BLOCK,
+    kernel: bool = False,
 ):
     """Softmax attention over [cache positions below each row's length] + [new tokens under mask].
 
@@ -286,6 +287,7 @@ def attention(
     positions  [B, T]            the new tokens' positions (needed with a window)
     window     the sliding window in positions (0: this layer attends fully)
     block      cache positions per block (ATTENTION_BLOCK)
+    kernel     read the cache with the CPU kernel (cpu_kernel.cache_attention; float32)
 
     Returns [B, T, K, Q, Dh]. The softmax is computed online (flash-decoding): per query
     a running max `top` of the scores, `mass` = sum of exp(score - top) and `acc` = the
@@ -293,7 +295,8 @@ def attention(
     `block` positions at a time, as far as the longest row's length. A block past a row's
     length is masked whole for it, which leaves its top, mass and acc exactly as they were
     (its scores are NEG_INF: exp(NEG_INF - top) = 0 and the rescale is exp(0) = 1), so a
-    row's output does not depend on the other rows' lengths.
+    row's output does not depend on the other rows' lengths. With `kernel` the cache's
+    part is the CPU kernel's (top, mass, acc), merged into the new tokens' the same way.
     """
     scale = float(1.0 / np.sqrt(q_btkqe.shape[-1]))  # a Python float: weakly typed
     f32 = accum_dtype(q_btkqe.dtype)
@@ -334,7 +337,25 @@ def attention(
         return new_top, mass * rescale + jnp.sum(p, axis=-1, keepdims=True), acc
 
     S = cache_k_bkse.shape[2]
-    if block >= S:
+    if kernel:
+        B, K, T, Q, Dh = q_bktqe.shape
+        if positions_bt is None:
+            positions_bt = jnp.zeros((B, T), jnp.int32)
+        parts = cpu_kernel.cache_attention(
+            q_bktqe.reshape(B, K, T * Q, Dh),
+            cache_k_bkse,
+            cache_v_bkse,
+            cache_len_b,
+            positions_bt,
+            window,
+            scale,
+        )
+        top_c, mass_c, acc_c = (x.reshape(B, K, T, Q, -1) for x in parts)
+        top, mass, acc = carry
+        new_top = jnp.maximum(top, top_c)
+        mine, theirs = jnp.exp(top - new_top), jnp.exp(top_c - new_top)
+        carry = (new_top, mass * mine + mass_c * theirs, acc * mine + acc_c * theirs)
+    elif block >= S:
         at = jnp.arange(S)
         carry = absorb(carry, cache_k_bkse, cache_v_bkse, at, at >= 0)
     else:
@@ -383,6 +404,7 @@ def forward(
     B, T = tokens_bt.shape
     K, Q, Dh = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     x_btd = packed.take_rows(params.embed, tokens_bt)
+    kernel = _attention_kernel(params, cache, Dh)
     cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), dtype)
     eps = cfg.rms_norm_eps
     new_k, new_v = [], []
@@ -407,6 +429,7 @@ def forward(
                 positions_bt=positions_bt,
                 window=window,
                 block=attention_block,
+                kernel=kernel,
             )
             wo = packed.merge_leading(lp.wo, 2)  # [H * Dh, D]
             o = einsum("btf,fd->btd", o.reshape(B, T, K * Q * Dh), wo)
@@ -428,6 +451,18 @@ def forward(
     else:
         logits = einsum("brd,dv->brv", h, params.lm_head, preferred_element_type=acc)
     return logits, tuple(new_k), tuple(new_v)
+
+
+def _attention_kernel(params: LlamaParams, cache: KVCache | None, head_dim: int) -> bool:
+    """Whether the cache's attention runs the CPU kernel: where the matmuls do (packed
+    params: float32 on one CPU device with the kernel built, packed.wanted), over a float32
+    cache, for a head dimension of whole AVX registers."""
+    return (
+        cache is not None
+        and packed.is_packed(params)
+        and cache.k[0].dtype == jnp.float32
+        and head_dim % 8 == 0
+    )
 
 
 def _plus(x, bias):

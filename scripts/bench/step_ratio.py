@@ -1,8 +1,9 @@
 """What a step of T tokens or B rows costs over a one-token step, per matmul build: the
 issue-45 figures, all measured in one process, the builds interleaved round by round.
 
-Builds: "xla" (lj.load(cpu_kernel=False): XLA:CPU's own matmuls) and "kernel" (the
-default on an x86-64 CPU: the small-M kernel over packed weights, models/cpu_kernel/),
+Builds: "xla" (lj.load(cpu_kernel=False): XLA:CPU's own matmuls and attention) and
+"kernel" (the default on an x86-64 CPU: the small-M kernel over packed weights and the
+cache attention kernel, models/cpu_kernel/),
 each in float32 and int8 weights. Steps: plain at batch 1 and 16, and lookahead steps of
 T = 2, 4, 8, 16 tokens at batch 1 (`LookaheadConfig.for_budget(T)`), SmolLM2-135M with a
 256-token prompt in a 512-position cache, `--steps` steps of the compiled `run_loop`

@@ -1,5 +1,9 @@
-"""A small-M matmul for x86-64 CPUs, outside XLA: y[M, N] = x[M, K] @ W[K, N] reading W
-from memory once, for the M = B x T rows of a decode step (small_m.cc is the kernel).
+"""Two kernels for x86-64 CPUs, outside XLA, for a decode step's work:
+
+* `matmul` (small_m.cc): y[M, N] = x[M, K] @ W[K, N] reading W from memory once, for the
+  M = B x T rows of a step;
+* `cache_attention` (cache_attention.cc): a step's queries over each row's K/V cache, as
+  far as the row's length.
 
 Why a kernel of our own (benchmarks/cpu/small_m.md): a decode step is bound by reading
 its weights, and at M = 1 XLA:CPU's own matrix-vector kernel streams them once; at M > 1
@@ -15,6 +19,12 @@ cache directory, keyed by its source and jaxlib's version, and registered as an 
 target. `available()` is False where it cannot be: not x86-64, no AVX2 + FMA, no
 compiler, or `LOOKAHEAD_JAX_CPU_KERNEL=0`; the model then keeps XLA's matmuls. The
 weights it reads are packed in panels (packed.py).
+
+Why the attention (benchmarks/cpu/cache_attention.md): XLA:CPU runs llama.attention's
+loop over 64-position blocks as a while loop of small YNNPACK dots, which took ~10 ms of
+a 37 ms one-token step of SmolLM2-135M with 256 tokens in the cache (its K/V are 15 MB,
+under 1 ms of memory traffic), ~17 ms of a 16-token step and more than a third of a
+16-row step.
 """
 
 from __future__ import annotations
@@ -32,12 +42,14 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lookahead_jax.cache_dir import cache_root, exclusive
 
 PANEL = 16  # output columns per panel (small_m.cc's kPanel)
-SOURCE = Path(__file__).with_name("small_m.cc")
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("small_m.cc", "cache_attention.cc"))
 TARGETS = {"float32": "lookahead_jax_small_m_f32", "int8": "lookahead_jax_small_m_int8"}
+ATTENTION_TARGET = "lookahead_jax_cache_attention_f32"
 # AVX2 + FMA, not -march=native: a library in a shared cache directory may be loaded on
 # another machine, and lj_small_m_supported() checks the CPU before it is registered
 FLAGS = ("-O3", "-mavx2", "-mfma", "-std=c++17", "-shared", "-fPIC")
@@ -47,21 +59,21 @@ ENV = "LOOKAHEAD_JAX_CPU_KERNEL"  # "0" turns the kernel off
 def _library_path() -> Path:
     import jaxlib
 
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES))
     key.update(" ".join((jaxlib.__version__, *FLAGS)).encode())
-    return cache_root() / "cpu_kernel" / f"small_m-{key.hexdigest()[:16]}.so"
+    return cache_root() / "cpu_kernel" / f"kernels-{key.hexdigest()[:16]}.so"
 
 
 def _build(out: Path) -> None:
-    """Compile small_m.cc into `out` (atomically: a half-written library is never seen)."""
+    """Compile the sources into `out` (atomically: a half-written library is never seen)."""
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise OSError("no C++ compiler (g++, c++ or $CXX)")
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", str(tmp)]
+    cmd = [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(tmp)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise OSError(f"building {SOURCE.name} failed:\n{done.stderr[-2000:]}")
+        raise OSError(f"building the CPU kernels failed:\n{done.stderr[-2000:]}")
     os.replace(tmp, out)
 
 
@@ -91,6 +103,8 @@ def _load() -> ctypes.CDLL | None:
         return None
     jax.ffi.register_ffi_target(TARGETS["float32"], jax.ffi.pycapsule(lib.LjSmallMF32), "cpu")
     jax.ffi.register_ffi_target(TARGETS["int8"], jax.ffi.pycapsule(lib.LjSmallMInt8), "cpu")
+    capsule = jax.ffi.pycapsule(lib.LjCacheAttentionF32)
+    jax.ffi.register_ffi_target(ATTENTION_TARGET, capsule, "cpu")
     return lib
 
 
@@ -110,3 +124,36 @@ def matmul(x_mk: jax.Array, panels_pkj: jax.Array, scale_n: jax.Array | None = N
     if scale_n is None:
         return jax.ffi.ffi_call(TARGETS["float32"], out)(x_mk, panels_pkj)
     return jax.ffi.ffi_call(TARGETS["int8"], out)(x_mk, panels_pkj, scale_n)
+
+
+def cache_attention(q_bkre, k_bkse, v_bkse, lengths_b, positions_bt, window: int, scale: float):
+    """The part of a step's attention that reads the cache (cache_attention.cc), as the
+    online softmax's carry for llama.attention to merge with the new tokens' part:
+
+    q          [B, K, R, Dh]  float32, R = T x Q: row r is token r // Q's query of head r % Q
+    k, v       [B, K, S, Dh]  float32, the cache (entry s holds position s)
+    lengths    [B]            entries s < lengths[b] are visible
+    positions  [B, T]         the tokens' positions; with `window` > 0 entry s is visible
+                              to a token at position p only where p - s < window
+
+    Returns top [B, K, R] (the largest visible score, -1e30 where none is), mass [B, K, R]
+    (the sum of exp(score - top) over visible entries) and acc [B, K, R, Dh] (the values
+    weighted by the same exponentials); score = (q . k) * scale."""
+    assert available(), "the CPU kernel is not available here (cpu_kernel.available())"
+    B, K, R, Dh = q_bkre.shape
+    f32 = jnp.float32
+    outs = (
+        jax.ShapeDtypeStruct((B, K, R), f32),
+        jax.ShapeDtypeStruct((B, K, R), f32),
+        jax.ShapeDtypeStruct((B, K, R, Dh), f32),
+    )
+    call = jax.ffi.ffi_call(ATTENTION_TARGET, outs)
+    return call(
+        q_bkre,
+        k_bkse,
+        v_bkse,
+        lengths_b.astype(jnp.int32),
+        positions_bt.astype(jnp.int32),
+        window=int(window),
+        scale=np.float32(scale),
+    )

@@ -1,0 +1,338 @@
+// A step's queries attending to each row's K/V cache, on an x86-64 CPU with AVX2 and FMA
+// (lookahead_jax/models/cpu_kernel/__init__.py says why and where it is used).
+//
+// Shapes (float32; R = T x Q query rows per kv head, T new tokens of Q heads each):
+//   q          [B, K, R, Dh]   row r is token r / Q's query of head r % Q
+//   cache k/v  [B, K, S, Dh]   entry s holds position s
+//   lengths    [B]             a row's cache entries s < lengths[b] are visible
+//   positions  [B, T]          the tokens' positions (for a sliding window)
+// Results: top [B, K, R] (the largest visible score, or -1e30 where none is visible),
+// mass [B, K, R] (sum over visible s of exp(score - top)) and acc [B, K, R, Dh] (the
+// values weighted by the same exp), the online softmax's carry over the cache, which
+// llama.attention merges with the new tokens' part. Entry s is visible to the query of
+// a token at position p where s < lengths[b] and, with a window w > 0, p - s < w.
+//
+// One unit of work is a row, a kv head and a run of its queries, handed out to XLA's
+// intra-op threads. A unit reads the visible cache once, 16 positions at a time (the
+// keys and values two tiles ahead prefetched: the hardware's prefetcher alone left the
+// kernel at half the rate these cores stream), and for each tile and 6 queries (3 for a
+// one-token step's group of 3 heads):
+//   1. scores: the tile's keys transposed into [Dh, 16], the 6 x 16 scores build up in
+//      12 AVX registers, one FMA chain over d each;
+//   2. the online softmax: each query's top so far, its mass and acc rescaled by
+//      exp(old top - new top), p = exp(score - top) (0 where not visible);
+//   3. acc += p @ V, 6 queries x 16 dims in 12 registers, one FMA chain over the tile.
+// Tiles start at multiples of 16 positions and masked entries add exact zeros, so a
+// query's result does not depend on which other queries share its unit.
+//
+// Measured (benchmarks/cpu/cache_attention.md): XLA's loop over 64-position blocks took
+// ~5 ms for 30 layers of one token over 256 positions, this ~1 ms.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kRows = 6;    // queries per register tile
+constexpr int64_t kCols = 16;   // positions (scores) or dims (p @ V) per tile
+constexpr float kNegInf = -1e30f;  // llama.NEG_INF
+
+// exp(x) for x <= 0 in float32 (Cephes' expf: a degree-6 polynomial on x - n ln 2 times
+// 2^n; relative error ~1e-7, as XLA's own exp).
+inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  __m256 n = _mm256_floor_ps(
+      _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// The sum of v's 8 lanes, always in the same order.
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+inline __m256 hmax8(__m256 v) {  // every lane: the largest of v's lanes
+  __m256 m = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+  m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4e));
+  return _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xb1));
+}
+
+// 8 rows of 8 floats, transposed in registers (r[i] lane j <- r[j] lane i).
+inline void transpose8(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// keys [16, Dh] (row stride Dh) -> kt [Dh, 16], eight 8 x 8 blocks at a time.
+inline void transpose_keys(const float* keys, int64_t Dh, float* kt) {
+  for (int64_t half = 0; half < kCols; half += 8) {
+    for (int64_t d = 0; d < Dh; d += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(keys + (half + i) * Dh + d);
+      transpose8(r);
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(kt + (d + i) * kCols + half, r[i]);
+    }
+  }
+}
+
+struct Problem {
+  const float *q, *k, *v;
+  const int32_t *lengths, *positions;
+  float *top, *mass, *acc;
+  int64_t B, H, R, S, Dh, T;  // H: kv heads
+  int64_t window;
+  float scale;
+};
+
+// A tile: NR rows a[r] times W registers of columns of b (row stride ldb) over n terms:
+// out[r][j] = sum_i a[r][i] * b[i][j], one FMA chain over i.
+template <int NR, int W>
+inline void tile(const float* const* a, const float* b, int64_t ldb, int64_t n,
+                 __m256 (&out)[NR][2]) {
+  __m256 c[NR][W];
+  for (int r = 0; r < NR; ++r)
+    for (int w = 0; w < W; ++w) c[r][w] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    __m256 b0 = _mm256_loadu_ps(b + i * ldb), b1 = b0;
+    if (W == 2) b1 = _mm256_loadu_ps(b + i * ldb + 8);
+    for (int r = 0; r < NR; ++r) {
+      const __m256 x = _mm256_broadcast_ss(a[r] + i);
+      c[r][0] = _mm256_fmadd_ps(x, b0, c[r][0]);
+      if (W == 2) c[r][1] = _mm256_fmadd_ps(x, b1, c[r][1]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int w = 0; w < W; ++w) out[r][w] = c[r][w];
+}
+
+constexpr int64_t kAhead = 2 * kCols;  // positions the keys are prefetched ahead
+
+// Prefetches rows [from, to) of a [S, Dh] buffer (Dh floats a row) into the cache.
+template <typename Hint>
+inline void prefetch_rows(const float* buf, int64_t Dh, int64_t from, int64_t to, Hint hint) {
+  const char* p = reinterpret_cast<const char*>(buf + from * Dh);
+  const char* end = reinterpret_cast<const char*>(buf + to * Dh);
+  for (; p < end; p += 64) _mm_prefetch(p, hint);
+}
+
+// One unit: row b, kv head h, queries [r0, r1), one pass over the visible cache in tiles
+// of 16 positions (see the top of the file), NR queries at a time (3 for a one-token
+// step's group of 3 heads, else 6; a query's arithmetic is the same either way).
+template <int64_t NR>
+void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
+  const int64_t n = r1 - r0, Dh = p.Dh, S = p.S;
+  const int64_t bh = b * p.H + h;
+  const int64_t len = std::clamp<int64_t>(p.lengths[b], 0, S);
+  const int64_t Q = p.R / p.T;
+  const int64_t rows = (n + NR - 1) / NR * NR;
+  thread_local std::vector<float> acc_buf, kt_buf, tail_buf, tops, masses;
+  thread_local std::vector<int64_t> lo_buf;
+  acc_buf.assign(static_cast<size_t>(rows * Dh), 0.0f);
+  tops.assign(static_cast<size_t>(rows), kNegInf);  // each query's largest score so far
+  masses.assign(static_cast<size_t>(rows), 0.0f);   // and its sum of exp(score - top)
+  kt_buf.resize(static_cast<size_t>(Dh * kCols));
+  tail_buf.resize(static_cast<size_t>(Dh * kCols));
+  lo_buf.assign(static_cast<size_t>(rows), len);  // padding rows see nothing
+  float* acc = acc_buf.data();    // [rows, Dh]
+  float* kt = kt_buf.data();      // [Dh, 16]: the tile's keys, transposed
+  float* tail = tail_buf.data();  // [16, Dh]: the last tile's keys, zero past len
+  int64_t* lo = lo_buf.data();    // [rows]: each query's first visible position
+  alignas(32) float rescale[NR], pt[NR][kCols];  // a tile's: exp(old top - new), p
+  const float* q = p.q + (bh * p.R + r0) * Dh;
+  const float* keys = p.k + bh * S * Dh;
+  const float* vals = p.v + bh * S * Dh;
+  int64_t first = len;
+  for (int64_t r = 0; r < n; ++r) {
+    lo[r] = 0;
+    if (p.window > 0) {
+      const int64_t pos = p.positions[b * p.T + (r0 + r) / Q];
+      lo[r] = std::clamp<int64_t>(pos - p.window + 1, 0, len);
+    }
+    first = std::min(first, lo[r]);
+  }
+  const int64_t base = first / kCols * kCols;  // tiles start at multiples of 16
+  prefetch_rows(keys, Dh, base, std::min(len, base + kAhead), _MM_HINT_T0);
+  prefetch_rows(vals, Dh, base, std::min(len, base + kAhead), _MM_HINT_T0);
+  for (int64_t s0 = base; s0 < len; s0 += kCols) {
+    const int64_t m = std::min(kCols, len - s0);
+    const int64_t ahead = std::min(len, s0 + kAhead + kCols);
+    prefetch_rows(keys, Dh, s0 + kAhead, ahead, _MM_HINT_T0);
+    prefetch_rows(vals, Dh, s0 + kAhead, ahead, _MM_HINT_T0);
+    if (m == kCols) {
+      transpose_keys(keys + s0 * Dh, Dh, kt);
+    } else {  // never read past len (nor S)
+      std::fill(tail, tail + kCols * Dh, 0.0f);
+      std::copy(keys + s0 * Dh, keys + (s0 + m) * Dh, tail);
+      transpose_keys(tail, Dh, kt);
+    }
+    const __m256i at0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(s0)),
+                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i at1 = _mm256_add_epi32(at0, _mm256_set1_epi32(8));
+    const __m256i end = _mm256_set1_epi32(static_cast<int>(len));
+    for (int64_t g = 0; g < rows; g += NR) {
+      // scores of NR queries x 16 positions
+      const float* a[NR];
+      for (int64_t r = 0; r < NR; ++r) a[r] = q + std::min(g + r, n - 1) * Dh;
+      __m256 sc[NR][2];
+      tile<NR, 2>(a, kt, kCols, Dh, sc);
+      // online softmax: each query's top so far, its mass rescaled, p = exp(s - top)
+      for (int64_t r = 0; r < NR; ++r) {
+        const __m256i from = _mm256_set1_epi32(static_cast<int>(lo[g + r]) - 1);
+        const __m256 seen0 = _mm256_castsi256_ps(_mm256_and_si256(
+            _mm256_cmpgt_epi32(at0, from), _mm256_cmpgt_epi32(end, at0)));
+        const __m256 seen1 = _mm256_castsi256_ps(_mm256_and_si256(
+            _mm256_cmpgt_epi32(at1, from), _mm256_cmpgt_epi32(end, at1)));
+        const __m256 neg = _mm256_set1_ps(kNegInf), scale = _mm256_set1_ps(p.scale);
+        const __m256 x0 = _mm256_blendv_ps(neg, _mm256_mul_ps(sc[r][0], scale), seen0);
+        const __m256 x1 = _mm256_blendv_ps(neg, _mm256_mul_ps(sc[r][1], scale), seen1);
+        const float old = tops[g + r];
+        const float t = std::max(old, _mm256_cvtss_f32(hmax8(_mm256_max_ps(x0, x1))));
+        const __m256 tv = _mm256_set1_ps(t);
+        const __m256 e0 = _mm256_and_ps(exp256(_mm256_sub_ps(x0, tv)), seen0);
+        const __m256 e1 = _mm256_and_ps(exp256(_mm256_sub_ps(x1, tv)), seen1);
+        _mm256_store_ps(pt[r], e0);
+        _mm256_store_ps(pt[r] + 8, e1);
+        rescale[r] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(old - t)));
+        tops[g + r] = t;
+        masses[g + r] = masses[g + r] * rescale[r] + hsum(_mm256_add_ps(e0, e1));
+      }
+      // acc = acc * rescale + p @ V, 16 (then 8) dims at a time
+      const float* pa[NR];
+      for (int64_t r = 0; r < NR; ++r) pa[r] = pt[r];
+      for (int64_t d = 0; d < Dh; d += kCols) {
+        const bool wide = d + kCols <= Dh;
+        __m256 out[NR][2];
+        if (wide) {
+          tile<NR, 2>(pa, vals + s0 * Dh + d, Dh, m, out);
+        } else {
+          tile<NR, 1>(pa, vals + s0 * Dh + d, Dh, m, out);
+        }
+        for (int64_t r = 0; r < NR; ++r) {
+          float* o = acc + (g + r) * Dh + d;
+          const __m256 rs = _mm256_set1_ps(rescale[r]);
+          _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(o), rs, out[r][0]));
+          if (wide) _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_loadu_ps(o + 8), rs, out[r][1]));
+        }
+      }
+    }
+  }
+  float* top_out = p.top + bh * p.R + r0;
+  float* mass_out = p.mass + bh * p.R + r0;
+  std::copy(tops.begin(), tops.begin() + n, top_out);
+  std::copy(masses.begin(), masses.begin() + n, mass_out);
+  std::copy(acc, acc + n * Dh, p.acc + (bh * p.R + r0) * Dh);
+}
+
+// Units handed out by an atomic counter to the calling thread and the tasks it
+// schedules (as small_m.cc's Chunks).
+struct Units {
+  Problem p;
+  int64_t per_head = 1, chunk = 1, n_units = 0;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void work() {
+    for (;;) {
+      const int64_t u = next.fetch_add(1, std::memory_order_relaxed);
+      if (u >= n_units) return;
+      const int64_t bh = u / per_head, c = u % per_head;
+      const int64_t r0 = c * chunk, r1 = std::min(p.R, r0 + chunk);
+      if (r1 - r0 > 3) {
+        unit<kRows>(p, bh / p.H, bh % p.H, r0, r1);
+      } else if (r0 < r1) {
+        unit<3>(p, bh / p.H, bh % p.H, r0, r1);
+      }
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> lengths,
+                ffi::Buffer<ffi::S32> positions, int64_t window, float scale,
+                ffi::ResultBuffer<ffi::F32> top, ffi::ResultBuffer<ffi::F32> mass,
+                ffi::ResultBuffer<ffi::F32> acc) {
+  const auto qd = q.dimensions(), kd = k.dimensions(), pd = positions.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || pd.size() != 2) {
+    return ffi::Error::InvalidArgument("q, k, v must be [B, K, R|S, Dh], positions [B, T]");
+  }
+  Problem p;
+  p.B = qd[0], p.H = qd[1], p.R = qd[2], p.Dh = qd[3], p.S = kd[2], p.T = pd[1];
+  const auto vd = v.dimensions();
+  if (kd[0] != p.B || kd[1] != p.H || kd[3] != p.Dh || vd.size() != 4 ||
+      !std::equal(vd.begin(), vd.end(), kd.begin()) ||
+      static_cast<int64_t>(lengths.element_count()) != p.B || pd[0] != p.B || p.T == 0 ||
+      p.R % p.T != 0 || p.Dh % 8 != 0) {
+    return ffi::Error::InvalidArgument("cache attention: mismatched shapes");
+  }
+  p.q = q.typed_data(), p.k = k.typed_data(), p.v = v.typed_data();
+  p.lengths = lengths.typed_data(), p.positions = positions.typed_data();
+  p.top = top->typed_data(), p.mass = mass->typed_data(), p.acc = acc->typed_data();
+  p.window = window, p.scale = scale;
+  const int64_t heads = p.B * p.H;
+  if (heads == 0 || p.R == 0) return ffi::Error::Success();
+  auto units = std::make_shared<Units>();
+  units->p = p;
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  // enough units for two a thread, no unit under one tile of queries
+  const int64_t want = std::max<int64_t>(1, (2 * threads + heads - 1) / heads);
+  units->chunk = std::max<int64_t>(kRows, (p.R + want - 1) / want);
+  units->per_head = (p.R + units->chunk - 1) / units->chunk;
+  units->n_units = heads * units->per_head;
+  for (int64_t t = 1; t < threads && t < units->n_units; ++t) {
+    pool.Schedule([units] { units->work(); });
+  }
+  units->work();
+  while (units->done.load(std::memory_order_acquire) < units->n_units) _mm_pause();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LjCacheAttentionF32, Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("window")
+                                  .Attr<float>("scale")
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
