@@ -6,6 +6,7 @@ allowed where the plain model's top-2 logits are within 1e-4, checked explicitly
 """
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -163,6 +164,23 @@ def test_family_lookahead_equals_plain_float64(tiny_ckpts, variant):
             batch_sizes=(8,),
         )
     assert all(n > 0 for n in accepted.values()), accepted
+
+
+def test_the_harness_fails_a_comparison_where_no_guess_is_accepted(model64):
+    """One new token (the prefill's) leaves lookahead nothing to guess: its tokens equal
+    plain decoding's by construction, and the harness says so instead of passing."""
+    with jax.enable_x64(True):
+        check = functools.partial(
+            lj.testing.assert_lookahead_matches_plain,
+            model64,
+            PROMPTS[:2],
+            configs=(LA.for_budget(16),),
+            max_new_tokens=1,
+            batch_sizes=(2,),
+        )
+        with pytest.raises(AssertionError, match="accepted no guessed token with tokens=16"):
+            check()
+        assert check(allow_no_acceptance=True) == {"tokens=16": 0}
 
 
 def test_eos_inside_an_accepted_span(model64):

@@ -93,8 +93,17 @@ def client(url, key=KEY) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
 
 
+def accepted_guesses(url) -> float:
+    """The server's count of guessed tokens its lookahead steps accepted (/metrics)."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("lookahead_accepted_guesses "):
+            return float(line.split()[1])
+    raise AssertionError("no lookahead_accepted_guesses in /metrics")
+
+
 def test_completions_and_chat_whole_and_streamed(server, reference):
     c = client(server)
+    before = accepted_guesses(server)
     want, ids = reference(PROMPTS[0], 12)
     got = c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=0)
     assert got.choices[0].text == want
@@ -120,6 +129,7 @@ def test_completions_and_chat_whole_and_streamed(server, reference):
     )
     pieces = [ch.choices[0].delta.content or "" for ch in stream]
     assert "".join(pieces) == want_chat
+    assert accepted_guesses(server) > before  # not vacuous: the tokens=16 steps accepted guesses
 
 
 def test_sixteen_concurrent_requests_each_equal_a_lone_decode(server, reference):
@@ -140,6 +150,7 @@ def test_sixteen_concurrent_requests_each_equal_a_lone_decode(server, reference)
             text = text[: text.find(text[2:4])]
         jobs.append((job, text))
     c = client(server)
+    before = accepted_guesses(server)
 
     def ask(job):
         kw = {k: v for k, v in job.items() if k != "prompt"}
@@ -151,6 +162,7 @@ def test_sixteen_concurrent_requests_each_equal_a_lone_decode(server, reference)
         assert got.text == want, job
         if "stop" in job:
             assert got.finish_reason == "stop"
+    assert accepted_guesses(server) > before
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(server, reference):

@@ -15,7 +15,8 @@ the two best tokens can flip. Hence two checks:
 * `assert_lookahead_matches_plain(model, prompts, configs)`: lookahead == plain, token
   for token, for each config and batch size (greedy and seeded sampling alike); with
   `near_tie` (float32), a divergence is allowed only where plain decoding's top-2 logits
-  were within `near_tie` of each other.
+  were within `near_tie` of each other. A config that accepted no guess fails it too:
+  such a run equals plain decoding whatever the model does.
 
     with jax.enable_x64(True):   # float64 params: no rounding, no excuse
         lj.testing.assert_lookahead_matches_plain(model64, prompts)
@@ -96,6 +97,7 @@ def assert_lookahead_matches_plain(
     max_new_tokens: int = 24,
     batch_sizes: tuple[int, ...] | None = None,
     near_tie: float | None = None,
+    allow_no_acceptance: bool = False,
     **sampling,
 ) -> dict:
     """Lookahead == plain decoding, token for token, for every config and batch size
@@ -103,11 +105,14 @@ def assert_lookahead_matches_plain(
 
     near_tie: allow a divergence where plain decoding's top-2 logits were within this
         (for float32/bfloat16 models, greedy only; leave None for float64).
+    allow_no_acceptance: pass a config that accepted no guessed token (by default that
+        fails: lookahead that never accepts emits plain decoding's tokens by construction,
+        so the comparison proved nothing; pick prompts, budgets or a model that repeat).
     sampling: temperature / top_k / top_p / seed, passed to both decodes.
 
-    Returns {config name: guessed tokens accepted} (a check that guesses did land:
-    a comparison where none is ever accepted proves nothing). Raises AssertionError
-    naming the config, batch size, prompt and position of a real divergence.
+    Returns {config name: guessed tokens accepted}. Raises AssertionError naming the
+    config, batch size, prompt and position of a real divergence, or the configs that
+    accepted nothing.
     """
     if near_tie is not None and sampling.get("temperature", 0.0) > 0:
         # a sampled token is the argmax of processed logits plus noise: the raw top-2
@@ -140,4 +145,11 @@ def assert_lookahead_matches_plain(
                             f"lookahead != plain ({where}) where the top-2 logit gap is "
                             f"{gap:.3g}, not a near-tie: {got} vs {want}"
                         )
+    idle = [name for name, n in accepted.items() if n == 0]
+    if idle and not allow_no_acceptance:
+        raise AssertionError(
+            f"lookahead accepted no guessed token with {', '.join(idle)}: equal to plain "
+            "decoding by construction, so this proves nothing (use prompts or a budget where "
+            "guesses land, or allow_no_acceptance=True)"
+        )
     return accepted

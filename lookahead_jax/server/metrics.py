@@ -1,6 +1,6 @@
 """The server's Prometheus metrics (prometheus-client, a registry per server): requests,
 tokens, time to first token and request duration as they happen; queue length, slots in
-use and tokens per step read from the engine when scraped."""
+use, tokens per step and accepted guesses read from the engine when scraped."""
 
 from __future__ import annotations
 
@@ -41,6 +41,11 @@ class Metrics:
             "New tokens per forward pass of a row, since the server started",
             registry=r,
         )
+        self.accepted = Gauge(
+            "lookahead_accepted_guesses",
+            "Guessed tokens accepted by lookahead steps, since the server started",
+            registry=r,
+        )
 
     def scrape(self) -> bytes:
         stats = self.engine.stats
@@ -49,4 +54,5 @@ class Metrics:
         self.batch.set(self.engine.batch)
         if stats.get("row_steps"):
             self.tokens_per_step.set(stats["new_tokens"] / stats["row_steps"])
+        self.accepted.set(sum(s["tokens"] for s in stats.get("sources", {}).values()))
         return generate_latest(self.registry)
