@@ -179,3 +179,16 @@ def test_what_cannot_take_packed_params(tiny_ckpts):
         train(model, None, "unused", TrainConfig(), progress=False)
     with pytest.raises(UserInputError, match="cpu_kernel=True needs"):
         lj.load(path, weights="q8_0", cpu_kernel=True)
+
+
+def test_a_failing_build_says_why_and_leaves_nothing(tmp_path, monkeypatch):
+    """A compiler that fails: OSError with its message, and no library (nor half of one)
+    where the cache would look for it."""
+    fake = tmp_path / "cxx"
+    fake.write_text("#!/bin/sh\necho 'no such luck' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    out = tmp_path / "kernels.so"
+    with pytest.raises(OSError, match="no such luck"):
+        cpu_kernel._build(out)
+    assert list(tmp_path.iterdir()) == [fake]

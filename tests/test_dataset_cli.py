@@ -99,7 +99,11 @@ def test_interrupt_then_rerun_finishes_the_rest_and_stdio_agrees(
     assert ids_of(first) == calls  # the torn line is gone, one whole line written
 
     monkeypatch.setattr(dataset.ResultWriter, "write", real_write)
+    capsys.readouterr()
     assert generate.main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"{len(calls)} of 4 prompts are already in" in err  # what a resumed run skips
+    assert "tokens/s over" in err and "with compiling" in err  # what each figure covers
     text = out.read_text()
     assert text.startswith(first) and text.endswith("\n")
     records = [json.loads(line) for line in text.splitlines()]

@@ -107,6 +107,8 @@ def load(
         per_param = {"float": itemsize, "int8": 1, "q8_0": 1 + itemsize / 32}[weights]
         n_params = sum(math.prod(t["shape"]) for t in info.manifest["tensors"].values())
         mesh = default_mesh(n_params * per_param)
+    if cpu_kernel is not False:
+        packed.build_kernel_soon(dtype, weights, mesh)
     # read and quantized in the checkpoint's stacked form, then one array per layer
     # (llama.split_layers: what the unrolled forward reads in place)
     params = checkpoint.read_params(

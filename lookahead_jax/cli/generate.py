@@ -344,6 +344,12 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
     if not todo:
         print(f"all {len(lines)} prompts are already in {where}", file=sys.stderr)
         return 0
+    if len(todo) < len(lines):
+        print(
+            f"{len(lines) - len(todo)} of {len(lines)} prompts are already in {where}: "
+            f"decoding the other {len(todo)}",
+            file=sys.stderr,
+        )
     mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else "auto"
     model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
     engine = lj.Engine(
@@ -368,7 +374,8 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
             writer.write(dataset.record(result))
             written, tokens = written + 1, tokens + len(result.token_ids)
             bar.update(1)
-            bar.set_postfix({"tokens/s": f"{tokens / bar.format_dict['elapsed']:.1f}"})
+            # the bar's rate counts every second since it started (compiling included)
+            bar.set_postfix({"tokens/s (wall)": f"{tokens / bar.format_dict['elapsed']:.1f}"})
     except KeyboardInterrupt:
         bar.close()
         writer.close()
@@ -382,11 +389,13 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
     writer.close()
     s = engine.stats
     mode = "plain" if s["config"]["lookahead"] is None else s["config"]["lookahead"]["name"]
+    busy = s["prefill_s"] + s["decode_s"]
     print(
-        f"[{mode}] {s['prompts']} prompts, {s['new_tokens']} tokens in {s['wall_s']:.2f} s "
-        f"({s['tokens_per_s']:.1f} tokens/s), compression {s['compression']:.2f}, batch "
-        f"{args.batch}, prompt buckets {s['prompt_buckets']}, compile {s['compile_s']:.2f} s, "
-        f"total {time.perf_counter() - t_start:.1f} s",
+        f"[{mode}] {s['prompts']} prompts, {s['new_tokens']} tokens: {s['tokens_per_s']:.1f} "
+        f"tokens/s over {busy:.2f} s of prefill and decoding, {s['wall_s']:.2f} s with "
+        f"compiling ({s['compile_s']:.2f} s) and the rest of the engine's run; compression "
+        f"{s['compression']:.2f}, batch {args.batch}, prompt buckets {s['prompt_buckets']}, "
+        f"total {time.perf_counter() - t_start:.1f} s with loading",
         file=sys.stderr,
     )
     return 0

@@ -66,6 +66,18 @@ def is_packed(params) -> bool:
     return any(isinstance(x, PackedWeight) for x in leaves)
 
 
+def build_kernel_soon(dtype, weights: str, mesh) -> None:
+    """Where `wanted` may hold, start building the kernel now (cpu_kernel.build_soon), so
+    that `lj.load` reads the weights meanwhile."""
+    if (
+        jnp.dtype(dtype) == jnp.float32
+        and weights in ("float", "int8")
+        and mesh is None
+        and jax.default_backend() == "cpu"
+    ):
+        cpu_kernel.build_soon()
+
+
 def wanted(dtype, weights: str, mesh) -> bool:
     """Whether `lj.load` packs: float32 compute, float or per-channel int8 weights, one
     device, a CPU, and the kernel built here."""
