@@ -49,6 +49,7 @@ from lookahead_jax.cache_dir import cache_root, exclusive
 
 PANEL = 16  # output columns per panel (small_m.cc's kPanel)
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("small_m.cc", "cache_attention.cc"))
+HEADERS = (Path(__file__).with_name("parallel.h"),)  # part of the library's key
 TARGETS = {"float32": "lookahead_jax_small_m_f32", "int8": "lookahead_jax_small_m_int8"}
 ATTENTION_TARGET = "lookahead_jax_cache_attention_f32"
 # AVX2 + FMA, not -march=native: a library in a shared cache directory may be loaded on
@@ -60,7 +61,7 @@ ENV = "LOOKAHEAD_JAX_CPU_KERNEL"  # "0" turns the kernel off
 def _library_path() -> Path:
     import jaxlib
 
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES))
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS)))
     key.update(" ".join((jaxlib.__version__, *FLAGS)).encode())
     return cache_root() / "cpu_kernel" / f"kernels-{key.hexdigest()[:16]}.so"
 

@@ -30,11 +30,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -257,30 +256,6 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   std::copy(acc, acc + n * Dh, p.acc + (bh * p.R + r0) * Dh);
 }
 
-// Units handed out by an atomic counter to the calling thread and the tasks it
-// schedules (as small_m.cc's Chunks).
-struct Units {
-  Problem p;
-  int64_t per_head = 1, chunk = 1, n_units = 0;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-
-  void work() {
-    for (;;) {
-      const int64_t u = next.fetch_add(1, std::memory_order_relaxed);
-      if (u >= n_units) return;
-      const int64_t bh = u / per_head, c = u % per_head;
-      const int64_t r0 = c * chunk, r1 = std::min(p.R, r0 + chunk);
-      if (r1 - r0 > 3) {
-        unit<kRows>(p, bh / p.H, bh % p.H, r0, r1);
-      } else if (r0 < r1) {
-        unit<3>(p, bh / p.H, bh % p.H, r0, r1);
-      }
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
 ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                 ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> lengths,
                 ffi::Buffer<ffi::S32> positions, int64_t window, float scale,
@@ -305,19 +280,21 @@ ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::
   p.window = window, p.scale = scale;
   const int64_t heads = p.B * p.H;
   if (heads == 0 || p.R == 0) return ffi::Error::Success();
-  auto units = std::make_shared<Units>();
-  units->p = p;
+  // units of a row, a kv head and `chunk` of its queries: enough for two a thread, none
+  // under one tile of queries; shared out by parallel_for
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  // enough units for two a thread, no unit under one tile of queries
   const int64_t want = std::max<int64_t>(1, (2 * threads + heads - 1) / heads);
-  units->chunk = std::max<int64_t>(kRows, (p.R + want - 1) / want);
-  units->per_head = (p.R + units->chunk - 1) / units->chunk;
-  units->n_units = heads * units->per_head;
-  for (int64_t t = 1; t < threads && t < units->n_units; ++t) {
-    pool.Schedule([units] { units->work(); });
-  }
-  units->work();
-  while (units->done.load(std::memory_order_acquire) < units->n_units) _mm_pause();
+  const int64_t chunk = std::max<int64_t>(kRows, (p.R + want - 1) / want);
+  const int64_t per_head = (p.R + chunk - 1) / chunk;
+  lookahead_jax::parallel_for(pool, heads * per_head, [p, chunk, per_head](int64_t u) {
+    const int64_t bh = u / per_head, r0 = u % per_head * chunk;
+    const int64_t r1 = std::min(p.R, r0 + chunk);
+    if (r1 - r0 > 3) {
+      unit<kRows>(p, bh / p.H, bh % p.H, r0, r1);
+    } else if (r0 < r1) {
+      unit<3>(p, bh / p.H, bh % p.H, r0, r1);
+    }
+  });
   return ffi::Error::Success();
 }
 

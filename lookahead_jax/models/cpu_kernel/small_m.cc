@@ -19,10 +19,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <memory>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -142,41 +141,16 @@ struct Matmul {
 };
 
 // Two chunks of panels a thread (a chunk boundary leaves one panel unprefetched; more
-// and smaller chunks measured slower), handed out by an atomic counter: the calling
-// thread and the tasks it schedules take chunks until none are left, and the caller then
-// waits only for the chunks still being computed (a task that starts late finds nothing
-// left to do; the shared state outlives it). Example: P = 36 panels (N = 576) on 2
-// threads: chunks of 9 panels, 4 chunks.
-template <typename W>
-struct Chunks {
-  Matmul<W> mm;
-  int64_t chunk = 1, n_chunks = 0;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-
-  void work() {
-    for (;;) {
-      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= n_chunks) return;
-      mm.run(c * chunk, std::min(mm.P, (c + 1) * chunk));
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
+// and smaller chunks measured slower), shared out by parallel_for. Example: P = 36 panels
+// (N = 576) on 2 threads: chunks of 9 panels, 4 chunks.
 template <typename W>
 ffi::Error Run(ffi::ThreadPool pool, const Matmul<W>& mm) {
   if (mm.M == 0 || mm.P == 0) return ffi::Error::Success();
-  auto chunks = std::make_shared<Chunks<W>>();
-  chunks->mm = mm;
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  chunks->chunk = std::max<int64_t>(1, (mm.P + 2 * threads - 1) / (2 * threads));
-  chunks->n_chunks = (mm.P + chunks->chunk - 1) / chunks->chunk;
-  for (int64_t t = 1; t < threads && t < chunks->n_chunks; ++t) {
-    pool.Schedule([chunks] { chunks->work(); });
-  }
-  chunks->work();
-  while (chunks->done.load(std::memory_order_acquire) < chunks->n_chunks) _mm_pause();
+  const int64_t chunk = std::max<int64_t>(1, (mm.P + 2 * threads - 1) / (2 * threads));
+  lookahead_jax::parallel_for(pool, (mm.P + chunk - 1) / chunk, [mm, chunk](int64_t c) {
+    mm.run(c * chunk, std::min(mm.P, (c + 1) * chunk));
+  });
   return ffi::Error::Success();
 }
 
