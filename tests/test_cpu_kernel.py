@@ -88,14 +88,18 @@ def test_cache_attention_is_llamas(B, K, T, Q, S, Dh, window):
     np.testing.assert_allclose(run(True), run(False), rtol=2e-5, atol=2e-5)
 
 
-def test_a_querys_attention_does_not_depend_on_the_other_queries():
-    """A 16-token step's first token gets, bit for bit, what that token gets alone."""
+@pytest.mark.parametrize("window", [0, 20])
+def test_a_querys_attention_does_not_depend_on_the_other_queries(window):
+    """A 16-token step's first token gets, bit for bit, what that token gets alone (with a
+    window the step's queries start their visible cache at different positions)."""
     (q, *_), (k, v, lengths, positions) = _attention_inputs(
         np.random.default_rng(7), 2, 3, 16, 3, 80, 64
     )
     q_bkre = jnp.swapaxes(q, 1, 2).reshape(2, 3, 16 * 3, 64)
-    many = cpu_kernel.cache_attention(q_bkre, k, v, lengths, positions, 0, 0.125)
-    one = cpu_kernel.cache_attention(q_bkre[:, :, :3], k, v, lengths, positions[:, :1], 0, 0.125)
+    many = cpu_kernel.cache_attention(q_bkre, k, v, lengths, positions, window, 0.125)
+    one = cpu_kernel.cache_attention(
+        q_bkre[:, :, :3], k, v, lengths, positions[:, :1], window, 0.125
+    )
     for m, o in zip(many, one, strict=True):
         np.testing.assert_array_equal(np.asarray(m)[:, :, :3], np.asarray(o))
 

@@ -26,6 +26,7 @@ of the generation if it is too low for the config's cost ratio.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -134,7 +135,26 @@ def compiled_step(
     compiler_options: dict | None = None,
 ):
     """(executable, args) of one forward step of `tokens` new tokens per row over a
-    `context`-token cache for `batch` rows, with logits for every new token (or for one)."""
+    `context`-token cache for `batch` rows, with logits for every new token (or for one),
+    run once (a warm-up)."""
+    compile_, args = lowered_step(lm, params, tokens, context, all_logits, batch, compiler_options)
+    exe = compile_()
+    jax.block_until_ready(exe(*args))  # warm up
+    return exe, args
+
+
+def lowered_step(
+    lm,
+    params,
+    tokens: int,
+    context: int,
+    all_logits: bool = True,
+    batch: int = 1,
+    compiler_options: dict | None = None,
+):
+    """(compile, args): compiled_step's program traced and lowered here (JAX's settings,
+    such as x64, are this thread's), `compile()` giving its executable (XLA's part, which
+    another thread may run)."""
     from lookahead_jax.decoding import programs
     from lookahead_jax.decoding.decode_state import causal_mask
 
@@ -161,9 +181,8 @@ def compiled_step(
     )
     with programs.precision_scope(dtype):  # as the decode programs are traced
         options = programs.compiler_options() if compiler_options is None else compiler_options
-        exe = jax.jit(lm.apply).lower(*args).compile(options)
-    jax.block_until_ready(exe(*args))  # warm up
-    return exe, args
+        lowered = jax.jit(lm.apply).lower(*args)
+    return functools.partial(lowered.compile, options), args
 
 
 def run_time(exe, args) -> float:
@@ -203,12 +222,12 @@ def measure_cost_curve(
     with ThreadPoolExecutor(COMPILE_THREADS) as pool:
         for i in range(0, len(sizes), COMPILE_THREADS):
             group = sizes[i : i + COMPILE_THREADS]
-            steps = pool.map(
-                lambda t: compiled_step(model.lm, model.params, t, context, batch=batch), group
-            )
-            for t, exe in zip(group, steps, strict=True):
-                exes[t] = exe
-                rough[t] = min(run_time(*exe) for _ in range(2))  # nothing compiles now
+            lowered = [lowered_step(model.lm, model.params, t, context, batch=batch) for t in group]
+            compiled = list(pool.map(lambda step: step[0](), lowered))  # all done before timing
+            for t, exe, (_, args) in zip(group, compiled, lowered, strict=True):
+                exes[t] = (exe, args)
+                jax.block_until_ready(exe(*args))  # warm up
+                rough[t] = min(run_time(exe, args) for _ in range(2))
             if any(t > 1 and rough[t] / rough[min(rough)] > stop_above for t in group):
                 break
     curve = dict.fromkeys(exes, float("inf"))

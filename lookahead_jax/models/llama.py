@@ -339,7 +339,8 @@ def attention(
     S = cache_k_bkse.shape[2]
     if kernel:
         B, K, T, Q, Dh = q_bktqe.shape
-        if positions_bt is None:
+        if positions_bt is None:  # only a window reads them
+            assert not window, "a sliding window needs the tokens' positions"
             positions_bt = jnp.zeros((B, T), jnp.int32)
         parts = cpu_kernel.cache_attention(
             q_bktqe.reshape(B, K, T * Q, Dh),

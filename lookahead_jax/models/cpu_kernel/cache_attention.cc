@@ -26,7 +26,7 @@
 // query's result does not depend on which other queries share its unit.
 //
 // Measured (benchmarks/cpu/cache_attention.md): XLA's loop over 64-position blocks took
-// ~5 ms for 30 layers of one token over 256 positions, this ~1 ms.
+// 4.3 ms for 30 layers of one token over 256 positions, this 1.9 ms with the merge.
 #include <immintrin.h>
 
 #include <algorithm>
