@@ -66,28 +66,27 @@ def is_packed(params) -> bool:
     return any(isinstance(x, PackedWeight) for x in leaves)
 
 
-def build_kernel_soon(dtype, weights: str, mesh) -> None:
-    """Where `wanted` may hold, start building the kernel now (cpu_kernel.build_soon), so
-    that `lj.load` reads the weights meanwhile."""
-    if (
+def _packable(dtype, weights: str, mesh) -> bool:
+    """float32 compute, float or per-channel int8 weights, one device, a CPU."""
+    return (
         jnp.dtype(dtype) == jnp.float32
         and weights in ("float", "int8")
         and mesh is None
         and jax.default_backend() == "cpu"
-    ):
+    )
+
+
+def build_kernel_soon(dtype, weights: str, mesh) -> None:
+    """Where `wanted` may hold, start building the kernel now (cpu_kernel.build_soon), so
+    that `lj.load` reads the weights meanwhile."""
+    if _packable(dtype, weights, mesh):
         cpu_kernel.build_soon()
 
 
 def wanted(dtype, weights: str, mesh) -> bool:
     """Whether `lj.load` packs: float32 compute, float or per-channel int8 weights, one
     device, a CPU, and the kernel built here."""
-    return (
-        jnp.dtype(dtype) == jnp.float32
-        and weights in ("float", "int8")
-        and mesh is None
-        and jax.default_backend() == "cpu"
-        and cpu_kernel.available()
-    )
+    return _packable(dtype, weights, mesh) and cpu_kernel.available()
 
 
 def pack(w, contracted: tuple[int, ...]):
