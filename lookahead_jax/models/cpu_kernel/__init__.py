@@ -14,11 +14,12 @@ OpenBLAS, PyTorch, XLA's XNNPACK and oneDNN options: measured in small_m.md), so
 lookahead's T-token step and the engine's B-row step threw away most of what their
 guesses won.
 
-The kernel is built on first use with the machine's C++ compiler (g++ or $CXX) into the
-cache directory, keyed by its source and jaxlib's version, and registered as an XLA FFI
-target. `available()` is False where it cannot be: not x86-64, no AVX2 + FMA, no
-compiler, or `LOOKAHEAD_JAX_CPU_KERNEL=0`; the model then keeps XLA's matmuls. The
-weights it reads are packed in panels (packed.py).
+The kernels are built on first use with the machine's C++ compiler (g++ or $CXX) into
+one library in the cache directory, keyed by their sources and jaxlib's version, and
+registered as XLA FFI targets (their handlers in ffi_bindings.cc, the kernels themselves
+compiled without XLA's header: kernels.h). `available()` is False where it cannot be:
+not x86-64, no AVX2 + FMA, no compiler, or `LOOKAHEAD_JAX_CPU_KERNEL=0`; the model then
+keeps XLA's matmuls. The weights it reads are packed in panels (packed.py).
 
 Why the attention (benchmarks/cpu/cache_attention.md): XLA:CPU runs llama.attention's
 loop over 64-position blocks as a while loop of small YNNPACK dots: for SmolLM2-135M's 30
@@ -39,6 +40,7 @@ import subprocess
 import tempfile
 import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -47,14 +49,24 @@ import numpy as np
 
 from lookahead_jax.cache_dir import cache_root, exclusive
 
-PANEL = 16  # output columns per panel (small_m.cc's kPanel)
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("small_m.cc", "cache_attention.cc"))
-HEADERS = (Path(__file__).with_name("parallel.h"),)  # part of the library's key
+PANEL = 16  # output columns per panel (kernels.h's kPanelColumns)
+# Each source with its optimization level: the kernels at -O3, their FFI handlers at -O1
+# (they run once a call; XLA's FFI header, which only they include, is most of their
+# build: ~4 s at -O1, ~7 s at -O3, where the kernels without it take ~1 s at -O3).
+SOURCES = {
+    Path(__file__).with_name(name): level
+    for name, level in (
+        ("ffi_bindings.cc", "-O1"),
+        ("small_m.cc", "-O3"),
+        ("cache_attention.cc", "-O3"),
+    )
+}
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("parallel.h", "kernels.h"))  # in the key
 TARGETS = {"float32": "lookahead_jax_small_m_f32", "int8": "lookahead_jax_small_m_int8"}
 ATTENTION_TARGET = "lookahead_jax_cache_attention_f32"
 # AVX2 + FMA, not -march=native: a library in a shared cache directory may be loaded on
 # another machine, and lj_small_m_supported() checks the CPU before it is registered
-FLAGS = ("-O3", "-mavx2", "-mfma", "-std=c++17", "-fPIC")
+FLAGS = ("-mavx2", "-mfma", "-std=c++17", "-fPIC")
 ENV = "LOOKAHEAD_JAX_CPU_KERNEL"  # "0" turns the kernel off
 
 
@@ -62,30 +74,28 @@ def _library_path() -> Path:
     import jaxlib
 
     key = hashlib.sha256(b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS)))
-    key.update(" ".join((jaxlib.__version__, *FLAGS)).encode())
+    key.update(" ".join((jaxlib.__version__, *FLAGS, *SOURCES.values())).encode())
     return cache_root() / "cpu_kernel" / f"kernels-{key.hexdigest()[:16]}.so"
 
 
 def _build(out: Path) -> None:
     """Compile the sources into `out` (atomically: a half-written library is never seen),
-    each source in its own compiler process at once (6.5 and 5 s here, 12 s in one), then
-    link them."""
+    as many compiler processes at once as there are cores, the longest (the FFI handlers)
+    first, then link them. On 2 cores: the handlers beside the two kernels one after the
+    other, ~5.5 s; the three at once took 7.5 s."""
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise OSError("no C++ compiler (g++, c++ or $CXX)")
     with tempfile.TemporaryDirectory(dir=out.parent) as work:
         objects = [Path(work) / f"{src.stem}.o" for src in SOURCES]
-        compiles = [
-            subprocess.Popen(
-                [cxx, *FLAGS, f"-I{jax.ffi.include_dir()}", "-c", str(src), "-o", str(obj)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for src, obj in zip(SOURCES, objects, strict=True)
-        ]
-        errors = [p.communicate()[1] for p in compiles]
-        failed = [e for p, e in zip(compiles, errors, strict=True) if p.returncode != 0]
+
+        def compile_one(src: Path, level: str, obj: Path):
+            cmd = [cxx, level, *FLAGS, f"-I{jax.ffi.include_dir()}", "-c", str(src), "-o", str(obj)]
+            return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+        with ThreadPoolExecutor(min(len(SOURCES), os.cpu_count() or 1)) as pool:
+            compiles = list(pool.map(compile_one, SOURCES, SOURCES.values(), objects))
+        failed = [c.stderr for c in compiles if c.returncode != 0]
         tmp = Path(work) / out.name
         link = (
             None

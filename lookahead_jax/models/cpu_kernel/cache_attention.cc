@@ -33,12 +33,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels.h"
 #include "parallel.h"
-#include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
 
 namespace {
+
+using Problem = lookahead_jax::CacheAttention;
 
 constexpr int64_t kRows = 6;    // queries per register tile
 constexpr int64_t kCols = 16;   // positions (scores) or dims (p @ V) per tile
@@ -107,15 +107,6 @@ inline void transpose_keys(const float* keys, int64_t Dh, float* kt) {
     }
   }
 }
-
-struct Problem {
-  const float *q, *k, *v;
-  const int32_t *lengths, *positions;
-  float *top, *mass, *acc;
-  int64_t B, H, R, S, Dh, T;  // H: kv heads
-  int64_t window;
-  float scale;
-};
 
 // A tile: NR rows a[r] times W registers of columns of b (row stride ldb) over n terms:
 // out[r][j] = sum_i a[r][i] * b[i][j], one FMA chain over i.
@@ -256,30 +247,13 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   std::copy(acc, acc + n * Dh, p.acc + (bh * p.R + r0) * Dh);
 }
 
-ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> lengths,
-                ffi::Buffer<ffi::S32> positions, int64_t window, float scale,
-                ffi::ResultBuffer<ffi::F32> top, ffi::ResultBuffer<ffi::F32> mass,
-                ffi::ResultBuffer<ffi::F32> acc) {
-  const auto qd = q.dimensions(), kd = k.dimensions(), pd = positions.dimensions();
-  if (qd.size() != 4 || kd.size() != 4 || pd.size() != 2) {
-    return ffi::Error::InvalidArgument("q, k, v must be [B, K, R|S, Dh], positions [B, T]");
-  }
-  Problem p;
-  p.B = qd[0], p.H = qd[1], p.R = qd[2], p.Dh = qd[3], p.S = kd[2], p.T = pd[1];
-  const auto vd = v.dimensions();
-  if (kd[0] != p.B || kd[1] != p.H || kd[3] != p.Dh || vd.size() != 4 ||
-      !std::equal(vd.begin(), vd.end(), kd.begin()) ||
-      static_cast<int64_t>(lengths.element_count()) != p.B || pd[0] != p.B || p.T == 0 ||
-      p.R % p.T != 0 || p.Dh % 8 != 0) {
-    return ffi::Error::InvalidArgument("cache attention: mismatched shapes");
-  }
-  p.q = q.typed_data(), p.k = k.typed_data(), p.v = v.typed_data();
-  p.lengths = lengths.typed_data(), p.positions = positions.typed_data();
-  p.top = top->typed_data(), p.mass = mass->typed_data(), p.acc = acc->typed_data();
-  p.window = window, p.scale = scale;
+}  // namespace
+
+namespace lookahead_jax {
+
+void cache_attention_f32(Workers& pool, const CacheAttention& p) {
   const int64_t heads = p.B * p.H;
-  if (heads == 0 || p.R == 0) return ffi::Error::Success();
+  if (heads == 0 || p.R == 0) return;
   // units of a row, a kv head and `chunk` of its queries: enough for two a thread, none
   // under one tile of queries; shared out by parallel_for
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
@@ -295,21 +269,6 @@ ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::
       unit<3>(p, bh / p.H, bh % p.H, r0, r1);
     }
   });
-  return ffi::Error::Success();
 }
 
-}  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LjCacheAttentionF32, Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("window")
-                                  .Attr<float>("scale")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+}  // namespace lookahead_jax

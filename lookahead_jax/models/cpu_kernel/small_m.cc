@@ -21,14 +21,12 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels.h"
 #include "parallel.h"
-#include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kPanel = 16;  // output columns per panel: two 8-float AVX registers
+constexpr int64_t kPanel = lookahead_jax::kPanelColumns;  // two 8-float AVX registers
 constexpr int kRows = 6;        // rows of x per register tile
 
 inline void load16(const float* w, __m256& w0, __m256& w1) {
@@ -144,74 +142,30 @@ struct Matmul {
 // and smaller chunks measured slower), shared out by parallel_for. Example: P = 36 panels
 // (N = 576) on 2 threads: chunks of 9 panels, 4 chunks.
 template <typename W>
-ffi::Error Run(ffi::ThreadPool pool, const Matmul<W>& mm) {
-  if (mm.M == 0 || mm.P == 0) return ffi::Error::Success();
+void Run(lookahead_jax::Workers& pool, const Matmul<W>& mm) {
+  if (mm.M == 0 || mm.P == 0) return;
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t chunk = std::max<int64_t>(1, (mm.P + 2 * threads - 1) / (2 * threads));
   lookahead_jax::parallel_for(pool, (mm.P + chunk - 1) / chunk, [mm, chunk](int64_t c) {
     mm.run(c * chunk, std::min(mm.P, (c + 1) * chunk));
   });
-  return ffi::Error::Success();
-}
-
-// Checks the buffers' shapes and points `mm` at them.
-template <typename W, ffi::DataType T>
-ffi::Error Bind(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<T>& panels,
-                 ffi::ResultBuffer<ffi::F32>& y, Matmul<W>& mm) {
-  const auto wd = panels.dimensions();
-  if (wd.size() != 3 || wd[2] != kPanel) {
-    return ffi::Error::InvalidArgument("panels must be [P, K, 16]");
-  }
-  const auto xd = x.dimensions();
-  const int64_t K = xd.size() ? xd.back() : 0;
-  if (K != wd[1]) return ffi::Error::InvalidArgument("x's last axis is not the panels' K");
-  mm.K = K;
-  mm.M = K ? x.element_count() / K : 0;
-  mm.P = wd[0];
-  if (static_cast<int64_t>(y->element_count()) != mm.M * mm.P * kPanel) {
-    return ffi::Error::InvalidArgument("y must hold M x P * 16 values");
-  }
-  mm.x = x.typed_data();
-  mm.panels = reinterpret_cast<const W*>(panels.untyped_data());
-  mm.y = y->typed_data();
-  mm.scale = nullptr;
-  return ffi::Error::Success();
-}
-
-ffi::Error F32Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
-                   ffi::ResultBuffer<ffi::F32> y) {
-  Matmul<float> mm;
-  if (ffi::Error e = Bind<float, ffi::F32>(x, panels, y, mm); e.failure()) return e;
-  return Run(pool, mm);
-}
-
-ffi::Error Int8Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> panels,
-                    ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
-  Matmul<int8_t> mm;
-  if (ffi::Error e = Bind<int8_t, ffi::S8>(x, panels, y, mm); e.failure()) return e;
-  if (static_cast<int64_t>(scale.element_count()) != mm.P * kPanel) {
-    return ffi::Error::InvalidArgument("scale must hold P * 16 values");
-  }
-  mm.scale = scale.typed_data();
-  return Run(pool, mm);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LjSmallMF32, F32Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+namespace lookahead_jax {
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LjSmallMInt8, Int8Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+void small_m_f32(Workers& pool, const float* x, int64_t M, int64_t K, const float* panels,
+                 int64_t P, float* y) {
+  Run(pool, Matmul<float>{x, M, K, panels, P, nullptr, y});
+}
+
+void small_m_int8(Workers& pool, const float* x, int64_t M, int64_t K, const int8_t* panels,
+                  const float* scale, int64_t P, float* y) {
+  Run(pool, Matmul<int8_t>{x, M, K, panels, P, scale, y});
+}
+
+}  // namespace lookahead_jax
 
 // 1 where this CPU runs the kernel (AVX2 and FMA), else 0: checked before registering.
 extern "C" int lj_small_m_supported() {

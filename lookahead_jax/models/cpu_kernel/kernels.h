@@ -1,0 +1,35 @@
+// The kernels' entry points (small_m.cc, cache_attention.cc), called by their XLA FFI
+// handlers in ffi_bindings.cc once the buffers' shapes are checked there.
+#ifndef LOOKAHEAD_JAX_CPU_KERNEL_KERNELS_H_
+#define LOOKAHEAD_JAX_CPU_KERNEL_KERNELS_H_
+
+#include <cstdint>
+
+#include "parallel.h"
+
+namespace lookahead_jax {
+
+constexpr int64_t kPanelColumns = 16;  // output columns per panel of W (small_m.cc)
+
+// y[M, P * 16] = x[M, K] @ W, W in panels [P, K, 16] (small_m.cc); int8 panels have a
+// float32 scale per output column.
+void small_m_f32(Workers& pool, const float* x, int64_t M, int64_t K, const float* panels,
+                 int64_t P, float* y);
+void small_m_int8(Workers& pool, const float* x, int64_t M, int64_t K, const int8_t* panels,
+                  const float* scale, int64_t P, float* y);
+
+// The attention of R queries per row and kv head over each row's cache (shapes and
+// results: cache_attention.cc).
+struct CacheAttention {
+  const float *q, *k, *v;
+  const int32_t *lengths, *positions;
+  float *top, *mass, *acc;
+  int64_t B, H, R, S, Dh, T;  // H: kv heads
+  int64_t window;
+  float scale;
+};
+void cache_attention_f32(Workers& pool, const CacheAttention& p);
+
+}  // namespace lookahead_jax
+
+#endif  // LOOKAHEAD_JAX_CPU_KERNEL_KERNELS_H_
