@@ -2,11 +2,15 @@
 factor, falls back to plain decoding, and a losing lookahead hands over to plain decoding
 mid-generation — always with exactly the plain tokens."""
 
+import dataclasses
 import functools
 import json
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import lookahead_jax as lj
@@ -68,6 +72,49 @@ def test_measured_curve_is_cached_and_stops_early(model, tmp_cache, monkeypatch)
     assert len(files) == 1
     assert {int(k) for k in json.loads(files[0].read_text())["curve"]} == {1, 2}
     assert autotune.cost_curve(model) == curve  # read back, not measured again
+
+
+def test_a_deep_model_is_probed_through_a_loop_over_its_first_layers(model, monkeypatch):
+    assert autotune.probe_model(model) == (model.lm, model.params)  # 2 layers: as it is
+    assert autotune.cache_bytes() > 0
+    # a model deeper than PROBE_LAYERS whose layers outgrow the caches: 1 layer x 2 passes
+    monkeypatch.setattr(autotune, "PROBE_LAYERS", 1)
+    monkeypatch.setattr(autotune, "cache_bytes", lambda: 0)
+    lm, params = autotune.probe_model(model)
+    assert (lm.cfg.num_layers, lm.layer_passes, len(params.layers)) == (1, 2, 1)
+    assert autotune.probe_model(model, layers_per_pass=2) == (model.lm, model.params)
+    probes = []
+    lowered = autotune.lowered_step
+    monkeypatch.setattr(
+        autotune,
+        "lowered_step",
+        lambda lm, *a, **k: (
+            probes.append((lm.cfg.num_layers, lm.layer_passes)) or lowered(lm, *a, **k)
+        ),
+    )
+    curve = autotune.measure_cost_curve(model, tokens=(1, 2), repeats=1)
+    assert probes == [(1, 2), (1, 2)] and set(curve) == {1, 2}
+    assert all(0 < s < 1 for s in curve.values())
+    # a size sure to cost too much, from the line through the two largest timed
+    assert autotune._extrapolated({1: 1.0, 2: 1.0, 4: 1.2, 8: 1.6}, 16) == pytest.approx(2.4)
+    assert autotune._extrapolated({1: 1.0}, 16) == 0.0  # nothing to extrapolate from yet
+
+
+def test_a_loop_over_a_layer_is_that_layer_repeated(model):
+    # the probe's passes compute what as many copies of the layer would, bit for bit
+    first = model.params.layers[0]
+    twice = dataclasses.replace(model.params, layers=(first, first))
+    looped_lm, looped = model.lm.first_layers(model.params, 1)
+    looped_lm = dataclasses.replace(looped_lm, layer_passes=2)
+    tokens = jnp.asarray([[5, 6, 7, 8]], jnp.int32)
+    args = (tokens, jnp.arange(4, dtype=jnp.int32)[None], jnp.tril(jnp.ones((4, 4), bool))[None])
+    want, *_ = model.lm.apply(twice, *args, None)
+    got, *_ = looped_lm.apply(looped, *args, None)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    same_lm, same = model.lm.first_layers(model.params, model.lm.cfg.num_layers)
+    assert same_lm == model.lm
+    leaves = zip(jax.tree.leaves(same), jax.tree.leaves(model.params), strict=True)
+    assert all(a is b for a, b in leaves)
 
 
 def test_a_curve_measured_on_a_busy_cpu_is_not_cached(model, tmp_cache, monkeypatch):

@@ -62,6 +62,7 @@ MARGIN = 1.03  # expected speedup needed to prefer lookahead over plain decoding
 PROBE_TOKENS = tuple(sorted({1} | {LookaheadConfig.for_budget(t).tokens_per_step for t in PRIORS}))
 FACTOR_EMA = 0.3
 COMPILE_THREADS = 2  # probe sizes compiled at once (measure_cost_curve)
+PROBE_LAYERS = 6  # a deep model's probes loop over this many layers or a few more (probe_model)
 
 
 @dataclasses.dataclass
@@ -156,28 +157,31 @@ def lowered_step(
     such as x64, are this thread's), `compile()` giving its executable (XLA's part, which
     another thread may run)."""
     from lookahead_jax.decoding import programs
-    from lookahead_jax.decoding.decode_state import causal_mask
 
     dtype = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)][0].dtype
-    cache = lm.init_cache(batch, context + tokens, dtype)
-    # random K/V, not zeros: matmul units can run faster on zeros than on real data
-    k_key, v_key = jax.random.split(jax.random.PRNGKey(2))
+    # The inputs are made with numpy: an eager jax op compiles a program for each new
+    # shape, and each probe has its own (SmolLM2-135M: 14 s of tracing 16 probes, 3 s now).
+    rng = np.random.default_rng(2)
+    empty = jax.eval_shape(functools.partial(lm.init_cache, batch, context + tokens, dtype))
+
+    def normal(like):  # random K/V, not zeros: matmul units can run faster on zeros
+        return jnp.asarray(rng.standard_normal(like.shape, np.float32).astype(like.dtype))
+
     cache = dataclasses.replace(
-        cache,
-        k=tuple(jax.random.normal(k_key, x.shape, x.dtype) for x in cache.k),
-        v=tuple(jax.random.normal(v_key, x.shape, x.dtype) for x in cache.v),
-        lengths=jnp.full((batch,), context, jnp.int32),
+        empty,
+        k=tuple(map(normal, empty.k)),
+        v=tuple(map(normal, empty.v)),
+        lengths=jnp.asarray(np.full((batch,), context, np.int32)),
     )
     rows = tokens if all_logits else 1
-    logits_rows = jnp.broadcast_to(jnp.arange(rows, dtype=jnp.int32), (batch, rows))
-    positions = context + jnp.arange(tokens, dtype=jnp.int32)
+    positions = context + np.arange(tokens, dtype=np.int32)
     args = (
         params,
-        jax.random.randint(jax.random.PRNGKey(1), (batch, tokens), 0, lm.vocab_size, jnp.int32),
-        jnp.broadcast_to(positions, (batch, tokens)),
-        causal_mask(tokens),
+        jnp.asarray(rng.integers(0, lm.vocab_size, (batch, tokens), np.int32)),
+        jnp.asarray(np.broadcast_to(positions, (batch, tokens))),
+        jnp.asarray(np.tril(np.ones((tokens, tokens), bool))[None]),  # decode_state.causal_mask
         cache,
-        logits_rows,
+        jnp.asarray(np.broadcast_to(np.arange(rows, dtype=np.int32), (batch, rows))),
     )
     with programs.precision_scope(dtype):  # as the decode programs are traced
         options = programs.compiler_options() if compiler_options is None else compiler_options
@@ -199,38 +203,114 @@ def step_latencies(
     return [run_time(exe, args) for _ in range(repeats)]
 
 
+def probe_model(model, layers_per_pass: int | None = None):
+    """(lm, params) the cost curve times: for a deep model that can be cut
+    (`lm.first_layers`, LlamaLM), its first k layers run L / k times over in a loop (so
+    compiled once), else the model itself. k is the smallest divisor of L from
+    PROBE_LAYERS up whose layers' weights are twice the largest cache (cache_bytes) or
+    more, so that each pass streams them from memory as the model's step does; where
+    none is, or `layers_per_pass` = L, the model.
+
+    The same work as the model's step at a fraction of its compile time (SmolLM2-135M
+    float32, 30 layers: 6 x 5 passes; ~1.5 s a probe size against ~5 s, compile time
+    growing with the layers, 0.2 s plus 0.19 s each); side by side with full-depth
+    probes in benchmarks/cpu/probe_layers.md.
+    """
+    lm = model.lm
+    layers = getattr(getattr(lm, "cfg", None), "num_layers", 0)
+    if not hasattr(lm, "first_layers") or layers <= PROBE_LAYERS:
+        return lm, model.params
+    if layers_per_pass is None:
+        per_layer = sum(
+            x.nbytes for x in jax.tree.leaves(lm.first_layers(model.params, 1)[1].layers)
+        )
+        big = [k for k in range(PROBE_LAYERS, layers) if layers % k == 0]
+        layers_per_pass = next((k for k in big if k * per_layer >= 2 * cache_bytes()), layers)
+    if layers_per_pass == layers:
+        return lm, model.params
+    cut, params = lm.first_layers(model.params, layers_per_pass)
+    return dataclasses.replace(cut, layer_passes=layers // layers_per_pass), params
+
+
+def cache_bytes() -> int:
+    """The device's largest cache: a CPU's last level (Linux sysfs; 256 MiB where it
+    cannot be read, more than most), an accelerator's 256 MiB (an H100's L2 is 50 MB)."""
+    if jax.devices()[0].platform != "cpu":
+        return 256 << 20
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = path.read_text().strip().upper()  # e.g. "32768K"
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=256 << 20)
+
+
+def _extrapolated(rough: dict, tokens: int) -> float:
+    """A size's step over the smallest size's, extrapolated along the line through the
+    two largest sizes timed (0 before two are). A step grows at least linearly in T
+    beyond the sizes that are free (convex: more FLOPs per weight read), so this is a
+    lower bound, good for skipping a size sure to cost too much."""
+    if len(rough) < 2:
+        return 0.0
+    a, b = sorted(rough)[-2:]
+    slope = (rough[b] - rough[a]) / (b - a)
+    return (rough[b] + (tokens - b) * slope) / rough[min(rough)]
+
+
 def measure_cost_curve(
     model,
     tokens=PROBE_TOKENS,
     context: int = 256,
-    repeats: int = 9,
+    repeats: int = 6,
     stop_above: float = float("inf"),
     batch: int = 1,
+    layers_per_pass: int | None = None,
 ) -> dict:
-    """{T: seconds} (the fastest of `repeats`) for one forward step of T tokens per row
-    over `batch` rows.
+    """{T: seconds} (the fastest of 2 + `repeats` timings) for one forward step of T
+    tokens per row over `batch` rows, timed on `probe_model` (`layers_per_pass`: its k,
+    or the model's depth for the model itself).
 
     Sizes are compiled in increasing order, COMPILE_THREADS at once (a compilation is
     mostly one thread: two probes took 10.2 s one after the other, 6.9 s together on the
-    2-core CPU), each group timed roughly once compiled, and probing stops once a step
+    2-core CPU; the next group is traced meanwhile), each group timed roughly (twice)
+    once compiled, and probing stops once a step
     costs more than `stop_above` one-token steps (no config that large can pay off, and
-    each size costs a compilation). The sizes are then timed round-robin, so that a busy
-    moment of the machine slows them all rather than skewing the curve.
+    each size costs a compilation) or is sure to (`_extrapolated`). The sizes are then
+    timed round-robin, so that a busy moment of the machine slows them all rather than
+    skewing the curve.
     """
-    exes, rough = {}, {}
+    lm, params = probe_model(model, layers_per_pass)
+    exes, rough, lowered = {}, {}, {}  # T -> (executable, args) / seconds / (compile, args)
+
+    def next_group(sizes):
+        return [t for t in sizes[:COMPILE_THREADS] if _extrapolated(rough, t) <= stop_above]
+
+    def lower(sizes):  # traced in this thread: JAX's settings (x64) are per thread
+        for t in sizes:
+            if t not in lowered:
+                lowered[t] = lowered_step(lm, params, t, context, batch=batch)
+
     sizes = sorted(tokens)
+    group = next_group(sizes)
     with ThreadPoolExecutor(COMPILE_THREADS) as pool:
-        for i in range(0, len(sizes), COMPILE_THREADS):
-            group = sizes[i : i + COMPILE_THREADS]
-            lowered = [lowered_step(model.lm, model.params, t, context, batch=batch) for t in group]
-            compiled = list(pool.map(lambda step: step[0](), lowered))  # all done before timing
-            for t, exe, (_, args) in zip(group, compiled, lowered, strict=True):
-                exes[t] = (exe, args)
-                jax.block_until_ready(exe(*args))  # warm up
-                rough[t] = min(run_time(exe, args) for _ in range(2))
+        while group:
+            lower(group)
+            sizes = sizes[len(group) :]
+            steps = [lowered.pop(t) for t in group]
+            compiling = [pool.submit(compile_) for compile_, _ in steps]
+            lower(next_group(sizes))  # likely next, traced while these compile
+            for t, job, (_, args) in zip(group, compiling, steps, strict=True):
+                exes[t] = (job.result(), args)
+            for t in group:  # timed once all compiled
+                jax.block_until_ready(exes[t][0](*exes[t][1]))  # warm up
+                rough[t] = min(run_time(*exes[t]) for _ in range(2))
             if any(t > 1 and rough[t] / rough[min(rough)] > stop_above for t in group):
                 break
-    curve = dict.fromkeys(exes, float("inf"))
+            group = next_group(sizes)
+    curve = {t: rough[t] for t in exes}
     for _ in range(repeats):
         for t, (exe, args) in exes.items():
             curve[t] = min(curve[t], run_time(exe, args))
@@ -310,7 +390,9 @@ def cost_curve(model, stop_above: float = float("inf"), batch: int = 1) -> dict:
         # measured beside other work: good for this process, not for the cache
         _UNSAVED_CURVES[path] = curve
         return curve
-    save_cost_curve(model, curve, batch, other_cores=others.cores)
+    probe = probe_model(model)[0]
+    layers = f"{probe.cfg.num_layers} x {probe.layer_passes}" if probe is not model.lm else "all"
+    save_cost_curve(model, curve, batch, other_cores=others.cores, probe_layers=layers)
     return curve
 
 

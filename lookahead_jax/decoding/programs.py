@@ -1,9 +1,10 @@
 """Compiled decoding programs, kept per process and shape.
 
 `compiled(model, spec, max_new_tokens_bucket, start_args, name)` returns one entry point
-of a decode (`start` or `run_loop`) compiled ahead of time, once per (spec, budget, mesh,
-argument shapes) in this process — and, through JAX's persistent compilation cache,
-across processes; `state_shape` the shapes of the state they pass, traced once too.
+of a decode (`start` or `run_loop`) compiled ahead of time (`compile_soon` starts it in a
+background thread), once per (spec, budget, mesh, argument shapes) in this process — and,
+through JAX's persistent compilation cache, across processes; `state_shape` the shapes of
+the state they pass, traced once too.
 
 At most `MAX_KEPT` executables are kept, the least recently used dropped first: each
 compiled XLA:CPU executable holds memory mappings of its JIT code (SmolLM2: ~160 for a
@@ -18,6 +19,7 @@ import collections
 import contextlib
 import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -29,10 +31,15 @@ from lookahead_jax.decoding.loop import compiler_options  # noqa: F401  (re-expo
 MAX_KEPT = 64  # compiled executables kept per process (assign to change)
 _JITTED: dict = {}  # program key -> (decoding.Jitted, state shape)
 _COMPILED = collections.OrderedDict()  # (program key, entry point) -> executable, LRU first
+_PENDING: dict = {}  # (program key, entry point) -> Future of its executable (compile_soon)
+_COMPILER = ThreadPoolExecutor(1, thread_name_prefix="lookahead-jax-compile")
 
 
 def clear() -> None:
     """Forget every compiled program (tests that patch the step use this)."""
+    for pending in _PENDING.values():
+        pending.cancel()
+    _PENDING.clear()
     _JITTED.clear()
     _COMPILED.clear()
 
@@ -96,22 +103,43 @@ def state_shape(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args)
 
 def compiled(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, name: str):
     """(executable, seconds spent compiling) of entry point `name`: 'start' or
-    'run_loop' (decoding.run_loop: `step` runs inside it)."""
+    'run_loop' (decoding.run_loop: `step` runs inside it). A compilation `compile_soon`
+    started is waited for: its seconds are those waited here."""
     key = _key(model, spec, max_new_tokens_bucket, start_args)
-    if (key, name) in _COMPILED:
+    t = time.perf_counter()
+    if (key, name) in _PENDING:
+        exe = _PENDING.pop((key, name)).result()
+    elif (key, name) in _COMPILED:
         _COMPILED.move_to_end((key, name))
         return _COMPILED[(key, name)], 0.0
-    t = time.perf_counter()
+    else:
+        exe = _lowered(key, model, spec, max_new_tokens_bucket, start_args, name).compile()
+    _COMPILED[(key, name)] = exe
+    _forget_least_recent()
+    return exe, time.perf_counter() - t
+
+
+def compile_soon(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, name: str):
+    """Start compiling what `compiled` would return in a background thread (traced here,
+    in the caller's thread: JAX's settings, such as x64, are per thread), so that the
+    caller compiles another program meanwhile: XLA compiles mostly on one thread (two
+    of auto's probe programs took 10.2 s one after the other, 6.9 s side by side on the
+    2-core CPU), and the engine compiles its loop beside its first prefill."""
+    key = _key(model, spec, max_new_tokens_bucket, start_args)
+    if (key, name) in _COMPILED or (key, name) in _PENDING:
+        return
+    lowered = _lowered(key, model, spec, max_new_tokens_bucket, start_args, name)
+    _PENDING[(key, name)] = _COMPILER.submit(lowered.compile)
+
+
+def _lowered(key, model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, name: str):
     fns, state = _jitted(key, model, spec, max_new_tokens_bucket, start_args)
     lower_args = {
         "start": start_args,
         "run_loop": (model.params, state, jnp.int32(0), jnp.bool_(False)),
     }[name]
     with precision_scope(spec.cache_dtype):
-        exe = getattr(fns, name).lower(*lower_args).compile()  # jitted's compiler options
-    _COMPILED[(key, name)] = exe
-    _forget_least_recent()
-    return exe, time.perf_counter() - t
+        return getattr(fns, name).lower(*lower_args)  # with jitted's compiler options
 
 
 def _forget_least_recent() -> None:

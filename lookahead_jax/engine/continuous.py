@@ -579,7 +579,7 @@ class _Slots:
 
     def _set_shape(self, P: int) -> None:
         """Programs for the state of prompt side P: S = P + max_new_tokens_bucket + slack
-        (the loop compiled now, the insert at its first use)."""
+        (the loop's compilation started now, the insert compiled at its first use)."""
         self.P = P
         rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((self.B, *shape), dtype)  # noqa: E731
         self.loop_args = (
@@ -590,9 +590,11 @@ class _Slots:
             rows(2, dtype=jnp.uint32),
             RowSampling(rows(dtype=jnp.float32), rows(), rows(dtype=jnp.float32)),
         )
-        self.loop = self._compiled(
-            self.spec, self.max_new_tokens_bucket, self.loop_args, "run_loop"
+        # compiled beside the first prefill's program, fetched at the first decode (_loop)
+        programs.compile_soon(
+            self.model, self.spec, self.max_new_tokens_bucket, self.loop_args, "run_loop"
         )
+        self.loop = None
         shape = programs.state_shape(
             self.model, self.spec, self.max_new_tokens_bucket, self.loop_args
         )
@@ -646,6 +648,10 @@ class _Slots:
             if self.to_retire_b.any():
                 self.state = self.retire(self.state, self.to_retire_b)
                 self.to_retire_b[:] = False
+            if self.loop is None:
+                self.loop = self._compiled(
+                    self.spec, self.max_new_tokens_bucket, self.loop_args, "run_loop"
+                )
             self.state = self.loop(
                 self.model.params, self.state, jnp.int32(self._steps()), jnp.bool_(bool(self.queue))
             )

@@ -34,6 +34,7 @@ without knowing of it. A lookahead step is just a particular (tokens, positions,
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -385,6 +386,7 @@ def forward(
     cache: KVCache | None = None,
     logits_rows_br: jax.Array | None = None,
     attention_block: int = ATTENTION_BLOCK,
+    layer_passes: int = 1,
 ):
     """One pass over T new tokens per row.
 
@@ -393,6 +395,8 @@ def forward(
     cache              attended up to each row's length; not modified here
     logits_rows        [B, R] indices into T of the tokens whose logits are needed
                        (None: all T). Skipping rows skips their share of the LM head.
+    layer_passes       how many times the hidden state goes through the layers (1; more
+                       only for autotune's probes, LlamaLM.first_layers)
 
     Returns logits [B, R, V] (float32; float64 for float64 params) and the new tokens'
     K/V, each L arrays [B, K, T, Dh] (keys after RoPE; kv_cache.py's layout), for the
@@ -401,12 +405,31 @@ def forward(
     The layers run one after another, unrolled (a Python loop, not a scan), each reading
     its own weights and cache buffers in place (see `per_layer`).
     """
-    dtype = params.embed.dtype
-    B, T = tokens_bt.shape
-    K, Q, Dh = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     x_btd = packed.take_rows(params.embed, tokens_bt)
+    cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), params.embed.dtype)
+    layers = functools.partial(
+        _layers, params, cfg, positions_bt, self_mask_btu, cache, (cos, sin), attention_block
+    )
+    if layer_passes > 1:  # the passes before the last, whose K/V are not returned
+        x_btd = jax.lax.fori_loop(0, layer_passes - 1, lambda _, x: layers(x)[0], x_btd)
+    x_btd, new_k, new_v = layers(x_btd)
+    if logits_rows_br is not None:
+        x_btd = jnp.take_along_axis(x_btd, logits_rows_br[:, :, None], axis=1)  # [B, R, D]
+    h = rms_norm(x_btd, params.final_norm, cfg.rms_norm_eps)
+    acc = accum_dtype(params.embed.dtype)
+    if params.lm_head is None:
+        logits = einsum("brd,vd->brv", h, params.embed, preferred_element_type=acc)
+    else:
+        logits = einsum("brd,dv->brv", h, params.lm_head, preferred_element_type=acc)
+    return logits, new_k, new_v
+
+
+def _layers(params, cfg, positions_bt, self_mask_btu, cache, rope, attention_block, x_btd):
+    """forward's layers over the hidden state x [B, T, D]: (x, new K, new V)."""
+    B, T = positions_bt.shape
+    K, Q, Dh = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     kernel = _attention_kernel(params, cache, Dh)
-    cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), dtype)
+    cos, sin = rope
     eps = cfg.rms_norm_eps
     new_k, new_v = [], []
     for i, lp in enumerate(per_layer(params.layers)):
@@ -442,16 +465,7 @@ def forward(
             x_btd = x_btd + _plus(einsum("btf,fd->btd", gate * up, lp.w_down), lp.b_down)
         new_k.append(k_bkte)
         new_v.append(v_bkte)
-
-    if logits_rows_br is not None:
-        x_btd = jnp.take_along_axis(x_btd, logits_rows_br[:, :, None], axis=1)  # [B, R, D]
-    h = rms_norm(x_btd, params.final_norm, cfg.rms_norm_eps)
-    acc = accum_dtype(dtype)
-    if params.lm_head is None:
-        logits = einsum("brd,vd->brv", h, params.embed, preferred_element_type=acc)
-    else:
-        logits = einsum("brd,dv->brv", h, params.lm_head, preferred_element_type=acc)
-    return logits, tuple(new_k), tuple(new_v)
+    return x_btd, tuple(new_k), tuple(new_v)
 
 
 def _attention_kernel(params: LlamaParams, cache: KVCache | None, head_dim: int) -> bool:
@@ -461,7 +475,7 @@ def _attention_kernel(params: LlamaParams, cache: KVCache | None, head_dim: int)
     return (
         cache is not None
         and packed.is_packed(params)
-        and cache.k[0].dtype == jnp.float32
+        and all(k.dtype == jnp.float32 for k in cache.k)
         and head_dim % 8 == 0
     )
 
@@ -481,6 +495,7 @@ class LlamaLM:
     cfg: LlamaConfig
     weights: str = "float"
     attention_block: int = ATTENTION_BLOCK
+    layer_passes: int = 1  # > 1 only in autotune's probes (first_layers)
 
     @property
     def vocab_size(self) -> int:
@@ -500,7 +515,18 @@ class LlamaLM:
             cache,
             logits_rows_br,
             self.attention_block,
+            self.layer_passes,
         )
+
+    def first_layers(self, params, n: int):
+        """(lm, params): this model cut to its first `n` layers (0: the embedding, final
+        norm and LM head alone), sharing the weights. A step's cost grows linearly with
+        the layers, and so does its compile time: autotune times two shallow cuts and
+        extrapolates to the full depth."""
+        windows = self.cfg.attention_windows[:n]
+        cfg = dataclasses.replace(self.cfg, num_layers=n, attention_windows=windows)
+        layers = per_layer(params.layers)[:n]
+        return dataclasses.replace(self, cfg=cfg), dataclasses.replace(params, layers=layers)
 
     def init_cache(self, batch: int, positions: int, dtype) -> KVCache:
         c = self.cfg
