@@ -337,3 +337,7 @@ def test_feed_gets_the_chosen_tokens_and_the_accepted_source_and_init_the_row_ke
     assert int(by_source.sum()) > 0  # some paths were accepted: the check is not vacuous
     witness = la.source_names.index("witness")
     assert int(by_source[:, witness].sum()) == 0  # and none from the witness's invalid node
+    # proposed: the witness never (its node is invalid), the others at least their paths
+    nodes = np.asarray(state.draft.nodes_by_source)
+    assert int(nodes[:, witness].sum()) == 0
+    assert (nodes.sum(0) >= np.asarray(by_source).sum(0)).all() and nodes.sum() > 0

@@ -80,6 +80,10 @@ class DraftState:
                       each source got accepted at each depth, lately
     paths_by_source   [B, J] int32  steps whose accepted path came from each
     tokens_by_source  [B, J] int32  guessed tokens accepted from each
+    nodes_by_source   [B, J] int32  nodes each proposed (well-formed ones; two sources
+                                    proposing one path share its node, and the merge
+                                    credits it to one: a source can propose much and be
+                                    credited nothing)
     """
 
     window: Int[Array, "B M W"]  # M = N-1 levels
@@ -87,6 +91,7 @@ class DraftState:
     record: acceptance_record.AcceptanceRecord | None
     paths_by_source: Int[Array, "B J"]
     tokens_by_source: Int[Array, "B J"]
+    nodes_by_source: Int[Array, "B J"]
 
 
 def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> DecodeState:
@@ -116,7 +121,7 @@ def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> 
     J = len(config.source_names)
     record = acceptance_record.init(B, J, config.verify_depth) if config.adapt else None
     zeros = jnp.zeros((B, J), jnp.int32)
-    draft = DraftState(window, sources, record, zeros, zeros)
+    draft = DraftState(window, sources, record, zeros, zeros, zeros)
     return dataclasses.replace(state, draft=draft)
 
 
@@ -273,12 +278,15 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     by_source = jax.nn.one_hot(acc.source, J, dtype=jnp.int32)  # -1: all zero
     if record is not None:
         record = acceptance_record.update(record, verified, acc, active_b)
+    hot_bzj = jax.nn.one_hot(proposals.source, J, dtype=jnp.int32)
+    proposed_bj = jnp.sum(hot_bzj * proposals.valid[..., None], axis=1, dtype=jnp.int32)
     draft = dataclasses.replace(
         state.draft,
         record=record,
         paths_by_source=state.draft.paths_by_source + by_source * counted_b[:, None],
         tokens_by_source=state.draft.tokens_by_source
         + by_source * jnp.where(counted_b, a_b, 0)[:, None],
+        nodes_by_source=state.draft.nodes_by_source + proposed_bj * active_b[:, None],
     )
     before = state
     state = dataclasses.replace(

@@ -857,9 +857,9 @@ class _Slots:
         draft = self.state.draft
         if draft is None:
             return
-        paths, tokens = (
+        nodes, paths, tokens = (
             multihost.all_rows(a)[slots].sum(0)
-            for a in (draft.paths_by_source, draft.tokens_by_source)
+            for a in (draft.nodes_by_source, draft.paths_by_source, draft.tokens_by_source)
         )
         weights = None
         if draft.record is not None:  # the rows' last weights by depth, averaged
@@ -871,7 +871,7 @@ class _Slots:
             total, rows = self.weights or (0.0, 0)
             self.weights = (total + w_sum, rows + len(slots))
             weights = self.weights[0] / self.weights[1]
-        decode_stats.count_sources(self.stats, self.source_names, paths, tokens, weights)
+        decode_stats.count_sources(self.stats, self.source_names, nodes, paths, tokens, weights)
 
     def _add_hist(self, hist_e) -> None:
         """Count a finished row's accepted-length histogram [E]: into the lookahead

@@ -67,12 +67,16 @@ def fresh(batch: int) -> Stats:
     }
 
 
-def count_sources(stats: Stats, names: tuple[str, ...], paths_n, tokens_n, weights_na=None):
-    """Add finished rows' per-source counts, paths_n and tokens_n [n_sources], summed;
+def count_sources(
+    stats: Stats, names: tuple[str, ...], nodes_n, paths_n, tokens_n, weights_na=None
+):
+    """Add finished rows' per-source counts [n_sources], summed: nodes proposed
+    ("proposed"), accepted paths and guessed tokens credited ("paths", "tokens");
     weights_na [n_sources, A]: the finished rows' record weights by depth, averaged so far."""
     sources = stats.setdefault("sources", {})
     for i, name in enumerate(names):
-        entry = sources.setdefault(name, {"paths": 0, "tokens": 0})
+        entry = sources.setdefault(name, {"proposed": 0, "paths": 0, "tokens": 0})
+        entry["proposed"] += int(nodes_n[i])
         entry["paths"] += int(paths_n[i])
         entry["tokens"] += int(tokens_n[i])
         if weights_na is not None:
