@@ -25,7 +25,7 @@ ALIASES = {
     "generate": "python -m lookahead_jax.generate",
     "serve": "python -m lookahead_jax.serve",
     "convert": "python -m checkpoints_convert",
-    "train": "python -m lookahead_jax.training (or lookahead_jax.consistency)",
+    "train": "python -m lookahead_jax.training",
 }
 PROG = "lookahead-jax"
 

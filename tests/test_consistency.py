@@ -262,13 +262,6 @@ def test_cli_bad_input_is_one_line(tiny_ckpts, tmp_path, args, needle):
     assert len(lines) == 1 and needle in lines[0], r.stderr
 
 
-def test_the_earlier_module_name_still_runs():
-    """`python -m lookahead_jax.consistency`, the name before training/, is an alias."""
-    cmd = [sys.executable, "-m", "lookahead_jax.consistency", "--help"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "--prompts" in r.stdout, r.stderr
-
-
 def test_training_on_a_mesh_equals_one_device(tiny_ckpts, tmp_path):
     """Data parallel (batch rows over data=2) and model parallel (heads and MLP over
     model=4, the decoding rules): the trained params equal one device's."""
