@@ -109,27 +109,21 @@ def create_app(
         }
 
     def prompt_ids(body) -> list[int]:
-        """The request's prompt as token ids (400 naming the field when it cannot be)."""
+        """The request's prompt as token ids, through the engine's one prompt encoder
+        (engine/inputs.py); 400 naming the field when it cannot be."""
         if isinstance(body, ChatCompletionRequest):
             if tokenizer is None or tokenizer.chat_template is None:
                 raise ApiError(
                     400, "this model has no chat template; use /v1/completions", "messages"
                 )
-            try:
-                messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-                text = tokenizer.apply_chat_template(messages)
-            except (ValueError, UserInputError) as e:
-                raise ApiError(400, str(e), "messages") from None
-            return tokenizer.encode(text, add_special_tokens=False)
-        if isinstance(body.prompt, str):
-            if tokenizer is None:
-                raise ApiError(400, "this model has no tokenizer; send token ids", "prompt")
-            return tokenizer.encode(body.prompt)
-        vocab = model.lm.vocab_size
-        bad = [t for t in body.prompt if not 0 <= t < vocab]
-        if bad:
-            raise ApiError(400, f"token ids outside [0, {vocab}): {bad[:5]}", "prompt")
-        return list(body.prompt)
+            prompt = [{"role": m.role, "content": m.text()} for m in body.messages]
+            field = "messages"
+        else:
+            prompt, field = body.prompt, "prompt"
+        try:
+            return inputs.encode_prompt(tokenizer, model.lm.vocab_size, prompt, False, field)
+        except (ValueError, UserInputError) as e:
+            raise ApiError(400, str(e), field) from None
 
     def engine_request(body, chat: bool) -> tuple[EngineRequest, int]:
         ids = prompt_ids(body)
