@@ -39,6 +39,9 @@ for name, (sizes, la, temp) in RUNS.items():
         "streamed": streamed if la_cfg is not None else None,
         "devices": len(jax.devices()),
         "local": len(jax.local_devices()),
+        "stats": {
+            k: out_.stats[k] for k in ("new_tokens", "tokens_per_s", "prefill_s", "decode_s")
+        },
     }
 # the engine: both processes run the same rounds over all prompts, 2 slots over data=2
 sizes, la, temp = RUNS["data2_model4_sampling"]

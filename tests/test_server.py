@@ -187,6 +187,17 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server, reference):
     assert 'lookahead_requests_total{endpoint="/v1/completions",status="499"} 1.0' in metrics
 
 
+def test_a_non_text_chat_part_is_a_400_and_a_blank_prompt_is_served(server):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": [image]}]}
+    r = httpx.post(f"{server}/v1/chat/completions", json=body, headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    body = {"model": MODEL, "prompt": " ", "max_tokens": 2, "temperature": 0}
+    r = httpx.post(f"{server}/v1/completions", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+
+
 @pytest.mark.parametrize(
     "body,status,param",
     [

@@ -212,9 +212,13 @@ def probe_model(model, layers_per_pass: int | None = None):
     none is, or `layers_per_pass` = L, the model.
 
     The same work as the model's step at a fraction of its compile time (SmolLM2-135M
-    float32, 30 layers: 6 x 5 passes; ~1.5 s a probe size against ~5 s, compile time
-    growing with the layers, 0.2 s plus 0.19 s each); side by side with full-depth
-    probes in benchmarks/cpu/probe_layers.md.
+    float32, 30 layers: 6 x 5 passes; a probe size compiled in 1.4-2.4 s against 4-5.5 s,
+    compile time growing with the layers, 0.2 s plus 0.19 s each). Not quite the same
+    cost: side by side with full-depth probes (benchmarks/cpu/probe_layers.md) its
+    ratios came out ~10 % lower at 4-12 tokens and 12-16 % higher at 32-64, in every
+    round. A model with sliding windows is probed with its first k layers' windows;
+    the k layers' K/V are read L / k times (at a large batch they may stay in cache
+    where the model's would not: the cut is sized on the weights).
     """
     lm = model.lm
     layers = getattr(getattr(lm, "cfg", None), "num_layers", 0)
@@ -250,9 +254,11 @@ def cache_bytes() -> int:
 
 def _extrapolated(rough: dict, tokens: int) -> float:
     """A size's step over the smallest size's, extrapolated along the line through the
-    two largest sizes timed (0 before two are). A step grows at least linearly in T
-    beyond the sizes that are free (convex: more FLOPs per weight read), so this is a
-    lower bound, good for skipping a size sure to cost too much."""
+    two largest sizes timed (0 before two are). Where a step's cost is convex in T (past
+    the sizes that are free, more FLOPs per weight read) this is a lower bound, good for
+    skipping a size sure to cost too much. XLA's speed is not smooth in T everywhere and
+    the rough timings are two runs, so a size can be skipped that would not have cost
+    that much: its configs then count as unaffordable (cost_ratio: inf)."""
     if len(rough) < 2:
         return 0.0
     a, b = sorted(rough)[-2:]
@@ -268,21 +274,22 @@ def measure_cost_curve(
     stop_above: float = float("inf"),
     batch: int = 1,
     layers_per_pass: int | None = None,
+    probe=None,
 ) -> dict:
     """{T: seconds} (the fastest of 2 + `repeats` timings) for one forward step of T
-    tokens per row over `batch` rows, timed on `probe_model` (`layers_per_pass`: its k,
-    or the model's depth for the model itself).
+    tokens per row over `batch` rows, timed on `probe` ((lm, params); default:
+    `probe_model`'s, `layers_per_pass` its k, the model's depth for the model itself).
 
     Sizes are compiled in increasing order, COMPILE_THREADS at once (a compilation is
     mostly one thread: two probes took 10.2 s one after the other, 6.9 s together on the
     2-core CPU; the next group is traced meanwhile), each group timed roughly (twice)
-    once compiled, and probing stops once a step
-    costs more than `stop_above` one-token steps (no config that large can pay off, and
-    each size costs a compilation) or is sure to (`_extrapolated`). The sizes are then
+    once compiled, and probing stops once a step costs more than `stop_above` one-token
+    steps (no config that large can pay off, and each size costs a compilation) or is
+    sure to (`_extrapolated`). The sizes are then
     timed round-robin, so that a busy moment of the machine slows them all rather than
     skewing the curve.
     """
-    lm, params = probe_model(model, layers_per_pass)
+    lm, params = probe or probe_model(model, layers_per_pass)
     exes, rough, lowered = {}, {}, {}  # T -> (executable, args) / seconds / (compile, args)
 
     def next_group(sizes):
@@ -293,7 +300,7 @@ def measure_cost_curve(
             if t not in lowered:
                 lowered[t] = lowered_step(lm, params, t, context, batch=batch)
 
-    sizes = sorted(tokens)
+    sizes = sorted(set(tokens))
     group = next_group(sizes)
     with ThreadPoolExecutor(COMPILE_THREADS) as pool:
         while group:
@@ -383,15 +390,16 @@ def cost_curve(model, stop_above: float = float("inf"), batch: int = 1) -> dict:
             pass  # unreadable: measure again
     if path in _UNSAVED_CURVES:
         return _UNSAVED_CURVES[path]
+    probe = probe_model(model)
     with OtherCpuUse() as others:
-        curve = measure_cost_curve(model, stop_above=stop_above, batch=batch)
+        curve = measure_cost_curve(model, stop_above=stop_above, batch=batch, probe=probe)
     busy = others.cores is not None and others.cores > BUSY_CORES
     if busy and jax.devices()[0].platform == "cpu":
         # measured beside other work: good for this process, not for the cache
         _UNSAVED_CURVES[path] = curve
         return curve
-    probe = probe_model(model)[0]
-    layers = f"{probe.cfg.num_layers} x {probe.layer_passes}" if probe is not model.lm else "all"
+    lm = probe[0]
+    layers = f"{lm.cfg.num_layers} x {lm.layer_passes}" if lm is not model.lm else "all"
     save_cost_curve(model, curve, batch, other_cores=others.cores, probe_layers=layers)
     return curve
 

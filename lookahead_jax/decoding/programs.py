@@ -106,6 +106,7 @@ def compiled(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, na
     'run_loop' (decoding.run_loop: `step` runs inside it). A compilation `compile_soon`
     started is waited for: its seconds are those waited here."""
     key = _key(model, spec, max_new_tokens_bucket, start_args)
+    _settle()
     t = time.perf_counter()
     if (key, name) in _PENDING:
         exe = _PENDING.pop((key, name)).result()
@@ -126,13 +127,28 @@ def compile_soon(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args
     of auto's probe programs took 10.2 s one after the other, 6.9 s side by side on the
     2-core CPU), and the engine compiles its loop beside its first prefill."""
     key = _key(model, spec, max_new_tokens_bucket, start_args)
+    _settle()
     if (key, name) in _COMPILED or (key, name) in _PENDING:
         return
     lowered = _lowered(key, model, spec, max_new_tokens_bucket, start_args, name)
     _PENDING[(key, name)] = _COMPILER.submit(lowered.compile)
 
 
+def _settle() -> None:
+    """Move background compilations that finished into the kept executables (those that
+    failed are dropped: `compiled` compiles again and raises), so that one started and
+    never fetched (a decode whose rows all ended at the prefill) counts against
+    MAX_KEPT like any other."""
+    for entry, pending in list(_PENDING.items()):
+        if pending.done():
+            del _PENDING[entry]
+            if pending.exception() is None:
+                _COMPILED[entry] = pending.result()
+    _forget_least_recent()
+
+
 def _lowered(key, model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, name: str):
+    """Entry point `name` of the program `key`, traced and lowered (not compiled)."""
     fns, state = _jitted(key, model, spec, max_new_tokens_bucket, start_args)
     lower_args = {
         "start": start_args,

@@ -579,7 +579,7 @@ class _Slots:
 
     def _set_shape(self, P: int) -> None:
         """Programs for the state of prompt side P: S = P + max_new_tokens_bucket + slack
-        (the loop's compilation started now, the insert compiled at its first use)."""
+        (the loop's compilation started by the next prefill, the insert at its first use)."""
         self.P = P
         rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((self.B, *shape), dtype)  # noqa: E731
         self.loop_args = (
@@ -590,11 +590,7 @@ class _Slots:
             rows(2, dtype=jnp.uint32),
             RowSampling(rows(dtype=jnp.float32), rows(), rows(dtype=jnp.float32)),
         )
-        # compiled beside the first prefill's program, fetched at the first decode (_loop)
-        programs.compile_soon(
-            self.model, self.spec, self.max_new_tokens_bucket, self.loop_args, "run_loop"
-        )
-        self.loop = None
+        self.loop = None  # compiled beside the next prefill's program (_fill)
         shape = programs.state_shape(
             self.model, self.spec, self.max_new_tokens_bucket, self.loop_args
         )
@@ -719,6 +715,10 @@ class _Slots:
         longest = max(inputs.bucket(len(r.ids)) for r in taken)
         if longest > self.P:
             self._grow(longest)
+        if self.loop is None:  # the loop compiles in the background beside the prefill's
+            programs.compile_soon(
+                self.model, self.spec, self.max_new_tokens_bucket, self.loop_args, "run_loop"
+            )
         now = time.perf_counter()
         admitted = []
         for s, r in zip(free, taken, strict=False):  # active before any device call, so

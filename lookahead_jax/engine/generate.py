@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from lookahead_jax.distributed import multihost
 from lookahead_jax.engine import inputs
+from lookahead_jax.engine import stats as decode_stats
 from lookahead_jax.engine.continuous import Engine
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.errors import UserInputError
@@ -121,7 +122,7 @@ def _output(model, stats: Stats, results) -> GenerationOutput:
     steps = [r.steps for r in results]
     stats["new_tokens"] = sum(len(r.token_ids) for r in results)
     stats["row_steps"] = sum(steps)
-    stats["compression"] = stats["new_tokens"] / max(stats["row_steps"], 1)
+    decode_stats.derive_rates(stats)  # tokens_per_s agrees with these counts
     stats["step_ms"] = 1000 * stats["decode_s"] / max(max(steps, default=0), 1)
     return GenerationOutput(
         token_ids=[r.token_ids for r in results],

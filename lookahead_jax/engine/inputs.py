@@ -72,16 +72,20 @@ def encode_prompts(model, prompts, chat: bool) -> list[list[int]]:
     ]
 
 
-def encode_prompt(tokenizer, vocab: int, prompt, chat: bool, what: str) -> list[int]:
+def encode_prompt(
+    tokenizer, vocab: int, prompt, chat: bool, what: str, allow_blank: bool = False
+) -> list[int]:
     """One prompt's token ids: a string through `tokenizer` (with the chat template if
     `chat`), a list of chat messages ({"role", "content"} dicts) through the chat
     template, or token ids as they are; checked against the vocabulary [0, vocab).
-    `what` names the prompt in errors."""
+    `what` names the prompt in errors. A string of only whitespace is refused (likely a
+    mistake: an empty prompt file) unless `allow_blank` (the server: OpenAI's API takes
+    one)."""
     is_messages = isinstance(prompt, list | tuple) and bool(prompt) and isinstance(prompt[0], dict)
     if isinstance(prompt, str) or is_messages:
         if tokenizer is None:
             raise UserInputError("this checkpoint has no tokenizer; pass token ids")
-        if isinstance(prompt, str) and not prompt.strip():
+        if isinstance(prompt, str) and not prompt.strip() and not (allow_blank and prompt):
             raise UserInputError(f"{what} is empty")
         if is_messages:
             text = tokenizer.apply_chat_template(list(prompt))

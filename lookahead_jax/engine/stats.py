@@ -89,6 +89,13 @@ def finish(stats: Stats, wall_s: float, hist_e=None) -> None:
     if hist_e is not None:
         stats["accepted_hist"] = {str(i + 1): int(c) for i, c in enumerate(hist_e)}
     stats["wall_s"] = wall_s
+    derive_rates(stats)
+
+
+def derive_rates(stats: Stats) -> None:
+    """tokens_per_s (new tokens over prefill + decode time, compilation left out) and
+    compression (new tokens per row step), from the counts as they are now: whoever
+    changes the counts (lj.generate keeps a process's own rows') derives them again."""
     busy = stats["prefill_s"] + stats["decode_s"]
     stats["tokens_per_s"] = stats["new_tokens"] / busy if busy > 0 else 0.0
     stats["compression"] = stats["new_tokens"] / max(stats["row_steps"], 1)

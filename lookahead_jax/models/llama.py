@@ -399,11 +399,12 @@ def forward(
                        only for autotune's probes, LlamaLM.first_layers)
 
     Returns logits [B, R, V] (float32; float64 for float64 params) and the new tokens'
-    K/V, each L arrays [B, K, T, Dh] (keys after RoPE; kv_cache.py's layout), for the
-    caller to commit as it chooses.
+    K/V, each L arrays [B, K, T, Dh] (keys after RoPE; kv_cache.py's layout; of the last
+    pass), for the caller to commit as it chooses.
 
     The layers run one after another, unrolled (a Python loop, not a scan), each reading
-    its own weights and cache buffers in place (see `per_layer`).
+    its own weights and cache buffers in place (see `per_layer`); passes after the
+    first go round them in a fori_loop.
     """
     x_btd = packed.take_rows(params.embed, tokens_bt)
     cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), params.embed.dtype)
@@ -520,9 +521,9 @@ class LlamaLM:
 
     def first_layers(self, params, n: int):
         """(lm, params): this model cut to its first `n` layers (0: the embedding, final
-        norm and LM head alone), sharing the weights. A step's cost grows linearly with
-        the layers, and so does its compile time: autotune times two shallow cuts and
-        extrapolates to the full depth."""
+        norm and LM head alone), sharing the weights. With `layer_passes` = L / n, what
+        autotune's probes time: a step's work at the full depth, compiled for n layers
+        (autotune.probe_model)."""
         windows = self.cfg.attention_windows[:n]
         cfg = dataclasses.replace(self.cfg, num_layers=n, attention_windows=windows)
         layers = per_layer(params.layers)[:n]

@@ -111,18 +111,20 @@ def create_app(
     def prompt_ids(body) -> list[int]:
         """The request's prompt as token ids, through the engine's one prompt encoder
         (engine/inputs.py); 400 naming the field when it cannot be."""
-        if isinstance(body, ChatCompletionRequest):
-            if tokenizer is None or tokenizer.chat_template is None:
-                raise ApiError(
-                    400, "this model has no chat template; use /v1/completions", "messages"
-                )
-            prompt = [{"role": m.role, "content": m.text()} for m in body.messages]
-            field = "messages"
-        else:
-            prompt, field = body.prompt, "prompt"
+        chat = isinstance(body, ChatCompletionRequest)
+        field = "messages" if chat else "prompt"
+        if chat and (tokenizer is None or tokenizer.chat_template is None):
+            raise ApiError(400, "this model has no chat template; use /v1/completions", field)
         try:
-            return inputs.encode_prompt(tokenizer, model.lm.vocab_size, prompt, False, field)
-        except (ValueError, UserInputError) as e:
+            prompt = (
+                [{"role": m.role, "content": m.text()} for m in body.messages]
+                if chat
+                else body.prompt
+            )
+            return inputs.encode_prompt(
+                tokenizer, model.lm.vocab_size, prompt, False, field, allow_blank=True
+            )
+        except (ValueError, UserInputError) as e:  # a non-text content part, a bad id, ...
             raise ApiError(400, str(e), field) from None
 
     def engine_request(body, chat: bool) -> tuple[EngineRequest, int]:

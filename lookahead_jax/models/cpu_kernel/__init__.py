@@ -82,7 +82,7 @@ def _build(out: Path) -> None:
     """Compile the sources into `out` (atomically: a half-written library is never seen),
     as many compiler processes at once as there are cores, the longest (the FFI handlers)
     first, then link them. On 2 cores: the handlers beside the two kernels one after the
-    other, ~5.5 s; the three at once took 7.5 s."""
+    other, 4.5 s; the three at once took 7.5 s."""
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise OSError("no C++ compiler (g++, c++ or $CXX)")
