@@ -56,11 +56,12 @@ def test_json_contract_and_api_agreement(tiny_text_ckpt):
     assert rec["new_tokens"] == len(rec["token_ids"]) <= 24
     assert rec["compression"] == pytest.approx(rec["new_tokens"] / max(rec["steps"], 1))
     assert rec["config"]["dtype"] == "float32"
-    # the default is auto: which config it picks depends on the cost curve this machine
-    # measured (a busy machine can make plain decoding the right choice), but the record
-    # must say what it chose and run exactly that
+    # the default is auto: the record says what it chose and ran exactly that. With the
+    # cost curve conftest seeds for this model's shapes a small layout wins, and on this
+    # prompt its guesses land: the agreement with plain decoding below is not vacuous
     la, auto = rec["config"]["lookahead"], rec["config"]["lookahead_auto"]
     assert auto["chosen"] == (None if la is None else la["name"])
+    assert la is not None and rec["steps"] < rec["new_tokens"] - 1, rec
     api = lj.generate(
         lj.load(tiny_text_ckpt), [prompt], max_new_tokens=24, chat=True, lookahead=None
     )
