@@ -306,13 +306,13 @@ def _run(args, t_start: float) -> int:
     if args.json:
         print(json.dumps(json_record(out, total_s)))
     elif printer is not None:
-        print(printer.finish(), flush=True)
+        print(printer.flush(), flush=True)
     elif args.color:
         colored = StreamDetokenizer(model.tokenizer, color=True)
         text = "".join(
             colored.add_step(s) for s in steps_of(out.token_ids[0], out.step_of_token[0])
         )
-        print(text + colored.finish(), flush=True)
+        print(text + colored.flush(), flush=True)
     else:
         print(out.texts[0], flush=True)
     print(stats_line(out, total_s), file=sys.stderr)

@@ -318,11 +318,11 @@ class Engine:
     def _run(self, requests: list[_Encoded]) -> Iterator[Result]:
         slots = self._offline(requests)
         while slots.busy():
-            results, pressed = slots.held_round()
+            results, pressed = slots.held_advance()
             yield from results
             if pressed:  # after the round's results: the rest is redone by a rerun
                 raise KeyboardInterrupt
-        slots.finish()
+        slots.close()
 
     def run_batch(
         self, prompts: list, stream: Callable[[list[list[int]]], None] | None = None
@@ -356,13 +356,13 @@ class Engine:
             slots.after_collect = after_collect
         results, pressed = {}, False
         while slots.busy() and not pressed:
-            finished, pressed = slots.held_round()
+            finished, pressed = slots.held_advance()
             results.update((r.id, r) for r in finished)
             if multihost.is_multiprocess():  # all stop after the same round
                 pressed = bool(multihost.agree_max(int(pressed)))
         if pressed:
             results.update((r.id, r) for r in slots.interrupted())
-        slots.finish(record=not pressed)  # an interrupted run's acceptance is not recorded
+        slots.close(record=not pressed)  # an interrupted run's acceptance is not recorded
         return [results[b] for b in range(len(prompts))], pressed
 
     def _offline(self, requests: list[_Encoded]) -> _Slots:
@@ -455,7 +455,7 @@ class Engine:
             self._drain(slots)
             if not slots.busy():
                 return False
-            for result in slots.round():
+            for result in slots.advance():
                 with self._known_lock:
                     self._known.discard(result.id)
         except Exception as e:
@@ -619,14 +619,15 @@ class _Slots:
     def busy(self) -> bool:
         return bool(self.queue) or any(x is not None for x in self.active)
 
-    def held_round(self) -> tuple[list[Result], bool]:
-        """`round` with Ctrl-C held (interrupts.py): (its results, whether Ctrl-C came)."""
+    def held_advance(self) -> tuple[list[Result], bool]:
+        """`advance` with Ctrl-C held (interrupts.py): (its results, whether Ctrl-C came)."""
         with interrupts.held() as ctrl_c:
-            results = self.round()
+            results = self.advance()
         return results, ctrl_c.pressed
 
-    def round(self) -> list[Result]:
-        """Admit, decode, read back; returns the requests that finished."""
+    def advance(self) -> list[Result]:
+        """One round of the slots: admit, decode, read back; returns the requests that
+        finished (Engine.round, which drives it online, returns whether it had work)."""
         stats = self.stats
         t, compile_s = time.perf_counter(), stats["compile_s"]
         admitted = self._fill()
@@ -835,12 +836,12 @@ class _Slots:
             a.request.listener(Update(a.request.id, cut[a.sent :], result))
         return result
 
-    def finish(self, record: bool = True) -> None:
+    def close(self, record: bool = True) -> None:
         """The run's totals (offline); with `record`, auto's acceptance is folded into
         the model's running factor."""
         if record:
             self.record_acceptance()
-        decode_stats.finish(self.stats, time.perf_counter() - self.started, self.accepted_hist())
+        decode_stats.totals(self.stats, time.perf_counter() - self.started, self.accepted_hist())
 
     # ------------------------------------------------------------------ per-row counts
 

@@ -83,7 +83,7 @@ def count_sources(
             entry["weight_by_depth"] = [round(float(w), 4) for w in weights_na[i]]
 
 
-def finish(stats: Stats, wall_s: float, hist_e=None) -> None:
+def totals(stats: Stats, wall_s: float, hist_e=None) -> None:
     """Totals of an offline run (or of lj.generate's); `hist_e` [E]: the finished rows'
     steps by tokens emitted."""
     if hist_e is not None:

@@ -33,7 +33,7 @@ class StreamDetokenizer:
             self.shown = text
         return "".join(out)
 
-    def finish(self) -> str:
+    def flush(self) -> str:
         """Whatever text is still held back."""
         text = self.tokenizer.decode(self.ids)
         rest = text[len(self.shown) :] if text.startswith(self.shown) else ""

@@ -257,7 +257,7 @@ def create_app(
                 if result.finish == "stop" and result.text is not None:
                     out = result.text[len(sent) :]
                 else:
-                    out = pending + (detok.finish() if detok else "")
+                    out = pending + (detok.flush() if detok else "")
                 if out or first:
                     yield _sse(reply.chunk(out, first=first))
                 yield _sse(reply.chunk("", finish=result.finish))
