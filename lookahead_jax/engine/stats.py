@@ -15,8 +15,9 @@ from typing import TypedDict
 class SourceStats(TypedDict, total=False):
     """One guess source's share of a decode (Stats.sources)."""
 
-    paths: int  # steps whose accepted path came from this source
-    tokens: int  # guessed tokens it got accepted
+    proposed: int  # well-formed draft nodes it proposed
+    paths: int  # steps whose accepted path was credited to it (its node, best proposed)
+    tokens: int  # guessed tokens credited to it
     weight_by_depth: list[float]  # with `adapt`: the finished rows' last record weights,
     # averaged
 
@@ -40,13 +41,15 @@ class Stats(TypedDict, total=False):
     prefill_calls: int
     prompt_buckets: list[int]  # prompt sides P the state was shaped for, in order
     cache_positions: list[int]  # cache sizes S the loop was compiled for, in order
-    compile_s: float  # compiling the prefill and loop programs in this run (0 when every
-    # one was compiled already; the small insert / retire programs are left out)
+    compile_s: float  # waiting for the prefill and loop programs to compile in this run
+    # (the loop compiles in the background beside the prefill's; 0 when every one was
+    # compiled already; the small insert / retire programs are left out)
     prefill_s: float  # prefills and inserts, their compile_s left out
     decode_s: float  # decode loop calls, their compile_s left out
     wall_s: float  # the whole run: compiling, reading results back and auto's choice too
     tokens_per_s: float  # new_tokens / (prefill_s + decode_s)
     step_ms: float  # lj.generate: decode_s / the longest row's steps
+    load_s: float  # the CLI: lj.load's time (converting the bundled model included)
 
 
 def fresh(batch: int) -> Stats:
