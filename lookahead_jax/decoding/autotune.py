@@ -273,23 +273,21 @@ def measure_cost_curve(
     repeats: int = 6,
     stop_above: float = float("inf"),
     batch: int = 1,
-    layers_per_pass: int | None = None,
     probe=None,
 ) -> dict:
     """{T: seconds} (the fastest of 2 + `repeats` timings) for one forward step of T
     tokens per row over `batch` rows, timed on `probe` ((lm, params); default:
-    `probe_model`'s, `layers_per_pass` its k, the model's depth for the model itself).
+    `probe_model`'s).
 
     Sizes are compiled in increasing order, COMPILE_THREADS at once (a compilation is
     mostly one thread: two probes took 10.2 s one after the other, 6.9 s together on the
     2-core CPU; the next group is traced meanwhile), each group timed roughly (twice)
     once compiled, and probing stops once a step costs more than `stop_above` one-token
     steps (no config that large can pay off, and each size costs a compilation) or is
-    sure to (`_extrapolated`). The sizes are then
-    timed round-robin, so that a busy moment of the machine slows them all rather than
-    skewing the curve.
+    sure to (`_extrapolated`). The sizes are then timed round-robin, so that a busy moment
+    of the machine slows them all rather than skewing the curve.
     """
-    lm, params = probe or probe_model(model, layers_per_pass)
+    lm, params = probe or probe_model(model)
     exes, rough, lowered = {}, {}, {}  # T -> (executable, args) / seconds / (compile, args)
 
     def next_group(sizes):

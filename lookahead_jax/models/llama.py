@@ -476,7 +476,7 @@ def _attention_kernel(params: LlamaParams, cache: KVCache | None, head_dim: int)
     return (
         cache is not None
         and packed.is_packed(params)
-        and all(k.dtype == jnp.float32 for k in cache.k)
+        and cache.k[0].dtype == jnp.float32
         and head_dim % 8 == 0
     )
 
@@ -520,10 +520,9 @@ class LlamaLM:
         )
 
     def first_layers(self, params, n: int):
-        """(lm, params): this model cut to its first `n` layers (0: the embedding, final
-        norm and LM head alone), sharing the weights. With `layer_passes` = L / n, what
-        autotune's probes time: a step's work at the full depth, compiled for n layers
-        (autotune.probe_model)."""
+        """(lm, params): this model cut to its first `n` layers, sharing the weights. With
+        `layer_passes` = L / n, what autotune's probes time: a step's work at the full
+        depth, compiled for n layers (autotune.probe_model)."""
         windows = self.cfg.attention_windows[:n]
         cfg = dataclasses.replace(self.cfg, num_layers=n, attention_windows=windows)
         layers = per_layer(params.layers)[:n]

@@ -44,9 +44,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for way, layers_per_pass in ways.items():
             t0 = time.perf_counter()
-            curve = autotune.measure_cost_curve(
-                model, batch=args.batch, layers_per_pass=layers_per_pass
-            )
+            probed = autotune.probe_model(model, layers_per_pass)
+            curve = autotune.measure_cost_curve(model, batch=args.batch, probe=probed)
             seconds = time.perf_counter() - t0
             ratios = {t: curve[t] / curve[1] for t in sorted(curve)}
             runs[way].append({"seconds": seconds, "one_token_ms": 1e3 * curve[1], "ratios": ratios})
