@@ -43,6 +43,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import contextlib  # noqa: E402
 import gc  # noqa: E402
+import itertools  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -80,7 +81,9 @@ def _few_memory_maps():
 # (2 cores). Seeded into the test cache for the batch sizes the tests decode at, so that
 # `auto` chooses from it instead of measuring: on a machine kept busy by the other worker
 # a measured curve is never cached (autotune.BUSY_CORES), and every process running
-# `auto` measured it again (seconds of compiling each). tests/test_autotune.py measures.
+# `auto` measured it again (seconds of compiling each, and a noisy curve could make it
+# choose plain decoding where a test needs lookahead). Also seeded for one device: the
+# commands the tests start (CLI, server) see one. tests/test_autotune.py measures.
 TINY_COST_CURVE = {1: 1.11e-3, 2: 1.09e-3, 4: 1.56e-3, 8: 1.85e-3, 12: 2.59e-3, 16: 2.33e-3}
 SEEDED_BATCHES = (1, 2, 3, 4, 8)
 
@@ -95,9 +98,12 @@ def tiny_ckpts(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     ckpts = {name: tiny.build(root, name) for name in tiny.VARIANTS}
     gqa = lj.load(ckpts["gqa"][1])
-    for batch in SEEDED_BATCHES:
-        if not autotune.cost_curve_path(gqa, batch).is_file():
-            autotune.save_cost_curve(gqa, TINY_COST_CURVE, batch, seeded="tests/conftest.py")
+    # for this process's 8 devices and for the one a command started by a test sees
+    for batch, devices in itertools.product(SEEDED_BATCHES, (None, 1)):
+        if not autotune.cost_curve_path(gqa, batch, devices).is_file():
+            autotune.save_cost_curve(
+                gqa, TINY_COST_CURVE, batch, devices, seeded="tests/conftest.py"
+            )
     return ckpts
 
 

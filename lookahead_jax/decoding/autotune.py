@@ -115,7 +115,7 @@ def model_fingerprint(model) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _device_key(model) -> str:
+def _device_key(model, devices: int | None = None) -> str:
     d = jax.devices()[0]
     kind = f"{d.platform}-{d.device_kind}".replace(" ", "_").replace("/", "_")
     weights = getattr(model.lm, "weights", "float")  # int8 steps cost differently
@@ -123,7 +123,8 @@ def _device_key(model) -> str:
     if packed.is_packed(model.params):  # the CPU kernel's steps cost differently too
         suffix += "-packed"
     dtype = jnp.dtype(model.dtype).name
-    return f"{kind}-x{jax.device_count()}-{model_fingerprint(model)}-{dtype}{suffix}"
+    count = jax.device_count() if devices is None else devices
+    return f"{kind}-x{count}-{model_fingerprint(model)}-{dtype}{suffix}"
 
 
 def compiled_step(
@@ -402,17 +403,21 @@ def cost_curve(model, stop_above: float = float("inf"), batch: int = 1) -> dict:
     return curve
 
 
-def cost_curve_path(model, batch: int = 1) -> Path:
-    """Where the cost curve of this device/model/dtype at `batch` rows is cached."""
+def cost_curve_path(model, batch: int = 1, devices: int | None = None) -> Path:
+    """Where the cost curve of this device/model/dtype at `batch` rows is cached, for a
+    process with `devices` devices (default: this one's)."""
     rows = "" if batch == 1 else f"-b{batch}"
-    return _tune_dir() / f"cost-{_device_key(model)}{rows}.json"
+    return _tune_dir() / f"cost-{_device_key(model, devices)}{rows}.json"
 
 
-def save_cost_curve(model, curve: dict, batch: int = 1, **about) -> None:
+def save_cost_curve(
+    model, curve: dict, batch: int = 1, devices: int | None = None, **about
+) -> None:
     """Cache a cost curve {T: seconds} (measured, or given: a test seeds one so that
-    `auto` need not measure), with `about` (e.g. other_cores) beside it."""
+    `auto` need not measure, also for the commands it starts, which see fewer devices),
+    with `about` (e.g. other_cores) beside it."""
     record = {"curve": curve, "measured": time.time(), **about}
-    write_atomic(cost_curve_path(model, batch), json.dumps(record))
+    write_atomic(cost_curve_path(model, batch, devices), json.dumps(record))
 
 
 def cost_ratio(curve: dict, tokens: int) -> float:
