@@ -146,6 +146,7 @@ def test_mesh_errors(eight_heads):
 
 
 # The real model on a mesh (SmolLM2-135M on data=2 x model=4 and four other meshes, plain
-# and lookahead, the same tokens as one device) is scripts/bench/mesh_bench.py's check
-# (benchmarks/cpu/mesh.md): its 30-layer programs compiled for 8 devices took about 95 s
+# and lookahead, the same tokens as one device) was scripts/bench/mesh_bench.py's check
+# (script retired after 8008873: `git show 8008873:scripts/bench/mesh_bench.py`;
+# benchmarks/cpu/mesh.md): its 30-layer programs compiled for 8 devices took about 95 s
 # of a CI run, and the tiny models above cover every sharding rule.

@@ -1,5 +1,7 @@
 """benchmarks/gpu/README.md and projected_speedup.png from the device runs' JSON files
-(scripts/gpu/call*.sh) and the CPU compression measurements (benchmarks/cpu/budgets*.json).
+(scripts/gpu/call*.sh, retired after 8008873 with the scripts they ran other than
+cost_curve.py and bench.py: `git show 8008873:scripts/gpu/call1.sh`) and the CPU
+compression measurements (benchmarks/cpu/budgets*.json).
 
 Projected speedup of a layout = its compression (new tokens per step, measured with the
 real SmolLM2 on MT-bench and the code set; it does not depend on the hardware) / its
@@ -17,6 +19,11 @@ from pathlib import Path
 GPU = Path("benchmarks/gpu")
 CPU = Path("benchmarks/cpu")
 PAPER = {"mt_bench": 1.6, "code": 2.25}  # Fu et al. 2024, A100, (5,15,15): MT-bench, HumanEval
+RETIRED = "8008873"  # the one-off scripts behind most of these files were retired after it
+
+
+def retired(path: str) -> str:
+    return f"script retired after {RETIRED}: `git show {RETIRED}:{path}`"
 
 
 def load(name: str) -> dict:
@@ -65,6 +72,9 @@ def cost_table(name: str) -> list[str]:
 
 def layer_loop_table() -> list[str]:
     lines = [
+        "Commands in layer_loop_llama2_7b.json, layer_loop_options.json and "
+        f"layer_loop_unrolled_options.json ({retired('scripts/bench/layer_loop.py')}).",
+        "",
         "| layer loop | XLA options | T=1 step | T=16 step | weights GB/s (T=1) | compile (T=1) |",
         "|---|---|---|---|---|---|",
     ]
@@ -95,7 +105,7 @@ def overhead_table() -> tuple[list[str], dict]:
     warm_compile = {(r["batch"], r["layout"]): r["compile_s"] for r in warm["rows"]}
     lines = [
         f"`{cold['command']}` (then again with the cache warm: `{warm['command']}`) — "
-        f"{cold['device']}",
+        f"{cold['device']} ({retired('scripts/bench/step_overhead.py')})",
         "",
         "| batch | layout | T | step (loop) | bare forward | outside the forward | "
         "compile, cold cache | compile, warm cache |",
@@ -141,7 +151,8 @@ def precision_tables() -> list[str]:
     d, cost = load("precision.json"), load("precision_cost.json")
     err = d["matmul_relative_error_float32"]
     lines = [
-        f"`{d['command']}` — {d['device']}, jax {d['jax']}",
+        f"`{d['command']}` — {d['device']}, jax {d['jax']} "
+        f"({retired('scripts/bench/precision_check.py')})",
         "",
         "float32 2048x2048 matmul against float64, relative error: "
         + ", ".join(f"`{k}` {v:.1e}" for k, v in err.items()),
@@ -160,7 +171,8 @@ def precision_tables() -> list[str]:
     s = cost["float32_step_s"]
     lines += [
         "",
-        f"What `highest` costs (`{cost['command']}`), llama2-7b shape in float32, "
+        f"What `highest` costs (`{cost['command']}`; "
+        f"{retired('scripts/bench/precision_check.py')}), llama2-7b shape in float32, "
         "cache 512, batch 1:",
         "",
         "| T | default (TF32) | highest |",
@@ -238,7 +250,8 @@ def main() -> None:
         "",
         "Made by `python scripts/bench/gpu_report.py` from the JSON files beside it, which the "
         "device runs `scripts/gpu/call1.sh` … `call4.sh` wrote (each file holds its command; "
-        "`--out` pointed at the run's output folder), and bench_smollm2.json, which the "
+        "`--out` pointed at the run's output folder; the runs retired after "
+        f"{RETIRED}: `git show {RETIRED}:scripts/gpu/call1.sh`), and bench_smollm2.json, which the "
         "end-to-end run of issue 36 wrote (command in it). Measured figures come first; the "
         "projection after them combines random-weight step times of the 7B shapes (one "
         "NVIDIA H100 80GB HBM3) with compression measured on the CPU.",

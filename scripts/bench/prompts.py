@@ -57,9 +57,9 @@ def category_ranks(rows: list[dict]) -> list[tuple[int, dict]]:
 
 def select(names: list[str], per_category: int = 0, limit: int | None = None) -> list[dict]:
     """The rows of each named set in order, each tagged with its set ('set'): the first
-    `limit` of each set, then the first `per_category` of each category (0 = all). The
-    scripts that seed a batch by its first row's index (step_compression.py,
-    sampling_agreement.py) get the same rows in the same order from the same options."""
+    `limit` of each set, then the first `per_category` of each category (0 = all). A
+    script that seeds a batch by its first row's index gets the same rows in the same
+    order from the same options."""
     return [
         dict(r, set=name)
         for name in names

@@ -1,4 +1,5 @@
-# Sourced by the device-machine runs (scripts/gpu/*.sh): the gguf wheel carried in .whl,
+# Sourced by a device-machine run (the earlier ones, scripts/gpu/call1.sh … call8.sh, retired
+# after 8008873: `git show 8008873:scripts/gpu/call5.sh`): the gguf wheel carried in .whl,
 # this checkout on PYTHONPATH (nothing there can be installed from an index).
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 LOOKAHEAD_JAX_CACHE=/tmp/ljc
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
