@@ -5,12 +5,13 @@ from lookahead_jax.checkpoints.loading import ModelInfo, inspect, load
 from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed.sharding import make_mesh
 from lookahead_jax.engine import testing
-from lookahead_jax.engine.continuous import Engine, Request, Result
+from lookahead_jax.engine.continuous import Engine
 from lookahead_jax.engine.generate import (
     GenerationInterrupted,
     GenerationOutput,
     generate,
 )
+from lookahead_jax.engine.requests import Request, Result
 from lookahead_jax.engine.stats import SourceStats, Stats
 from lookahead_jax.engine.streaming import StreamDetokenizer
 from lookahead_jax.errors import CheckpointError, MissingFileError, UserInputError

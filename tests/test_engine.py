@@ -271,9 +271,9 @@ def test_online_requests_while_it_decodes(model64):
 def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64, monkeypatch):
     """A prefill that raises (a device fault) ends the requests being admitted and those
     waiting with finish "error", their listeners told; the next round serves afresh."""
-    from lookahead_jax.engine import continuous
+    from lookahead_jax.engine.device_slots import DeviceSlots
 
-    real, failed = continuous._Slots._prefill, []
+    real, failed = DeviceSlots.prefill, []
 
     def prefill_failing_once(self, P, requests):
         if not failed:
@@ -281,7 +281,7 @@ def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64,
             raise RuntimeError("device lost")
         return real(self, P, requests)
 
-    monkeypatch.setattr(continuous._Slots, "_prefill", prefill_failing_once)
+    monkeypatch.setattr(DeviceSlots, "prefill", prefill_failing_once)
     ends: dict = {}
 
     def listener(update):

@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lookahead_jax.engine import inputs
-from lookahead_jax.engine.continuous import Request as EngineRequest
+from lookahead_jax.engine.requests import Request as EngineRequest
 from lookahead_jax.engine.streaming import StreamDetokenizer
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.server import protocol

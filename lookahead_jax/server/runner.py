@@ -22,7 +22,8 @@ import itertools
 import logging
 import threading
 
-from lookahead_jax.engine.continuous import Engine, Request, Update
+from lookahead_jax.engine.continuous import Engine
+from lookahead_jax.engine.requests import Request, Update
 
 log = logging.getLogger("lookahead_jax.server")
 

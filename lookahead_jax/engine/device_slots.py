@@ -1,0 +1,186 @@
+"""The engine's device side: the B-slot DecodeState and the three verbs of JetStream's
+engine interface that change it, each one compiled program (decoding.start /
+run_loop through programs.py; the edits of slot_state.py):
+
+    prefill   `prefill(P, requests)`: decoding.start on n requests of prompt bucket P,
+              [n, P] (n: slot_state.prefill_rows, padded with rows that are done at
+              once): their K/V, first tokens and fresh guess sources
+    insert    `insert(fresh, slots)`: those n rows written over slots of the B-row state
+              in one scatter, every field (a slot's old K/V, tokens, counters and
+              guesses all replaced)
+    generate  `generate(steps, waiting)`: run_loop over the B slots for at most `steps`
+              steps, or until a slot finishes while requests wait
+
+and what goes around them: `read` (fields back to the host, every process's rows),
+`grow` (a longer prompt side: the S axis padded), `retire_later` (rows the host ended,
+made done before the next generate), `to_plain` (auto's hand-over).
+
+Shapes: S = P + new_positions + slack, where new_positions is the budget side (the
+largest max_new_tokens a request may have, rounded up to a power of two) and slack the
+widest step's emit. A prompt of bucket P' <= P is prefilled with room for
+S - P' - slack new positions, so its rows have the state's S. Which requests go into
+which slots, and when, is the host's (scheduler.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lookahead_jax.decoding import autotune, programs
+from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState
+from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
+from lookahead_jax.distributed import multihost, sharding
+from lookahead_jax.engine import slot_state
+from lookahead_jax.engine import stats as decode_stats
+from lookahead_jax.engine.requests import Encoded
+
+
+class DeviceSlots:
+    """The B slots on the device: their state, and the programs for its shapes."""
+
+    def __init__(self, model, batch: int, spec: DecodeSpec, new_positions: int, P: int, stats):
+        self.model, self.B, self.spec = model, batch, spec
+        self.new_positions = new_positions
+        self.stats: decode_stats.Stats = stats  # compile_s, prefill_calls, buckets, S
+        self.state: DecodeState | None = None
+        self.to_retire_b = np.zeros((batch,), bool)  # rows to make done before generate
+        self._set_shape(P)
+
+    @property
+    def slack(self) -> int:
+        return self.spec.max_emit
+
+    # ------------------------------------------------------------------ shapes, programs
+
+    def _set_shape(self, P: int) -> None:
+        """Programs for the state of prompt side P: S = P + new_positions + slack (the
+        loop's compilation started by the next prefill, the insert at its first use)."""
+        self.P = P
+        rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((self.B, *shape), dtype)  # noqa: E731
+        self.loop_args = (
+            self.model.params,
+            rows(P),
+            rows(),
+            rows(),
+            rows(2, dtype=jnp.uint32),
+            RowSampling(rows(dtype=jnp.float32), rows(), rows(dtype=jnp.float32)),
+        )
+        self.loop = None  # compiled beside the next prefill's program (compile_loop_soon)
+        shape = programs.state_shape(self.model, self.spec, self.new_positions, self.loop_args)
+        mesh = self.model.mesh
+        self.state_sh = None if mesh is None else sharding.state_shardings(shape, mesh)
+        self._insert = slot_state.program(slot_state.insert, self.state_sh, donate_argnums=0)
+        self._retire = slot_state.program(slot_state.retire, self.state_sh, donate_argnums=0)
+        self.positions_S = shape.tokens.shape[1]
+        self.stats["cache_positions"].append(self.positions_S)
+
+    def grow(self, P: int) -> None:
+        """Move to a longer prompt side P: the rows in flight keep decoding in a state
+        whose S axis is padded (the new positions lie past every row's end)."""
+        self._set_shape(P)
+        if self.state is not None:
+            grow = slot_state.program(slot_state.grow_positions, self.state_sh, static_argnums=1)
+            self.state = grow(self.state, self.positions_S)
+
+    def compile_loop_soon(self) -> None:
+        """Start compiling the loop for the current shapes in the background (beside the
+        prefill's program, which the first round compiles in the foreground)."""
+        if self.loop is None:
+            programs.compile_soon(
+                self.model, self.spec, self.new_positions, self.loop_args, "run_loop"
+            )
+
+    def _compiled(self, new_positions: int, args, name: str):
+        exe, secs = programs.compiled(self.model, self.spec, new_positions, args, name)
+        self.stats["compile_s"] += secs
+        return exe
+
+    # ------------------------------------------------------------------ the three verbs
+
+    def prefill(self, P: int, requests: list[Encoded]) -> DecodeState:
+        """One prefill of the requests of bucket P, padded to `prefill_rows` rows (a padding
+        row has max_new_tokens 0: done at once)."""
+        n = slot_state.prefill_rows(len(requests), self.B)
+        pad = n - len(requests)
+        prompt = np.zeros((n, P), np.int32)
+        prompt_len, max_new_tokens = np.ones((n,), np.int32), np.zeros((n,), np.int32)
+        for i, r in enumerate(requests):
+            prompt[i, : len(r.ids)] = r.ids
+            prompt_len[i], max_new_tokens[i] = len(r.ids), r.max_new_tokens
+        keys = np.zeros((n, 2), np.uint32)  # padding rows: zeros
+        by_seed: dict[int, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_seed.setdefault(r.seed, []).append(i)
+        for seed, rows_i in by_seed.items():  # one vmapped fold_in per seed, not per row
+            keys[rows_i] = np.asarray(keys_for(seed, [requests[i].key for i in rows_i]))
+        sampling = RowSampling.of([r.sampling for r in requests] + [SamplingConfig()] * pad)
+        rows = (prompt, prompt_len, max_new_tokens, keys, sampling)
+        mesh = self.model.mesh
+        if mesh is not None:  # where the start program takes them: rows over `data`
+            rows = jax.tree.map(
+                lambda a: multihost.replicated(mesh, a, sharding.batch_major(a, mesh)), rows
+            )
+        args = (self.model.params, *rows)
+        buckets = self.stats["prompt_buckets"]
+        if P not in buckets:
+            buckets.append(P)
+        self.stats["prefill_calls"] += 1
+        # room for the new positions that gives this prompt bucket's rows the state's S
+        start = self._compiled(self.P + self.new_positions - P, args, "start")
+        return start(*args)
+
+    def insert(self, fresh: DecodeState, slots: list[int]) -> None:
+        """Write the prefilled rows `fresh` over `slots` (its first len(slots) rows; the
+        rest are padding, dropped). Into an engine with no state yet, a prefill of all B
+        slots in order is the state; anything less starts from B done slots."""
+        n = fresh.done.shape[0]
+        if self.state is None and list(slots) == list(range(self.B)) and n == self.B:
+            self.state = fresh
+            return
+        if self.state is None:
+            empty = slot_state.program(slot_state.empty_slots, self.state_sh, static_argnums=1)
+            self.state = empty(fresh, self.B)
+        slots_n = np.full((n,), self.B, np.int32)  # padding: dropped
+        slots_n[: len(slots)] = slots
+        self.state = self._insert(self.state, fresh, slots_n)
+        self.to_retire_b[list(slots)] = False
+
+    def generate(self, steps: int, waiting: bool) -> None:
+        """Run the decode loop on every slot not done, for at most `steps` steps, or until
+        a slot finishes if `waiting` (requests wait for a slot); rows the host ended are
+        made done first."""
+        if self.to_retire_b.any():
+            self.state = self._retire(self.state, self.to_retire_b)
+            self.to_retire_b[:] = False
+        if self.loop is None:
+            self.loop = self._compiled(self.new_positions, self.loop_args, "run_loop")
+        self.state = self.loop(self.model.params, self.state, jnp.int32(steps), jnp.bool_(waiting))
+
+    # ------------------------------------------------------------------ around them
+
+    def read(self, *fields) -> list[np.ndarray]:
+        """State fields on the host, every process's rows."""
+        return [multihost.all_rows(getattr(self.state, f)) for f in fields]
+
+    def has_work(self) -> bool:
+        """Whether a generate would decode anything: some slot is neither done nor to be
+        retired."""
+        (done_b,) = self.read("done")
+        return not (done_b | self.to_retire_b).all()
+
+    def retire_later(self, slot: int) -> None:
+        """Make `slot` done before the next generate (the host ended its request)."""
+        self.to_retire_b[slot] = True
+
+    def to_plain(self) -> None:
+        """auto's hand-over: the same rows decode on without guess sources (plain
+        programs; buffers keep their sizes)."""
+        self.spec = dataclasses.replace(self.spec, lookahead=None, min_slack=self.slack)
+        self._set_shape(self.P)
+        self.state = autotune.to_plain(self.state)
+        if self.state_sh is not None:
+            self.state = jax.device_put(self.state, self.state_sh)

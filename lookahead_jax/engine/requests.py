@@ -1,0 +1,161 @@
+"""What a request to the engine is and what comes back: `Request` in, `Update`s while it
+decodes, its `Result` at the end; and the one check and encoding of a request
+(`encode`), which the engine, `lj.generate`, the CLI and the server all go through.
+
+A request's sampling noise is keyed by fold_in(PRNGKey(seed), key): its own `seed` with
+key 0 (a lone `lj.generate` row's), else the engine's seed with key = `prompt_key(id)`;
+never by the slot it lands in (continuous.py's docstring: exactness).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from lookahead_jax.decoding.sampling import SamplingConfig
+from lookahead_jax.distributed import multihost
+from lookahead_jax.engine import inputs
+from lookahead_jax.errors import UserInputError
+
+FINISHES = ("eos", "length", "stop", "cancelled", "error", "interrupted")
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One prompt for the engine. Unset settings take the engine's."""
+
+    prompt: object  # text, a list of chat messages ({"role", "content"}), or token ids
+    id: int | str | None = None  # default: the prompt's index in the run (online: a count)
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    # this request's own noise: fold_in(PRNGKey(seed), 0), a lone decode's row 0 (so the
+    # tokens equal lj.generate([prompt], seed=seed)'s); None: the engine's seed and the id
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one found
+
+
+@dataclasses.dataclass
+class Result:
+    id: int | str
+    token_ids: list[int]  # new tokens, cut at EOS (EOS not included) or at a stop string
+    text: str | None  # decoded token_ids, cut before a stop string (None without a tokenizer)
+    finish: str  # FINISHES: "eos", "length", "stop", "cancelled", "error" or "interrupted"
+    prompt_tokens: int
+    steps: int  # forward passes after its prefill
+    time_s: float  # wall time from its insert to its result
+    error: str | None = None  # finish "error": what failed
+    step_of_token: list[int] = dataclasses.field(default_factory=list)  # per token in
+    # token_ids: the step that emitted it (0 = the prefill)
+
+
+@dataclasses.dataclass
+class Update:
+    """What a request's listener gets after a round: the tokens committed since its last
+    update (possibly none) and, with the last update, its Result."""
+
+    id: int | str
+    token_ids: list[int]
+    result: Result | None = None
+
+
+Listener = Callable[[Update], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """A checked request as the scheduler queues it: token ids and settings resolved."""
+
+    id: int | str
+    ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingConfig
+    seed: int  # the row key is fold_in(PRNGKey(seed), key)
+    key: int
+    stop: tuple[str, ...] = ()
+    listener: Listener | None = dataclasses.field(default=None, compare=False)
+    streams: bool = False  # its listener wants tokens as they come (rounds of stream_steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class Defaults:
+    """The engine's settings a request falls back on, and the limit it sets on prompts."""
+
+    max_new_tokens: int
+    sampling: SamplingConfig
+    seed: int
+    chat: bool
+    max_prompt_tokens: int | None = None
+
+
+def prompt_key(prompt_id) -> int:
+    """The uint32 that keys a prompt's sampling noise: an integer id in [0, 2**32) is its
+    own key (so `lj.generate`'s row b and the engine's prompt b get the same noise),
+    any other id the first 4 bytes of the SHA-256 of its type and text (so "7" and 7 differ;
+    a string can still share a key with some integer id, 1 in 2**32)."""
+    is_int = isinstance(prompt_id, int | np.integer) and not isinstance(prompt_id, bool)
+    if is_int and 0 <= prompt_id < 2**32:
+        return int(prompt_id)
+    digest = hashlib.sha256(f"{type(prompt_id).__name__}:{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def encode(model, defaults: Defaults, r: Request, pid, listener=None, stream=False) -> Encoded:
+    """One request encoded and checked (its id; its prompt; prompt + max_new_tokens within
+    the model's context and the engine's max_prompt_tokens; seed; stop strings). Bad
+    input raises UserInputError naming the prompt."""
+    what = f"prompt {pid!r}"
+    if isinstance(pid, np.integer):
+        pid = int(pid)
+    if not isinstance(pid, int | str) or isinstance(pid, bool):
+        raise UserInputError(f"{what}: an id must be an integer or a string")
+    ids = inputs.encode_prompt(model.tokenizer, model.lm.vocab_size, r.prompt, defaults.chat, what)
+    max_new_tokens = defaults.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
+    inputs.check_max_new_tokens(max_new_tokens)
+    inputs.check_context(model.lm.max_context, len(ids), max_new_tokens)
+    limit = defaults.max_prompt_tokens
+    if limit is not None and len(ids) > limit:
+        raise UserInputError(
+            f"{what} has {len(ids)} tokens, more than the engine's max_prompt_tokens ({limit})"
+        )
+    base = defaults.sampling
+    sampling = SamplingConfig(
+        base.temperature if r.temperature is None else float(r.temperature),
+        base.top_k if r.top_k is None else r.top_k,
+        base.top_p if r.top_p is None else r.top_p,
+    )
+    seed_ok = isinstance(r.seed, int) and not isinstance(r.seed, bool)
+    if r.seed is not None and not (seed_ok and -(2**63) <= r.seed < 2**63):
+        raise UserInputError(f"{what}: seed must be a 64-bit integer, got {r.seed!r}")
+    stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop)
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise UserInputError(f"{what}: stop strings must be non-empty strings")
+    if stop and model.tokenizer is None:
+        raise UserInputError(f"{what}: stop strings need a tokenizer")
+    seed, key = (defaults.seed, prompt_key(pid)) if r.seed is None else (r.seed, 0)
+    return Encoded(pid, ids, max_new_tokens, sampling, seed, key, stop, listener, stream)
+
+
+def encode_all(model, defaults: Defaults, prompts: Iterable) -> list[Encoded]:
+    """Every prompt of an offline run (text, chat messages, token ids or Request; id: its
+    index unless it has one) encoded and checked, ids unique; with several processes,
+    checked to be the same prompts in the same order in all (they run the same rounds)."""
+    out, seen = [], set()
+    for i, p in enumerate(prompts):
+        r = p if isinstance(p, Request) else Request(p)
+        pid = i if r.id is None else r.id
+        if pid in seen:
+            raise UserInputError(f"prompt {pid!r}: the id is used twice")
+        seen.add(pid)
+        out.append(encode(model, defaults, r, pid))
+    if not out:
+        raise UserInputError("no prompts to decode")
+    if multihost.is_multiprocess():
+        blob = repr([(r.id, r.ids, r.max_new_tokens, r.sampling, r.stop) for r in out]).encode()
+        digest = int.from_bytes(hashlib.sha256(blob).digest()[:4], "little") >> 1  # int32
+        multihost.agree(digest, "prompts (all of them, in the same order)")
+    return out

@@ -1,0 +1,270 @@
+"""The engine's host side: which request sits in which slot, and a round of the slots.
+
+A round (`advance`) admits waiting requests into free slots (one prefill per prompt
+bucket among them, then one insert of its rows: device_slots.py), runs the decode loop
+once, then reads every slot back: each request's listener gets the tokens committed
+since its last update, a stop string ends its request, a cancelled one ends, and a
+finished slot is freed. A slot's life:
+
+    empty (done) --insert--> decoding --EOS, max_new_tokens, stop string or cancel-->
+        done --result read--> refilled
+
+The device is seen only between rounds; Ctrl-C is held during one (`held_advance`), so
+that an interrupt finds host and device agreeing.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from lookahead_jax.decoding import autotune
+from lookahead_jax.decoding.decode_state import DecodeSpec
+from lookahead_jax.engine import inputs, interrupts
+from lookahead_jax.engine import stats as decode_stats
+from lookahead_jax.engine.device_slots import DeviceSlots
+from lookahead_jax.engine.requests import Encoded, Result, Update
+from lookahead_jax.engine.row_counts import RowCounts
+from lookahead_jax.engine.stop_strings import find_stop
+from lookahead_jax.guesses.lookahead_config import max_step_tokens
+
+
+@dataclasses.dataclass
+class Active:
+    """A request in a slot: when it went in and how many of its tokens its listener has."""
+
+    request: Encoded
+    inserted: float
+    sent: int = 0
+    stop_checked: int = 0  # its first tokens known to hold no stop string
+
+
+class Scheduler:
+    """The B slots of one run (offline) or of an online engine until a failure: the
+    queue, the requests in the slots, and the rounds that move them."""
+
+    def __init__(self, engine, sampled: bool, new_positions: int, P: int):
+        self.started = time.perf_counter()
+        model = engine.model
+        self.engine, self.model, self.B = engine, model, engine.batch
+        self.stats: decode_stats.Stats = engine.stats
+        self.queue: collections.deque[Encoded] = collections.deque()
+        self.dequeued = 0  # requests that left `queue`: admitted or cancelled
+        self.active: list[Active | None] = [None] * self.B
+        self.after_collect: Callable[[], None] | None = None  # called after each read-back
+        self.cancelled: set[int] = set()  # slots whose requests were cancelled
+        auto, lookahead = None, engine.lookahead
+        if lookahead == "auto":
+            limit = max_step_tokens(model.lm.max_context)
+            auto = autotune.AutoRun(model, engine.sampling, limit, batch=self.B)
+            lookahead = auto.config
+        spec = DecodeSpec(
+            lm=model.lm,
+            eos_ids=tuple(model.eos_ids),
+            sampled=sampled,
+            lookahead=lookahead,
+            cache_dtype=jnp.dtype(model.dtype).name,
+        )
+        self.device = DeviceSlots(model, self.B, spec, new_positions, P, self.stats)
+        self.counts = RowCounts(self.device, auto, self.stats)
+        self.stats["config"] = {
+            "lookahead": None if lookahead is None else lookahead.describe(),
+            "dtype": spec.cache_dtype,
+            "sampled": sampled,
+            **engine.sampling.describe(),
+        }
+        if auto is not None:
+            self.stats["config"]["lookahead_auto"] = {
+                **auto.choice.describe(),
+                "switched_to_plain_after_steps": None,
+            }
+
+    @property
+    def auto(self) -> autotune.AutoRun | None:
+        return self.counts.auto
+
+    def busy(self) -> bool:
+        return bool(self.queue) or any(x is not None for x in self.active)
+
+    def occupied(self) -> list[int]:
+        return [s for s, a in enumerate(self.active) if a is not None]
+
+    # ------------------------------------------------------------------ rounds
+
+    def held_advance(self) -> tuple[list[Result], bool]:
+        """`advance` with Ctrl-C held (interrupts.py): (its results, whether Ctrl-C came)."""
+        with interrupts.held() as ctrl_c:
+            results = self.advance()
+        return results, ctrl_c.pressed
+
+    def advance(self) -> list[Result]:
+        """One round: admit, decode, read back; returns the requests that finished."""
+        stats, device = self.stats, self.device
+        t, compile_s = time.perf_counter(), stats["compile_s"]
+        admitted = self._fill()
+        finished = []
+        if admitted:
+            jax.block_until_ready(device.state)
+            stats["prefill_s"] += time.perf_counter() - t - (stats["compile_s"] - compile_s)
+            if any(a.request.listener for a in admitted):
+                finished += self._collect()  # the first tokens (the prefill's) go out now
+        if not self.occupied():
+            return finished
+        if device.has_work():
+            t, compile_s = time.perf_counter(), stats["compile_s"]
+            device.generate(self._steps(), waiting=bool(self.queue))
+            jax.block_until_ready(device.state)
+            stats["decode_s"] += time.perf_counter() - t - (stats["compile_s"] - compile_s)
+            stats["rounds"] += 1
+            self.counts.watch(self.occupied())
+        finished += self._collect()
+        return finished
+
+    def _steps(self) -> int:
+        """Steps the next loop call may run: stream_steps while a request streams, else
+        steps_per_call (None: auto's check window while it watches, else the whole
+        max_new_tokens)."""
+        engine = self.engine
+        if any(x is not None and x.request.streams for x in self.active):
+            return engine.stream_steps
+        if engine.steps_per_call is not None:
+            return engine.steps_per_call
+        if self.auto is not None and self.auto.chunk_steps is not None:
+            return self.auto.chunk_steps  # also after a hand-over: Ctrl-C is noticed as soon
+        return self.device.new_positions + 1
+
+    def _fill(self) -> list[Active]:
+        """Prefill the queue's next requests into the free slots: one prefill per prompt
+        bucket among them, then one insert of its rows."""
+        device = self.device
+        free = [s for s in range(self.B) if self.active[s] is None]
+        taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
+        self.dequeued += len(taken)
+        if not taken:
+            return []
+        longest = max(inputs.bucket(len(r.ids)) for r in taken)
+        if longest > device.P:
+            device.grow(longest)
+        device.compile_loop_soon()
+        now = time.perf_counter()
+        admitted = []
+        for s, r in zip(free, taken, strict=False):  # active before any device call, so
+            self.active[s] = Active(r, now)  # that a failing one fails them too (_fail_all)
+            admitted.append(self.active[s])
+        if device.state is None and len(taken) == self.B:  # one prefill at the state's P
+            device.insert(device.prefill(device.P, taken), list(range(self.B)))
+            return admitted
+        by_bucket: dict[int, list] = {}
+        for s, r in zip(free, taken, strict=False):  # the first len(taken) free slots
+            by_bucket.setdefault(inputs.bucket(len(r.ids)), []).append((s, r))
+        for P, placed in by_bucket.items():
+            fresh = device.prefill(P, [r for _, r in placed])
+            device.insert(fresh, [s for s, _ in placed])
+        return admitted
+
+    def cancel(self, request_id) -> Result | None:
+        """End a request with "cancelled": a waiting one now (its Result returned), a
+        decoding one at the next `_collect`."""
+        for r in list(self.queue):
+            if r.id == request_id:
+                self.queue.remove(r)
+                self.dequeued += 1
+                return self._deliver(Active(r, time.perf_counter()), [], [], "cancelled", 0)
+        for s, a in enumerate(self.active):
+            if a is not None and a.request.id == request_id:
+                self.cancelled.add(s)  # ended by the next _collect
+        return None
+
+    # ------------------------------------------------------------------ read-back
+
+    def _collect(self, end_all: str | None = None) -> list[Result]:
+        """Read every slot back: send each listener its new tokens, end the requests that
+        are done (EOS, max_new_tokens), hit a stop string or were cancelled, free their
+        slots. end_all: end every request in a slot with this finish, as a cancel."""
+        tokens, step_of, prompt_len, n_out, max_new_tokens, done, steps = self.device.read(
+            "tokens", "step_of_token", "prompt_len", "n_out", "max_new_tokens", "done", "steps"
+        )
+        cancelled, self.cancelled = self.cancelled, set()
+        finished, ended = [], []
+        for s, a in enumerate(self.active):
+            if a is None:
+                continue
+            new = tokens[s, prompt_len[s] : prompt_len[s] + n_out[s]].tolist()
+            finish, cut = None, new
+            if end_all is not None or s in cancelled:
+                finish = end_all or "cancelled"
+            elif a.request.stop:
+                finish, cut = self._stop(a, new)
+            if finish is None and done[s]:
+                finish = "length" if n_out[s] >= max_new_tokens[s] else "eos"
+            if finish is None:
+                if a.request.listener is not None and len(new) > a.sent:
+                    a.request.listener(Update(a.request.id, new[a.sent :]))
+                    a.sent = len(new)
+                continue
+            ended.append(s)
+            # a row the device still decodes (cancelled, stopped) is retired before the
+            # next loop call; so is a done row that sampled, so that a batch left with
+            # greedy rows skips the sampling work (slot_state.retire)
+            if not done[s] or not a.request.sampling.greedy:
+                self.device.retire_later(s)
+            step_of_token = step_of[s, prompt_len[s] : prompt_len[s] + len(cut)].tolist()
+            finished.append(self._deliver(a, cut, step_of_token, finish, int(steps[s])))
+        self.counts.count(ended)
+        for s in ended:
+            self.active[s] = None
+        if self.after_collect is not None:
+            self.after_collect()
+        return finished
+
+    def interrupted(self) -> list[Result]:
+        """End every request in a slot with finish "interrupted" and the tokens it has
+        (after a Ctrl-C between rounds: the state is whole)."""
+        self.stats["interrupted"] = True
+        return [] if self.device.state is None else self._collect(end_all="interrupted")
+
+    def _stop(self, a: Active, new: list[int]) -> tuple[str | None, list[int]]:
+        """("stop", the tokens up to the one that completes the first stop string) once
+        the text holds a stop string, else (None, new). Decodes only the tokens since the
+        last round and a window before them (stop_strings.py)."""
+        end = find_stop(self.model.tokenizer.decode, new, a.stop_checked, a.request.stop)
+        a.stop_checked = len(new)
+        return (None, new) if end is None else ("stop", new[:end])
+
+    def _deliver(
+        self, a: Active, cut: list[int], step_of_token: list[int], finish: str, steps: int
+    ) -> Result:
+        tokenizer = self.model.tokenizer
+        text = None if tokenizer is None else tokenizer.decode(cut)
+        if finish == "stop":
+            text = text[: min(i for i in (text.find(s) for s in a.request.stop) if i >= 0)]
+        stats = self.stats
+        stats["prompts"] += 1
+        stats["new_tokens"] += len(cut)
+        stats["row_steps"] += steps
+        result = Result(
+            id=a.request.id,
+            token_ids=cut,
+            text=text,
+            finish=finish,
+            prompt_tokens=len(a.request.ids),
+            steps=steps,
+            time_s=time.perf_counter() - a.inserted,
+            step_of_token=step_of_token,
+        )
+        if a.request.listener is not None:
+            a.request.listener(Update(a.request.id, cut[a.sent :], result))
+        return result
+
+    def close(self, record: bool = True) -> None:
+        """The run's totals (offline); with `record`, auto's acceptance is folded into
+        the model's running factor."""
+        if record:
+            self.counts.record_acceptance(self.model)
+        wall_s = time.perf_counter() - self.started
+        decode_stats.totals(self.stats, wall_s, self.counts.accepted_hist())
