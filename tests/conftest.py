@@ -80,7 +80,7 @@ def _few_memory_maps():
 # The tiny "gqa" model's cost curve {T: seconds}, measured by `auto` on an idle AMD EPYC
 # (2 cores). Seeded into the test cache for the batch sizes the tests decode at, so that
 # `auto` chooses from it instead of measuring: on a machine kept busy by the other worker
-# a measured curve is never cached (autotune.BUSY_CORES), and every process running
+# a measured curve is never cached (cost_curve.BUSY_CORES), and every process running
 # `auto` measured it again (seconds of compiling each, and a noisy curve could make it
 # choose plain decoding where a test needs lookahead). Also seeded for one device: the
 # commands the tests start (CLI, server) see one. tests/test_autotune.py measures.
@@ -93,15 +93,15 @@ def tiny_ckpts(tmp_path_factory):
     """{variant name: (HF dir, converted checkpoint dir)} for every tiny variant, with the
     "gqa" model's cost curve seeded (TINY_COST_CURVE)."""
     import lookahead_jax as lj
-    from lookahead_jax.decoding import autotune
+    from lookahead_jax.decoding import cost_curve
 
     root = tmp_path_factory.mktemp("tiny")
     ckpts = {name: tiny.build(root, name) for name in tiny.VARIANTS}
     gqa = lj.load(ckpts["gqa"][1])
     # for this process's 8 devices and for the one a command started by a test sees
     for batch, devices in itertools.product(SEEDED_BATCHES, (None, 1)):
-        if not autotune.cost_curve_path(gqa, batch, devices).is_file():
-            autotune.save_cost_curve(
+        if not cost_curve.cost_curve_path(gqa, batch, devices).is_file():
+            cost_curve.save_cost_curve(
                 gqa, TINY_COST_CURVE, batch, devices, seeded="tests/conftest.py"
             )
     return ckpts

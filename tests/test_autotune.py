@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax.decoding import autotune
+from lookahead_jax.decoding import autotune, cost_curve
+from lookahead_jax.decoding.autotune import PROBE_TOKENS
 from tests.helpers import random_prompts
 
 FLAT = {t: 0.010 * (1 + t / 1e4) for t in (1, 2, 4, 8, 12, 16, 32, 64, 128)}
@@ -33,14 +34,14 @@ def model(tiny_ckpts):
 
 
 def test_choice_follows_the_cost_curve(model, tmp_cache, monkeypatch):
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: FLAT)
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: FLAT)
     flat = autotune.choose(model)
     # big steps are (nearly) free: the layout with the best prior compression wins
     assert flat.config is not None and flat.config.key == max(
         autotune.PRIORS, key=autotune.PRIORS.get
     )
     assert flat.expected_speedup == max(flat.table.values())
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: STEEP)
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: STEEP)
     steep = autotune.choose(model)
     assert steep.config is None and steep.expected_speedup == 1.0  # nothing can win
     assert all(v < autotune.MARGIN for v in steep.table.values())
@@ -51,7 +52,7 @@ def test_choice_follows_the_cost_curve(model, tmp_cache, monkeypatch):
     assert steep.runner_up.config.name in why and f"{steep.table[best]:.2f}x" in why, why
     assert f"{flat.cost_ratio:.2f}x a plain one" in autotune.why(flat.describe())
     # with free steps, a cap on the step's tokens picks the best prior under the cap
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: FLAT)
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: FLAT)
     limited = autotune.choose(model, max_step_tokens=20)
     fits = [k for k in autotune.PRIORS if lj.LookaheadConfig.for_budget(k).tokens_per_step <= 20]
     assert limited.config is not None and limited.config.tokens_per_step <= 20
@@ -59,45 +60,46 @@ def test_choice_follows_the_cost_curve(model, tmp_cache, monkeypatch):
 
 
 def test_cost_ratio_interpolates_and_refuses_to_extrapolate():
-    assert autotune.cost_ratio(STEEP, 1) == 1.0
-    assert autotune.cost_ratio(STEEP, 6) == pytest.approx(5.5)
-    assert autotune.cost_ratio(STEEP, 17) == float("inf")
+    assert cost_curve.cost_ratio(STEEP, 1) == 1.0
+    assert cost_curve.cost_ratio(STEEP, 6) == pytest.approx(5.5)
+    assert cost_curve.cost_ratio(STEEP, 17) == float("inf")
 
 
 def test_measured_curve_is_cached_and_stops_early(model, tmp_cache, monkeypatch):
-    monkeypatch.setattr(autotune, "BUSY_CORES", float("inf"))  # however busy the machine is
-    curve = autotune.cost_curve(model, stop_above=1e-9)  # stop right after the first size
+    monkeypatch.setattr(cost_curve, "BUSY_CORES", float("inf"))  # however busy the machine is
+    # stop right after the first size
+    curve = cost_curve.cost_curve(model, PROBE_TOKENS, stop_above=1e-9)
     assert list(curve) == [1, 2]
     files = list((tmp_cache / "autotune").glob("cost-*.json"))
     assert len(files) == 1
     assert {int(k) for k in json.loads(files[0].read_text())["curve"]} == {1, 2}
-    assert autotune.cost_curve(model) == curve  # read back, not measured again
+    assert cost_curve.cost_curve(model, PROBE_TOKENS) == curve  # read back, not measured again
 
 
 def test_a_deep_model_is_probed_through_a_loop_over_its_first_layers(model, monkeypatch):
-    assert autotune.probe_model(model) == (model.lm, model.params)  # 2 layers: as it is
-    assert autotune.cache_bytes() > 0
+    assert cost_curve.probe_model(model) == (model.lm, model.params)  # 2 layers: as it is
+    assert cost_curve.cache_bytes() > 0
     # a model deeper than PROBE_LAYERS whose layers outgrow the caches: 1 layer x 2 passes
-    monkeypatch.setattr(autotune, "PROBE_LAYERS", 1)
-    monkeypatch.setattr(autotune, "cache_bytes", lambda: 0)
-    lm, params = autotune.probe_model(model)
+    monkeypatch.setattr(cost_curve, "PROBE_LAYERS", 1)
+    monkeypatch.setattr(cost_curve, "cache_bytes", lambda: 0)
+    lm, params = cost_curve.probe_model(model)
     assert (lm.cfg.num_layers, lm.layer_passes, len(params.layers)) == (1, 2, 1)
-    assert autotune.probe_model(model, layers_per_pass=2) == (model.lm, model.params)
+    assert cost_curve.probe_model(model, layers_per_pass=2) == (model.lm, model.params)
     probes = []
-    lowered = autotune.lowered_step
+    lowered = cost_curve.lowered_step
     monkeypatch.setattr(
-        autotune,
+        cost_curve,
         "lowered_step",
         lambda lm, *a, **k: (
             probes.append((lm.cfg.num_layers, lm.layer_passes)) or lowered(lm, *a, **k)
         ),
     )
-    curve = autotune.measure_cost_curve(model, tokens=(1, 2), repeats=1)
+    curve = cost_curve.measure_cost_curve(model, tokens=(1, 2), repeats=1)
     assert probes == [(1, 2), (1, 2)] and set(curve) == {1, 2}
     assert all(0 < s < 1 for s in curve.values())
     # a size sure to cost too much, from the line through the two largest timed
-    assert autotune._extrapolated({1: 1.0, 2: 1.0, 4: 1.2, 8: 1.6}, 16) == pytest.approx(2.4)
-    assert autotune._extrapolated({1: 1.0}, 16) == 0.0  # nothing to extrapolate from yet
+    assert cost_curve._extrapolated({1: 1.0, 2: 1.0, 4: 1.2, 8: 1.6}, 16) == pytest.approx(2.4)
+    assert cost_curve._extrapolated({1: 1.0}, 16) == 0.0  # nothing to extrapolate from yet
 
 
 def test_a_loop_over_a_layer_is_that_layer_repeated(model):
@@ -118,20 +120,21 @@ def test_a_loop_over_a_layer_is_that_layer_repeated(model):
 
 
 def test_a_curve_measured_on_a_busy_cpu_is_not_cached(model, tmp_cache, monkeypatch):
-    monkeypatch.setattr(autotune, "BUSY_CORES", -1.0)  # any other CPU use counts as busy
+    monkeypatch.setattr(cost_curve, "BUSY_CORES", -1.0)  # any other CPU use counts as busy
     calls = []
-    measure = autotune.measure_cost_curve
+    measure = cost_curve.measure_cost_curve
     monkeypatch.setattr(
-        autotune, "measure_cost_curve", lambda *a, **k: calls.append(1) or measure(*a, **k)
+        cost_curve, "measure_cost_curve", lambda *a, **k: calls.append(1) or measure(*a, **k)
     )
-    curve = autotune.cost_curve(model, stop_above=1e-9)
+    curve = cost_curve.cost_curve(model, PROBE_TOKENS, stop_above=1e-9)
     assert not list((tmp_cache / "autotune").glob("cost-*.json"))
-    assert autotune.cost_curve(model) == curve and len(calls) == 1  # kept for this process
+    # kept for this process
+    assert cost_curve.cost_curve(model, PROBE_TOKENS) == curve and len(calls) == 1
 
 
 def test_other_cpu_use_sees_another_process():
     spin = "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"
-    with autotune.OtherCpuUse() as others:
+    with cost_curve.OtherCpuUse() as others:
         proc = subprocess.Popen([sys.executable, "-c", spin])
         proc.wait()  # this process sleeps meanwhile
     assert others.cores is not None and others.cores > 0.5
@@ -162,7 +165,7 @@ def test_sampling_keeps_its_own_acceptance_factor(model, tmp_cache, monkeypatch)
     assert autotune.acceptance_factor(model, lj.SamplingConfig(temperature=1.0)) == 1.0
     # a sampling generation with auto records under its own bucket too
     cheap = {t: 1e-6 * (1 + t / 1000) for t in FLAT}
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: cheap)
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: cheap)
     lj.generate(model, [[5, 6, 7]], max_new_tokens=40, lookahead="auto", temperature=1.0)
     assert autotune.acceptance_factor(model, lj.SamplingConfig(temperature=1.0)) != 1.0
     assert autotune.acceptance_factor(model) == greedy_before
@@ -179,7 +182,7 @@ def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache
     # A curve that promises lookahead a nearly free win, and a guard that demands the
     # impossible (100x): it must call the lookahead off after warm-up, mid-generation.
     fake = {t: 1e-6 * (1 + t / 1000) for t in FLAT}
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: fake)
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: fake)
     # A short warm-up (16 steps, judged every 8), so that a short generation gets past it.
     guard = functools.partial(autotune.Guard, give_up_below=100, warmup_steps=16, window_steps=8)
     monkeypatch.setattr(autotune, "Guard", guard)
@@ -198,7 +201,7 @@ def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache
 
 
 def test_auto_can_choose_plain(model, tmp_cache, monkeypatch):
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, stop_above=None, batch=1: STEEP)
+    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: STEEP)
     out = lj.generate(model, [[5, 6, 7]], max_new_tokens=10, lookahead="auto")
     assert out.stats["config"]["lookahead"] is None
     assert out.stats["config"]["lookahead_auto"]["chosen"] is None

@@ -6,10 +6,8 @@ A lookahead layout (LookaheadConfig.for_budget) pays when the tokens it emits pe
 r). Both are estimated, never assumed:
 
 * r — a short cost curve measured on this device for this model: the latency of
-  one forward step of T tokens (with logits for all of them) at a few T,
-  at each candidate's T. It is measured once and
-  cached per device kind, model and dtype in the cache directory (on a CPU device, only
-  if no other process kept the cores busy meanwhile: see OtherCpuUse).
+  one forward step of T tokens (with logits for all of them) at each candidate's T
+  (cost_curve.py: measured once, cached).
 * c — a prior per config (measured on MT-bench and a code set with SmolLM2-135M,
   see benchmarks/), times this model's running acceptance factor: after each
   lookahead generation, observed / prior compression, averaged (EMA) and cached
@@ -26,21 +24,15 @@ of the generation if it is too low for the config's cost ratio.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import json
-import os
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.cache_dir import cache_root, write_atomic
+from lookahead_jax.cache_dir import write_atomic
+from lookahead_jax.decoding.cost_curve import cost_curve, cost_ratio, model_fingerprint, tune_dir
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
-from lookahead_jax.models import packed
 
 # tokens per step (a LookaheadConfig.for_budget layout): prior compression (new tokens per
 # step) on MT-bench first turns (2 per category), greedy, 256 new tokens, SmolLM2-135M
@@ -61,8 +53,6 @@ MARGIN = 1.03  # expected speedup needed to prefer lookahead over plain decoding
 # probe exactly the candidates' step sizes: XLA's speed is not smooth in T on every device
 PROBE_TOKENS = tuple(sorted({1} | {LookaheadConfig.for_budget(t).tokens_per_step for t in PRIORS}))
 FACTOR_EMA = 0.3
-COMPILE_THREADS = 2  # probe sizes compiled at once (measure_cost_curve)
-PROBE_LAYERS = 6  # a deep model's probes loop over this many layers or a few more (probe_model)
 
 
 @dataclasses.dataclass
@@ -98,339 +88,8 @@ class Choice:
         }
 
 
-def _tune_dir() -> Path:
-    path = cache_root() / "autotune"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def model_fingerprint(model) -> str:
-    """A short stable name for a model's architecture: its config's fingerprint, or for
-    another seam implementation a hash of its type, vocabulary and parameter shapes."""
-    cfg = getattr(model.lm, "cfg", None)
-    if cfg is not None and hasattr(cfg, "fingerprint"):
-        return cfg.fingerprint()
-    shapes = [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(model.params)]
-    blob = repr((type(model.lm).__name__, model.lm.vocab_size, shapes)).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def _device_key(model, devices: int | None = None) -> str:
-    d = jax.devices()[0]
-    kind = f"{d.platform}-{d.device_kind}".replace(" ", "_").replace("/", "_")
-    weights = getattr(model.lm, "weights", "float")  # int8 steps cost differently
-    suffix = "" if weights == "float" else f"-{weights}"
-    if packed.is_packed(model.params):  # the CPU kernel's steps cost differently too
-        suffix += "-packed"
-    dtype = jnp.dtype(model.dtype).name
-    count = jax.device_count() if devices is None else devices
-    return f"{kind}-x{count}-{model_fingerprint(model)}-{dtype}{suffix}"
-
-
-def compiled_step(
-    lm,
-    params,
-    tokens: int,
-    context: int,
-    all_logits: bool = True,
-    batch: int = 1,
-    compiler_options: dict | None = None,
-):
-    """(executable, args) of one forward step of `tokens` new tokens per row over a
-    `context`-token cache for `batch` rows, with logits for every new token (or for one),
-    run once (a warm-up)."""
-    compile_, args = lowered_step(lm, params, tokens, context, all_logits, batch, compiler_options)
-    exe = compile_()
-    jax.block_until_ready(exe(*args))  # warm up
-    return exe, args
-
-
-def lowered_step(
-    lm,
-    params,
-    tokens: int,
-    context: int,
-    all_logits: bool = True,
-    batch: int = 1,
-    compiler_options: dict | None = None,
-):
-    """(compile, args): compiled_step's program traced and lowered here (JAX's settings,
-    such as x64, are this thread's), `compile()` giving its executable (XLA's part, which
-    another thread may run)."""
-    from lookahead_jax.decoding import programs
-
-    dtype = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)][0].dtype
-    # The inputs are made with numpy: an eager jax op compiles a program for each new
-    # shape, and each probe has its own (SmolLM2-135M: 14 s of tracing 16 probes, 3 s now).
-    rng = np.random.default_rng(2)
-    empty = jax.eval_shape(functools.partial(lm.init_cache, batch, context + tokens, dtype))
-
-    def normal(like):  # random K/V, not zeros: matmul units can run faster on zeros
-        return jnp.asarray(rng.standard_normal(like.shape, np.float32).astype(like.dtype))
-
-    cache = dataclasses.replace(
-        empty,
-        k=tuple(map(normal, empty.k)),
-        v=tuple(map(normal, empty.v)),
-        lengths=jnp.asarray(np.full((batch,), context, np.int32)),
-    )
-    rows = tokens if all_logits else 1
-    positions = context + np.arange(tokens, dtype=np.int32)
-    args = (
-        params,
-        jnp.asarray(rng.integers(0, lm.vocab_size, (batch, tokens), np.int32)),
-        jnp.asarray(np.broadcast_to(positions, (batch, tokens))),
-        jnp.asarray(np.tril(np.ones((tokens, tokens), bool))[None]),  # decode_state.causal_mask
-        cache,
-        jnp.asarray(np.broadcast_to(np.arange(rows, dtype=np.int32), (batch, rows))),
-    )
-    with programs.precision_scope(dtype):  # as the decode programs are traced
-        options = programs.compiler_options() if compiler_options is None else compiler_options
-        lowered = jax.jit(lm.apply).lower(*args)
-    return functools.partial(lowered.compile, options), args
-
-
-def run_time(exe, args) -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready(exe(*args))
-    return time.perf_counter() - t0
-
-
-def step_latencies(
-    lm, params, tokens: int, context: int, repeats: int, all_logits: bool = True, batch: int = 1
-) -> list[float]:
-    """Seconds of `repeats` forward steps (see compiled_step)."""
-    exe, args = compiled_step(lm, params, tokens, context, all_logits, batch)
-    return [run_time(exe, args) for _ in range(repeats)]
-
-
-def probe_model(model, layers_per_pass: int | None = None):
-    """(lm, params) the cost curve times: for a deep model that can be cut
-    (`lm.first_layers`, LlamaLM), its first k layers run L / k times over in a loop (so
-    compiled once), else the model itself. k is the smallest divisor of L from
-    PROBE_LAYERS up whose layers' weights are twice the largest cache (cache_bytes) or
-    more, so that each pass streams them from memory as the model's step does; where
-    none is, or `layers_per_pass` = L, the model.
-
-    The same work as the model's step at a fraction of its compile time (SmolLM2-135M
-    float32, 30 layers: 6 x 5 passes; a probe size compiled in 1.4-2.4 s against 4-5.5 s,
-    compile time growing with the layers, 0.2 s plus 0.19 s each). Not quite the same
-    cost: side by side with full-depth probes (benchmarks/cpu/probe_layers.md) its
-    ratios came out ~10 % lower at 4-12 tokens and 12-16 % higher at 32-64, in every
-    round. A model with sliding windows is probed with its first k layers' windows;
-    the k layers' K/V are read L / k times (at a large batch they may stay in cache
-    where the model's would not: the cut is sized on the weights).
-    """
-    lm = model.lm
-    layers = getattr(getattr(lm, "cfg", None), "num_layers", 0)
-    if not hasattr(lm, "first_layers") or layers <= PROBE_LAYERS:
-        return lm, model.params
-    if layers_per_pass is None:
-        per_layer = sum(
-            x.nbytes for x in jax.tree.leaves(lm.first_layers(model.params, 1)[1].layers)
-        )
-        big = [k for k in range(PROBE_LAYERS, layers) if layers % k == 0]
-        layers_per_pass = next((k for k in big if k * per_layer >= 2 * cache_bytes()), layers)
-    if layers_per_pass == layers:
-        return lm, model.params
-    cut, params = lm.first_layers(model.params, layers_per_pass)
-    return dataclasses.replace(cut, layer_passes=layers // layers_per_pass), params
-
-
-def cache_bytes() -> int:
-    """The device's largest cache: a CPU's last level (Linux sysfs; 256 MiB where it
-    cannot be read, more than most), an accelerator's 256 MiB (an H100's L2 is 50 MB)."""
-    if jax.devices()[0].platform != "cpu":
-        return 256 << 20
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        try:
-            text = path.read_text().strip().upper()  # e.g. "32768K"
-            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-            sizes.append(int(text.rstrip("KMG")) * scale)
-        except (OSError, ValueError):
-            continue
-    return max(sizes, default=256 << 20)
-
-
-def _extrapolated(rough: dict, tokens: int) -> float:
-    """A size's step over the smallest size's, extrapolated along the line through the
-    two largest sizes timed (0 before two are). Where a step's cost is convex in T (past
-    the sizes that are free, more FLOPs per weight read) this is a lower bound, good for
-    skipping a size sure to cost too much. XLA's speed is not smooth in T everywhere and
-    the rough timings are two runs, so a size can be skipped that would not have cost
-    that much: its configs then count as unaffordable (cost_ratio: inf)."""
-    if len(rough) < 2:
-        return 0.0
-    a, b = sorted(rough)[-2:]
-    slope = (rough[b] - rough[a]) / (b - a)
-    return (rough[b] + (tokens - b) * slope) / rough[min(rough)]
-
-
-def measure_cost_curve(
-    model,
-    tokens=PROBE_TOKENS,
-    context: int = 256,
-    repeats: int = 6,
-    stop_above: float = float("inf"),
-    batch: int = 1,
-    probe=None,
-) -> dict:
-    """{T: seconds} (the fastest of 2 + `repeats` timings) for one forward step of T
-    tokens per row over `batch` rows, timed on `probe` ((lm, params); default:
-    `probe_model`'s).
-
-    Sizes are compiled in increasing order, COMPILE_THREADS at once (a compilation is
-    mostly one thread: two probes took 10.2 s one after the other, 6.9 s together on the
-    2-core CPU; the next group is traced meanwhile), each group timed roughly (twice)
-    once compiled, and probing stops once a step costs more than `stop_above` one-token
-    steps (no config that large can pay off, and each size costs a compilation) or is
-    sure to (`_extrapolated`). The sizes are then timed round-robin, so that a busy moment
-    of the machine slows them all rather than skewing the curve.
-    """
-    lm, params = probe or probe_model(model)
-    exes, rough, lowered = {}, {}, {}  # T -> (executable, args) / seconds / (compile, args)
-
-    def next_group(sizes):
-        return [t for t in sizes[:COMPILE_THREADS] if _extrapolated(rough, t) <= stop_above]
-
-    def lower(sizes):  # traced in this thread: JAX's settings (x64) are per thread
-        for t in sizes:
-            if t not in lowered:
-                lowered[t] = lowered_step(lm, params, t, context, batch=batch)
-
-    sizes = sorted(set(tokens))
-    group = next_group(sizes)
-    with ThreadPoolExecutor(COMPILE_THREADS) as pool:
-        while group:
-            lower(group)
-            sizes = sizes[len(group) :]
-            steps = [lowered.pop(t) for t in group]
-            compiling = [pool.submit(compile_) for compile_, _ in steps]
-            lower(next_group(sizes))  # likely next, traced while these compile
-            for t, job, (_, args) in zip(group, compiling, steps, strict=True):
-                exes[t] = (job.result(), args)
-            for t in group:  # timed once all compiled
-                jax.block_until_ready(exes[t][0](*exes[t][1]))  # warm up
-                rough[t] = min(run_time(*exes[t]) for _ in range(2))
-            if any(t > 1 and rough[t] / rough[min(rough)] > stop_above for t in group):
-                break
-            group = next_group(sizes)
-    curve = {t: rough[t] for t in exes}
-    for _ in range(repeats):
-        for t, (exe, args) in exes.items():
-            curve[t] = min(curve[t], run_time(exe, args))
-    return curve
-
-
-class OtherCpuUse:
-    """Cores' worth of CPU time that *other* processes used during the block (Linux:
-    /proc/stat's busy time minus this process's CPU time, over the wall time); `cores` is
-    None where that cannot be read.
-
-    On a CPU device the cost curve is only meaningful on an otherwise idle machine:
-    another process on the same cores slows a multi-threaded T-token step far more than a
-    1-token one (on 2 cores beside a test worker, T=10 measured 2.1x a 1-token step
-    against 1.2-1.36x idle), which would make auto pick plain decoding for good.
-    """
-
-    cores: float | None = None
-
-    @staticmethod
-    def _busy_seconds() -> float | None:
-        try:
-            fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-            ticks = [int(x) for x in fields]
-        except (OSError, ValueError, IndexError):
-            return None
-        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-        guest = sum(ticks[8:10])  # already counted in user/nice
-        return (sum(ticks) - idle - guest) / os.sysconf("SC_CLK_TCK")
-
-    def __enter__(self):
-        self._busy, self._own, self._wall = (
-            self._busy_seconds(),
-            _own_cpu_seconds(),
-            time.perf_counter(),
-        )
-        return self
-
-    def __exit__(self, *exc):
-        busy, wall = self._busy_seconds(), time.perf_counter() - self._wall
-        if busy is not None and self._busy is not None and wall > 0:
-            own = _own_cpu_seconds() - self._own
-            self.cores = max(0.0, (busy - self._busy - own) / wall)
-        return False
-
-
-def _own_cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-# A CPU cost curve measured while other processes used more than this many cores is not
-# cached (it is used by the process that measured it, and measured again next time).
-BUSY_CORES = 0.25
-_UNSAVED_CURVES: dict[Path, dict] = {}
-
-
-def cost_curve(model, stop_above: float = float("inf"), batch: int = 1) -> dict:
-    """The cached cost curve for this device/model/dtype and batch size, measuring it on
-    first use (a step of B rows can be compute-bound where one row is not, so each batch
-    size the engine runs at has its own curve).
-
-    On a CPU device a curve measured while other processes kept cores busy (see
-    OtherCpuUse) serves this process only and is measured again by the next one."""
-    path = cost_curve_path(model, batch)
-    if path.is_file():
-        try:
-            return {int(k): v for k, v in json.loads(path.read_text())["curve"].items()}
-        except (ValueError, KeyError, TypeError):
-            pass  # unreadable: measure again
-    if path in _UNSAVED_CURVES:
-        return _UNSAVED_CURVES[path]
-    probe = probe_model(model)
-    with OtherCpuUse() as others:
-        curve = measure_cost_curve(model, stop_above=stop_above, batch=batch, probe=probe)
-    busy = others.cores is not None and others.cores > BUSY_CORES
-    if busy and jax.devices()[0].platform == "cpu":
-        # measured beside other work: good for this process, not for the cache
-        _UNSAVED_CURVES[path] = curve
-        return curve
-    lm = probe[0]
-    layers = f"{lm.cfg.num_layers} x {lm.layer_passes}" if lm is not model.lm else "all"
-    save_cost_curve(model, curve, batch, other_cores=others.cores, probe_layers=layers)
-    return curve
-
-
-def cost_curve_path(model, batch: int = 1, devices: int | None = None) -> Path:
-    """Where the cost curve of this device/model/dtype at `batch` rows is cached, for a
-    process with `devices` devices (default: this one's)."""
-    rows = "" if batch == 1 else f"-b{batch}"
-    return _tune_dir() / f"cost-{_device_key(model, devices)}{rows}.json"
-
-
-def save_cost_curve(
-    model, curve: dict, batch: int = 1, devices: int | None = None, **about
-) -> None:
-    """Cache a cost curve {T: seconds} (measured, or given: a test seeds one so that
-    `auto` need not measure, also for the commands it starts, which see fewer devices),
-    with `about` (e.g. other_cores) beside it."""
-    record = {"curve": curve, "measured": time.time(), **about}
-    write_atomic(cost_curve_path(model, batch, devices), json.dumps(record))
-
-
-def cost_ratio(curve: dict, tokens: int) -> float:
-    """Interpolated latency of a `tokens`-token step over a one-token step (inf beyond
-    the probed sizes)."""
-    ts = sorted(curve)
-    if tokens > ts[-1]:
-        return float("inf")
-    return float(np.interp(tokens, ts, [curve[t] for t in ts])) / curve[1]
-
-
 def _factor_file(model) -> Path:
-    return _tune_dir() / f"acceptance-{model_fingerprint(model)}.json"
+    return tune_dir() / f"acceptance-{model_fingerprint(model)}.json"
 
 
 def sampling_bucket(sampling) -> str:
@@ -483,7 +142,7 @@ def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int 
     factor = acceptance_factor(model, sampling)
     # a config costing more than its best-case compression cannot win: stop probing there
     best_case = max(expected_compression(k, max(factor, 1.0)) for k in PRIORS)
-    curve = cost_curve(model, stop_above=best_case, batch=batch)
+    curve = cost_curve(model, PROBE_TOKENS, stop_above=best_case, batch=batch)
     best, table = None, {}
     for key in PRIORS:
         cfg = LookaheadConfig.for_budget(key)

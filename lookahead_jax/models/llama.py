@@ -522,7 +522,7 @@ class LlamaLM:
     def first_layers(self, params, n: int):
         """(lm, params): this model cut to its first `n` layers, sharing the weights. With
         `layer_passes` = L / n, what autotune's probes time: a step's work at the full
-        depth, compiled for n layers (autotune.probe_model)."""
+        depth, compiled for n layers (cost_curve.probe_model)."""
         windows = self.cfg.attention_windows[:n]
         cfg = dataclasses.replace(self.cfg, num_layers=n, attention_windows=windows)
         layers = per_layer(params.layers)[:n]

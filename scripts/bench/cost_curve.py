@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lookahead_jax.checkpoints.loading import resolve_dtype
-from lookahead_jax.decoding.autotune import step_latencies
+from lookahead_jax.decoding.cost_curve import step_latencies
 from lookahead_jax.models.config import LlamaConfig, RopeScaling
 from lookahead_jax.models.llama import LlamaLM, flat_names, from_flat, param_specs, split_layers
 
