@@ -18,7 +18,7 @@ import pytest
 
 import lookahead_jax as lj
 from lookahead_jax import training as C
-from lookahead_jax.models.llama import flat_names
+from lookahead_jax.models.llama_params import flat_names
 from lookahead_jax.training import layout
 from lookahead_jax.training.loss import losses
 from lookahead_jax.training.train import batch_logits, loss_fn, sample_batch

@@ -10,7 +10,7 @@ import torch
 
 import lookahead_jax as lj
 from lookahead_jax.checkpoints.convert.convert import convert
-from lookahead_jax.models.llama import flat_names as flatten
+from lookahead_jax.models.llama_params import flat_names as flatten
 from tests import tiny
 from tests.test_model_parity import full_forward
 

@@ -172,7 +172,7 @@ def test_lookahead_equals_plain_on_the_packed_model(tiny_ckpts, weights):
 def test_what_cannot_take_packed_params(tiny_ckpts):
     """Checkpoint names, training and a kernel asked for where it cannot run: each says so."""
     from lookahead_jax.errors import UserInputError
-    from lookahead_jax.models.llama import flat_names
+    from lookahead_jax.models.llama_params import flat_names
     from lookahead_jax.training import TrainConfig, train
 
     path = tiny_ckpts["gqa"][1]

@@ -11,7 +11,8 @@ import pytest
 import lookahead_jax as lj
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.models import quantize
-from lookahead_jax.models.llama import flat_names, forward, from_flat, param_specs
+from lookahead_jax.models.llama import forward
+from lookahead_jax.models.llama_params import flat_names, from_flat, param_specs
 from lookahead_jax.models.quantize import Int8Weight
 from tests.helpers import random_prompts
 

@@ -22,7 +22,7 @@ from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.decoding.loop_copies import loop_copies, protected_shapes
 from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import sharding
-from lookahead_jax.models.llama import stack_layers
+from lookahead_jax.models.llama_params import stack_layers
 
 PROMPT, CAP, BLOCK = 16, 64, 24  # S = 16 + 64 + E > 24: several attention blocks
 

@@ -14,7 +14,8 @@ import lookahead_jax as lj
 from lookahead_jax.checkpoints.loading import Model
 from lookahead_jax.decoding import programs
 from lookahead_jax.models.config import LlamaConfig
-from lookahead_jax.models.llama import LlamaLM, init_params
+from lookahead_jax.models.llama import LlamaLM
+from lookahead_jax.models.llama_params import init_params
 from tests.helpers import memory_maps
 
 CFG = LlamaConfig(

@@ -28,7 +28,8 @@ from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig
 from lookahead_jax.guesses import draft_tree, ngram_pool
 from lookahead_jax.guesses.lookahead_layout import StepLayout
 from lookahead_jax.models import kv_cache
-from lookahead_jax.models.llama import LlamaLM, forward, init_params
+from lookahead_jax.models.llama import LlamaLM, forward
+from lookahead_jax.models.llama_params import init_params
 from tests import tiny
 
 # Examples per property: each new shape compiles, so the suite's time goes with them (a

@@ -19,7 +19,8 @@ from lookahead_jax import shapes
 from lookahead_jax.decoding import DecodeSpec, RowSampling, row_keys
 from lookahead_jax.decoding.loop import start, step
 from lookahead_jax.decoding.sampling import SamplingConfig
-from lookahead_jax.models.llama import LlamaLM, init_params, split_layers
+from lookahead_jax.models.llama import LlamaLM
+from lookahead_jax.models.llama_params import init_params, split_layers
 from tests import tiny
 
 ROOT = Path(__file__).resolve().parent.parent

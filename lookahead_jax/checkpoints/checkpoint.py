@@ -29,7 +29,7 @@ import numpy as np
 
 from lookahead_jax.errors import CheckpointError, MissingFileError, UserInputError
 from lookahead_jax.models.config import LlamaConfig
-from lookahead_jax.models.llama import flat_names, from_flat, param_specs
+from lookahead_jax.models.llama_params import flat_names, from_flat, param_specs
 
 FORMAT = "lookahead_jax.checkpoint/1"  # a data format id: never renamed with the module
 PARAMS_DIR = "params"

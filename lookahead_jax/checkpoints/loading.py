@@ -18,7 +18,8 @@ from lookahead_jax.errors import UserInputError
 from lookahead_jax.models import packed
 from lookahead_jax.models.bundle import Model
 from lookahead_jax.models.config import LlamaConfig
-from lookahead_jax.models.llama import LlamaLM, param_specs, quantize_params, split_layers
+from lookahead_jax.models.llama import LlamaLM
+from lookahead_jax.models.llama_params import param_specs, quantize_params, split_layers
 from lookahead_jax.models.quantize import check_weights
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
@@ -110,7 +111,7 @@ def load(
     if cpu_kernel is not False:
         packed.build_kernel_soon(dtype, weights, mesh)
     # read and quantized in the checkpoint's stacked form, then one array per layer
-    # (llama.split_layers: what the unrolled forward reads in place)
+    # (llama_params.split_layers: what the unrolled forward reads in place)
     params = checkpoint.read_params(
         info.path, info.cfg, dtype, shardings_for(param_specs(info.cfg), mesh)
     )

@@ -28,7 +28,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from lookahead_jax.models import cpu_kernel, quantize
+from lookahead_jax.models import cpu_kernel, llama_params, quantize
 from lookahead_jax.models.quantize import Int8Weight
 
 PANEL = cpu_kernel.PANEL
@@ -120,9 +120,9 @@ def pack_params(params, cfg, free: bool = False):
     """Per-layer LlamaParams with every matrix of quantize.CONTRACTED packed (what can
     be). `free`: delete each original array once its panels are made (lj.load owns them),
     so packing holds one matrix twice at a time, not the whole model."""
-    from lookahead_jax.models import llama
-
-    specs = llama.flat_names(llama.param_specs(cfg))  # stacked: layer weights lead with L
+    specs = llama_params.flat_names(
+        llama_params.param_specs(cfg)
+    )  # stacked: layer weights lead with L
 
     def pack_named(name: str, w):
         if w is None:

@@ -10,7 +10,7 @@ output: a decode step streams a quarter of float32's weight bytes. Scales are sy
 weight is within half a step (max |w| / 254) of its float value.
 
 Which axes a matrix contracts is declared once, in `CONTRACTED`, by the logical axis
-names of llama.param_specs: a `[L, D, H, Dh]` wq contracts `embed` and its scale is
+names of llama_params.param_specs: a `[L, D, H, Dh]` wq contracts `embed` and its scale is
 `[L, H, Dh]`; the tied embedding `[V, D]` contracts `embed` too, so its per-row scale
 serves both the token lookup and the LM head. Norms, biases and the KV cache stay float.
 A quantized weight is an `Int8Weight` pytree (leaves `q` and `scale`), whose ParamSpecs
@@ -35,7 +35,7 @@ from lookahead_jax.errors import UserInputError
 WEIGHTS = ("float", "int8", "q8_0")  # the choices of load(weights=...) and --weights
 BLOCKS = {"int8": 0, "q8_0": 32}  # values per scale along the contraction (0: all of it)
 
-# The logical axes each quantized matrix contracts over (llama.param_specs' axis names).
+# The logical axes each quantized matrix contracts over (llama_params.param_specs' axis names).
 # They are adjacent in every weight; in llama.cpp's [out, in] layout they are its `in`.
 CONTRACTED: dict[str, tuple[str, ...]] = {
     "embed": ("embed",),  # [V, D]: lookup rows and tied LM head rows
@@ -229,7 +229,7 @@ def contracted_dims(name: str, axes: tuple[str, ...]) -> tuple[int, ...]:
 
 
 def int8_specs(name: str, spec, weights: str = "int8"):
-    """The Int8Weight of ParamSpecs for a float weight's ParamSpec (llama.ParamSpec):
+    """The Int8Weight of ParamSpecs for a float weight's ParamSpec (llama_params.ParamSpec):
     the scales carry the logical axes of what they scale, so they shard by the same rules
     (block mode: the merged contraction axes are named as the first of them)."""
     dims = contracted_dims(name, spec.axes)

@@ -375,7 +375,8 @@ def write_checkpoint(model, params, out, source: dict, force: bool = False) -> P
     tokenizer files copied), which --ckpt and lj.load take."""
     from lookahead_jax.checkpoints import checkpoint
     from lookahead_jax.checkpoints.convert.hf import copy_tokenizer
-    from lookahead_jax.models.llama import LlamaLM, flat_names
+    from lookahead_jax.models.llama import LlamaLM
+    from lookahead_jax.models.llama_params import flat_names
 
     if not isinstance(model.lm, LlamaLM) or model.lm.weights != "float":
         raise UserInputError("writing a checkpoint needs a Llama-family model with float weights")

@@ -27,7 +27,8 @@ import numpy as np
 from lookahead_jax.checkpoints.loading import resolve_dtype
 from lookahead_jax.decoding.cost_curve import step_latencies
 from lookahead_jax.models.config import LlamaConfig, RopeScaling
-from lookahead_jax.models.llama import LlamaLM, flat_names, from_flat, param_specs, split_layers
+from lookahead_jax.models.llama import LlamaLM
+from lookahead_jax.models.llama_params import flat_names, from_flat, param_specs, split_layers
 
 SHAPES = {
     "smollm2-135m": dict(
@@ -77,7 +78,7 @@ def model_and_params(name: str, dtype):
 
 
 def random_params(cfg, dtype, scale: float = 0.02):
-    """llama.init_params' weights made one tensor at a time, each by a small program per
+    """llama_params.init_params' weights made one tensor at a time, each by a small program per
     shape: init_params under one jit is one program that draws every weight and splits
     the layers, and XLA's GPU compiler took minutes over it for the 7B/8B shapes (issue
     36's device runs printed nothing within 100 s)."""

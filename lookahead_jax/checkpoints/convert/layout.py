@@ -2,7 +2,7 @@
 shape check per tensor.
 
 Hugging Face stores linear weights as [out, in]; the params keep [in, out] with
-the head axes split out (see lookahead_jax.models.llama.param_specs; flat names as in
+the head axes split out (see lookahead_jax.models.llama_params.param_specs; flat names as in
 model.flat_names). Both converters
 (hf.py, gguf.py) produce Hugging Face named, Hugging Face shaped numpy arrays
 and hand them to `to_params` one by one, so each tensor is checked and reshaped
@@ -18,7 +18,7 @@ import numpy as np
 
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.models.config import LlamaConfig
-from lookahead_jax.models.llama import flat_names, param_specs
+from lookahead_jax.models.llama_params import flat_names, param_specs
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
