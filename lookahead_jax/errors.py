@@ -6,7 +6,14 @@ They subclass the builtin exceptions a Python caller expects (`ValueError`,
 
 
 class UserInputError(ValueError):
-    """A value the user gave (flag, argument, config field) that cannot be used."""
+    """A value the user gave (flag, argument, config field) that cannot be used. `field`
+    names the request field it is about where there is one (the engine's checks of a
+    request: "prompt", "max_new_tokens", "seed", "stop", "id"), so that a front end can
+    name its own (the server's OpenAI `param`)."""
+
+    def __init__(self, message: str = "", field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class MissingFileError(UserInputError, FileNotFoundError):

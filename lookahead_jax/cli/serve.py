@@ -193,7 +193,7 @@ def _run(args) -> int:
             server.should_exit = True
 
     runner = EngineRunner(engine, args.max_queue, on_fatal)
-    app = create_app(runner, name, api_key, max_prompt)
+    app = create_app(runner, name, api_key)
     # a bounded graceful shutdown: streams are ended at once (Server.handle_exit), and a
     # handler that still waits after GRACE_S is not worth hanging for
     config = uvicorn.Config(

@@ -55,7 +55,6 @@ from lookahead_jax.engine.requests import Encoded, Listener, Request, Result, Up
 from lookahead_jax.engine.scheduler import Active, Scheduler
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
-from lookahead_jax.models import seam
 
 
 def _positive(name: str, value) -> None:
@@ -114,12 +113,7 @@ class Engine:
         stream_steps: int = 4,
         sampled: bool | None = None,
     ):
-        if not hasattr(model, "lm") or not hasattr(model, "params"):
-            raise UserInputError(
-                "model must be an lj.Model (from lj.load or lj.from_nnx), "
-                f"got {type(model).__name__}"
-            )
-        seam.check_model(model.lm)
+        inputs.check_model(model)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise UserInputError(f"batch (--batch) must be an integer >= 1, got {batch!r}")
         sharding.check_batch(model.mesh, batch)
@@ -127,12 +121,7 @@ class Engine:
         _positive("steps_per_call", steps_per_call)
         _positive("stream_steps", stream_steps)
         _positive("max_prompt_tokens", max_prompt_tokens)
-        if lookahead not in (None, "auto") and not isinstance(lookahead, LookaheadConfig):
-            raise UserInputError(
-                "lookahead must be a LookaheadConfig, 'auto' or None, got " + repr(lookahead)
-            )
-        if isinstance(lookahead, LookaheadConfig):
-            lookahead.check_fits(model.lm.max_context)
+        inputs.check_lookahead(lookahead, model.lm.max_context)
         self.model, self.batch, self.lookahead = model, batch, lookahead
         self.max_new_tokens, self.seed, self.chat = max_new_tokens, seed, chat
         self.sampling = SamplingConfig(float(temperature), top_k, top_p)
@@ -280,11 +269,12 @@ class Engine:
             streams = listener is not None if stream is None else stream
             encoded = self._encode_one(r, pid, listener, streams)
             if encoded.id in self._known:
-                raise UserInputError(f"prompt {encoded.id!r}: the id is already in flight")
+                raise UserInputError(f"prompt {encoded.id!r}: the id is already in flight", "id")
             if encoded.max_new_tokens > self.max_new_tokens:
                 raise UserInputError(
                     f"prompt {encoded.id!r}: max_new_tokens {encoded.max_new_tokens} is more than "
-                    f"this engine's {self.max_new_tokens}"
+                    f"this engine's {self.max_new_tokens}",
+                    "max_new_tokens",
                 )
             self._known.add(encoded.id)
             self._submitted += 1

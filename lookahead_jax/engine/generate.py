@@ -15,9 +15,7 @@ from lookahead_jax.engine import inputs
 from lookahead_jax.engine import stats as decode_stats
 from lookahead_jax.engine.continuous import Engine
 from lookahead_jax.engine.stats import Stats
-from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
-from lookahead_jax.models import seam
 
 
 @dataclasses.dataclass
@@ -72,19 +70,11 @@ def generate(
     Raises UserInputError (a ValueError) on bad arguments; GenerationInterrupted
     (a KeyboardInterrupt carrying the partial output) on Ctrl-C.
     """
+    # what the prompts' encoding needs first (the engine checks the rest: each prompt
+    # with its max_new_tokens, requests.encode, before anything runs)
     inputs.check_max_new_tokens(max_new_tokens)
-    if not hasattr(model, "lm") or not hasattr(model, "params"):
-        raise UserInputError(
-            f"model must be an lj.Model (from lj.load or lj.from_nnx), got {type(model).__name__}"
-        )
-    seam.check_model(model.lm)
-    if lookahead not in (None, "auto") and not isinstance(lookahead, LookaheadConfig):
-        raise UserInputError(
-            "lookahead must be a LookaheadConfig (e.g. LookaheadConfig.for_budget(16)), "
-            f"'auto' or None, got {lookahead!r}"
-        )
+    inputs.check_model(model)
     local = inputs.encode_prompts(model, prompts, chat)
-    inputs.check_context(model.lm.max_context, max(len(p) for p in local), max_new_tokens)
     multihost.agree(max_new_tokens, "max_new_tokens")
     ids, first_row = multihost.every_process_rows(local)
     engine = Engine(

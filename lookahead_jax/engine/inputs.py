@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from lookahead_jax.errors import UserInputError
+from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+from lookahead_jax.models import seam
 
 MIN_PROMPT_BUCKET = 16
 
@@ -20,6 +22,26 @@ MIN_PROMPT_BUCKET = 16
 def bucket(n: int, minimum: int = MIN_PROMPT_BUCKET) -> int:
     """Smallest power of two >= max(n, minimum)."""
     return max(minimum, 1 << max(n - 1, 0).bit_length())
+
+
+def check_model(model) -> None:
+    """An lj.Model (lj.load, lj.from_nnx) whose forward keeps the seam's contract."""
+    if not hasattr(model, "lm") or not hasattr(model, "params"):
+        raise UserInputError(
+            f"model must be an lj.Model (from lj.load or lj.from_nnx), got {type(model).__name__}"
+        )
+    seam.check_model(model.lm)
+
+
+def check_lookahead(lookahead, max_context: int) -> None:
+    """A LookaheadConfig whose step fits the model's context, "auto" or None."""
+    if lookahead not in (None, "auto") and not isinstance(lookahead, LookaheadConfig):
+        raise UserInputError(
+            "lookahead must be a LookaheadConfig (e.g. LookaheadConfig.for_budget(16)), "
+            f"'auto' or None, got {lookahead!r}"
+        )
+    if isinstance(lookahead, LookaheadConfig):
+        lookahead.check_fits(max_context)
 
 
 def check_max_new_tokens(max_new_tokens) -> None:

@@ -9,6 +9,7 @@ never by the slot it lands in (continuous.py's docstring: exactness).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable
@@ -104,24 +105,42 @@ def prompt_key(prompt_id) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+@contextlib.contextmanager
+def _about(field: str):
+    """Name `field` on a UserInputError raised inside (unless it names one already)."""
+    try:
+        yield
+    except UserInputError as e:
+        if e.field is None:
+            e.field = field
+        raise
+
+
 def encode(model, defaults: Defaults, r: Request, pid, listener=None, stream=False) -> Encoded:
-    """One request encoded and checked (its id; its prompt; prompt + max_new_tokens within
-    the model's context and the engine's max_prompt_tokens; seed; stop strings). Bad
-    input raises UserInputError naming the prompt."""
+    """One request encoded and checked — the one check of a request, whoever sends it
+    (Engine.run / run_batch / submit, lj.generate, the CLI, the server): its id; its
+    prompt (within the engine's max_prompt_tokens); prompt + max_new_tokens within the
+    model's context; seed; stop strings. Bad input raises UserInputError naming the
+    prompt, with `field` set to the request field it is about."""
     what = f"prompt {pid!r}"
     if isinstance(pid, np.integer):
         pid = int(pid)
     if not isinstance(pid, int | str) or isinstance(pid, bool):
-        raise UserInputError(f"{what}: an id must be an integer or a string")
-    ids = inputs.encode_prompt(model.tokenizer, model.lm.vocab_size, r.prompt, defaults.chat, what)
-    max_new_tokens = defaults.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
-    inputs.check_max_new_tokens(max_new_tokens)
-    inputs.check_context(model.lm.max_context, len(ids), max_new_tokens)
+        raise UserInputError(f"{what}: an id must be an integer or a string", "id")
+    with _about("prompt"):
+        ids = inputs.encode_prompt(
+            model.tokenizer, model.lm.vocab_size, r.prompt, defaults.chat, what
+        )
     limit = defaults.max_prompt_tokens
     if limit is not None and len(ids) > limit:
         raise UserInputError(
-            f"{what} has {len(ids)} tokens, more than the engine's max_prompt_tokens ({limit})"
+            f"{what} has {len(ids)} tokens, more than the engine's max_prompt_tokens ({limit})",
+            "prompt",
         )
+    max_new_tokens = defaults.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
+    with _about("max_new_tokens"):
+        inputs.check_max_new_tokens(max_new_tokens)
+        inputs.check_context(model.lm.max_context, len(ids), max_new_tokens)
     base = defaults.sampling
     sampling = SamplingConfig(
         base.temperature if r.temperature is None else float(r.temperature),
@@ -130,12 +149,12 @@ def encode(model, defaults: Defaults, r: Request, pid, listener=None, stream=Fal
     )
     seed_ok = isinstance(r.seed, int) and not isinstance(r.seed, bool)
     if r.seed is not None and not (seed_ok and -(2**63) <= r.seed < 2**63):
-        raise UserInputError(f"{what}: seed must be a 64-bit integer, got {r.seed!r}")
+        raise UserInputError(f"{what}: seed must be a 64-bit integer, got {r.seed!r}", "seed")
     stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop)
     if any(not isinstance(s, str) or not s for s in stop):
-        raise UserInputError(f"{what}: stop strings must be non-empty strings")
+        raise UserInputError(f"{what}: stop strings must be non-empty strings", "stop")
     if stop and model.tokenizer is None:
-        raise UserInputError(f"{what}: stop strings need a tokenizer")
+        raise UserInputError(f"{what}: stop strings need a tokenizer", "stop")
     seed, key = (defaults.seed, prompt_key(pid)) if r.seed is None else (r.seed, 0)
     return Encoded(pid, ids, max_new_tokens, sampling, seed, key, stop, listener, stream)
 
@@ -149,7 +168,7 @@ def encode_all(model, defaults: Defaults, prompts: Iterable) -> list[Encoded]:
         r = p if isinstance(p, Request) else Request(p)
         pid = i if r.id is None else r.id
         if pid in seen:
-            raise UserInputError(f"prompt {pid!r}: the id is used twice")
+            raise UserInputError(f"prompt {pid!r}: the id is used twice", "id")
         seen.add(pid)
         out.append(encode(model, defaults, r, pid))
     if not out:

@@ -45,18 +45,45 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.type = status, message, param, type_
 
 
-def create_app(
-    runner: EngineRunner,
-    model_name: str,
-    api_key: str | None = None,
-    max_prompt_tokens: int | None = None,
-) -> FastAPI:
-    """The app for one model behind `runner` (its engine's model and budget)."""
-    engine = runner.engine
-    model, tokenizer = engine.model, engine.model.tokenizer
-    metrics = Metrics(engine)
+def create_app(runner: EngineRunner, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The app for one model behind `runner` (its engine's model and limits)."""
+    metrics = Metrics(runner.engine)
     app = FastAPI(title="lookahead_jax", docs_url=None, redoc_url=None)
     app.state.runner, app.state.metrics = runner, metrics
+    _error_handlers(app, metrics)
+    if api_key is not None:
+        app.add_middleware(ApiKeyCheck, key=api_key, metrics=metrics)
+    answers = Answers(runner, metrics, model_name)
+
+    @app.get("/health")
+    async def health():
+        if runner.fatal or runner.stopping:
+            return JSONResponse({"status": "unavailable", "reason": runner.fatal}, 503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.scrape(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "lookahead_jax"}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(http: Request, body: CompletionRequest):
+        return await answers.answer(http, body, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: Request, body: ChatCompletionRequest):
+        return await answers.answer(http, body, chat=True)
+
+    return app
+
+
+def _error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    """OpenAI's error object for an ApiError and for a body that fails validation (400
+    naming the field)."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
@@ -77,42 +104,32 @@ def create_app(
         metrics.requests.labels(request.url.path, "400").inc()
         return JSONResponse(protocol.error_body(message, param=param), 400)
 
-    if api_key is not None:
-        app.add_middleware(ApiKeyCheck, key=api_key, metrics=metrics)
 
-    def check_model(name: str) -> None:
-        if name != model_name:
+class Answers:
+    """The completions endpoints: a request's body to an engine request, submitted, and
+    its answer, whole or streamed."""
+
+    def __init__(self, runner: EngineRunner, metrics: Metrics, model_name: str):
+        self.runner, self.metrics, self.model_name = runner, metrics, model_name
+        self.engine = runner.engine
+        self.tokenizer = self.engine.model.tokenizer
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
             raise ApiError(
                 404,
-                f"the model {name!r} does not exist; this server has {model_name!r}",
+                f"the model {name!r} does not exist; this server has {self.model_name!r}",
                 "model",
                 "not_found_error",
             )
 
-    @app.get("/health")
-    async def health():
-        if runner.fatal or runner.stopping:
-            return JSONResponse({"status": "unavailable", "reason": runner.fatal}, 503)
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def prometheus():
-        return Response(metrics.scrape(), media_type="text/plain; version=0.0.4")
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        return {
-            "object": "list",
-            "data": [
-                {"id": model_name, "object": "model", "created": 0, "owned_by": "lookahead_jax"}
-            ],
-        }
-
-    def prompt_ids(body) -> list[int]:
+    def prompt_ids(self, body) -> list[int]:
         """The request's prompt as token ids, through the engine's one prompt encoder
-        (engine/inputs.py); 400 naming the field when it cannot be."""
+        (engine/inputs.py; here a blank prompt is served, as OpenAI's API does); 400
+        naming the field when it cannot be."""
         chat = isinstance(body, ChatCompletionRequest)
         field = "messages" if chat else "prompt"
+        tokenizer = self.tokenizer
         if chat and (tokenizer is None or tokenizer.chat_template is None):
             raise ApiError(400, "this model has no chat template; use /v1/completions", field)
         try:
@@ -121,86 +138,81 @@ def create_app(
                 if chat
                 else body.prompt
             )
-            return inputs.encode_prompt(
-                tokenizer, model.lm.vocab_size, prompt, False, field, allow_blank=True
-            )
+            vocab = self.engine.model.lm.vocab_size
+            return inputs.encode_prompt(tokenizer, vocab, prompt, False, field, allow_blank=True)
         except (ValueError, UserInputError) as e:  # a non-text content part, a bad id, ...
             raise ApiError(400, str(e), field) from None
 
-    def engine_request(body, chat: bool) -> tuple[EngineRequest, int]:
-        ids = prompt_ids(body)
+    def engine_request(self, body, chat: bool) -> EngineRequest:
+        """The body as an engine request; the engine checks it whole when it is submitted
+        (requests.encode: max_tokens against the server's, the prompt against its
+        max_prompt_tokens, both against the context, stop strings)."""
         if chat:
-            budget = body.budget(engine.max_new_tokens)
+            max_new_tokens = body.budget(self.engine.max_new_tokens)
         else:  # null: OpenAI's default
-            budget = body.max_tokens or protocol.COMPLETIONS_DEFAULT_MAX_TOKENS
-        field = (
-            "max_tokens"
-            if not chat or body.max_completion_tokens is None
-            else "max_completion_tokens"
-        )
-        if budget > engine.max_new_tokens:
-            raise ApiError(
-                400,
-                f"{field} is {budget}; this server allows at most {engine.max_new_tokens}",
-                field,
-            )
-        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-            where = "messages" if chat else "prompt"
-            raise ApiError(
-                400,
-                f"the prompt has {len(ids)} tokens; this server takes at most {max_prompt_tokens}",
-                where,
-            )
-        try:
-            inputs.check_context(model.lm.max_context, len(ids), budget)
-        except UserInputError as e:
-            raise ApiError(400, str(e), field) from None
-        if body.stop and tokenizer is None:
-            raise ApiError(400, "stop sequences need a tokenizer", "stop")
-        temperature = 1.0 if body.temperature is None else body.temperature
+            max_new_tokens = body.max_tokens or protocol.COMPLETIONS_DEFAULT_MAX_TOKENS
         seed = body.seed
         if seed is None:  # a fresh draw per request, as OpenAI's API samples
             seed = secrets.randbits(31)
-        request = EngineRequest(
-            ids,
-            max_new_tokens=budget,
-            temperature=temperature,
+        return EngineRequest(
+            self.prompt_ids(body),
+            max_new_tokens=max_new_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
             top_k=body.top_k,
             top_p=body.top_p,
             seed=seed,
             stop=body.stops(),
         )
-        return request, len(ids)
 
-    async def answer(http: Request, body, chat: bool):
+    def submit(self, request: EngineRequest, body, chat: bool):
+        """Queue the request: (its id, its updates' queue); the engine's refusal as a 400
+        naming the API's field (max_tokens or max_completion_tokens for max_new_tokens)."""
+        try:
+            return self.runner.submit(request, stream=body.stream)
+        except UserInputError as e:
+            tokens_field = (
+                "max_completion_tokens"
+                if chat and body.max_completion_tokens is not None
+                else "max_tokens"
+            )
+            param = {
+                "max_new_tokens": tokens_field,
+                "prompt": "messages" if chat else "prompt",
+                "id": None,
+            }.get(e.field, e.field)
+            message = str(e)
+            if e.field == "max_new_tokens":
+                message = message.replace("max_new_tokens", tokens_field)
+            raise ApiError(400, message, param) from None
+
+    async def answer(self, http: Request, body, chat: bool):
         t0 = time.perf_counter()
-        check_model(body.model)
+        self.check_model(body.model)
+        runner, metrics = self.runner, self.metrics
         if runner.stopping or runner.fatal:
             raise ApiError(503, "the server is shutting down", type_="server_error")
-        request, n_prompt = engine_request(body, chat)
         if runner.full():
             raise ApiError(
                 429, "too many requests are waiting; try again later", type_="rate_limit_error"
             )
-        try:
-            rid, updates = runner.submit(request, stream=body.stream)
-        except UserInputError as e:
-            raise ApiError(400, str(e)) from None
+        request = self.engine_request(body, chat)
+        rid, updates = self.submit(request, body, chat)
+        n_prompt = len(request.prompt)
         metrics.prompt_tokens.inc(n_prompt)
-        reply = Reply(model_name, chat)
+        reply = Reply(self.model_name, chat)
         endpoint = http.url.path
         if body.stream:
-            events = stream(
+            events = self.stream(
                 rid, updates, reply, request.stop, n_prompt, body.include_usage(), t0, endpoint
             )
             return StreamingResponse(events, media_type="text/event-stream")
-        result = await whole(http, rid, updates, t0)
+        result = await self.whole(http, rid, updates, t0)
         metrics.generated_tokens.inc(len(result.token_ids))
         metrics.duration.observe(time.perf_counter() - t0)
         metrics.requests.labels(endpoint, "200").inc()
         return reply.whole(result.text or "", result.finish, n_prompt, len(result.token_ids))
 
-    async def whole(http: Request, rid, updates: asyncio.Queue, t0: float):
+    async def whole(self, http: Request, rid, updates: asyncio.Queue, t0: float):
         """Wait for the request's result; cancel it if the client goes away."""
         first = True
         while True:
@@ -208,13 +220,13 @@ def create_app(
                 update = await asyncio.wait_for(updates.get(), DISCONNECT_POLL_S)
             except TimeoutError:
                 if await http.is_disconnected():
-                    runner.cancel(rid)
+                    self.runner.cancel(rid)
                     raise ApiError(499, "the client disconnected") from None
                 continue
             if isinstance(update, Closed):
                 raise ApiError(503, Closed.message, type_="server_error")
             if first and update.token_ids:
-                metrics.ttft.observe(time.perf_counter() - t0)
+                self.metrics.ttft.observe(time.perf_counter() - t0)
                 first = False
             if update.result is not None:
                 if update.result.finish == "error":
@@ -223,9 +235,9 @@ def create_app(
                     )
                 return update.result
 
-    async def stream(rid, updates, reply: Reply, stops, n_prompt, with_usage, t0, endpoint):
+    async def stream(self, rid, updates, reply: Reply, stops, n_prompt, with_usage, t0, endpoint):
         """The SSE events of one request."""
-        detok = StreamDetokenizer(tokenizer) if tokenizer is not None else None
+        detok = StreamDetokenizer(self.tokenizer) if self.tokenizer is not None else None
         sent, pending, first, done = "", "", True, False
         try:
             while True:
@@ -241,10 +253,10 @@ def create_app(
                     yield _sse(protocol.error_body(why, "server_error"))
                     yield "data: [DONE]\n\n"
                     done = True
-                    metrics.requests.labels(endpoint, "500").inc()
+                    self.metrics.requests.labels(endpoint, "500").inc()
                     return
                 if first and update.token_ids:
-                    metrics.ttft.observe(time.perf_counter() - t0)
+                    self.metrics.ttft.observe(time.perf_counter() - t0)
                 pending += detok.add_step(update.token_ids) if detok else ""
                 result = update.result
                 if result is None:
@@ -265,24 +277,14 @@ def create_app(
                     yield _sse(reply.usage_chunk(n_prompt, len(result.token_ids)))
                 yield "data: [DONE]\n\n"
                 done = True
-                metrics.generated_tokens.inc(len(result.token_ids))
-                metrics.duration.observe(time.perf_counter() - t0)
-                metrics.requests.labels(endpoint, "200").inc()
+                self.metrics.generated_tokens.inc(len(result.token_ids))
+                self.metrics.duration.observe(time.perf_counter() - t0)
+                self.metrics.requests.labels(endpoint, "200").inc()
                 return
         finally:
             if not done:  # the client went away mid-stream: free its slot
-                runner.cancel(rid)
-                metrics.requests.labels(endpoint, "499").inc()
-
-    @app.post("/v1/completions")
-    async def completions(http: Request, body: CompletionRequest):
-        return await answer(http, body, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(http: Request, body: ChatCompletionRequest):
-        return await answer(http, body, chat=True)
-
-    return app
+                self.runner.cancel(rid)
+                self.metrics.requests.labels(endpoint, "499").inc()
 
 
 class ApiKeyCheck:
