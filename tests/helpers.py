@@ -51,10 +51,10 @@ def with_eos(model, eos_ids: tuple[int, ...]):
     return dataclasses.replace(model, eos_ids=tuple(eos_ids), tokenizer=None)
 
 
-def accepted_guesses(stats: dict) -> int:
+def accepted_guesses(stats) -> int:
     """Tokens that steps emitted beyond one a step (`accepted_hist` of lj.generate's or
     lj.Engine's stats): guesses accepted."""
-    return sum((int(k) - 1) * c for k, c in stats["accepted_hist"].items())
+    return sum((int(k) - 1) * c for k, c in stats.accepted_hist.items())
 
 
 def random_prompts(n: int, vocab: int, low: int, high: int, seed: int) -> list[list[int]]:

@@ -40,7 +40,8 @@ for name, (sizes, la, temp) in RUNS.items():
         "devices": len(jax.devices()),
         "local": len(jax.local_devices()),
         "stats": {
-            k: out_.stats[k] for k in ("new_tokens", "tokens_per_s", "prefill_s", "decode_s")
+            k: out_.stats.as_dict()[k]
+            for k in ("new_tokens", "process_new_tokens", "tokens_per_s", "prefill_s", "decode_s")
         },
     }
 # the engine: both processes run the same rounds over all prompts, 2 slots over data=2
@@ -50,6 +51,9 @@ engine = lj.Engine(
     model, batch=2, max_new_tokens=16, lookahead=lj.LookaheadConfig(*la), temperature=temp, seed=9
 )
 by_id = {r.id: r.token_ids for r in engine.run(PROMPTS)}
-results["engine"] = {"tokens": [by_id[i] for i in range(len(PROMPTS))], "stats": engine.stats}
+results["engine"] = {
+    "tokens": [by_id[i] for i in range(len(PROMPTS))],
+    "stats": engine.stats.as_dict(),
+}
 with open(out, "w") as f:
     json.dump(results, f)

@@ -137,14 +137,14 @@ def test_prompt_buckets_share_compilations(tiny_ckpts):
     programs.clear()  # nothing compiled by earlier tests in this process
     model = lj.load(tiny_ckpts["mha"][1])
     first = lj.generate(model, [[5, 6, 7]], max_new_tokens=8, lookahead=None)
-    assert first.stats["compile_s"] > 0
+    assert first.stats.compile_s > 0
     compiled = set(programs._COMPILED)  # this bucket's programs
     second = lj.generate(model, [[5, 6, 7, 8, 9, 10, 11]], max_new_tokens=8, lookahead=None)
-    assert second.stats["compile_s"] == 0.0 and set(programs._COMPILED) == compiled
+    assert second.stats.compile_s == 0.0 and set(programs._COMPILED) == compiled
     third = lj.generate(
         model, [[5] * 20], max_new_tokens=8, lookahead=None
     )  # the next bucket: new programs
-    assert set(programs._COMPILED) > compiled and third.stats["compile_s"] > 0
+    assert set(programs._COMPILED) > compiled and third.stats.compile_s > 0
 
 
 def test_bad_arguments_raise_value_errors(tiny_ckpts):

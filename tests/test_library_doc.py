@@ -59,6 +59,6 @@ def test_a_guess_source_written_outside_the_package_runs_exact(tiny_text_ckpt):
     assert scope["config"].source_names == (
         "pool", "suffix", "recycle", "last_follower", "window"
     )  # fmt: skip
-    stats = scope["out"].stats["sources"]["last_follower"]
-    assert stats["proposed"] >= stats["paths"] > 0
+    stats = scope["out"].stats.sources["last_follower"]
+    assert stats.proposed >= stats.paths > 0
     assert sum(scope["accepted"].values()) > 0

@@ -88,8 +88,9 @@ def test_two_processes_equal_one(tiny_ckpts, tmp_path):
                 assert results[pid]["engine"]["tokens"] == want, pid
                 assert results[pid]["engine"]["stats"]["rounds"] > 1
         assert results[0][name]["devices"] == 8 and results[0][name]["local"] == 4
-        for pid in (0, 1):  # each process's rate is of its own rows' tokens
+        for pid in (0, 1):  # the whole batch's counts and rate, and its own rows' apart
             stats = results[pid][name]["stats"]
-            assert stats["new_tokens"] == sum(map(len, results[pid][name]["tokens"]))
+            assert stats["new_tokens"] == sum(map(len, want))
+            assert stats["process_new_tokens"] == sum(map(len, results[pid][name]["tokens"]))
             busy = stats["prefill_s"] + stats["decode_s"]
             assert stats["tokens_per_s"] == pytest.approx(stats["new_tokens"] / busy)

@@ -89,7 +89,7 @@ def sample_counts(
         )
         for toks in out.token_ids:
             counts[tuple(toks)] += 1
-        accepted += sum((int(k) - 1) * c for k, c in out.stats["accepted_hist"].items())
+        accepted += sum((int(k) - 1) * c for k, c in out.stats.accepted_hist.items())
     return counts, accepted
 
 

@@ -138,23 +138,24 @@ def stats_line(out, total_s: float) -> str:
     from lookahead_jax.decoding import autotune
 
     s = out.stats
-    config = s["config"]["lookahead"]
+    config = s.config["lookahead"]
     mode = "plain" if config is None else f"lookahead {config['name']}"
-    auto = s["config"].get("lookahead_auto")
+    auto = s.config.get("lookahead_auto")
     if auto is not None:
         mode = f"auto: {mode}; {autotune.why(auto)}"
         if auto.get("switched_to_plain_after_steps") is not None:
             mode += f"; plain after step {auto['switched_to_plain_after_steps']}"
     return (
-        f"[{mode}] {s['new_tokens']} tokens in {s['decode_s'] + s['prefill_s']:.2f} s "
-        f"({s['tokens_per_s']:.1f} tokens/s), {s['row_steps']} steps, compression "
-        f"{s['compression']:.2f}, prefill {s['prefill_s']:.2f} s, compile {s['compile_s']:.2f} s, "
-        f"total {total_s:.1f} s" + (" (interrupted)" if s.get("interrupted") else "")
+        f"[{mode}] {s.new_tokens} tokens in {s.decode_s + s.prefill_s:.2f} s "
+        f"({s.tokens_per_s:.1f} tokens/s), {s.row_steps} steps, compression "
+        f"{s.compression:.2f}, prefill {s.prefill_s:.2f} s, compile {s.compile_s:.2f} s, "
+        f"total {total_s:.1f} s" + (" (interrupted)" if s.interrupted else "")
     )
 
 
-def json_record(out, total_s: float) -> dict:
-    s = out.stats
+def json_record(out, load_s: float, total_s: float) -> dict:
+    """The --json line: the prompt's text and tokens, its stats, the CLI's load time."""
+    s = out.stats.as_dict()
     return {
         "text": out.texts[0] if out.texts else None,
         "token_ids": out.token_ids[0],
@@ -165,10 +166,10 @@ def json_record(out, total_s: float) -> dict:
         "tokens_per_s": s["tokens_per_s"],
         "prefill_s": s["prefill_s"],
         "compile_s": s["compile_s"],
-        "load_s": s.get("load_s"),
+        "load_s": load_s,
         "total_s": total_s,
         "accepted_hist": s["accepted_hist"],
-        "sources": s.get("sources"),
+        "sources": s["sources"] or None,
         "interrupted": s["interrupted"],
         "config": s["config"],
     }
@@ -300,11 +301,10 @@ def _run(args, t_start: float) -> int:
             out = lj.generate(model, [ids], steps_per_call=16, **kwargs)
     except lj.GenerationInterrupted as e:
         out, interrupted = e.partial, True
-    out.stats["load_s"] = load_s
     total_s = time.perf_counter() - t_start
 
     if args.json:
-        print(json.dumps(json_record(out, total_s)))
+        print(json.dumps(json_record(out, load_s, total_s)))
     elif printer is not None:
         print(printer.flush(), flush=True)
     elif args.color:
@@ -388,13 +388,13 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
     bar.close()
     writer.close()
     s = engine.stats
-    mode = "plain" if s["config"]["lookahead"] is None else s["config"]["lookahead"]["name"]
-    busy = s["prefill_s"] + s["decode_s"]
+    mode = "plain" if s.config["lookahead"] is None else s.config["lookahead"]["name"]
+    busy = s.prefill_s + s.decode_s
     print(
-        f"[{mode}] {s['prompts']} prompts, {s['new_tokens']} tokens: {s['tokens_per_s']:.1f} "
-        f"tokens/s over {busy:.2f} s of prefill and decoding, {s['wall_s']:.2f} s with "
-        f"compiling ({s['compile_s']:.2f} s) and the rest of the engine's run; compression "
-        f"{s['compression']:.2f}, batch {args.batch}, prompt buckets {s['prompt_buckets']}, "
+        f"[{mode}] {s.prompts} prompts, {s.new_tokens} tokens: {s.tokens_per_s:.1f} "
+        f"tokens/s over {busy:.2f} s of prefill and decoding, {s.wall_s:.2f} s with "
+        f"compiling ({s.compile_s:.2f} s) and the rest of the engine's run; compression "
+        f"{s.compression:.2f}, batch {args.batch}, prompt buckets {s.prompt_buckets}, "
         f"total {time.perf_counter() - t_start:.1f} s with loading",
         file=sys.stderr,
     )

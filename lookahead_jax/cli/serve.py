@@ -179,7 +179,7 @@ def _run(args) -> int:
     )
     if not args.no_warmup:
         list(engine.run([lj.Request([info.cfg.bos_token_id or 1], max_new_tokens=1)]))
-        engine.stats = {}
+        engine.stats = lj.Stats(batch=engine.batch)  # the server's own from here
     name = args.model_name or (
         args.ckpt if not Path(args.ckpt).exists() else Path(args.ckpt).resolve().name
     )

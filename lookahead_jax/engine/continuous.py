@@ -29,8 +29,8 @@ bucket first (stable within a bucket), starting with P = the first prompt's buck
 request of a longer bucket first grows the state (the S axis padded, rows in flight
 untouched), so attention never spans positions sized for the longest prompt of the
 dataset while short ones decode. New programs: one prefill per prompt bucket and row
-count (`stats["prompt_buckets"]`), one loop and one insert per S
-(`stats["cache_positions"]`). `max_prompt_tokens` fixes P (arrival order kept, no
+count (`stats.prompt_buckets`), one loop and one insert per S
+(`stats.cache_positions`). `max_prompt_tokens` fixes P (arrival order kept, no
 growth): what a server wants.
 
 Exactness: a row's tokens depend only on its prompt, max_new_tokens, sampling settings
@@ -50,9 +50,9 @@ from collections.abc import Callable, Iterable, Iterator
 from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs, requests
-from lookahead_jax.engine import stats as decode_stats
 from lookahead_jax.engine.requests import Encoded, Listener, Request, Result, Update
 from lookahead_jax.engine.scheduler import Active, Scheduler
+from lookahead_jax.engine.stats import Stats
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 
@@ -70,7 +70,7 @@ class Engine:
         engine = lj.Engine(model, batch=8, max_new_tokens=256, lookahead="auto")
         for r in engine.run(["Write a haiku", [1, 2, 3], lj.Request("Hi", id="a")]):
             print(r.id, r.text)                    # in finish order
-        print(engine.stats["tokens_per_s"])
+        print(engine.stats.tokens_per_s)
 
     Online, requests arriving while it decodes (one thread runs the rounds; `submit` and
     `cancel` may come from any thread):
@@ -130,7 +130,7 @@ class Engine:
             inputs.check_context(model.lm.max_context, max_prompt_tokens, max_new_tokens)
         self.max_prompt_tokens = max_prompt_tokens
         self.sampled = sampled
-        self.stats: decode_stats.Stats = {}
+        self.stats = Stats(batch=batch)  # online: since the start; offline: the last run
         self._scheduler: Scheduler | None = None  # the online slots (created at the first round)
         self._inbox: queue.Queue = queue.Queue()  # ("submit", Encoded) | ("cancel", id)
         self._known: set = set()  # ids submitted and not yet finished (online)
@@ -239,7 +239,7 @@ class Engine:
             sampled = any(not r.sampling.greedy for r in requests)
         if fixed_P is None:  # shortest bucket first: the cache grows once per bucket at most
             requests = sorted(requests, key=lambda r: inputs.bucket(len(r.ids)))
-        self.stats = decode_stats.fresh(self.batch)
+        self.stats = Stats(batch=self.batch)
         scheduler = Scheduler(
             self, sampled, max_new_tokens_bucket, fixed_P or inputs.bucket(len(requests[0].ids))
         )
@@ -308,8 +308,6 @@ class Engine:
             return False
         try:
             if self._scheduler is None:
-                if not self.stats:
-                    self.stats = decode_stats.fresh(self.batch)
                 # without max_prompt_tokens the state starts at the smallest prompt bucket
                 # and grows as longer prompts come
                 P = inputs.bucket(self.max_prompt_tokens or 1)

@@ -35,8 +35,8 @@ from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import slot_state
-from lookahead_jax.engine import stats as decode_stats
 from lookahead_jax.engine.requests import Encoded
+from lookahead_jax.engine.stats import Stats
 
 
 class DeviceSlots:
@@ -45,7 +45,7 @@ class DeviceSlots:
     def __init__(self, model, batch: int, spec: DecodeSpec, new_positions: int, P: int, stats):
         self.model, self.B, self.spec = model, batch, spec
         self.new_positions = new_positions
-        self.stats: decode_stats.Stats = stats  # compile_s, prefill_calls, buckets, S
+        self.stats: Stats = stats  # compile_s, prefill_calls, buckets, S
         self.state: DecodeState | None = None
         self.to_retire_b = np.zeros((batch,), bool)  # rows to make done before generate
         self._set_shape(P)
@@ -76,7 +76,7 @@ class DeviceSlots:
         self._insert = slot_state.program(slot_state.insert, self.state_sh, donate_argnums=0)
         self._retire = slot_state.program(slot_state.retire, self.state_sh, donate_argnums=0)
         self.positions_S = shape.tokens.shape[1]
-        self.stats["cache_positions"].append(self.positions_S)
+        self.stats.cache_positions.append(self.positions_S)
 
     def grow(self, P: int) -> None:
         """Move to a longer prompt side P: the rows in flight keep decoding in a state
@@ -96,7 +96,7 @@ class DeviceSlots:
 
     def _compiled(self, new_positions: int, args, name: str):
         exe, secs = programs.compiled(self.model, self.spec, new_positions, args, name)
-        self.stats["compile_s"] += secs
+        self.stats.compile_s += secs
         return exe
 
     # ------------------------------------------------------------------ the three verbs
@@ -125,10 +125,10 @@ class DeviceSlots:
                 lambda a: multihost.replicated(mesh, a, sharding.batch_major(a, mesh)), rows
             )
         args = (self.model.params, *rows)
-        buckets = self.stats["prompt_buckets"]
+        buckets = self.stats.prompt_buckets
         if P not in buckets:
             buckets.append(P)
-        self.stats["prefill_calls"] += 1
+        self.stats.prefill_calls += 1
         # room for the new positions that gives this prompt bucket's rows the state's S
         start = self._compiled(self.P + self.new_positions - P, args, "start")
         return start(*args)

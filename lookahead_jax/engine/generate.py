@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 from lookahead_jax.distributed import multihost
 from lookahead_jax.engine import inputs
-from lookahead_jax.engine import stats as decode_stats
 from lookahead_jax.engine.continuous import Engine
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
@@ -106,14 +105,13 @@ def generate(
 
 
 def _output(model, stats: Stats, results) -> GenerationOutput:
-    """This process's rows of a finished or interrupted run, in prompt order. With
-    several processes the token and step counts are this process's rows', the rest
-    (accepted_hist, sources) the whole batch's."""
+    """This process's rows of a finished or interrupted run, in prompt order. The stats
+    are the whole batch's; with several processes, process_new_tokens / process_row_steps
+    are this process's rows'."""
     steps = [r.steps for r in results]
-    stats["new_tokens"] = sum(len(r.token_ids) for r in results)
-    stats["row_steps"] = sum(steps)
-    decode_stats.derive_rates(stats)  # tokens_per_s agrees with these counts
-    stats["step_ms"] = 1000 * stats["decode_s"] / max(max(steps, default=0), 1)
+    stats.process_new_tokens = sum(len(r.token_ids) for r in results)
+    stats.process_row_steps = sum(steps)
+    stats.step_ms = 1000 * stats.decode_s / max(max(steps, default=0), 1)
     return GenerationOutput(
         token_ids=[r.token_ids for r in results],
         texts=None if model.tokenizer is None else [r.text for r in results],

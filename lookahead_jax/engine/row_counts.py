@@ -11,7 +11,6 @@ import numpy as np
 
 from lookahead_jax.decoding import autotune
 from lookahead_jax.distributed import multihost
-from lookahead_jax.engine import stats as decode_stats
 from lookahead_jax.engine.device_slots import DeviceSlots
 from lookahead_jax.guesses import acceptance_record
 
@@ -54,7 +53,7 @@ class RowCounts:
             total, rows = self.weights or (0.0, 0)
             self.weights = (total + w_sum, rows + len(slots))
             weights = self.weights[0] / self.weights[1]
-        decode_stats.count_sources(self.stats, self.source_names, nodes, paths, tokens, weights)
+        self.stats.count_sources(self.source_names, nodes, paths, tokens, weights)
 
     def _add_hist(self, hist_e) -> None:
         """Count a finished row's accepted-length histogram [E]: into the lookahead
@@ -95,7 +94,7 @@ class RowCounts:
         self.count(occupied)  # their lookahead phase, before the state loses it
         self.auto.after_steps, self.auto.lookahead_hist = steps, hist.sum(0, keepdims=True)
         self.device.to_plain()
-        self.stats["config"]["lookahead_auto"]["switched_to_plain_after_steps"] = steps
+        self.stats.config["lookahead_auto"]["switched_to_plain_after_steps"] = steps
 
     def record_acceptance(self, model) -> None:
         """auto: fold this run's lookahead acceptance into the model's running factor."""

@@ -26,10 +26,10 @@ import jax.numpy as jnp
 from lookahead_jax.decoding import autotune
 from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.engine import inputs, interrupts
-from lookahead_jax.engine import stats as decode_stats
 from lookahead_jax.engine.device_slots import DeviceSlots
 from lookahead_jax.engine.requests import Encoded, Result, Update
 from lookahead_jax.engine.row_counts import RowCounts
+from lookahead_jax.engine.stats import Stats
 from lookahead_jax.engine.stop_strings import find_stop
 from lookahead_jax.guesses.lookahead_config import max_step_tokens
 
@@ -52,7 +52,7 @@ class Scheduler:
         self.started = time.perf_counter()
         model = engine.model
         self.engine, self.model, self.B = engine, model, engine.batch
-        self.stats: decode_stats.Stats = engine.stats
+        self.stats: Stats = engine.stats
         self.queue: collections.deque[Encoded] = collections.deque()
         self.dequeued = 0  # requests that left `queue`: admitted or cancelled
         self.active: list[Active | None] = [None] * self.B
@@ -72,14 +72,14 @@ class Scheduler:
         )
         self.device = DeviceSlots(model, self.B, spec, new_positions, P, self.stats)
         self.counts = RowCounts(self.device, auto, self.stats)
-        self.stats["config"] = {
+        self.stats.config = {
             "lookahead": None if lookahead is None else lookahead.describe(),
             "dtype": spec.cache_dtype,
             "sampled": sampled,
             **engine.sampling.describe(),
         }
         if auto is not None:
-            self.stats["config"]["lookahead_auto"] = {
+            self.stats.config["lookahead_auto"] = {
                 **auto.choice.describe(),
                 "switched_to_plain_after_steps": None,
             }
@@ -105,22 +105,22 @@ class Scheduler:
     def advance(self) -> list[Result]:
         """One round: admit, decode, read back; returns the requests that finished."""
         stats, device = self.stats, self.device
-        t, compile_s = time.perf_counter(), stats["compile_s"]
+        t, compile_s = time.perf_counter(), stats.compile_s
         admitted = self._fill()
         finished = []
         if admitted:
             jax.block_until_ready(device.state)
-            stats["prefill_s"] += time.perf_counter() - t - (stats["compile_s"] - compile_s)
+            stats.prefill_s += time.perf_counter() - t - (stats.compile_s - compile_s)
             if any(a.request.listener for a in admitted):
                 finished += self._collect()  # the first tokens (the prefill's) go out now
         if not self.occupied():
             return finished
         if device.has_work():
-            t, compile_s = time.perf_counter(), stats["compile_s"]
+            t, compile_s = time.perf_counter(), stats.compile_s
             device.generate(self._steps(), waiting=bool(self.queue))
             jax.block_until_ready(device.state)
-            stats["decode_s"] += time.perf_counter() - t - (stats["compile_s"] - compile_s)
-            stats["rounds"] += 1
+            stats.decode_s += time.perf_counter() - t - (stats.compile_s - compile_s)
+            stats.rounds += 1
             self.counts.watch(self.occupied())
         finished += self._collect()
         return finished
@@ -225,7 +225,7 @@ class Scheduler:
     def interrupted(self) -> list[Result]:
         """End every request in a slot with finish "interrupted" and the tokens it has
         (after a Ctrl-C between rounds: the state is whole)."""
-        self.stats["interrupted"] = True
+        self.stats.interrupted = True
         return [] if self.device.state is None else self._collect(end_all="interrupted")
 
     def _stop(self, a: Active, new: list[int]) -> tuple[str | None, list[int]]:
@@ -244,9 +244,9 @@ class Scheduler:
         if finish == "stop":
             text = text[: min(i for i in (text.find(s) for s in a.request.stop) if i >= 0)]
         stats = self.stats
-        stats["prompts"] += 1
-        stats["new_tokens"] += len(cut)
-        stats["row_steps"] += steps
+        stats.prompts += 1
+        stats.new_tokens += len(cut)
+        stats.row_steps += steps
         result = Result(
             id=a.request.id,
             token_ids=cut,
@@ -267,4 +267,4 @@ class Scheduler:
         if record:
             self.counts.record_acceptance(self.model)
         wall_s = time.perf_counter() - self.started
-        decode_stats.totals(self.stats, wall_s, self.counts.accepted_hist())
+        self.stats.close(wall_s, self.counts.accepted_hist())

@@ -129,7 +129,7 @@ def assert_lookahead_matches_plain(
             for start in range(0, len(ids), size):
                 chunk = ids[start : start + size]
                 out = generate(model, chunk, lookahead=config, **kw)
-                hist = out.stats["accepted_hist"]
+                hist = out.stats.accepted_hist
                 accepted[config.name] += sum((int(k) - 1) * c for k, c in hist.items())
                 for row, got in enumerate(out.token_ids):
                     want = plain[start + row]

@@ -52,7 +52,7 @@ class Metrics:
         self.queue.set(self.engine.queued)
         self.slots.set(self.engine.slots_in_use)
         self.batch.set(self.engine.batch)
-        if stats.get("row_steps"):
-            self.tokens_per_step.set(stats["new_tokens"] / stats["row_steps"])
-        self.accepted.set(sum(s["tokens"] for s in stats.get("sources", {}).values()))
+        if stats.row_steps:
+            self.tokens_per_step.set(stats.compression)
+        self.accepted.set(stats.accepted_tokens)
         return generate_latest(self.registry)

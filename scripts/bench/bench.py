@@ -52,11 +52,11 @@ class Ours:
         s = out.stats
         return {
             "tokens": out.token_ids[0],
-            "seconds": s["prefill_s"] + s["decode_s"],
+            "seconds": s.prefill_s + s.decode_s,
             "steps": out.steps[0],
-            "compile_s": s["compile_s"],
-            "lookahead": s["config"]["lookahead"],
-            "auto": s["config"].get("lookahead_auto"),
+            "compile_s": s.compile_s,
+            "lookahead": s.config["lookahead"],
+            "auto": s.config.get("lookahead_auto"),
         }
 
 

@@ -45,7 +45,7 @@ def compression(model, ids: list[list[int]], max_new_tokens: int, config, batch:
     new = steps = 0
     for i in range(0, len(ids), batch):
         out = lj.generate(model, ids[i : i + batch], max_new_tokens, lookahead=config)
-        new, steps = new + out.stats["new_tokens"], steps + out.stats["row_steps"]
+        new, steps = new + out.stats.new_tokens, steps + out.stats.row_steps
     return {"prompts": len(ids), "new_tokens": new, "steps": steps, "compression": new / steps}
 
 
@@ -97,7 +97,7 @@ def tokens_per_s(models: dict, ids: list[list[int]], max_new_tokens: int, repeat
             new = secs = 0.0
             for p in ids:
                 out = lj.generate(model, [p], max_new_tokens=max_new_tokens, lookahead=config)
-                new, secs = new + out.stats["new_tokens"], secs + out.stats["decode_s"]
+                new, secs = new + out.stats.new_tokens, secs + out.stats.decode_s
             runs[w].append(new / secs)
     return {w: {"max": max(r), "median": float(np.median(r)), "runs": r} for w, r in runs.items()}
 

@@ -113,14 +113,14 @@ def run_engine(model, ids, batch, lookahead, max_new):
     tokens = [None] * len(ids)
     for r in results:
         tokens[r.id] = r.token_ids
-    config = engine.stats["config"]
+    config = engine.stats.config
     return {
         "tokens": tokens,
         "seconds": seconds,
-        "row_steps": engine.stats["row_steps"],
-        "rounds": engine.stats["rounds"],
-        "compression": engine.stats["compression"],
-        "compile_s_in_timing": engine.stats["compile_s"],
+        "row_steps": engine.stats.row_steps,
+        "rounds": engine.stats.rounds,
+        "compression": engine.stats.compression,
+        "compile_s_in_timing": engine.stats.compile_s,
         "lookahead": config["lookahead"] and config["lookahead"]["name"],
         "auto": config.get("lookahead_auto"),
         "switched_to_plain_after_steps": (config.get("lookahead_auto") or {}).get(
@@ -156,7 +156,7 @@ def run_static(model, ids, batch, max_new):
     for i in range(0, len(ids), batch):
         out = lj.generate(model, ids[i : i + batch], max_new_tokens=max_new, lookahead=None)
         tokens += out.token_ids
-        seconds += out.stats["prefill_s"] + out.stats["decode_s"]
+        seconds += out.stats.prefill_s + out.stats.decode_s
         steps += max(out.steps)
     return {"tokens": tokens, "seconds": seconds, "batch_steps": steps}
 

@@ -129,8 +129,8 @@ kw = dict(batch={batch}, max_new_tokens={max_tokens}, lookahead=la, chat=True)
 list(lj.Engine(model, **kw).run([lj.Request(p, max_new_tokens=1) for p in prompts]))
 engine = lj.Engine(model, **kw)
 results = list(engine.run(prompts))
-print(json.dumps({{"tokens_per_s": engine.stats["tokens_per_s"],
-                   "new_tokens": engine.stats["new_tokens"], "wall_s": engine.stats["wall_s"]}}))
+print(json.dumps({{"tokens_per_s": engine.stats.tokens_per_s,
+                   "new_tokens": engine.stats.new_tokens, "wall_s": engine.stats.wall_s}}))
 """
     out = subprocess.run(
         [sys.executable, "-c", code],
