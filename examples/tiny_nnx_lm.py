@@ -93,7 +93,7 @@ def tiny_model(dtype=jnp.float32) -> lj.Model:
 def main() -> None:
     prompts = [[5, 6, 7, 5, 6, 7, 5], [11, 12, 13, 14, 15, 11, 12, 13]]
     out = lj.generate(
-        tiny_model(), prompts, max_new_tokens=24, lookahead=lj.LookaheadConfig.for_budget(8)
+        tiny_model(), prompts, max_new_tokens=24, lookahead=lj.LookaheadConfig.for_tokens(8)
     )
     print("tokens:", out.token_ids)
     print("forward passes per row:", out.steps)

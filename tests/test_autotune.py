@@ -37,7 +37,7 @@ def test_choice_follows_the_cost_curve(model, tmp_cache, monkeypatch):
     monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: FLAT)
     flat = autotune.choose(model)
     # big steps are (nearly) free: the layout with the best prior compression wins
-    assert flat.config is not None and flat.config.key == max(
+    assert flat.config is not None and flat.config.tuning_key == max(
         autotune.PRIORS, key=autotune.PRIORS.get
     )
     assert flat.expected_speedup == max(flat.table.values())
@@ -47,16 +47,16 @@ def test_choice_follows_the_cost_curve(model, tmp_cache, monkeypatch):
     assert all(v < autotune.MARGIN for v in steep.table.values())
     # the stats line says why: the closest candidate's cost ratio and expected gain
     best = max(steep.table, key=steep.table.get)
-    assert steep.runner_up.config.key == best
+    assert steep.runner_up.config.tuning_key == best
     why = autotune.why(steep.describe())
     assert steep.runner_up.config.name in why and f"{steep.table[best]:.2f}x" in why, why
     assert f"{flat.cost_ratio:.2f}x a plain one" in autotune.why(flat.describe())
     # with free steps, a cap on the step's tokens picks the best prior under the cap
     monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: FLAT)
     limited = autotune.choose(model, max_step_tokens=20)
-    fits = [k for k in autotune.PRIORS if lj.LookaheadConfig.for_budget(k).tokens_per_step <= 20]
+    fits = [k for k in autotune.PRIORS if lj.LookaheadConfig.for_tokens(k).tokens_per_step <= 20]
     assert limited.config is not None and limited.config.tokens_per_step <= 20
-    assert limited.config.key == max(fits, key=autotune.PRIORS.get) != flat.config.key
+    assert limited.config.tuning_key == max(fits, key=autotune.PRIORS.get) != flat.config.tuning_key
 
 
 def test_cost_ratio_interpolates_and_refuses_to_extrapolate():
@@ -142,8 +142,8 @@ def test_other_cpu_use_sees_another_process():
 
 def test_acceptance_factor_is_a_running_average(model, tmp_cache):
     assert autotune.acceptance_factor(model) == 1.0
-    la = lj.LookaheadConfig.for_budget(8)
-    prior = autotune.PRIORS[la.key]
+    la = lj.LookaheadConfig.for_tokens(8)
+    prior = autotune.PRIORS[la.tuning_key]
     autotune.record_acceptance(model, la, compression=1.0, steps=100)  # nothing accepted
     low = autotune.acceptance_factor(model)
     assert low < 1.0
@@ -158,7 +158,7 @@ def test_sampling_keeps_its_own_acceptance_factor(model, tmp_cache, monkeypatch)
     hot = lj.SamplingConfig(temperature=0.7)
     assert autotune.sampling_bucket(hot) == "t0.7"
     assert autotune.sampling_bucket(lj.SamplingConfig(temperature=0.7, top_k=1)) == "greedy"
-    la = lj.LookaheadConfig.for_budget(8)
+    la = lj.LookaheadConfig.for_tokens(8)
     autotune.record_acceptance(model, la, compression=1.0, steps=100, sampling=hot)
     assert autotune.acceptance_factor(model, hot) < 1.0
     assert autotune.acceptance_factor(model) == greedy_before  # greedy untouched

@@ -368,7 +368,7 @@ CASES = [
         GEN,
         (*CORRUPT, *G, "--lookahead", "tokens=1"),
         ("tokens per step", ">= 2", "got 1"),
-        lambda p, a: lj.LookaheadConfig.for_budget(1),
+        lambda p, a: lj.LookaheadConfig.for_tokens(1),
     ),
     Case(
         "lookahead-tokens-not-an-integer",

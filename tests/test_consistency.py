@@ -179,7 +179,7 @@ def test_training_lowers_jacobi_iterations_and_decodes_exactly(base, tmp_path, t
         lj.testing.assert_lookahead_matches_plain(
             tuned,
             PROMPTS[:6],
-            configs=(lj.LookaheadConfig.for_budget(8),),
+            configs=(lj.LookaheadConfig.for_tokens(8),),
             max_new_tokens=16,
             batch_sizes=(6,),
         )

@@ -164,7 +164,7 @@ def test_lookahead_equals_plain_on_the_packed_model(tiny_ckpts, weights):
     assert packed.is_packed(kern.params)
     prompts = [[5, 9, 14, 3, 7, 2, 5, 9, 14, 3], [11, 12, 13, 11, 12, 13, 11]]
     plain = lj.generate(kern, prompts, max_new_tokens=24, lookahead=None)
-    la = lj.generate(kern, prompts, max_new_tokens=24, lookahead=lj.LookaheadConfig.for_budget(8))
+    la = lj.generate(kern, prompts, max_new_tokens=24, lookahead=lj.LookaheadConfig.for_tokens(8))
     assert la.token_ids == plain.token_ids
     assert la.stats.compression > 1.0
 

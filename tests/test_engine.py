@@ -84,9 +84,9 @@ def requests(order_seed: int) -> list[lj.Request]:
 LONGEST = max(map(len, PROMPTS))
 CASES = [  # (lookahead, batch, temperature, max_prompt_tokens: None = the state grows)
     (None, 2, 0.0, None),
-    (lj.LookaheadConfig.for_budget(16), 3, 0.0, None),
-    (lj.LookaheadConfig.for_budget(16), 1, 0.0, LONGEST),
-    (lj.LookaheadConfig.for_budget(16), 4, 0.9, LONGEST),
+    (lj.LookaheadConfig.for_tokens(16), 3, 0.0, None),
+    (lj.LookaheadConfig.for_tokens(16), 1, 0.0, LONGEST),
+    (lj.LookaheadConfig.for_tokens(16), 4, 0.9, LONGEST),
 ]
 
 
@@ -172,7 +172,7 @@ def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tm
     """auto's guard calls a losing lookahead off in the middle of a run, with slots
     mid-decode and prompts still queued: every prompt's tokens are still exact."""
     monkeypatch.setenv("LOOKAHEAD_JAX_CACHE", str(tmp_path))
-    config = lj.LookaheadConfig.for_budget(8)
+    config = lj.LookaheadConfig.for_tokens(8)
     monkeypatch.setattr(
         autotune,
         "choose",
@@ -206,7 +206,7 @@ def test_per_prompt_sampling_settings_share_one_batch(model64):
             model64,
             batch=4,
             max_new_tokens=MAX_NEW,
-            lookahead=lj.LookaheadConfig.for_budget(16),
+            lookahead=lj.LookaheadConfig.for_tokens(16),
             seed=SEED,
             max_prompt_tokens=LONGEST,
         )
@@ -237,7 +237,7 @@ def test_online_requests_while_it_decodes(model64):
             model64,
             batch=3,
             max_new_tokens=MAX_NEW,
-            lookahead=lj.LookaheadConfig.for_budget(16),
+            lookahead=lj.LookaheadConfig.for_tokens(16),
             seed=SEED,
             max_prompt_tokens=LONGEST,
             stream_steps=2,

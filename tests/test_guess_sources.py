@@ -318,12 +318,12 @@ def test_feed_gets_the_chosen_tokens_and_the_accepted_source_and_init_the_row_ke
     from lookahead_jax.decoding.sampling import SamplingConfig
 
     model = lj.load(tiny_ckpts["gqa"][1])
-    base = lj.LookaheadConfig.for_budget(16)
+    base = lj.LookaheadConfig.for_tokens(16)
     la = dataclasses.replace(base, extra_sources=(Witness(len(base.source_names) + 1),))
     spec = DecodeSpec(lm=model.lm, eos_ids=(), lookahead=la)
     prompts = np.asarray([[5, 6, 7, 5, 6, 7, 5, 6], [9, 8, 9, 8, 9, 8, 9, 8]], np.int32)
     B = len(prompts)
-    state = jax.jit(functools.partial(start, spec=spec, max_new_tokens_bucket=16))(
+    state = jax.jit(functools.partial(start, spec=spec, new_positions=16))(
         model.params, prompts, np.full(B, 8, np.int32), np.full(B, 16, np.int32),
         row_keys(3, B), RowSampling.of([SamplingConfig()] * B),
     )  # fmt: skip

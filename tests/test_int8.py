@@ -73,7 +73,7 @@ def test_int8_lookahead_equals_int8_plain(tiny_ckpts, weights):
         accepted = lj.testing.assert_lookahead_matches_plain(
             model,
             PROMPTS,
-            configs=(lj.LookaheadConfig.for_budget(16),),  # every guess source
+            configs=(lj.LookaheadConfig.for_tokens(16),),  # every guess source
             max_new_tokens=20,
             batch_sizes=(8,),
         )

@@ -31,9 +31,9 @@ PAPER_CONFIGS = [
 # Draft trees fed by every source; budgets of 32+ nodes are larger than the context of
 # the shortest prompts when they start.
 TREE_CONFIGS = [
-    LA.for_budget(8),  # token recycling + suffix match, no window
-    LA.for_budget(16),  # + a window feeding the pool, pool candidates
-    LA.for_budget(64),  # deep suffix spans (16) and a wide recycling template
+    LA.for_tokens(8),  # token recycling + suffix match, no window
+    LA.for_tokens(16),  # + a window feeding the pool, pool candidates
+    LA.for_tokens(64),  # deep suffix spans (16) and a wide recycling template
     LA(2, 0, 0, suffix=3, suffix_span=12, tree=6),  # suffix match alone, tree cut short
     LA(4, 3, 2, recycle=9, verify_window=True),  # window paths verified beside the tree
     LA(5, 4, 4, pool_capacity=9),  # pool holding more than it verifies
@@ -87,7 +87,7 @@ def plain64(model64):
 def test_lookahead_equals_plain_float64(model64, plain64, la):
     accepted = 0
     batches = [(8, PROMPTS)]
-    if la == LA.for_budget(16):  # the CPU's default layout: batch 3 (rows finishing
+    if la == LA.for_tokens(16):  # the CPU's default layout: batch 3 (rows finishing
         batches += [(3, PROMPTS[:9]), (1, PROMPTS[9:12])]  # apart), and batch 1
     with jax.enable_x64(True):
         for batch, prompts in batches:
@@ -107,7 +107,7 @@ def test_lookahead_equals_plain_float64(model64, plain64, la):
         assert accepted == 0
 
 
-@pytest.mark.parametrize("la", [None, LA.for_budget(16)], ids=["plain", "tokens=16"])
+@pytest.mark.parametrize("la", [None, LA.for_tokens(16)], ids=["plain", "tokens=16"])
 def test_attention_in_blocks_of_the_cache_gives_the_same_tokens(model64, plain64, la):
     """Attention over the cache in blocks of 5 nodes (up to the longest row, the last
     block moved back to end at S; models/llama.py) decodes exactly what one block over
@@ -136,7 +136,7 @@ def test_the_acceptance_record_weighs_the_merge_and_never_changes_the_output(
 
     monkeypatch.setattr(draft_tree, "merge", spy)
     # recycle_k=7: a layout no other test compiles, so that both programs are traced here
-    la = dataclasses.replace(LA.for_budget(8), recycle_k=7)
+    la = dataclasses.replace(LA.for_tokens(8), recycle_k=7)
     with jax.enable_x64(True):
         on = run(model64, PROMPTS[:16], 8, lookahead=la)
         on_seen = seen[:]
@@ -159,7 +159,7 @@ def test_family_lookahead_equals_plain_float64(tiny_ckpts, variant):
         accepted = lj.testing.assert_lookahead_matches_plain(
             model,
             PROMPTS[10:18],
-            configs=(LA.for_budget(16),),  # window, pool, suffix and recycling tree
+            configs=(LA.for_tokens(16),),  # window, pool, suffix and recycling tree
             max_new_tokens=MAX_NEW,
             batch_sizes=(8,),
         )
@@ -174,7 +174,7 @@ def test_the_harness_fails_a_comparison_where_no_guess_is_accepted(model64):
             lj.testing.assert_lookahead_matches_plain,
             model64,
             PROMPTS[:2],
-            configs=(LA.for_budget(16),),
+            configs=(LA.for_tokens(16),),
             max_new_tokens=1,
             batch_sizes=(2,),
         )
@@ -185,7 +185,7 @@ def test_the_harness_fails_a_comparison_where_no_guess_is_accepted(model64):
 
 def test_eos_inside_an_accepted_span(model64):
     """A row stops at an EOS that sits in the middle of a multi-token step."""
-    la = LA.for_budget(16)
+    la = LA.for_tokens(16)
     with jax.enable_x64(True):
         # MAX_NEW, batch 8: the shapes (and so the programs) of the tokens=16 case above
         out = lj.generate(model64, PROMPTS[12:20], max_new_tokens=MAX_NEW, lookahead=la)
@@ -235,7 +235,7 @@ def test_device_loop_host_loop_and_chunks_agree(model64):
 @pytest.mark.parametrize(
     # the paper's window with verification of its own n-grams, and the default tree
     "la",
-    [LA(4, 3, 2, verify_window=True), LA.for_budget(16)],
+    [LA(4, 3, 2, verify_window=True), LA.for_tokens(16)],
     ids=lambda la: la.name,
 )
 def test_sampling_lookahead_equals_plain_sampling(model64, la):
@@ -262,7 +262,7 @@ def test_smollm2_float32_lookahead_equals_plain(smollm2):
     plain = lj.generate(smollm2, prompts, max_new_tokens=32, lookahead=None)
     # the layout a CPU gets; the paper's layouts and the larger trees are covered on the
     # tiny models in float64
-    for la in (LA.for_budget(16),):
+    for la in (LA.for_tokens(16),):
         out = lj.generate(smollm2, prompts, max_new_tokens=32, lookahead=la)
         for p, got, want in zip(prompts, out.token_ids, plain.token_ids, strict=True):
             assert_same_or_near_tie(smollm2, p, got, want)
@@ -277,8 +277,8 @@ def test_config_validation():
     assert hash(LA(5, 7, 7)) == hash(dataclasses.replace(LA(5, 7, 7)))
     # a budget layout with fields changed: parsed, named, and parsed back
     fixed = LA.parse("tokens=16,adapt=False")
-    assert fixed == dataclasses.replace(LA.for_budget(16), adapt=False)
+    assert fixed == dataclasses.replace(LA.for_tokens(16), adapt=False)
     assert fixed.name == "tokens=16,adapt=False" and LA.parse(fixed.name) == fixed
-    assert LA.for_budget(16).adapt and LA.for_budget(16).name == "tokens=16"
+    assert LA.for_tokens(16).adapt and LA.for_tokens(16).name == "tokens=16"
     with pytest.raises(ValueError, match="unknown field 'speed'"):
         LA.parse("tokens=16,speed=2")

@@ -39,9 +39,7 @@ def copies(model, lookahead, batch: int, sampled: bool = False) -> list:
     sampling = RowSampling(rows(dtype=jnp.float32), rows(), rows(dtype=jnp.float32))
     args = (model.params, rows(PROMPT), rows(), rows(), rows(2, dtype=jnp.uint32), sampling)
     exe, _ = programs.compiled(model, spec, CAP, args, "run_loop")
-    state = jax.eval_shape(
-        functools.partial(decoding.start, spec=spec, max_new_tokens_bucket=CAP), *args
-    )
+    state = jax.eval_shape(functools.partial(decoding.start, spec=spec, new_positions=CAP), *args)
     assert state.cache.positions > BLOCK
     if model.mesh is not None:  # each device's shards too
         where = sharding.state_shardings(state, model.mesh)
@@ -80,8 +78,8 @@ def model(tiny_ckpts):
     "lookahead, batch, sampled",
     [
         (None, 3, False),
-        (lj.LookaheadConfig.for_budget(8), 1, False),
-        (lj.LookaheadConfig.for_budget(16), 3, True),  # with per-row sampling
+        (lj.LookaheadConfig.for_tokens(8), 1, False),
+        (lj.LookaheadConfig.for_tokens(16), 3, True),  # with per-row sampling
     ],
     ids=["plain-b3", "tokens=8-b1", "tokens=16-b3-sampled"],
 )
@@ -93,7 +91,7 @@ def test_the_decode_loop_copies_no_weights_and_no_state(model, lookahead, batch,
 def test_nor_on_a_mesh(model):
     on_mesh = lj.load(model.path, mesh=lj.make_mesh(data=2, model=2))
     on_mesh = dataclasses.replace(on_mesh, lm=model.lm)
-    found = copies(on_mesh, lj.LookaheadConfig.for_budget(8), 4)
+    found = copies(on_mesh, lj.LookaheadConfig.for_tokens(8), 4)
     assert not found, "\n".join(map(str, found))
 
 

@@ -40,7 +40,7 @@ def test_nnx_lookahead_equals_its_own_plain_greedy(model64):
         accepted = lj.testing.assert_lookahead_matches_plain(
             model64,
             PROMPTS,
-            configs=(lj.LookaheadConfig.for_budget(16), lj.LookaheadConfig(3, 2, 2)),
+            configs=(lj.LookaheadConfig.for_tokens(16), lj.LookaheadConfig(3, 2, 2)),
             max_new_tokens=20,
             batch_sizes=(5,),  # other batch sizes: the Llama matrix
         )
@@ -55,7 +55,7 @@ def test_guesses_past_the_last_position_do_not_poison_the_pass(model64):
     with jax.enable_x64(True):
         plain = lj.generate(model64, prompt, max_new_tokens=6, lookahead=None).token_ids
         la = lj.generate(
-            model64, prompt, max_new_tokens=6, lookahead=lj.LookaheadConfig.for_budget(8)
+            model64, prompt, max_new_tokens=6, lookahead=lj.LookaheadConfig.for_tokens(8)
         )
     assert la.token_ids == plain and len(plain[0]) > 1
 
@@ -84,7 +84,7 @@ def test_harness_catches_a_model_that_mixes_the_tokens_of_a_pass(model64):
         assert lj.testing.pass_agreement(leaky, PROMPTS[2]) > 1.0
         with pytest.raises(AssertionError, match="lookahead != plain"):
             lj.testing.assert_lookahead_matches_plain(
-                leaky, PROMPTS[:2], configs=(lj.LookaheadConfig.for_budget(8),), max_new_tokens=8
+                leaky, PROMPTS[:2], configs=(lj.LookaheadConfig.for_tokens(8),), max_new_tokens=8
             )
 
 

@@ -43,7 +43,7 @@ def trace(lm, lookahead, steps: int = 1):
             row_keys(0, B),
             jax.tree.map(jnp.asarray, sampling),
             spec=spec,
-            max_new_tokens_bucket=16,
+            new_positions=16,
         )
         for _ in range(steps):
             state = step(params, state, spec=spec)
@@ -53,7 +53,7 @@ def trace(lm, lookahead, steps: int = 1):
 
 
 @pytest.mark.parametrize(
-    "la", [None, lj.LookaheadConfig.for_budget(16), lj.LookaheadConfig(4, 3, 3)]
+    "la", [None, lj.LookaheadConfig.for_tokens(16), lj.LookaheadConfig(4, 3, 3)]
 )
 def test_a_traced_decode_keeps_every_contract(la):
     state = trace(LlamaLM(CFG), la)
@@ -111,7 +111,7 @@ class FloatTokens:
 
 
 def test_a_source_that_proposes_the_wrong_dtype_is_named():
-    la = dataclasses.replace(lj.LookaheadConfig.for_budget(16), extra_sources=(FloatTokens(),))
+    la = dataclasses.replace(lj.LookaheadConfig.for_tokens(16), extra_sources=(FloatTokens(),))
     with pytest.raises(shapes.ShapeError, match=r"float_tokens.propose\(\)\.tokens is float32"):
         trace(LlamaLM(CFG), la)
 

@@ -61,7 +61,7 @@ def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.Argume
         default=None,
         metavar="tokens=T|N,W,G|auto",
         help="as for generate: auto (the default) chooses for this machine, model and "
-        "batch; tokens=T a fixed draft budget",
+        "batch; tokens=T a fixed layout of T tokens per step",
     )
     mode.add_argument("--no-lookahead", action="store_true", help="plain decoding")
     p.add_argument(

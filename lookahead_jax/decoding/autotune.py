@@ -1,7 +1,7 @@
 """`--lookahead auto`: choose the tokens per step for this machine and model, or plain
 decoding.
 
-A lookahead layout (LookaheadConfig.for_budget) pays when the tokens it emits per step
+A lookahead layout (LookaheadConfig.for_tokens) pays when the tokens it emits per step
 (its compression c) outgrow how much slower its step is than a plain one (the cost ratio
 r). Both are estimated, never assumed:
 
@@ -34,7 +34,7 @@ from lookahead_jax.cache_dir import write_atomic
 from lookahead_jax.decoding.cost_curve import cost_curve, cost_ratio, model_fingerprint, tune_dir
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 
-# tokens per step (a LookaheadConfig.for_budget layout): prior compression (new tokens per
+# tokens per step (a LookaheadConfig.for_tokens layout): prior compression (new tokens per
 # step) on MT-bench first turns (2 per category), greedy, 256 new tokens, SmolLM2-135M
 # (benchmarks/cpu/budgets.md; 64 and 128: one per category, budgets_large.md). Measured
 # before the acceptance record (adapt), which adds about 1 % at 16 (benchmarks/cpu/
@@ -51,7 +51,7 @@ PRIORS: dict[int, float] = {
 }
 MARGIN = 1.03  # expected speedup needed to prefer lookahead over plain decoding
 # probe exactly the candidates' step sizes: XLA's speed is not smooth in T on every device
-PROBE_TOKENS = tuple(sorted({1} | {LookaheadConfig.for_budget(t).tokens_per_step for t in PRIORS}))
+PROBE_TOKENS = tuple(sorted({1} | {LookaheadConfig.for_tokens(t).tokens_per_step for t in PRIORS}))
 FACTOR_EMA = 0.3
 
 
@@ -121,7 +121,7 @@ def record_acceptance(
 ) -> None:
     """Fold one generation's observed compression into the running factor of its model
     and decoding mode."""
-    prior = PRIORS.get(config.key)
+    prior = PRIORS.get(config.tuning_key)
     if prior is None or steps < 16:
         return
     observed = (compression - 1.0) / (prior - 1.0) if prior > 1 else 1.0
@@ -145,7 +145,7 @@ def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int 
     curve = cost_curve(model, PROBE_TOKENS, stop_above=best_case, batch=batch)
     best, table = None, {}
     for key in PRIORS:
-        cfg = LookaheadConfig.for_budget(key)
+        cfg = LookaheadConfig.for_tokens(key)
         if max_step_tokens is not None and cfg.tokens_per_step > max_step_tokens:
             continue
         r = cost_ratio(curve, cfg.tokens_per_step)
@@ -242,7 +242,7 @@ class AutoRun:
         return self.choice.config
 
     @property
-    def chunk_steps(self) -> int | None:
+    def steps_per_call(self) -> int | None:
         """How many steps the device loop runs between checks (None: no checks)."""
         return self.guard.window_steps if self.guard else None
 
@@ -275,7 +275,7 @@ def _agree_on(config: LookaheadConfig | None) -> LookaheadConfig | None:
     """Process 0's choice, on every process."""
     from jax.experimental import multihost_utils
 
-    budgets = [None, *PRIORS]
-    index = budgets.index(None if config is None else config.key)
+    choices = [None, *PRIORS]
+    index = choices.index(None if config is None else config.tuning_key)
     index = int(multihost_utils.broadcast_one_to_all(np.int32(index)))
-    return None if budgets[index] is None else LookaheadConfig.for_budget(budgets[index])
+    return None if choices[index] is None else LookaheadConfig.for_tokens(choices[index])

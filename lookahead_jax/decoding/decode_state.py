@@ -71,9 +71,10 @@ class DecodeSpec:
         return 1 if self.lookahead is None else self.lookahead.max_emit
 
 
-def positions_needed(prompt_bucket: int, max_new_tokens_bucket: int, max_emit: int) -> int:
-    """Cache/token-buffer positions S so that no fixed-size write ever goes out of bounds."""
-    return prompt_bucket + max_new_tokens_bucket + max_emit
+def positions_needed(prompt_bucket: int, new_positions: int, max_emit: int) -> int:
+    """Cache/token-buffer positions S so that no fixed-size write ever goes out of bounds:
+    the prompt bucket, the room for new tokens (new_positions) and one step's emit."""
+    return prompt_bucket + new_positions + max_emit
 
 
 def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b) -> DecodeState:
@@ -119,12 +120,12 @@ def prefill(
     sampling: RowSampling,
     *,
     spec: DecodeSpec,
-    max_new_tokens_bucket: int,
+    new_positions: int,
 ) -> DecodeState:
     """Run the prompts [B, P] (right-padded), fill the cache, emit the first new token.
     sampling: each row's settings ([B] arrays)."""
     B, P = prompt_bp.shape
-    S = positions_needed(P, max_new_tokens_bucket, max(spec.max_emit, spec.min_slack))
+    S = positions_needed(P, new_positions, max(spec.max_emit, spec.min_slack))
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
     last = (prompt_len_b - 1)[:, None]
     logits, k, v = seam.apply(spec.lm, params, prompt_bp, positions, causal_mask(P), None, last)

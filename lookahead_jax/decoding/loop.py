@@ -4,19 +4,19 @@
 All three are pure functions of (params, state) with a static `DecodeSpec`:
 
     state = start(params, prompt [B, P], prompt_len [B], max_new_tokens [B], rng [B, 2],
-                  sampling, spec=spec, max_new_tokens_bucket=64)
+                  sampling, spec=spec, new_positions=64)
         # right-padded prompts, the first token emitted; sampling: RowSampling [B]; the
         # bucket: a static bound on every row's max_new_tokens (sizes buffers and cache)
     state = step(params, state, spec=spec)      # every active row emits 1..max_emit tokens
-    state = run_loop(params, state, max_steps, stop_at_finish, spec=spec)  # while_loop
+    state = run_loop(params, state, steps_per_call, stop_at_finish, spec=spec)  # while_loop
 
 `DecodeState` (decode_state.py) holds each row's tokens [B, S], lengths and flags; a
 row's new tokens are `tokens[b, prompt_len[b] : prompt_len[b] + n_out[b]]`. Example:
 
     spec = DecodeSpec(lm=model.lm, eos_ids=model.eos_ids,
-                      lookahead=LookaheadConfig.for_budget(16))
+                      lookahead=LookaheadConfig.for_tokens(16))
     greedy = RowSampling.of([SamplingConfig()] * B)
-    state = jax.jit(functools.partial(start, spec=spec, max_new_tokens_bucket=64))(
+    state = jax.jit(functools.partial(start, spec=spec, new_positions=64))(
         model.params, prompt, prompt_len, max_new_tokens, row_keys(0, B), greedy)
     step_fn = jax.jit(functools.partial(step, spec=spec), donate_argnums=1)
     while not state.done.all():
@@ -55,13 +55,14 @@ def start(
     sampling: RowSampling,
     *,
     spec: DecodeSpec,
-    max_new_tokens_bucket: int,
+    new_positions: int,
 ) -> DecodeState:
     """Prefill the right-padded prompts [B, P] and emit each row's first token; with
     lookahead, also set up the window, pool and recycling tables.
 
     sampling: each row's settings ([B] arrays; sampling.RowSampling).
-    max_new_tokens_bucket: the largest budget any row has (sizes the token buffer and cache)."""
+    new_positions: room past the prompt bucket P for new tokens, at least the largest
+    max_new_tokens of any row (with P and the widest step's emit, it sizes S)."""
     state = prefill(
         params,
         prompt_bp,
@@ -70,7 +71,7 @@ def start(
         rng_b2,
         sampling,
         spec=spec,
-        max_new_tokens_bucket=max_new_tokens_bucket,
+        new_positions=new_positions,
     )
     if spec.lookahead is not None:
         state = init_lookahead(state, spec, prompt_bp.shape[1])
@@ -86,9 +87,9 @@ def step(params, state: DecodeState, *, spec: DecodeSpec) -> DecodeState:
 
 
 def run_loop(
-    params, state: DecodeState, max_steps, stop_at_finish=False, *, spec: DecodeSpec
+    params, state: DecodeState, steps_per_call, stop_at_finish=False, *, spec: DecodeSpec
 ) -> DecodeState:
-    """Step until every row is done, or `max_steps` more steps ran (the cap lets a caller
+    """Step until every row is done, or `steps_per_call` more steps ran (the cap lets a caller
     return to the host now and then, e.g. to honour Ctrl-C, without changing any
     token), or — with `stop_at_finish` (a traced bool) — as soon as a row that was
     active at the call finishes (the engine then refills its slot)."""
@@ -97,7 +98,7 @@ def run_loop(
     def cond(carry):
         state, i = carry
         finished = jnp.any(state.done & ~done_at_call)
-        return jnp.any(~state.done) & (i < max_steps) & ~(stop_at_finish & finished)
+        return jnp.any(~state.done) & (i < steps_per_call) & ~(stop_at_finish & finished)
 
     def body(carry):
         state, i = carry
@@ -143,11 +144,11 @@ class Jitted:
     run_loop: object
 
 
-def jitted(spec: DecodeSpec, max_new_tokens_bucket: int, mesh, start_args) -> Jitted:
+def jitted(spec: DecodeSpec, new_positions: int, mesh, start_args) -> Jitted:
     """`start`, `step` and `run_loop` jitted for these start arguments (params,
     prompt [B, P], prompt_len [B], max_new_tokens [B], rng [B, 2], RowSampling of [B] arrays); on
     a mesh with explicit in/out shardings."""
-    start_fn = functools.partial(start, spec=spec, max_new_tokens_bucket=max_new_tokens_bucket)
+    start_fn = functools.partial(start, spec=spec, new_positions=new_positions)
     step_fn = functools.partial(step, spec=spec)
     loop_fn = functools.partial(run_loop, spec=spec)
     jit = functools.partial(jax.jit, compiler_options=compiler_options())

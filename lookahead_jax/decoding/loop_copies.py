@@ -9,7 +9,7 @@ because another reader still needs the old one. Such a copy makes a step's cost 
 B x S and doubles the weight traffic, and nothing but the HLO shows it. This module finds
 them, so that a test can assert there are none (tests/test_loop_copies.py):
 
-    exe, _ = programs.compiled(model, spec, max_new_tokens_bucket, start_args, "run_loop")
+    exe, _ = programs.compiled(model, spec, new_positions, start_args, "run_loop")
     found = loop_copies(exe.as_text(), protected_shapes(model.params, state))
     assert not found, found
 

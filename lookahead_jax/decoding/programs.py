@@ -1,8 +1,8 @@
 """Compiled decoding programs, kept per process and shape.
 
-`compiled(model, spec, max_new_tokens_bucket, start_args, name)` returns one entry point
+`compiled(model, spec, new_positions, start_args, name)` returns one entry point
 of a decode (`start` or `run_loop`) compiled ahead of time (`compile_soon` starts it in a
-background thread), once per (spec, budget, mesh, argument shapes) in this process — and,
+background thread), once per (spec, new_positions, mesh, argument shapes) in this process — and,
 through JAX's persistent compilation cache, across processes; `state_shape` the shapes of
 the state they pass, traced once too.
 
@@ -67,12 +67,12 @@ def precision_scope(dtype):
     return jax.default_matmul_precision(precision)
 
 
-def _key(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args):
+def _key(model, spec: DecodeSpec, new_positions: int, start_args):
     leaves, tree = jax.tree.flatten(start_args)
     shapes = tuple((a.shape, str(a.dtype), getattr(a, "sharding", None)) for a in leaves)
     return (
         spec,
-        max_new_tokens_bucket,
+        new_positions,
         model.mesh,
         tree,
         shapes,
@@ -80,32 +80,30 @@ def _key(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args):
     )
 
 
-def _jitted(key, model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args):
+def _jitted(key, model, spec: DecodeSpec, new_positions: int, start_args):
     """(decoding.Jitted, the state's shapes) of a program key, traced once: tracing the
     prefill of a 30-layer model takes a second or more."""
     if key not in _JITTED:
-        fns = decoding.jitted(spec, max_new_tokens_bucket, model.mesh, start_args)
+        fns = decoding.jitted(spec, new_positions, model.mesh, start_args)
         state = jax.eval_shape(
-            functools.partial(
-                decoding.start, spec=spec, max_new_tokens_bucket=max_new_tokens_bucket
-            ),
+            functools.partial(decoding.start, spec=spec, new_positions=new_positions),
             *start_args,
         )
         _JITTED[key] = (fns, state)
     return _JITTED[key]
 
 
-def state_shape(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args):
+def state_shape(model, spec: DecodeSpec, new_positions: int, start_args):
     """The shapes (jax.ShapeDtypeStruct leaves) of the DecodeState `start` gives."""
-    key = _key(model, spec, max_new_tokens_bucket, start_args)
-    return _jitted(key, model, spec, max_new_tokens_bucket, start_args)[1]
+    key = _key(model, spec, new_positions, start_args)
+    return _jitted(key, model, spec, new_positions, start_args)[1]
 
 
-def compiled(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, name: str):
+def compiled(model, spec: DecodeSpec, new_positions: int, start_args, name: str):
     """(executable, seconds spent compiling) of entry point `name`: 'start' or
     'run_loop' (decoding.run_loop: `step` runs inside it). A compilation `compile_soon`
     started is waited for: its seconds are those waited here."""
-    key = _key(model, spec, max_new_tokens_bucket, start_args)
+    key = _key(model, spec, new_positions, start_args)
     _settle()
     t = time.perf_counter()
     if (key, name) in _PENDING:
@@ -114,23 +112,23 @@ def compiled(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, na
         _COMPILED.move_to_end((key, name))
         return _COMPILED[(key, name)], 0.0
     else:
-        exe = _lowered(key, model, spec, max_new_tokens_bucket, start_args, name).compile()
+        exe = _lowered(key, model, spec, new_positions, start_args, name).compile()
     _COMPILED[(key, name)] = exe
     _forget_least_recent()
     return exe, time.perf_counter() - t
 
 
-def compile_soon(model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, name: str):
+def compile_soon(model, spec: DecodeSpec, new_positions: int, start_args, name: str):
     """Start compiling what `compiled` would return in a background thread (traced here,
     in the caller's thread: JAX's settings, such as x64, are per thread), so that the
     caller compiles another program meanwhile: XLA compiles mostly on one thread (two
     of auto's probe programs took 10.2 s one after the other, 6.9 s side by side on the
     2-core CPU), and the engine compiles its loop beside its first prefill."""
-    key = _key(model, spec, max_new_tokens_bucket, start_args)
+    key = _key(model, spec, new_positions, start_args)
     _settle()
     if (key, name) in _COMPILED or (key, name) in _PENDING:
         return
-    lowered = _lowered(key, model, spec, max_new_tokens_bucket, start_args, name)
+    lowered = _lowered(key, model, spec, new_positions, start_args, name)
     _PENDING[(key, name)] = _COMPILER.submit(lowered.compile)
 
 
@@ -147,9 +145,9 @@ def _settle() -> None:
     _forget_least_recent()
 
 
-def _lowered(key, model, spec: DecodeSpec, max_new_tokens_bucket: int, start_args, name: str):
+def _lowered(key, model, spec: DecodeSpec, new_positions: int, start_args, name: str):
     """Entry point `name` of the program `key`, traced and lowered (not compiled)."""
-    fns, state = _jitted(key, model, spec, max_new_tokens_bucket, start_args)
+    fns, state = _jitted(key, model, spec, new_positions, start_args)
     lower_args = {
         "start": start_args,
         "run_loop": (model.params, state, jnp.int32(0), jnp.bool_(False)),

@@ -231,7 +231,7 @@ class Engine:
     def _offline(self, requests: list[Encoded]) -> Scheduler:
         """Fresh stats and scheduler with `requests` queued."""
         fixed_P = None if self.max_prompt_tokens is None else inputs.bucket(self.max_prompt_tokens)
-        max_new_tokens_bucket = inputs.bucket(
+        new_positions = inputs.bucket(
             max(self.max_new_tokens, *(r.max_new_tokens for r in requests))
         )
         sampled = self.sampled
@@ -241,7 +241,7 @@ class Engine:
             requests = sorted(requests, key=lambda r: inputs.bucket(len(r.ids)))
         self.stats = Stats(batch=self.batch)
         scheduler = Scheduler(
-            self, sampled, max_new_tokens_bucket, fixed_P or inputs.bucket(len(requests[0].ids))
+            self, sampled, new_positions, fixed_P or inputs.bucket(len(requests[0].ids))
         )
         scheduler.queue.extend(requests)
         return scheduler

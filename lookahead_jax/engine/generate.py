@@ -54,7 +54,7 @@ def generate(
         token-id lists; a single string is a batch of one.
     lookahead: "auto" (the default, as lj.Engine's and the CLI's: choose the layout for
         this machine and batch, and switch to plain decoding where lookahead loses), a
-        LookaheadConfig (e.g. LookaheadConfig.for_budget(16)), or None for plain
+        LookaheadConfig (e.g. LookaheadConfig.for_tokens(16)), or None for plain
         decoding.
     temperature 0 (or top_k=1) is greedy; otherwise sampling with top_k / top_p,
         reproducible from `seed` (row b uses fold_in(seed, b)).

@@ -37,7 +37,7 @@ def check_lookahead(lookahead, max_context: int) -> None:
     """A LookaheadConfig whose step fits the model's context, "auto" or None."""
     if lookahead not in (None, "auto") and not isinstance(lookahead, LookaheadConfig):
         raise UserInputError(
-            "lookahead must be a LookaheadConfig (e.g. LookaheadConfig.for_budget(16)), "
+            "lookahead must be a LookaheadConfig (e.g. LookaheadConfig.for_tokens(16)), "
             f"'auto' or None, got {lookahead!r}"
         )
     if isinstance(lookahead, LookaheadConfig):

@@ -134,8 +134,8 @@ class Scheduler:
             return engine.stream_steps
         if engine.steps_per_call is not None:
             return engine.steps_per_call
-        if self.auto is not None and self.auto.chunk_steps is not None:
-            return self.auto.chunk_steps  # also after a hand-over: Ctrl-C is noticed as soon
+        if self.auto is not None and self.auto.steps_per_call is not None:
+            return self.auto.steps_per_call  # also after a hand-over: Ctrl-C is noticed as soon
         return self.device.new_positions + 1
 
     def _fill(self) -> list[Active]:

@@ -36,8 +36,8 @@ from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 from lookahead_jax.models import kv_cache
 
 DEFAULT_CONFIGS = (
-    LookaheadConfig.for_budget(8),
-    LookaheadConfig.for_budget(16),
+    LookaheadConfig.for_tokens(8),
+    LookaheadConfig.for_tokens(16),
     LookaheadConfig(4, 3, 3),
 )
 

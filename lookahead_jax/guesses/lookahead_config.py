@@ -1,9 +1,9 @@
 """What a lookahead step feeds and verifies: `LookaheadConfig`, and the draft layouts by
-tokens per step (`LookaheadConfig.for_budget`).
+tokens per step (`LookaheadConfig.for_tokens`).
 
 A step feeds T tokens through the model (lookahead_layout.py): the input, the Jacobi
 window's (N-1)*W tokens and the draft tree's Z nodes; `tokens_per_step` is T. The knobs
-and what each source is are described in lookahead.py; `for_budget(T)` picks the best
+and what each source is are described in lookahead.py; `for_tokens(T)` picks the best
 measured layout that feeds at most T tokens.
 """
 
@@ -48,7 +48,7 @@ class LookaheadConfig:
     extra_sources  guess sources beyond the built-in ones (guess_source.GuessSource,
                 e.g. one written outside the package: docs/library.md); they propose
                 after them and compete with them for the tree's nodes
-    budget      set by for_budget: the tokens-per-step budget the layout serves
+    layout_tokens  set by for_tokens: the T of the layout it is (or was changed from)
 
     `sources` are the guess sources these knobs make (the pool if G > 0, suffix match,
     token recycling), then `extra_sources`.
@@ -69,7 +69,7 @@ class LookaheadConfig:
     window_sampling: bool = True
     adapt: bool = True
     extra_sources: tuple[GuessSource, ...] = ()
-    budget: int | None = None  # set by for_budget: the tokens-per-step budget it served
+    layout_tokens: int | None = None  # set by for_tokens: its layout's tokens per step
 
     def __post_init__(self):
         lows = (
@@ -196,31 +196,32 @@ class LookaheadConfig:
         return self.verify_depth + 1
 
     @property
-    def key(self) -> tuple[int, int, int] | int | str:
-        """What autotune keeps this config's measurements under: the budget for a
-        for_budget layout, its name for one with fields changed, (N, W, G) otherwise."""
-        if self.budget is None:
+    def tuning_key(self) -> tuple[int, int, int] | int | str:
+        """What autotune keeps this config's measurements under: T for a for_tokens
+        layout, its name for one with fields changed, (N, W, G) otherwise."""
+        if self.layout_tokens is None:
             return (self.n, self.w, self.g)
-        return self.budget if self == LookaheadConfig.for_budget(self.budget) else self.name
+        T = self.layout_tokens
+        return T if self == LookaheadConfig.for_tokens(T) else self.name
 
     @property
     def name(self) -> str:
         """How `parse` (and the CLI's --lookahead) spells this config: 'tokens=T' for a
-        for_budget layout (then ',key=value' for each field changed from it), 'N,W,G' for
+        for_tokens layout (then ',key=value' for each field changed from it), 'N,W,G' for
         the paper's knobs alone, else 'key=value,...'."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         extra = fields.pop("extra_sources")
         suffix = "".join(f"+{s.name}" for s in extra)  # shown, not parsed: objects
-        base = BUDGET_LAYOUTS.get(self.budget)
+        base = LAYOUTS.get(self.layout_tokens)
         if base is not None:
             changed = {k: v for k, v in fields.items() if v != getattr(base, k)}
-            changed.pop("budget")
-            parts = [f"tokens={self.budget}"] + [f"{k}={v}" for k, v in changed.items()]
+            changed.pop("layout_tokens")
+            parts = [f"tokens={self.layout_tokens}"] + [f"{k}={v}" for k, v in changed.items()]
             return ",".join(parts) + suffix
         changed = {
             k: v
             for k, v in fields.items()
-            if k not in ("n", "w", "g", "budget", "extra_sources") and v != _DEFAULTS[k]
+            if k not in ("n", "w", "g", "layout_tokens", "extra_sources") and v != _DEFAULTS[k]
         }
         if not changed:
             return f"{self.n},{self.w},{self.g}" + suffix
@@ -229,7 +230,7 @@ class LookaheadConfig:
 
     @classmethod
     def parse(cls, text: str, what: str = "lookahead", or_auto: bool = False) -> LookaheadConfig:
-        """'tokens=T' (for_budget; fields may follow, e.g. tokens=16,adapt=False), 'N,W,G'
+        """'tokens=T' (for_tokens; fields may follow, e.g. tokens=16,adapt=False), 'N,W,G'
         (e.g. 5,7,7), or LookaheadConfig fields as 'key=value,...' (e.g.
         n=3,w=1,g=2,recycle=40,suffix=2,tree=13)."""
         text = text.strip()
@@ -246,14 +247,14 @@ class LookaheadConfig:
                 raise UserInputError(
                     f"{what} tokens=T needs an integer T >= 2 (tokens per step), got {text!r}"
                 ) from None
-            base = cls.for_budget(tokens)
+            base = cls.for_tokens(tokens)
             if not rest:
                 return base
             changed = dataclasses.replace(base, **_fields(rest, hint, text))
-            if changed.tokens_per_step > base.budget:
+            if changed.tokens_per_step > base.layout_tokens:
                 raise UserInputError(
                     f"{what} {text} feeds {changed.tokens_per_step} tokens per step, more than "
-                    f"its budget of {base.budget}"
+                    f"the {base.layout_tokens} of tokens={base.layout_tokens}"
                 )
             return changed
         if "=" not in text:
@@ -269,15 +270,15 @@ class LookaheadConfig:
         return cls(**fields)
 
     @classmethod
-    def for_budget(cls, tokens: int) -> LookaheadConfig:
+    def for_tokens(cls, tokens: int) -> LookaheadConfig:
         """The best measured layout that feeds at most `tokens` tokens per step (see
-        BUDGET_LAYOUTS; tokens >= 2)."""
+        LAYOUTS; tokens >= 2)."""
         if isinstance(tokens, bool) or not isinstance(tokens, int | np.integer) or tokens < 2:
             raise UserInputError(
                 f"lookahead tokens per step must be an integer >= 2, got {tokens!r}"
             )
-        budget = max(t for t in BUDGET_LAYOUTS if t <= tokens)
-        return dataclasses.replace(BUDGET_LAYOUTS[budget], budget=budget)
+        T = max(t for t in LAYOUTS if t <= tokens)
+        return dataclasses.replace(LAYOUTS[T], layout_tokens=T)
 
     @property
     def tokens_per_step(self) -> int:
@@ -324,7 +325,7 @@ def _fields(parts: list[str], hint: str, text: str) -> dict:
     for part in parts:
         key, _, value = part.partition("=")
         key, value = key.strip(), value.strip()
-        if key not in _DEFAULTS or key in ("budget", "extra_sources"):
+        if key not in _DEFAULTS or key in ("layout_tokens", "extra_sources"):
             raise UserInputError(f"{hint}; got {text!r} (unknown field {key!r})")
         if value in ("True", "False", "true", "false"):
             kwargs[key] = value.lower() == "true"
@@ -349,12 +350,12 @@ def max_step_tokens(max_context: int) -> int:
 
 
 # Draft layouts by tokens fed per step (T = 1 + (N-1)*W + tree), chosen with SmolLM2-135M
-# on subsets of MT-bench and code, greedy: the best of the few layouts tried at each budget
+# on subsets of MT-bench and code, greedy: the best of the few layouts tried at each T
 # up to 32 (e.g. at T=8, no window beat a (3,1,1) window by 2.17 to 2.11 tokens per step);
 # 64 and 128 are scaled up from 32, not tuned. Compression of each: benchmarks/cpu/
-# budgets.md and budgets_large.md. Small budgets spend every token on the draft tree; from
+# budgets.md and budgets_large.md. Small layouts spend every token on the draft tree; from
 # 16 on, a one-column window feeding the pool pays its tokens.
-BUDGET_LAYOUTS: dict[int, LookaheadConfig] = {
+LAYOUTS: dict[int, LookaheadConfig] = {
     2: LookaheadConfig(2, 0, 0, recycle=4, suffix=1, suffix_span=4, tree=1),
     4: LookaheadConfig(2, 0, 0, recycle=12, suffix=1, suffix_span=4, tree=3),
     8: LookaheadConfig(2, 0, 0, recycle=20, suffix=2, tree=7),
@@ -364,9 +365,9 @@ BUDGET_LAYOUTS: dict[int, LookaheadConfig] = {
     64: LookaheadConfig(4, 2, 4, recycle=120, suffix=4, suffix_span=16, tree=57),
     128: LookaheadConfig(5, 4, 8, recycle=200, suffix=4, suffix_span=16, tree=111),
 }
-for _t, _la in BUDGET_LAYOUTS.items():
+for _t, _la in LAYOUTS.items():
     assert _la.tokens_per_step == _t, (_t, _la.tokens_per_step)
 
 # A fixed layout for callers that want one (the CLI's default is "auto", which measures
 # the machine instead).
-DEFAULT_LOOKAHEAD = LookaheadConfig.for_budget(16)
+DEFAULT_LOOKAHEAD = LookaheadConfig.for_tokens(16)

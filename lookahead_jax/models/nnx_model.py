@@ -14,7 +14,7 @@ runnable one: examples/tiny_nnx_lm.py):
 
     model = lj.from_nnx(MyLM(cfg, rngs=nnx.Rngs(0)), max_context=2048, eos_ids=(2,),
                         cache_shape=(num_layers, num_kv_heads, head_dim))
-    out = lj.generate(model, [[1, 5, 9]], lookahead=lj.LookaheadConfig.for_budget(16))
+    out = lj.generate(model, [[1, 5, 9]], lookahead=lj.LookaheadConfig.for_tokens(16))
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def measure_set(model, ids: list[list[int]], args) -> dict:
     row = {}
     for budget in BUDGETS:
         some = ids if budget == 16 else ids[: args.subset]
-        config = lj.LookaheadConfig.for_budget(budget)
+        config = lj.LookaheadConfig.for_tokens(budget)
         row[f"t{budget}"] = compression(model, some, args.max_new_tokens, config, args.batch)
     some = ids[: args.subset]
     slots = max(len(p) for p in some)
@@ -88,7 +88,7 @@ def tokens_per_s(models: dict, ids: list[list[int]], max_new_tokens: int, repeat
     """One prompt at a time at tokens=16, the CPU default, interleaved between the models
     so that noise hits both: best and median over repeats of the summed decode tokens/s
     (noise only slows a run down)."""
-    config = lj.LookaheadConfig.for_budget(16)
+    config = lj.LookaheadConfig.for_tokens(16)
     for model in models.values():  # compile, untimed
         lj.generate(model, ids[:1], max_new_tokens=max_new_tokens, lookahead=config)
     runs = {w: [] for w in models}

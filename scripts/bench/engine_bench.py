@@ -75,7 +75,7 @@ def run_engine(model, ids, batch, lookahead, max_new):
     import lookahead_jax as lj
 
     if isinstance(lookahead, int):
-        lookahead = lj.LookaheadConfig.for_budget(lookahead)
+        lookahead = lj.LookaheadConfig.for_tokens(lookahead)
     kw = dict(
         batch=batch,
         max_new_tokens=max_new,

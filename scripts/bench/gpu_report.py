@@ -202,7 +202,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.text(8, PAPER["mt_bench"] + 0.03, "paper, MT-bench (A100)", fontsize=8, color="grey")
     ax.text(8, PAPER["code"] + 0.03, "paper, HumanEval (A100)", fontsize=8, color="grey")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens per step (LookaheadConfig.for_budget(T))")
+    ax.set_xlabel("tokens per step (LookaheadConfig.for_tokens(T))")
     ax.set_ylabel("projected speedup over plain decoding")
     title = "llama2-7b shape, bfloat16, H100: compression (CPU) / step ratio (GPU)"
     ax.set_title(title, fontsize=9)

@@ -5,7 +5,7 @@ Builds: "xla" (lj.load(cpu_kernel=False): XLA:CPU's own matmuls and attention) a
 "kernel" (the default on an x86-64 CPU: the small-M kernel over packed weights and the
 cache attention kernel, models/cpu_kernel/),
 each in float32 and int8 weights. Steps: plain at batch 1 and 16, and lookahead steps of
-T = 2, 4, 8, 16 tokens at batch 1 (`LookaheadConfig.for_budget(T)`), SmolLM2-135M with a
+T = 2, 4, 8, 16 tokens at batch 1 (`LookaheadConfig.for_tokens(T)`), SmolLM2-135M with a
 256-token prompt in a 512-position cache, `--steps` steps of the compiled `run_loop`
 (as lj.generate compiles it) from a copy of one prefilled state, min and median of `--repeats`.
 
@@ -42,7 +42,7 @@ def programs(model, layout: str, batch: int):
     from lookahead_jax.decoding import sampling
     from lookahead_jax.decoding.decode_state import DecodeSpec
 
-    config = None if layout == "plain" else lj.LookaheadConfig.for_budget(int(layout))
+    config = None if layout == "plain" else lj.LookaheadConfig.for_tokens(int(layout))
     spec = DecodeSpec(lm=model.lm, eos_ids=(), lookahead=config, cache_dtype="float32")
     cap = POSITIONS - PROMPT_TOKENS - spec.max_emit
     rng = np.random.default_rng(0)
