@@ -92,12 +92,13 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 def assert_lookahead_matches_plain(
     model,
-    prompts: list,  # token-id lists, or strings (tokenized without a chat template)
+    prompts: list,  # token-id lists, or strings (through the chat template if `chat`)
     configs=DEFAULT_CONFIGS,
     max_new_tokens: int = 24,
     batch_sizes: tuple[int, ...] | None = None,
     near_tie: float | None = None,
     allow_no_acceptance: bool = False,
+    chat: bool = False,
     **sampling,
 ) -> dict:
     """Lookahead == plain decoding, token for token, for every config and batch size
@@ -108,6 +109,7 @@ def assert_lookahead_matches_plain(
     allow_no_acceptance: pass a config that accepted no guessed token (by default that
         fails: lookahead that never accepts emits plain decoding's tokens by construction,
         so the comparison proved nothing; pick prompts, budgets or a model that repeat).
+    chat: text prompts through the model's chat template (as lj.generate's chat).
     sampling: temperature / top_k / top_p / seed, passed to both decodes.
 
     Returns {config name: guessed tokens accepted}. Raises AssertionError naming the
@@ -118,7 +120,7 @@ def assert_lookahead_matches_plain(
         # a sampled token is the argmax of processed logits plus noise: the raw top-2
         # gap says nothing about how close that choice was
         raise ValueError("near_tie applies to greedy decoding only")
-    ids = encode_prompts(model, prompts, chat=False)  # text prompts: tokenized as they are
+    ids = encode_prompts(model, prompts, chat)
     sizes = batch_sizes or tuple(sorted({len(ids), 1}, reverse=True))
     kw = dict(max_new_tokens=max_new_tokens, **sampling)
     plain = generate(model, ids, lookahead=None, **kw).token_ids
