@@ -60,24 +60,6 @@ def _device_key(model, devices: int | None = None) -> str:
     return f"{kind}-x{count}-{model_fingerprint(model)}-{dtype}{suffix}"
 
 
-def compiled_step(
-    lm,
-    params,
-    tokens: int,
-    context: int,
-    all_logits: bool = True,
-    batch: int = 1,
-    compiler_options: dict | None = None,
-):
-    """(executable, args) of one forward step of `tokens` new tokens per row over a
-    `context`-token cache for `batch` rows, with logits for every new token (or for one),
-    run once (a warm-up)."""
-    compile_, args = lowered_step(lm, params, tokens, context, all_logits, batch, compiler_options)
-    exe = compile_()
-    jax.block_until_ready(exe(*args))  # warm up
-    return exe, args
-
-
 def lowered_step(
     lm,
     params,
@@ -87,9 +69,10 @@ def lowered_step(
     batch: int = 1,
     compiler_options: dict | None = None,
 ):
-    """(compile, args): compiled_step's program traced and lowered here (JAX's settings,
-    such as x64, are this thread's), `compile()` giving its executable (XLA's part, which
-    another thread may run)."""
+    """(compile, args) of one forward step of `tokens` new tokens per row over a
+    `context`-token cache for `batch` rows, with logits for every new token (or for one):
+    traced and lowered here (JAX's settings, such as x64, are this thread's), `compile()`
+    giving its executable (XLA's part, which another thread may run)."""
     from lookahead_jax.decoding import programs
 
     dtype = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)][0].dtype
@@ -132,8 +115,10 @@ def run_time(exe, args) -> float:
 def step_latencies(
     lm, params, tokens: int, context: int, repeats: int, all_logits: bool = True, batch: int = 1
 ) -> list[float]:
-    """Seconds of `repeats` forward steps (see compiled_step)."""
-    exe, args = compiled_step(lm, params, tokens, context, all_logits, batch)
+    """Seconds of `repeats` forward steps (see lowered_step), after a warm-up run."""
+    compile_, args = lowered_step(lm, params, tokens, context, all_logits, batch)
+    exe = compile_()
+    jax.block_until_ready(exe(*args))  # warm up
     return [run_time(exe, args) for _ in range(repeats)]
 
 
