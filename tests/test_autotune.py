@@ -34,14 +34,14 @@ def model(tiny_ckpts):
 
 
 def test_choice_follows_the_cost_curve(model, tmp_cache, monkeypatch):
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: FLAT)
+    monkeypatch.setattr(autotune, "cached_curve", lambda m, tokens, stop_above=None, batch=1: FLAT)
     flat = autotune.choose(model)
     # big steps are (nearly) free: the layout with the best prior compression wins
     assert flat.config is not None and flat.config.tuning_key == max(
         autotune.PRIORS, key=autotune.PRIORS.get
     )
     assert flat.expected_speedup == max(flat.table.values())
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: STEEP)
+    monkeypatch.setattr(autotune, "cached_curve", lambda m, tokens, stop_above=None, batch=1: STEEP)
     steep = autotune.choose(model)
     assert steep.config is None and steep.expected_speedup == 1.0  # nothing can win
     assert all(v < autotune.MARGIN for v in steep.table.values())
@@ -52,7 +52,7 @@ def test_choice_follows_the_cost_curve(model, tmp_cache, monkeypatch):
     assert steep.runner_up.config.name in why and f"{steep.table[best]:.2f}x" in why, why
     assert f"{flat.cost_ratio:.2f}x a plain one" in autotune.why(flat.describe())
     # with free steps, a cap on the step's tokens picks the best prior under the cap
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: FLAT)
+    monkeypatch.setattr(autotune, "cached_curve", lambda m, tokens, stop_above=None, batch=1: FLAT)
     limited = autotune.choose(model, max_step_tokens=20)
     fits = [k for k in autotune.PRIORS if lj.LookaheadConfig.for_tokens(k).tokens_per_step <= 20]
     assert limited.config is not None and limited.config.tokens_per_step <= 20
@@ -68,12 +68,12 @@ def test_cost_ratio_interpolates_and_refuses_to_extrapolate():
 def test_measured_curve_is_cached_and_stops_early(model, tmp_cache, monkeypatch):
     monkeypatch.setattr(cost_curve, "BUSY_CORES", float("inf"))  # however busy the machine is
     # stop right after the first size
-    curve = cost_curve.cost_curve(model, PROBE_TOKENS, stop_above=1e-9)
+    curve = cost_curve.cached_curve(model, PROBE_TOKENS, stop_above=1e-9)
     assert list(curve) == [1, 2]
     files = list((tmp_cache / "autotune").glob("cost-*.json"))
     assert len(files) == 1
     assert {int(k) for k in json.loads(files[0].read_text())["curve"]} == {1, 2}
-    assert cost_curve.cost_curve(model, PROBE_TOKENS) == curve  # read back, not measured again
+    assert cost_curve.cached_curve(model, PROBE_TOKENS) == curve  # read back, not measured again
 
 
 def test_a_deep_model_is_probed_through_a_loop_over_its_first_layers(model, monkeypatch):
@@ -126,10 +126,10 @@ def test_a_curve_measured_on_a_busy_cpu_is_not_cached(model, tmp_cache, monkeypa
     monkeypatch.setattr(
         cost_curve, "measure_cost_curve", lambda *a, **k: calls.append(1) or measure(*a, **k)
     )
-    curve = cost_curve.cost_curve(model, PROBE_TOKENS, stop_above=1e-9)
+    curve = cost_curve.cached_curve(model, PROBE_TOKENS, stop_above=1e-9)
     assert not list((tmp_cache / "autotune").glob("cost-*.json"))
     # kept for this process
-    assert cost_curve.cost_curve(model, PROBE_TOKENS) == curve and len(calls) == 1
+    assert cost_curve.cached_curve(model, PROBE_TOKENS) == curve and len(calls) == 1
 
 
 def test_other_cpu_use_sees_another_process():
@@ -165,7 +165,7 @@ def test_sampling_keeps_its_own_acceptance_factor(model, tmp_cache, monkeypatch)
     assert autotune.acceptance_factor(model, lj.SamplingConfig(temperature=1.0)) == 1.0
     # a sampling generation with auto records under its own bucket too
     cheap = {t: 1e-6 * (1 + t / 1000) for t in FLAT}
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: cheap)
+    monkeypatch.setattr(autotune, "cached_curve", lambda m, tokens, stop_above=None, batch=1: cheap)
     lj.generate(model, [[5, 6, 7]], max_new_tokens=40, lookahead="auto", temperature=1.0)
     assert autotune.acceptance_factor(model, lj.SamplingConfig(temperature=1.0)) != 1.0
     assert autotune.acceptance_factor(model) == greedy_before
@@ -182,7 +182,7 @@ def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache
     # A curve that promises lookahead a nearly free win, and a guard that demands the
     # impossible (100x): it must call the lookahead off after warm-up, mid-generation.
     fake = {t: 1e-6 * (1 + t / 1000) for t in FLAT}
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: fake)
+    monkeypatch.setattr(autotune, "cached_curve", lambda m, tokens, stop_above=None, batch=1: fake)
     # A short warm-up (16 steps, judged every 8), so that a short generation gets past it.
     guard = functools.partial(autotune.Guard, give_up_below=100, warmup_steps=16, window_steps=8)
     monkeypatch.setattr(autotune, "Guard", guard)
@@ -201,7 +201,7 @@ def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache
 
 
 def test_auto_can_choose_plain(model, tmp_cache, monkeypatch):
-    monkeypatch.setattr(autotune, "cost_curve", lambda m, tokens, stop_above=None, batch=1: STEEP)
+    monkeypatch.setattr(autotune, "cached_curve", lambda m, tokens, stop_above=None, batch=1: STEEP)
     out = lj.generate(model, [[5, 6, 7]], max_new_tokens=10, lookahead="auto")
     assert out.stats.config["lookahead"] is None
     assert out.stats.config["lookahead_auto"]["chosen"] is None

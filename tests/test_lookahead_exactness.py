@@ -28,7 +28,7 @@ PAPER_CONFIGS = [
     LA(4, 3, 3, prompt_pool=False),
     LA(3, 1, 0, verify_window=True),  # no pool candidates: pure Jacobi verification
 ]
-# Draft trees fed by every source; budgets of 32+ nodes are larger than the context of
+# Draft trees fed by every source; layouts of 32+ tokens are larger than the context of
 # the shortest prompts when they start.
 TREE_CONFIGS = [
     LA.for_tokens(8),  # token recycling + suffix match, no window
@@ -98,7 +98,7 @@ def test_lookahead_equals_plain_float64(model64, plain64, la):
                 assert len(got) <= MAX_NEW
                 assert s <= max(len(got), 1)
             for st in stats:
-                hist = st["accepted_hist"]
+                hist = st.accepted_hist
                 assert set(hist) == {str(k) for k in range(1, la.max_emit + 1)}
                 accepted += sum(int(k) - 1 for k, c in hist.items() for _ in range(c))
     if la.tree_nodes > 0 or la.verify_window:
@@ -119,7 +119,7 @@ def test_attention_in_blocks_of_the_cache_gives_the_same_tokens(model64, plain64
         tokens, _, stats = run(blocked, PROMPTS, 8, lookahead=la)
     assert tokens == plain64
     if la is not None:
-        assert sum((int(k) - 1) * c for st in stats for k, c in st["accepted_hist"].items())
+        assert sum((int(k) - 1) * c for st in stats for k, c in st.accepted_hist.items())
 
 
 def test_the_acceptance_record_weighs_the_merge_and_never_changes_the_output(
@@ -144,9 +144,9 @@ def test_the_acceptance_record_weighs_the_merge_and_never_changes_the_output(
         off = run(model64, PROMPTS[:16], 8, lookahead=dataclasses.replace(la, adapt=False))
     assert on_seen and all(on_seen) and seen and not any(seen)
     assert on[0] == off[0] == plain64[:16]
-    weights = [w for st in on[2] for s in st["sources"].values() for w in s["weight_by_depth"]]
+    weights = [w for st in on[2] for s in st.sources.values() for w in s.weight_by_depth]
     assert any(abs(w - 1) > 0.05 for w in weights)
-    assert all("weight_by_depth" not in s for st in off[2] for s in st["sources"].values())
+    assert all(s.weight_by_depth is None for st in off[2] for s in st.sources.values())
 
 
 @pytest.mark.parametrize("variant", ["llama_bias", "mistral", "qwen2", "qwen3"])
@@ -275,7 +275,7 @@ def test_config_validation():
             LA(*bad)
     assert LA(2, 1, 0).tokens_per_step == 2 and LA(5, 15, 15).tokens_per_step == 121
     assert hash(LA(5, 7, 7)) == hash(dataclasses.replace(LA(5, 7, 7)))
-    # a budget layout with fields changed: parsed, named, and parsed back
+    # a tokens=T layout with fields changed: parsed, named, and parsed back
     fixed = LA.parse("tokens=16,adapt=False")
     assert fixed == dataclasses.replace(LA.for_tokens(16), adapt=False)
     assert fixed.name == "tokens=16,adapt=False" and LA.parse(fixed.name) == fixed

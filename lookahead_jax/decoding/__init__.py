@@ -1,6 +1,7 @@
 """Decoding: the state (decode_state.py), the plain and lookahead steps (plain.py,
 lookahead.py), exact sampling (sampling.py), the loop on the device (loop.py), compiled
-programs and their cache (programs.py) and the choice of step size (autotune.py).
+programs and their cache (programs.py) and the choice of step size (autotune.py, over
+the step's measured cost, cost_curve.py).
 
 `lj.decoding` is this package: `start`, `step`, `run_loop` and `jitted` (loop.py) for
 research loops that drive decoding themselves, with all they take and give: the spec

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lookahead_jax.cache_dir import write_atomic
-from lookahead_jax.decoding.cost_curve import cost_curve, cost_ratio, model_fingerprint, tune_dir
+from lookahead_jax.decoding.cost_curve import cached_curve, cost_ratio, model_fingerprint, tune_dir
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 
 # tokens per step (a LookaheadConfig.for_tokens layout): prior compression (new tokens per
@@ -142,7 +142,7 @@ def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int 
     factor = acceptance_factor(model, sampling)
     # a config costing more than its best-case compression cannot win: stop probing there
     best_case = max(expected_compression(k, max(factor, 1.0)) for k in PRIORS)
-    curve = cost_curve(model, PROBE_TOKENS, stop_above=best_case, batch=batch)
+    curve = cached_curve(model, PROBE_TOKENS, stop_above=best_case, batch=batch)
     best, table = None, {}
     for key in PRIORS:
         cfg = LookaheadConfig.for_tokens(key)

@@ -292,7 +292,7 @@ BUSY_CORES = 0.25
 _UNSAVED_CURVES: dict[Path, dict] = {}
 
 
-def cost_curve(
+def cached_curve(
     model, tokens: tuple[int, ...], stop_above: float = float("inf"), batch: int = 1
 ) -> dict:
     """The cached cost curve for this device/model/dtype and batch size, measuring it on

@@ -57,6 +57,10 @@ from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 
 
+class _CtrlC(KeyboardInterrupt):
+    """The offline driver's Ctrl-C, raised after the round it came in (Engine._drive)."""
+
+
 def _positive(name: str, value) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise UserInputError(f"{name} must be an integer >= 1, got {value!r}")
@@ -167,8 +171,8 @@ class Engine:
         is complete once the iterator is exhausted."""
         return self._run(self.encode(prompts))
 
-    def _run(self, requests: list[Encoded]) -> Iterator[Result]:
-        for finished in self._drive(self._offline(requests), end_interrupted=False):
+    def _run(self, encoded: list[Encoded]) -> Iterator[Result]:
+        for finished in self._drive(self._offline(encoded), end_interrupted=False):
             yield from finished
 
     def run_batch(
@@ -205,17 +209,18 @@ class Engine:
         try:
             for finished in self._drive(scheduler, end_interrupted=True):
                 results.update((r.id, r) for r in finished)
-        except KeyboardInterrupt:
+        except _CtrlC:  # only the driver's own: a Ctrl-C elsewhere propagates as it came
             pressed = True
         return [results[b] for b in range(len(prompts))], pressed
 
     def _drive(self, scheduler: Scheduler, end_interrupted: bool) -> Iterator[list[Result]]:
         """The one offline driver (run, run_batch, lj.generate): rounds with Ctrl-C held
-        until every request has finished, yielding each round's results. A Ctrl-C (every
-        process agreeing on the round) ends it after that round's results, then raises
-        KeyboardInterrupt; with `end_interrupted` the requests in slots are yielded first
-        with finish "interrupted" (run leaves them: a rerun redoes them). An interrupted
-        run's acceptance is not recorded for auto."""
+        until every request has finished, yielding each round's results. A Ctrl-C ends it
+        after that round's results, in every process (they agree on the round, so a
+        process whose user pressed nothing stops too), then raises KeyboardInterrupt
+        (_CtrlC); with `end_interrupted` the requests in slots are yielded first with
+        finish "interrupted" (run leaves them: a rerun redoes them). An interrupted run's
+        stats say so, and its acceptance is not recorded for auto."""
         pressed = False
         while scheduler.busy() and not pressed:
             finished, pressed = scheduler.held_advance()
@@ -224,26 +229,27 @@ class Engine:
             if pressed and end_interrupted:
                 finished += scheduler.interrupted()
             yield finished
+        scheduler.stats.interrupted = pressed
         scheduler.close(record=not pressed)
         if pressed:
-            raise KeyboardInterrupt
+            raise _CtrlC
 
-    def _offline(self, requests: list[Encoded]) -> Scheduler:
-        """Fresh stats and scheduler with `requests` queued."""
+    def _offline(self, encoded: list[Encoded]) -> Scheduler:
+        """Fresh stats and scheduler with `encoded` queued."""
         fixed_P = None if self.max_prompt_tokens is None else inputs.bucket(self.max_prompt_tokens)
         new_positions = inputs.bucket(
-            max(self.max_new_tokens, *(r.max_new_tokens for r in requests))
+            max(self.max_new_tokens, *(r.max_new_tokens for r in encoded))
         )
         sampled = self.sampled
         if sampled is None:
-            sampled = any(not r.sampling.greedy for r in requests)
+            sampled = any(not r.sampling.greedy for r in encoded)
         if fixed_P is None:  # shortest bucket first: the cache grows once per bucket at most
-            requests = sorted(requests, key=lambda r: inputs.bucket(len(r.ids)))
+            encoded = sorted(encoded, key=lambda r: inputs.bucket(len(r.ids)))
         self.stats = Stats(batch=self.batch)
         scheduler = Scheduler(
-            self, sampled, new_positions, fixed_P or inputs.bucket(len(requests[0].ids))
+            self, sampled, new_positions, fixed_P or inputs.bucket(len(encoded[0].ids))
         )
-        scheduler.queue.extend(requests)
+        scheduler.queue.extend(encoded)
         return scheduler
 
     # ------------------------------------------------------------------ online

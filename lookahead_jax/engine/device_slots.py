@@ -44,21 +44,19 @@ class DeviceSlots:
 
     def __init__(self, model, batch: int, spec: DecodeSpec, new_positions: int, P: int, stats):
         self.model, self.B, self.spec = model, batch, spec
+        self.slack = spec.max_emit  # kept after auto's hand-over (to_plain's min_slack)
         self.new_positions = new_positions
         self.stats: Stats = stats  # compile_s, prefill_calls, buckets, S
         self.state: DecodeState | None = None
         self.to_retire_b = np.zeros((batch,), bool)  # rows to make done before generate
         self._set_shape(P)
 
-    @property
-    def slack(self) -> int:
-        return self.spec.max_emit
-
     # ------------------------------------------------------------------ shapes, programs
 
     def _set_shape(self, P: int) -> None:
         """Programs for the state of prompt side P: S = P + new_positions + slack (the
-        loop's compilation started by the next prefill, the insert at its first use)."""
+        loop compiled at the next compile_loop_soon or generate, the insert at its first
+        use)."""
         self.P = P
         rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((self.B, *shape), dtype)  # noqa: E731
         self.loop_args = (
@@ -106,19 +104,19 @@ class DeviceSlots:
         row has max_new_tokens 0: done at once)."""
         n = slot_state.prefill_rows(len(requests), self.B)
         pad = n - len(requests)
-        prompt = np.zeros((n, P), np.int32)
-        prompt_len, max_new_tokens = np.ones((n,), np.int32), np.zeros((n,), np.int32)
+        prompt_np = np.zeros((n, P), np.int32)
+        prompt_len_n, max_new_n = np.ones((n,), np.int32), np.zeros((n,), np.int32)
         for i, r in enumerate(requests):
-            prompt[i, : len(r.ids)] = r.ids
-            prompt_len[i], max_new_tokens[i] = len(r.ids), r.max_new_tokens
-        keys = np.zeros((n, 2), np.uint32)  # padding rows: zeros
+            prompt_np[i, : len(r.ids)] = r.ids
+            prompt_len_n[i], max_new_n[i] = len(r.ids), r.max_new_tokens
+        keys_n2 = np.zeros((n, 2), np.uint32)  # padding rows: zeros
         by_seed: dict[int, list[int]] = {}
         for i, r in enumerate(requests):
             by_seed.setdefault(r.seed, []).append(i)
         for seed, rows_i in by_seed.items():  # one vmapped fold_in per seed, not per row
-            keys[rows_i] = np.asarray(keys_for(seed, [requests[i].key for i in rows_i]))
+            keys_n2[rows_i] = np.asarray(keys_for(seed, [requests[i].key for i in rows_i]))
         sampling = RowSampling.of([r.sampling for r in requests] + [SamplingConfig()] * pad)
-        rows = (prompt, prompt_len, max_new_tokens, keys, sampling)
+        rows = (prompt_np, prompt_len_n, max_new_n, keys_n2, sampling)
         mesh = self.model.mesh
         if mesh is not None:  # where the start program takes them: rows over `data`
             rows = jax.tree.map(
@@ -149,16 +147,17 @@ class DeviceSlots:
         self.state = self._insert(self.state, fresh, slots_n)
         self.to_retire_b[list(slots)] = False
 
-    def generate(self, steps: int, waiting: bool) -> None:
-        """Run the decode loop on every slot not done, for at most `steps` steps, or until
-        a slot finishes if `waiting` (requests wait for a slot); rows the host ended are
-        made done first."""
+    def generate(self, steps_per_call: int, waiting: bool) -> None:
+        """Run the decode loop on every slot not done, for at most `steps_per_call` steps,
+        or until a slot finishes if `waiting` (requests wait for a slot); rows the host
+        ended are made done first."""
         if self.to_retire_b.any():
             self.state = self._retire(self.state, self.to_retire_b)
             self.to_retire_b[:] = False
         if self.loop is None:
             self.loop = self._compiled(self.new_positions, self.loop_args, "run_loop")
-        self.state = self.loop(self.model.params, self.state, jnp.int32(steps), jnp.bool_(waiting))
+        steps = jnp.int32(steps_per_call)
+        self.state = self.loop(self.model.params, self.state, steps, jnp.bool_(waiting))
 
     # ------------------------------------------------------------------ around them
 

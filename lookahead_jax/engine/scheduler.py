@@ -117,7 +117,7 @@ class Scheduler:
             return finished
         if device.has_work():
             t, compile_s = time.perf_counter(), stats.compile_s
-            device.generate(self._steps(), waiting=bool(self.queue))
+            device.generate(self._steps_per_call(), waiting=bool(self.queue))
             jax.block_until_ready(device.state)
             stats.decode_s += time.perf_counter() - t - (stats.compile_s - compile_s)
             stats.rounds += 1
@@ -125,7 +125,7 @@ class Scheduler:
         finished += self._collect()
         return finished
 
-    def _steps(self) -> int:
+    def _steps_per_call(self) -> int:
         """Steps the next loop call may run: stream_steps while a request streams, else
         steps_per_call (None: auto's check window while it watches, else the whole
         max_new_tokens)."""
@@ -186,7 +186,7 @@ class Scheduler:
         """Read every slot back: send each listener its new tokens, end the requests that
         are done (EOS, max_new_tokens), hit a stop string or were cancelled, free their
         slots. end_all: end every request in a slot with this finish, as a cancel."""
-        tokens, step_of, prompt_len, n_out, max_new_tokens, done, steps = self.device.read(
+        tokens_bs, step_of_bs, prompt_len_b, n_out_b, max_new_b, done_b, steps_b = self.device.read(
             "tokens", "step_of_token", "prompt_len", "n_out", "max_new_tokens", "done", "steps"
         )
         cancelled, self.cancelled = self.cancelled, set()
@@ -194,14 +194,14 @@ class Scheduler:
         for s, a in enumerate(self.active):
             if a is None:
                 continue
-            new = tokens[s, prompt_len[s] : prompt_len[s] + n_out[s]].tolist()
+            new = tokens_bs[s, prompt_len_b[s] : prompt_len_b[s] + n_out_b[s]].tolist()
             finish, cut = None, new
             if end_all is not None or s in cancelled:
                 finish = end_all or "cancelled"
             elif a.request.stop:
                 finish, cut = self._stop(a, new)
-            if finish is None and done[s]:
-                finish = "length" if n_out[s] >= max_new_tokens[s] else "eos"
+            if finish is None and done_b[s]:
+                finish = "length" if n_out_b[s] >= max_new_b[s] else "eos"
             if finish is None:
                 if a.request.listener is not None and len(new) > a.sent:
                     a.request.listener(Update(a.request.id, new[a.sent :]))
@@ -211,10 +211,10 @@ class Scheduler:
             # a row the device still decodes (cancelled, stopped) is retired before the
             # next loop call; so is a done row that sampled, so that a batch left with
             # greedy rows skips the sampling work (slot_state.retire)
-            if not done[s] or not a.request.sampling.greedy:
+            if not done_b[s] or not a.request.sampling.greedy:
                 self.device.retire_later(s)
-            step_of_token = step_of[s, prompt_len[s] : prompt_len[s] + len(cut)].tolist()
-            finished.append(self._deliver(a, cut, step_of_token, finish, int(steps[s])))
+            step_of_token = step_of_bs[s, prompt_len_b[s] : prompt_len_b[s] + len(cut)].tolist()
+            finished.append(self._deliver(a, cut, step_of_token, finish, int(steps_b[s])))
         self.counts.count(ended)
         for s in ended:
             self.active[s] = None

@@ -5,9 +5,9 @@ The counts are summed as each request's result is read (the scheduler's `_delive
 `Stats.count_sources`), so an online engine's stats are exact at any point
 between rounds; the rates (`compression`, `tokens_per_s`, `accepted_tokens`) are
 properties of the counts, so they always agree with them. The counts are the whole
-batch's, every process's rows; `lj.generate` with several processes adds its own rows'
-(`process_new_tokens`, `process_row_steps`) beside them. `as_dict()` is the JSON form
-(the CLI's --json record, the dataset command), rates included.
+batch's, every process's rows; `lj.generate` adds this process's rows' beside them
+(`process_new_tokens`, `process_row_steps`: the same as the totals with one process).
+`as_dict()` is the JSON form (the CLI's --json record), rates included.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class Stats:
     # with auto, lookahead_auto: what it chose and why, and switched_to_plain_after_steps
     step_ms: float | None = None  # lj.generate: decode_s / the longest row's steps
     process_new_tokens: int | None = None  # lj.generate: this process's rows' new_tokens
+    # (with one process, new_tokens)
     process_row_steps: int | None = None  # ... and row_steps
 
     @property

@@ -145,8 +145,9 @@ class Answers:
 
     def engine_request(self, body, chat: bool) -> EngineRequest:
         """The body as an engine request; the engine checks it whole when it is submitted
-        (requests.encode: max_tokens against the server's, the prompt against its
-        max_prompt_tokens, both against the context, stop strings)."""
+        (requests.encode: the prompt against its max_prompt_tokens, prompt + max_tokens
+        against the context, stop strings; Engine.submit: max_tokens against the
+        server's)."""
         if chat:
             max_new_tokens = body.budget(self.engine.max_new_tokens)
         else:  # null: OpenAI's default
@@ -191,11 +192,11 @@ class Answers:
         runner, metrics = self.runner, self.metrics
         if runner.stopping or runner.fatal:
             raise ApiError(503, "the server is shutting down", type_="server_error")
+        request = self.engine_request(body, chat)  # a body that cannot be encoded: 400 first
         if runner.full():
             raise ApiError(
                 429, "too many requests are waiting; try again later", type_="rate_limit_error"
             )
-        request = self.engine_request(body, chat)
         rid, updates = self.submit(request, body, chat)
         n_prompt = len(request.prompt)
         metrics.prompt_tokens.inc(n_prompt)

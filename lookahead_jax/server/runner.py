@@ -3,7 +3,7 @@ engine runs in a thread of its own, requests and results cross by queues).
 
 The HTTP handlers run on the event loop and call `submit` / `cancel`; the engine thread
 runs `Engine.serve`: rounds while there is work, woken by a submission while idle. Each
-request's updates (engine/continuous.py's Update: new tokens, and the Result at the
+request's updates (engine/requests.py's Update: new tokens, and the Result at the
 end) reach the handler through an asyncio.Queue of its own, put there with
 `call_soon_threadsafe`.
 

@@ -113,14 +113,16 @@ def run_engine(model, ids, batch, lookahead, max_new):
     tokens = [None] * len(ids)
     for r in results:
         tokens[r.id] = r.token_ids
-    config = engine.stats.config
+    # a tree from before Stats was a dataclass (--before) gives a dict
+    stats = engine.stats if isinstance(engine.stats, dict) else engine.stats.as_dict()
+    config = stats["config"]
     return {
         "tokens": tokens,
         "seconds": seconds,
-        "row_steps": engine.stats.row_steps,
-        "rounds": engine.stats.rounds,
-        "compression": engine.stats.compression,
-        "compile_s_in_timing": engine.stats.compile_s,
+        "row_steps": stats["row_steps"],
+        "rounds": stats["rounds"],
+        "compression": stats["compression"],
+        "compile_s_in_timing": stats["compile_s"],
         "lookahead": config["lookahead"] and config["lookahead"]["name"],
         "auto": config.get("lookahead_auto"),
         "switched_to_plain_after_steps": (config.get("lookahead_auto") or {}).get(
