@@ -76,3 +76,16 @@ def test_the_generate_command_is_not_importable_and_lj_generate_stays_the_functi
         import lookahead_jax.generate  # noqa: F401
     assert lj.generate is api.generate
     assert "lookahead_jax.generate" not in sys.modules
+
+
+ROOT_DOCS = sorted((Path(__file__).resolve().parent.parent / "docs").glob("*.md"))
+
+
+@pytest.mark.parametrize("doc", ROOT_DOCS, ids=lambda p: p.name)
+def test_no_code_block_in_the_docs_is_cut_by_a_fence_inside_it(doc):
+    """A block of shown output that holds a ``` line (model output with code in it) ends
+    there, and the rest of the page renders as code: its outer fence must be longer. The
+    sign of it: a bare fence closing one block right above a bare fence opening the next."""
+    lines = [line.strip() for line in doc.read_text().splitlines()]
+    pairs = [i + 1 for i in range(len(lines) - 1) if lines[i] == lines[i + 1] == "```"]
+    assert not pairs, f"{doc.name}: a code block cut short at line(s) {pairs}"

@@ -133,6 +133,7 @@ def _validate(args):
             raise UserInputError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if not 0 < args.port < 65536:
         raise UserInputError(f"--port must be in 1..65535, got {args.port}")
+    _check_port_free(args.host, args.port)
     if not 0.0 <= args.auto_temperature <= 2.0:  # the API's range of temperatures
         raise UserInputError(f"--auto-temperature must be in 0..2, got {args.auto_temperature}")
     resolve_dtype(args.dtype)
@@ -140,6 +141,28 @@ def _validate(args):
     if args.no_lookahead:
         return None
     return "auto" if args.lookahead is None else parse_lookahead(args.lookahead)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse an address another process listens on now, before the model loads and
+    warms (uvicorn would find out only then, after tens of seconds). Bound as uvicorn
+    binds it (SO_REUSEADDR: a port in TIME_WAIT is free), then let go."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UserInputError(f"--host {host}: {e.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as e:
+            raise UserInputError(
+                f"cannot listen on {host}:{port} ({e.strerror}): another server may be "
+                "running there; pick another --port"
+            ) from None
 
 
 def _run(args) -> int:

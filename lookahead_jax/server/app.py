@@ -100,7 +100,9 @@ def _error_handlers(app: FastAPI, metrics: Metrics) -> None:
             message, param = f"unknown field {'.'.join(loc)!r}", ".".join(loc) or None
         else:
             param = ".".join(loc) or None
-            message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+            # a validator's ValueError comes as "Value error, <its message>": the message
+            said = str(first.get("msg")).removeprefix("Value error, ")
+            message = f"{param}: {said}" if param else said
         metrics.requests.labels(request.url.path, "400").inc()
         return JSONResponse(protocol.error_body(message, param=param), 400)
 

@@ -99,7 +99,7 @@ class EngineRunner:
                 self._failures = 0 if update.result.finish != "error" else self._failures
                 with self._lock:
                     self._open.pop(update.id, None)
-            loop.call_soon_threadsafe(updates.put_nowait, update)
+            _put(loop, updates, update)
 
         rid = f"req-{next(self._ids)}"
         with self._lock:  # open before the engine can finish it
@@ -127,7 +127,7 @@ class EngineRunner:
         with self._lock:
             open_, self._open = self._open, {}
         for rid, (loop, updates) in open_.items():
-            loop.call_soon_threadsafe(updates.put_nowait, Closed())
+            _put(loop, updates, Closed())
             self.engine.cancel(rid)
 
     def shutdown(self) -> None:
@@ -136,3 +136,14 @@ class EngineRunner:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+
+
+def _put(loop: asyncio.AbstractEventLoop, updates: asyncio.Queue, item) -> None:
+    """Hand `item` to a handler's queue on its event loop, from any thread. A loop that
+    has closed (the server shut down while a round was finishing) has no handler left to
+    tell: the item is dropped, not raised into the engine's round as a failure."""
+    try:
+        loop.call_soon_threadsafe(updates.put_nowait, item)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
