@@ -132,6 +132,34 @@ def test_completions_and_chat_whole_and_streamed(server, reference):
     assert accepted_guesses(server) > before  # not vacuous: the tokens=16 steps accepted guesses
 
 
+def test_prompt_lists_and_n_choices_each_equal_a_lone_decode(server, reference):
+    """Choice i of a request is prompt i // n, sampled with seed + i: whole or streamed
+    (each chunk names its choice), text or token-id prompts, completions and chat."""
+    c = client(server)
+    prompts = [PROMPTS[2], PROMPTS[4]]
+    want = [reference(prompts[i // 2], 6, temperature=0.8, seed=5 + i) for i in range(4)]
+    kw = dict(model=MODEL, prompt=prompts, n=2, max_tokens=6, temperature=0.8, seed=5)
+    got = c.completions.create(**kw)
+    assert [ch.index for ch in got.choices] == [0, 1, 2, 3]
+    assert [ch.text for ch in got.choices] == [text for text, _ in want]
+    assert got.usage.completion_tokens == sum(len(ids) for _, ids in want)
+    streamed = ["", "", "", ""]
+    for chunk in c.completions.create(**kw, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == [text for text, _ in want]
+    ids = [[5, 6, 7, 8], [9, 10, 11]]
+    got = c.completions.create(model=MODEL, prompt=ids, max_tokens=5, temperature=0)
+    assert [ch.text for ch in got.choices] == [reference(p, 5)[0] for p in ids]
+    assert got.usage.prompt_tokens == 7
+    messages = [{"role": "user", "content": PROMPTS[1]}]
+    got = c.chat.completions.create(
+        model=MODEL, messages=messages, n=2, max_tokens=5, temperature=0.8, seed=3
+    )
+    want_chat = [reference(PROMPTS[1], 5, temperature=0.8, seed=3 + j, chat=True) for j in (0, 1)]
+    assert [ch.message.content for ch in got.choices] == [text for text, _ in want_chat]
+
+
 def test_sixteen_concurrent_requests_each_equal_a_lone_decode(server, reference):
     """Greedy and seeded sampling side by side, different max_tokens, stop strings: each
     answer is its lone decode's (cut before the first stop string)."""
@@ -202,7 +230,9 @@ def test_a_non_text_chat_part_is_a_400_and_a_blank_prompt_is_served(server):
     "body,status,param",
     [
         ({"prompt": "hi", "max_tokens": 4, "temperature": -1}, 400, "temperature"),
-        ({"prompt": "hi", "max_tokens": 4, "n": 2}, 400, "n"),
+        ({"prompt": "hi", "max_tokens": 4, "n": 0}, 400, "n"),
+        ({"prompt": ["a", "b", "c"], "max_tokens": 4, "n": 50}, 400, "n"),  # 150 choices
+        ({"prompt": ["a", ""], "max_tokens": 4}, 400, "prompt"),
         ({"prompt": "hi", "max_tokens": 4, "logprobs": 2}, 400, "logprobs"),
         ({"prompt": "hi", "max_tokens": 4, "echo": True}, 400, "echo"),
         ({"prompt": "hi", "max_tokens": 4, "bogus": 1}, 400, "bogus"),

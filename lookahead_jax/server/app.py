@@ -125,54 +125,72 @@ class Answers:
                 "not_found_error",
             )
 
-    def prompt_ids(self, body) -> list[int]:
-        """The request's prompt as token ids, through the engine's one prompt encoder
-        (engine/inputs.py; here a blank prompt is served, as OpenAI's API does); 400
-        naming the field when it cannot be."""
-        chat = isinstance(body, ChatCompletionRequest)
-        field = "messages" if chat else "prompt"
-        tokenizer = self.tokenizer
-        if chat and (tokenizer is None or tokenizer.chat_template is None):
-            raise ApiError(400, "this model has no chat template; use /v1/completions", field)
+    def prompt_ids(self, prompt, field: str) -> list[int]:
+        """One prompt (a text, token ids, or chat messages as dicts) as token ids, through
+        the engine's one prompt encoder (engine/inputs.py; here a blank prompt is served,
+        as OpenAI's API does); 400 naming the field when it cannot be."""
         try:
-            prompt = (
-                [{"role": m.role, "content": m.text()} for m in body.messages]
-                if chat
-                else body.prompt
-            )
             vocab = self.engine.model.lm.vocab_size
-            return inputs.encode_prompt(tokenizer, vocab, prompt, False, field, allow_blank=True)
+            return inputs.encode_prompt(
+                self.tokenizer, vocab, prompt, False, field, allow_blank=True
+            )
         except (ValueError, UserInputError) as e:  # a non-text content part, a bad id, ...
             raise ApiError(400, str(e), field) from None
 
-    def engine_request(self, body, chat: bool) -> EngineRequest:
-        """The body as an engine request; the engine checks it whole when it is submitted
-        (requests.encode: the prompt against its max_prompt_tokens, prompt + max_tokens
-        against the context, stop strings; Engine.submit: max_tokens against the
-        server's)."""
+    def engine_requests(self, body, chat: bool) -> list[EngineRequest]:
+        """The body as engine requests, one a choice: prompt i // n, seed + i (a fresh
+        draw without a seed, as OpenAI's API samples). The engine checks each whole when
+        it is submitted (requests.encode: the prompt against its max_prompt_tokens,
+        prompt + max_tokens against the context, stop strings; Engine.submit: max_tokens
+        against the server's)."""
         if chat:
+            if self.tokenizer is None or self.tokenizer.chat_template is None:
+                raise ApiError(
+                    400, "this model has no chat template; use /v1/completions", "messages"
+                )
+            try:
+                messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            except ValueError as e:  # a non-text content part
+                raise ApiError(400, str(e), "messages") from None
+            prompts = [self.prompt_ids(messages, "messages")]
             max_new_tokens = body.budget(self.engine.max_new_tokens)
-        else:  # null: OpenAI's default
+        else:
+            prompts = [self.prompt_ids(p, "prompt") for p in body.prompts()]
+            # null: OpenAI's default
             max_new_tokens = body.max_tokens or protocol.COMPLETIONS_DEFAULT_MAX_TOKENS
-        seed = body.seed
-        if seed is None:  # a fresh draw per request, as OpenAI's API samples
-            seed = secrets.randbits(31)
-        return EngineRequest(
-            self.prompt_ids(body),
-            max_new_tokens=max_new_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_k=body.top_k,
-            top_p=body.top_p,
-            seed=seed,
-            stop=body.stops(),
-        )
+        if len(prompts) * body.n > protocol.MAX_CHOICES:
+            raise ApiError(
+                400,
+                f"{len(prompts)} prompts x n = {body.n} is more than "
+                f"{protocol.MAX_CHOICES} choices in one request",
+                "n",
+            )
+        seed = secrets.randbits(31) if body.seed is None else body.seed
+        return [
+            EngineRequest(
+                prompts[i // body.n],
+                max_new_tokens=max_new_tokens,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_k=body.top_k,
+                top_p=body.top_p,
+                seed=seed + i,
+                stop=body.stops(),
+            )
+            for i in range(len(prompts) * body.n)
+        ]
 
-    def submit(self, request: EngineRequest, body, chat: bool):
-        """Queue the request: (its id, its updates' queue); the engine's refusal as a 400
-        naming the API's field (max_tokens or max_completion_tokens for max_new_tokens)."""
+    def submit(self, requests: list[EngineRequest], body, chat: bool, updates: asyncio.Queue):
+        """Queue the requests, all reporting to `updates`: their ids in choice order. The
+        engine's refusal of one is a 400 naming the API's field (max_tokens or
+        max_completion_tokens for max_new_tokens), and those queued before it are
+        cancelled."""
+        rids = []
         try:
-            return self.runner.submit(request, stream=body.stream)
+            for request in requests:
+                rids.append(self.runner.submit(request, body.stream, updates))
         except UserInputError as e:
+            for rid in rids:
+                self.runner.cancel(rid)
             tokens_field = (
                 "max_completion_tokens"
                 if chat and body.max_completion_tokens is not None
@@ -187,6 +205,7 @@ class Answers:
             if e.field == "max_new_tokens":
                 message = message.replace("max_new_tokens", tokens_field)
             raise ApiError(400, message, param) from None
+        return rids
 
     async def answer(self, http: Request, body, chat: bool):
         t0 = time.perf_counter()
@@ -194,36 +213,42 @@ class Answers:
         runner, metrics = self.runner, self.metrics
         if runner.stopping or runner.fatal:
             raise ApiError(503, "the server is shutting down", type_="server_error")
-        request = self.engine_request(body, chat)  # a body that cannot be encoded: 400 first
+        requests = self.engine_requests(body, chat)  # a body that cannot be encoded: 400 first
         if runner.full():
             raise ApiError(
                 429, "too many requests are waiting; try again later", type_="rate_limit_error"
             )
-        rid, updates = self.submit(request, body, chat)
-        n_prompt = len(request.prompt)
+        updates: asyncio.Queue = asyncio.Queue()
+        rids = self.submit(requests, body, chat, updates)
+        # each prompt counted once, however many choices it has
+        n_prompt = sum(len(r.prompt) for r in requests[:: body.n])
         metrics.prompt_tokens.inc(n_prompt)
         reply = Reply(self.model_name, chat)
         endpoint = http.url.path
         if body.stream:
             events = self.stream(
-                rid, updates, reply, request.stop, n_prompt, body.include_usage(), t0, endpoint
+                rids, updates, reply, body.stops(), n_prompt, body.include_usage(), t0, endpoint
             )
             return StreamingResponse(events, media_type="text/event-stream")
-        result = await self.whole(http, rid, updates, t0)
-        metrics.generated_tokens.inc(len(result.token_ids))
+        results = await self.whole(http, rids, updates, t0)
+        generated = sum(len(r.token_ids) for r in results)
+        metrics.generated_tokens.inc(generated)
         metrics.duration.observe(time.perf_counter() - t0)
         metrics.requests.labels(endpoint, "200").inc()
-        return reply.whole(result.text or "", result.finish, n_prompt, len(result.token_ids))
+        choices = [(r.text or "", r.finish) for r in results]
+        return reply.whole(choices, n_prompt, generated)
 
-    async def whole(self, http: Request, rid, updates: asyncio.Queue, t0: float):
-        """Wait for the request's result; cancel it if the client goes away."""
-        first = True
-        while True:
+    async def whole(self, http: Request, rids: list, updates: asyncio.Queue, t0: float):
+        """Wait for every choice's result (in choice order); cancel them all if the client
+        goes away."""
+        results, first = {}, True
+        while len(results) < len(rids):
             try:
                 update = await asyncio.wait_for(updates.get(), DISCONNECT_POLL_S)
             except TimeoutError:
                 if await http.is_disconnected():
-                    self.runner.cancel(rid)
+                    for rid in rids:
+                        self.runner.cancel(rid)
                     raise ApiError(499, "the client disconnected") from None
                 continue
             if isinstance(update, Closed):
@@ -233,17 +258,24 @@ class Answers:
                 first = False
             if update.result is not None:
                 if update.result.finish == "error":
+                    for rid in rids:
+                        self.runner.cancel(rid)
                     raise ApiError(
                         500, f"decoding failed: {update.result.error}", type_="server_error"
                     )
-                return update.result
+                results[update.id] = update.result
+        return [results[rid] for rid in rids]
 
-    async def stream(self, rid, updates, reply: Reply, stops, n_prompt, with_usage, t0, endpoint):
-        """The SSE events of one request."""
-        detok = StreamDetokenizer(self.tokenizer) if self.tokenizer is not None else None
-        sent, pending, first, done = "", "", True, False
+    async def stream(self, rids, updates, reply: Reply, stops, n_prompt, with_usage, t0, endpoint):
+        """The SSE events of one request: each choice's chunks as its tokens come (a
+        chunk names its choice's index), text that could start a stop string held back,
+        then its finish; once every choice finished, the usage chunk when asked for and
+        [DONE]."""
+        index = {rid: i for i, rid in enumerate(rids)}
+        choices = {rid: _StreamedChoice(self.tokenizer) for rid in rids}
+        open_, generated, first_token, done = set(rids), 0, True, False
         try:
-            while True:
+            while open_:
                 update = await updates.get()
                 if isinstance(update, Closed) or (
                     update.result is not None and update.result.finish == "error"
@@ -258,36 +290,58 @@ class Answers:
                     done = True
                     self.metrics.requests.labels(endpoint, "500").inc()
                     return
-                if first and update.token_ids:
+                if first_token and update.token_ids:
                     self.metrics.ttft.observe(time.perf_counter() - t0)
-                pending += detok.add_step(update.token_ids) if detok else ""
-                result = update.result
-                if result is None:
-                    keep = _stop_prefix(sent + pending, stops)  # might start a stop string
-                    out, pending = pending[: len(pending) - keep], pending[len(pending) - keep :]
-                    if out or first:
-                        yield _sse(reply.chunk(out, first=first))
-                        sent, first = sent + out, False
-                    continue
-                if result.finish == "stop" and result.text is not None:
-                    out = result.text[len(sent) :]
-                else:
-                    out = pending + (detok.flush() if detok else "")
-                if out or first:
-                    yield _sse(reply.chunk(out, first=first))
-                yield _sse(reply.chunk("", finish=result.finish))
-                if with_usage:
-                    yield _sse(reply.usage_chunk(n_prompt, len(result.token_ids)))
-                yield "data: [DONE]\n\n"
-                done = True
-                self.metrics.generated_tokens.inc(len(result.token_ids))
-                self.metrics.duration.observe(time.perf_counter() - t0)
-                self.metrics.requests.labels(endpoint, "200").inc()
-                return
+                    first_token = False
+                choice, i = choices[update.id], index[update.id]
+                for text, finish, first in choice.add(update, stops):
+                    yield _sse(reply.chunk(text, finish, first=first, index=i))
+                if update.result is not None:
+                    open_.discard(update.id)
+                    generated += len(update.result.token_ids)
+            if with_usage:
+                yield _sse(reply.usage_chunk(n_prompt, generated))
+            yield "data: [DONE]\n\n"
+            done = True
+            self.metrics.generated_tokens.inc(generated)
+            self.metrics.duration.observe(time.perf_counter() - t0)
+            self.metrics.requests.labels(endpoint, "200").inc()
         finally:
-            if not done:  # the client went away mid-stream: free its slot
+            for rid in open_:  # an error ended it, or the client went away: free the slots
                 self.runner.cancel(rid)
+            if not done:
                 self.metrics.requests.labels(endpoint, "499").inc()
+
+
+class _StreamedChoice:
+    """One choice of a streamed answer: its detokenizer and the text sent so far."""
+
+    def __init__(self, tokenizer):
+        self.detok = StreamDetokenizer(tokenizer) if tokenizer is not None else None
+        self.sent, self.pending, self.first = "", "", True
+
+    def add(self, update, stops) -> list[tuple[str, str | None, bool]]:
+        """The chunks (text, finish, first) an update gives: its new text, less what
+        could start a stop string; with the result, the rest and then its finish."""
+        self.pending += self.detok.add_step(update.token_ids) if self.detok else ""
+        result, chunks = update.result, []
+        if result is None:
+            keep = _stop_prefix(self.sent + self.pending, stops)  # might start a stop string
+            cut = len(self.pending) - keep
+            out, self.pending = self.pending[:cut], self.pending[cut:]
+            if out or self.first:
+                chunks.append((out, None, self.first))
+                self.sent, self.first = self.sent + out, False
+            return chunks
+        if result.finish == "stop" and result.text is not None:
+            out = result.text[len(self.sent) :]
+        else:
+            out = self.pending + (self.detok.flush() if self.detok else "")
+        if out or self.first:
+            chunks.append((out, None, self.first))
+            self.first = False
+        chunks.append(("", result.finish, False))
+        return chunks
 
 
 class ApiKeyCheck:

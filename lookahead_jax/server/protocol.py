@@ -2,10 +2,12 @@
 (an unknown field is an error that names it), the error object, and the JSON of
 completions, chat completions, their streamed chunks and usage.
 
-What is accepted: `n` = 1 only; `logprobs` and `echo` are refused (400) rather than
-ignored; `top_k` is an extension (as vLLM's); `seed` makes a sampled request exactly
-reproducible (docs/serving.md). A request without `temperature` samples at 1.0, as
-OpenAI's API does.
+What is accepted: a completion's `prompt` as one text, one token-id list, or a list of
+either; `n` choices per prompt (1..MAX_CHOICES; choice i of a request is
+prompt i // n, sampled with seed + i); `logprobs` and `echo` are refused (400) rather
+than ignored; `top_k` is an extension (as vLLM's); `seed` makes a sampled request
+exactly reproducible (docs/serving.md). A request without `temperature` samples at 1.0,
+as OpenAI's API does.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 STRICT = ConfigDict(extra="forbid", strict=True)
 INT64 = 2**63  # OpenAI's seed is an int64
 INT32 = 2**31
+MAX_CHOICES = 128  # prompts x n of one request: each is an engine request
 
 
 class StreamOptions(BaseModel):
@@ -43,19 +46,12 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     user: str | None = None  # accepted and ignored, as a tag for the caller's records
     logprobs: object = None
     # accepted at their neutral values only
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-
-    @field_validator("n")
-    @classmethod
-    def _one(cls, v):
-        if v != 1:
-            raise ValueError("only n = 1 is supported")
-        return v
 
     @field_validator("logprobs")
     @classmethod
@@ -89,23 +85,26 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(default=COMPLETIONS_DEFAULT_MAX_TOKENS, ge=1)
     echo: bool = False
     suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v):
-        if isinstance(v, list) and v and isinstance(v[0], str):
-            if len(v) != 1:
-                raise ValueError("one prompt per request (a list of one string at most)")
-            v = v[0]
-        if isinstance(v, str) and not v:
+    def _prompts(cls, v):
+        """One prompt (a text or a token-id list) or a list of them, as a list."""
+        if isinstance(v, str) or (isinstance(v, list) and v and isinstance(v[0], int)):
+            v = [v]
+        if not v:
             raise ValueError("the prompt is empty")
-        if isinstance(v, list) and not v:
-            raise ValueError("the prompt is empty")
+        if any(not p for p in v):
+            raise ValueError("a prompt is empty")
         return v
+
+    def prompts(self) -> list:
+        """The prompts, each a text or a token-id list."""
+        return list(self.prompt)
 
     @field_validator("echo")
     @classmethod
@@ -187,26 +186,33 @@ class Reply:
         obj = "chat.completion.chunk" if chunk and self.chat else self.object
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish: str, prompt_tokens: int, completion_tokens: int):
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None}
-        choice["finish_reason"] = finish_reason(finish)
+    def whole(self, choices: list, prompt_tokens: int, completion_tokens: int):
+        """The whole answer; `choices`: (text, finish) per choice, in index order."""
+        out = []
+        for index, (text, finish) in enumerate(choices):
+            if self.chat:
+                choice = {"index": index, "message": {"role": "assistant", "content": text}}
+            else:
+                choice = {"index": index, "text": text, "logprobs": None}
+            choice["finish_reason"] = finish_reason(finish)
+            out.append(choice)
         return {
             **self._head(False),
-            "choices": [choice],
+            "choices": out,
             "usage": usage(prompt_tokens, completion_tokens),
         }
 
-    def chunk(self, text: str, finish: str | None = None, first: bool = False) -> dict:
+    def chunk(
+        self, text: str, finish: str | None = None, first: bool = False, index: int = 0
+    ) -> dict:
+        """One streamed chunk of choice `index`."""
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
             if finish is not None and not text:
                 delta = {}
-            choice = {"index": 0, "delta": delta}
+            choice = {"index": index, "delta": delta}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None}
+            choice = {"index": index, "text": text, "logprobs": None}
         choice["finish_reason"] = None if finish is None else finish_reason(finish)
         return {**self._head(True), "choices": [choice]}
 

@@ -87,12 +87,12 @@ class EngineRunner:
         free = self.engine.batch - self.engine.slots_in_use
         return self.engine.queued >= self.max_queue + free
 
-    def submit(self, request: Request, stream: bool) -> tuple[object, asyncio.Queue]:
-        """Queue `request` under a fresh id; returns the id and the queue its updates
-        arrive on (to be called on the event loop). stream: its tokens as they come (else
-        only its result). Raises UserInputError for bad input."""
+    def submit(self, request: Request, stream: bool, updates: asyncio.Queue) -> str:
+        """Queue `request` under a fresh id, its updates to arrive on `updates` (to be
+        called on the event loop; several requests may share one queue: an update names
+        its request); returns the id. stream: its tokens as they come (else only its
+        result). Raises UserInputError for bad input."""
         loop = asyncio.get_running_loop()
-        updates: asyncio.Queue = asyncio.Queue()
 
         def listener(update: Update) -> None:
             if update.result is not None:
@@ -113,7 +113,7 @@ class EngineRunner:
                 message = str(e).replace(f"prompt {rid!r}", "the prompt")
                 raise UserInputError(message, e.field) from None
             raise
-        return rid, updates
+        return rid
 
     def cancel(self, request_id) -> None:
         with self._lock:
