@@ -1,6 +1,8 @@
 """The HTTP server against schemathesis (issue 47): requests generated from the OpenAPI
-schema the server serves, every endpoint, checked for server errors (5xx); then the
-slots and the queue must be empty and the server must still answer exactly.
+schema the server serves, every endpoint, checked for server errors (5xx); then
+--streams streamed requests at concurrency 16 of which every tenth client disconnects
+after its first chunk (the server's memory after the first tenth and at the end); then
+the slots and the queue must be empty and the server must still answer exactly.
 
     python scripts/bench/fuzz_server.py --max-examples 1000 --out benchmarks/cpu/fuzz_server
 
@@ -12,6 +14,7 @@ and after the run give the same text, and it is a lone plain decode's (lj.genera
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import signal
@@ -58,12 +61,41 @@ def metrics(url: str) -> dict[str, float]:
     return out
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (Linux: /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def streams(url: str, n: int, pid: int, concurrency: int = 16) -> dict:
+    """n streamed completions; client i % 10 == 9 goes away after its first chunk."""
+    gate, memory = asyncio.Semaphore(concurrency), {}
+
+    async def one(client, i: int) -> None:
+        body = {"model": "m", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 16,
+                "temperature": 0.7, "seed": i, "stream": True}  # fmt: skip
+        async with gate, client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and i % 10 == 9:
+                    break  # leaving the block closes the connection mid-stream
+        if i + 1 == n // 10:
+            memory["after_first_tenth_mb"] = rss_mb(pid)
+
+    async with httpx.AsyncClient(timeout=300) as client:
+        await asyncio.gather(*(one(client, i) for i in range(n)))
+    await asyncio.sleep(2)  # the server's next rounds see the last disconnects
+    return {**memory, "at_the_end_mb": rss_mb(pid)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckpt", default="smollm2-135m")
     ap.add_argument("--lookahead", default="tokens=8")
     ap.add_argument("--max-examples", type=int, default=1000)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--out", default="benchmarks/fuzz_server")
     args = ap.parse_args()
     proc, url = start_server(args.ckpt, 4, args.lookahead, args.max_tokens)
@@ -77,6 +109,7 @@ def main() -> None:
                   "--generation-deterministic"]  # fmt: skip
             run = subprocess.run(st, env=env, capture_output=True, text=True)
         print(run.stdout[-3000:])
+        memory = asyncio.run(streams(url, args.streams, proc.pid))
         after = answers(url, args.max_tokens)
         seen = metrics(url)
     finally:
@@ -87,14 +120,11 @@ def main() -> None:
     model = lj.load(args.ckpt)
     plain = lj.generate(model, PROMPTS, max_new_tokens=args.max_tokens, lookahead=None).texts
     generated = re.search(r"(\d+) generated", run.stdout)
-    by_status = {
-        k.split('status="')[1].rstrip('"}'): v
-        for k, v in seen.items()
-        if k.startswith("lookahead_requests_total{")
-    }
-    statuses: dict[str, float] = {}
-    for status, count in by_status.items():
-        statuses[status] = statuses.get(status, 0) + count
+    statuses: dict[str, float] = {}  # summed over the endpoints
+    for k, count in seen.items():
+        if k.startswith("lookahead_requests_total{"):
+            status = k.split('status="')[1].rstrip('"}')
+            statuses[status] = statuses.get(status, 0) + count
     result = {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "cpu": cpu_model(),
@@ -102,6 +132,9 @@ def main() -> None:
         "generated": int(generated.group(1)) if generated else None,
         "responses_by_status": statuses,
         "server_errors": sum(v for k, v in statuses.items() if k.startswith("5")),
+        "streams": args.streams,
+        "streams_disconnected": args.streams // 10,
+        "server_memory": memory,
         "slots_in_use_after": seen.get("lookahead_slots_in_use"),
         "queue_after": seen.get("lookahead_queue_length"),
         "same_answers_before_and_after": before == after,
