@@ -225,7 +225,6 @@ class Scheduler:
     def interrupted(self) -> list[Result]:
         """End every request in a slot with finish "interrupted" and the tokens it has
         (after a Ctrl-C between rounds: the state is whole)."""
-        self.stats.interrupted = True
         return [] if self.device.state is None else self._collect(end_all="interrupted")
 
     def _stop(self, a: Active, new: list[int]) -> tuple[str | None, list[int]]:

@@ -214,7 +214,7 @@ class Answers:
         if runner.stopping or runner.fatal:
             raise ApiError(503, "the server is shutting down", type_="server_error")
         requests = self.engine_requests(body, chat)  # a body that cannot be encoded: 400 first
-        if runner.full():
+        if runner.full(len(requests)):  # each choice is a request in the engine's queue
             raise ApiError(
                 429, "too many requests are waiting; try again later", type_="rate_limit_error"
             )

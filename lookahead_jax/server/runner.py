@@ -79,13 +79,13 @@ class EngineRunner:
 
     # ------------------------------------------------------------------ the event loop
 
-    def full(self) -> bool:
-        """Whether a new request would have to wait beyond `max_queue` (requests waiting
-        beyond the free slots)."""
+    def full(self, new: int = 1) -> bool:
+        """Whether `new` more requests would have some wait beyond `max_queue` (requests
+        waiting beyond the free slots)."""
         if self.max_queue is None:
             return False
         free = self.engine.batch - self.engine.slots_in_use
-        return self.engine.queued >= self.max_queue + free
+        return self.engine.queued + new > self.max_queue + free
 
     def submit(self, request: Request, stream: bool, updates: asyncio.Queue) -> str:
         """Queue `request` under a fresh id, its updates to arrive on `updates` (to be
