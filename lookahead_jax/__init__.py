@@ -11,7 +11,7 @@ from lookahead_jax.engine.generate import (
     GenerationOutput,
     generate,
 )
-from lookahead_jax.engine.requests import Request, Result
+from lookahead_jax.engine.requests import Request, Result, TokenLogprob
 from lookahead_jax.engine.stats import SourceStats, Stats
 from lookahead_jax.engine.streaming import StreamDetokenizer
 from lookahead_jax.errors import CheckpointError, MissingFileError, UserInputError
@@ -37,6 +37,7 @@ __all__ = [
     "SamplingConfig",
     "SourceStats",
     "Stats",
+    "TokenLogprob",
     "StreamDetokenizer",
     "UserInputError",
     "decoding",

@@ -36,7 +36,7 @@ def copies(model, lookahead, batch: int, sampled: bool = False) -> list:
         cache_dtype="float32",
     )
     rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((batch, *shape), dtype)  # noqa: E731
-    sampling = RowSampling(rows(dtype=jnp.float32), rows(), rows(dtype=jnp.float32))
+    sampling = RowSampling.shaped(batch)
     args = (model.params, rows(PROMPT), rows(), rows(), rows(2, dtype=jnp.uint32), sampling)
     exe, _ = programs.compiled(model, spec, CAP, args, "run_loop")
     state = jax.eval_shape(functools.partial(decoding.start, spec=spec, new_positions=CAP), *args)

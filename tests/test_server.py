@@ -14,6 +14,7 @@ import time
 
 import httpx
 import jax
+import numpy as np
 import openai
 import pytest
 
@@ -78,13 +79,18 @@ def reference(tiny_text_ckpt):
     with jax.enable_x64(True):
         model = lj.load(tiny_text_ckpt, dtype="float64")
 
-    def decode(prompt, max_tokens, temperature=0.0, seed=0, chat=False, top_p=None):
+    def decode(prompt, max_tokens, temperature=0.0, seed=0, chat=False, top_p=None, logprobs=None):
+        """(text, token ids), and with `logprobs` the tokens' TokenLogprobs third."""
         with jax.enable_x64(True):
             out = lj.generate(
                 model, [prompt], max_new_tokens=max_tokens, temperature=temperature,
-                seed=seed, chat=chat, top_p=top_p, lookahead=None,
+                seed=seed, chat=chat, top_p=top_p, lookahead=None, logprobs=logprobs,
             )  # fmt: skip
+        if logprobs is not None:
+            return out.texts[0], out.token_ids[0], out.logprobs[0]
         return out.texts[0], out.token_ids[0]
+
+    decode.model = model
 
     return decode
 
@@ -160,6 +166,98 @@ def test_prompt_lists_and_n_choices_each_equal_a_lone_decode(server, reference):
     assert [ch.message.content for ch in got.choices] == [text for text, _ in want_chat]
 
 
+def test_logprobs_whole_and_streamed_equal_a_lone_decodes(server, reference):
+    """Completions (whole, streamed, beside a request without logprobs) and chat: each
+    token's logprob and alternatives are a lone plain decode's; the token strings add
+    up to the text, text_offset where each starts; a sampled request's too."""
+    c = client(server)
+    text, ids, want = reference(PROMPTS[4], 10, logprobs=3)
+    kw = dict(model=MODEL, prompt=PROMPTS[4], max_tokens=10, temperature=0, logprobs=3)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        plain = pool.submit(c.completions.create, **{**kw, "logprobs": None})
+        got = c.completions.create(**kw).choices[0]
+        assert plain.result().choices[0].logprobs is None
+        assert plain.result().choices[0].text == got.text == text
+    lp = got.logprobs
+    assert "".join(lp.tokens) == text and len(lp.tokens) == len(ids)
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(ids))]
+    assert lp.token_logprobs == pytest.approx([w.logprob for w in want], abs=1e-9)
+    for top, w, token in zip(lp.top_logprobs, want, lp.tokens, strict=True):
+        assert top[token] == pytest.approx(w.logprob, abs=1e-9)  # greedy: the best one
+        assert max(top.values()) == pytest.approx(w.top[0][1], abs=1e-9)
+        assert set(top.values()) <= {v for _, v in w.top}
+    streamed = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    for chunk in c.completions.create(**kw, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            for key, values in streamed.items():
+                values += getattr(chunk.choices[0].logprobs, key)
+    assert streamed == {k: getattr(lp, k) for k in streamed}
+    _, _, want = reference(PROMPTS[2], 6, temperature=0.8, seed=4, logprobs=0)
+    got = c.completions.create(**{**kw, "prompt": PROMPTS[2], "max_tokens": 6,
+                                  "temperature": 0.8, "seed": 4, "logprobs": 0})  # fmt: skip
+    assert got.choices[0].logprobs.token_logprobs == pytest.approx([w.logprob for w in want])
+    assert all(len(top) == 1 for top in got.choices[0].logprobs.top_logprobs)  # the token
+    messages = [{"role": "user", "content": PROMPTS[1]}]
+    text, _, want = reference(PROMPTS[1], 5, chat=True, logprobs=2)
+    got = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0,
+                                    logprobs=True, top_logprobs=2).choices[0]  # fmt: skip
+    content = got.logprobs.content
+    assert "".join(e.token for e in content) == got.message.content == text
+    assert [e.logprob for e in content] == pytest.approx([w.logprob for w in want], abs=1e-9)
+    got_top = [t.logprob for e in content for t in e.top_logprobs]
+    assert got_top == pytest.approx([v for w in want for _, v in w.top], abs=1e-9)
+    assert all(len(e.top_logprobs) == 2 for e in content)
+    r = httpx.post(f"{server}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": MODEL, "messages": messages, "top_logprobs": 2})  # fmt: skip
+    assert r.status_code == 400 and "needs logprobs" in r.json()["error"]["message"], r.text
+
+
+def test_echo_returns_the_prompt_and_its_logprobs(server, reference):
+    """lm-evaluation-harness's loglikelihood request (a list of token-id prompts, echo,
+    logprobs 1, max_tokens 1) and max_tokens 0: the prompt's tokens and logprobs (the
+    first null) are one causal pass's, whole and streamed, followed by the new token's."""
+    model = reference.model
+    tok = model.tokenizer
+    ids = [tok.encode(p) for p in PROMPTS[:2]]
+    c = client(server)
+    got = c.completions.create(model=MODEL, prompt=ids, echo=True, logprobs=1, max_tokens=1,
+                               temperature=0)  # fmt: skip
+    for prompt, choice in zip(ids, got.choices, strict=True):
+        with jax.enable_x64(True):
+            full = lj.testing.full_pass_logits(model, prompt)
+        shifted = full - full.max(-1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        want = [None] + [logp[j - 1, prompt[j]] for j in range(1, len(prompt))]
+        lp = choice.logprobs
+        assert len(lp.token_logprobs) == len(prompt) + 1 and lp.token_logprobs[0] is None
+        assert lp.top_logprobs[0] is None
+        # float32 logprob buffers (decoding/logprobs.py) against float64 numpy
+        assert lp.token_logprobs[1 : len(prompt)] == pytest.approx(want[1:], abs=1e-6)
+        text, new = reference(prompt, 1, logprobs=1)[:2]
+        assert choice.text == tok.decode(prompt) + text
+        assert "".join(lp.tokens) == choice.text
+        # lm-eval's greedy check: each token is its top alternative's
+        for value, top in zip(lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True):
+            assert max(top.values()) >= value
+    zero = c.completions.create(model=MODEL, prompt=PROMPTS[0], echo=True, logprobs=2,
+                                max_tokens=0)  # fmt: skip
+    assert zero.choices[0].text == PROMPTS[0] and zero.usage.completion_tokens == 0
+    n_prompt = len(tok.encode(PROMPTS[0]))
+    assert len(zero.choices[0].logprobs.token_logprobs) == n_prompt
+    streamed, logprobs = "", []
+    for chunk in c.completions.create(model=MODEL, prompt=PROMPTS[0], echo=True, logprobs=2,
+                                      max_tokens=3, temperature=0, stream=True):  # fmt: skip
+        if chunk.choices:
+            streamed += chunk.choices[0].text
+            if chunk.choices[0].logprobs is not None:
+                logprobs += chunk.choices[0].logprobs.token_logprobs
+    assert streamed == PROMPTS[0] + reference(PROMPTS[0], 3)[0]
+    assert logprobs[:n_prompt] == zero.choices[0].logprobs.token_logprobs
+    r = httpx.post(f"{server}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": MODEL, "prompt": "hi", "max_tokens": 0})  # fmt: skip
+    assert r.status_code == 400 and "needs echo" in r.json()["error"]["message"], r.text
+
+
 def test_sixteen_concurrent_requests_each_equal_a_lone_decode(server, reference):
     """Greedy and seeded sampling side by side, different max_tokens, stop strings: each
     answer is its lone decode's (cut before the first stop string)."""
@@ -233,8 +331,8 @@ def test_a_non_text_chat_part_is_a_400_and_a_blank_prompt_is_served(server):
         ({"prompt": "hi", "max_tokens": 4, "n": 0}, 400, "n"),
         ({"prompt": ["a", "b", "c"], "max_tokens": 4, "n": 50}, 400, "n"),  # 150 choices
         ({"prompt": ["a", ""], "max_tokens": 4}, 400, "prompt"),
-        ({"prompt": "hi", "max_tokens": 4, "logprobs": 2}, 400, "logprobs"),
-        ({"prompt": "hi", "max_tokens": 4, "echo": True}, 400, "echo"),
+        ({"prompt": "hi", "max_tokens": 4, "logprobs": 21}, 400, "logprobs"),
+        ({"prompt": "hi", "max_tokens": 4, "logprobs": True}, 400, "logprobs"),  # strict
         ({"prompt": "hi", "max_tokens": 4, "bogus": 1}, 400, "bogus"),
         ({"prompt": "hi", "max_tokens": 99}, 400, "max_tokens"),
         ({"prompt": "x" * 1020, "max_tokens": 8}, 400, "prompt"),

@@ -201,7 +201,9 @@ def _run(args) -> int:
         temperature=args.auto_temperature,
     )
     if not args.no_warmup:
-        list(engine.run([lj.Request([info.cfg.bos_token_id or 1], max_new_tokens=1)]))
+        # a request with logprobs: the online programs keep them (Engine's max_logprobs)
+        warm = lj.Request([info.cfg.bos_token_id or 1], max_new_tokens=1, logprobs=0)
+        list(engine.run([warm]))
         engine.stats = lj.Stats(batch=engine.batch)  # the server's own from here
     name = args.model_name or (
         args.ckpt if not Path(args.ckpt).exists() else Path(args.ckpt).resolve().name

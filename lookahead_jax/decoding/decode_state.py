@@ -12,7 +12,8 @@ right-padded to a bucket length P; the pad positions are overwritten by new toke
 Positions past a row's end hold garbage and are never read.
 
 Plain decoding uses the fields up to `accept_hist`; lookahead decoding also
-fills `draft` (the guess sources' state, lookahead.DraftState; None otherwise).
+fills `draft` (the guess sources' state, lookahead.DraftState; None otherwise), and a
+spec with `logprobs` the new tokens' logprobs (logprobs.py; None otherwise).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int, UInt32
 
+from lookahead_jax.decoding import logprobs
+from lookahead_jax.decoding.prompt_logprobs import prompt_logprobs
 from lookahead_jax.decoding.sampling import RowSampling, choose_tokens
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 from lookahead_jax.models import seam
@@ -48,6 +51,7 @@ class DecodeState:
     sampling: RowSampling  # temperature, top-k, top-p per row
     accept_hist: Int[Array, "B E"]  # steps that emitted 1..E tokens
     draft: DraftState | None = None  # the window's and the guess sources' state
+    logprobs: logprobs.Logprobs | None = None  # the new tokens' (spec.logprobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +68,9 @@ class DecodeSpec:
     # Buffers sized for steps of this many tokens at least: a plain decode that takes
     # over a lookahead state mid-generation keeps that state's buffer sizes.
     min_slack: int = 1
+    # keep each new token's logprob and this many most likely alternatives (logprobs.py)
+    # for the rows that ask (RowSampling.logprobs); None: no logprob buffers or code
+    logprobs: int | None = None
 
     @property
     def max_emit(self) -> int:
@@ -77,11 +84,14 @@ def positions_needed(prompt_bucket: int, new_positions: int, max_emit: int) -> i
     return prompt_bucket + new_positions + max_emit
 
 
-def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b) -> DecodeState:
+def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b, logits=None) -> DecodeState:
     """Append up to `count_b` of the tokens `new_be [B, E]` to each active row.
 
     A row stops at its first EOS (the EOS itself is not kept) or when it reaches
     its budget, even in the middle of the E tokens.
+
+    logits: (logits [B, R, V], rows [B, E]): token e was chosen from logits row
+    rows[b, e] — its logprob's source, with spec.logprobs.
     """
     E = new_be.shape[1]
     active = ~state.done
@@ -103,7 +113,15 @@ def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b) -> DecodeState:
     step_id = jnp.broadcast_to(state.steps[:, None], new_be.shape).astype(jnp.int32)
     tokens = state.tokens.at[rows_be, at_be].set(new_be, mode="drop")
     step_of = state.step_of_token.at[rows_be, at_be].set(step_id, mode="drop")
-    return dataclasses.replace(state, tokens=tokens, step_of_token=step_of, n_out=n_out, done=done)
+    kept = state.logprobs
+    if kept is not None:
+        logits_brv, logits_rows_be = logits
+        want_b = state.sampling.logprobs & active
+        values = logprobs.of_tokens(logits_brv, logits_rows_be, new_be, want_b, spec.logprobs)
+        kept = logprobs.write(kept, rows_be, at_be, values)
+    return dataclasses.replace(
+        state, tokens=tokens, step_of_token=step_of, n_out=n_out, done=done, logprobs=kept
+    )
 
 
 def causal_mask(t: int) -> jax.Array:
@@ -144,9 +162,35 @@ def prefill(
         rng=rng_b2,
         sampling=sampling,
         accept_hist=jnp.zeros((B, spec.max_emit), jnp.int32),
+        logprobs=None
+        if spec.logprobs is None
+        else _prompt_logprobs(params, prompt_bp, S, spec, sampling.prompt_logprobs),
     )
     first = choose_tokens(logits, sampling, rng_b2, jnp.zeros((B, 1), jnp.int32), spec.sampled)
-    return emit(state, spec, first, jnp.ones((B,), jnp.int32))
+    one_b = jnp.ones((B,), jnp.int32)
+    return emit(state, spec, first, one_b, (logits, jnp.zeros((B, 1), jnp.int32)))
+
+
+def _prompt_logprobs(params, prompt_bp, S: int, spec: DecodeSpec, want_b) -> logprobs.Logprobs:
+    """The logprob buffers [B, S, ...] with each prompt's own logprobs at its positions
+    (prompt_logprobs.py) when some row asks (want_b [B]), else zeros."""
+    B, P = prompt_bp.shape
+    K = spec.logprobs
+
+    def compute():
+        return prompt_logprobs(params, prompt_bp, spec.lm, K, spec.cache_dtype)
+
+    def skip():
+        f32 = jnp.float32
+        return jnp.zeros((B, P), f32), jnp.zeros((B, P, K), jnp.int32), jnp.zeros((B, P, K), f32)
+
+    token_bp, ids_bpo, top_bpo = jax.lax.cond(jnp.any(want_b), compute, skip)
+    buffers = logprobs.init(B, S, K)
+    return logprobs.Logprobs(
+        token=buffers.token.at[:, :P].set(token_bp),
+        top_ids=buffers.top_ids.at[:, :P].set(ids_bpo),
+        top=buffers.top.at[:, :P].set(top_bpo),
+    )
 
 
 def input_tokens(state: DecodeState) -> jax.Array:

@@ -296,7 +296,11 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         accept_hist=state.accept_hist.at[jnp.arange(B), a_b].add(active_b.astype(jnp.int32)),
         draft=draft,
     )
-    state = emit(state, spec, acc.emitted, a_b + 1)
+    # emitted token e was chosen from the input's logits row (e = 0) or from accepted
+    # node e - 1's (verified node k is logits row first_row + k: accepted_rows)
+    first_row = 1 + (0 if config.verify_window else layout.window_rows)
+    rows_be = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), first_row + acc.path], axis=1)
+    state = emit(state, spec, acc.emitted, a_b + 1, (logits_brv, rows_be))
 
     # 7. feed the sources what the step verified; shift the window by its new level
     computed_br, computed_prev_br, computed_ok_br = computed_rows(

@@ -33,4 +33,5 @@ def plain_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         steps=state.steps + one,
         accept_hist=state.accept_hist.at[:, 0].add(one),
     )
-    return emit(state, spec, nxt, jnp.ones((B,), jnp.int32))
+    one_b = jnp.ones((B,), jnp.int32)
+    return emit(state, spec, nxt, one_b, (logits, jnp.zeros((B, 1), jnp.int32)))

@@ -47,7 +47,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from lookahead_jax.errors import UserInputError
 
@@ -77,25 +77,41 @@ class SamplingConfig:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class RowSampling:
-    """Each row's sampling settings on the device.
+    """Each row's settings on the device: how it chooses tokens, and what it reports.
 
     temperature  [B] float32   0: greedy
     top_k        [B] int32     0: off
     top_p        [B] float32   1: off
+    logprobs     [B] bool      keep its new tokens' logprobs (DecodeSpec.logprobs)
+    prompt_logprobs [B] bool   and its prompt's (prompt_logprobs.py), at the prefill
     """
 
     temperature: Float[Array, " B"]
     top_k: Int[Array, " B"]
     top_p: Float[Array, " B"]
+    logprobs: Bool[Array, " B"]
+    prompt_logprobs: Bool[Array, " B"]
 
     @classmethod
-    def of(cls, configs) -> RowSampling:
-        """numpy [B] arrays for a list of SamplingConfig, one per row."""
+    def of(cls, configs, logprobs=None, prompt_logprobs=None) -> RowSampling:
+        """numpy [B] arrays for a list of SamplingConfig, one per row (logprobs,
+        prompt_logprobs: a bool per row; default: none asks)."""
+        no = np.zeros(len(configs), bool)
         return cls(
             temperature=np.asarray([c.temperature for c in configs], np.float32),
             # top-k past int32 is top-k off (no vocabulary is that large)
             top_k=np.asarray([min(c.top_k or 0, 2**31 - 1) for c in configs], np.int32),
             top_p=np.asarray([1.0 if c.top_p is None else c.top_p for c in configs], np.float32),
+            logprobs=no if logprobs is None else np.asarray(logprobs, bool),
+            prompt_logprobs=no if prompt_logprobs is None else np.asarray(prompt_logprobs, bool),
+        )
+
+    @classmethod
+    def shaped(cls, batch: int) -> RowSampling:
+        """Each field's jax.ShapeDtypeStruct for `batch` rows (a program's argument)."""
+        row = lambda dtype: jax.ShapeDtypeStruct((batch,), dtype)  # noqa: E731
+        return cls(
+            row(jnp.float32), row(jnp.int32), row(jnp.float32), row(jnp.bool_), row(jnp.bool_)
         )
 
     def greedy(self) -> jax.Array:

@@ -99,6 +99,10 @@ class Engine:
     more than max_new_tokens.
     sampled: whether rows may sample (compiles the sampling code). Default: offline, if
     some request samples; online, always (any request may).
+    max_logprobs: the most alternatives a request may ask with its tokens' logprobs
+    (Request.logprobs; vLLM's default limit, 20); None: requests may not ask. The
+    programs keep logprobs online always (computed in a step only when a row asks),
+    offline when some request asks.
     """
 
     def __init__(
@@ -116,6 +120,7 @@ class Engine:
         max_prompt_tokens: int | None = None,
         stream_steps: int = 4,
         sampled: bool | None = None,
+        max_logprobs: int | None = 20,
     ):
         inputs.check_model(model)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -134,6 +139,11 @@ class Engine:
             inputs.check_context(model.lm.max_context, max_prompt_tokens, max_new_tokens)
         self.max_prompt_tokens = max_prompt_tokens
         self.sampled = sampled
+        if max_logprobs is not None and (
+            isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or max_logprobs < 0
+        ):
+            raise UserInputError(f"max_logprobs must be an integer >= 0, got {max_logprobs!r}")
+        self.max_logprobs = max_logprobs
         self.stats = Stats(batch=batch)  # online: since the start; offline: the last run
         self._scheduler: Scheduler | None = None  # the online slots (created at the first round)
         self._inbox: queue.Queue = queue.Queue()  # ("submit", Encoded) | ("cancel", id)
@@ -152,7 +162,12 @@ class Engine:
     def defaults(self) -> requests.Defaults:
         """The settings a request without its own takes, and the prompt limit."""
         return requests.Defaults(
-            self.max_new_tokens, self.sampling, self.seed, self.chat, self.max_prompt_tokens
+            self.max_new_tokens,
+            self.sampling,
+            self.seed,
+            self.chat,
+            self.max_prompt_tokens,
+            self.max_logprobs,
         )
 
     def _encode_one(self, r: Request, pid, listener=None, stream=False) -> Encoded:
@@ -243,11 +258,13 @@ class Engine:
         sampled = self.sampled
         if sampled is None:
             sampled = any(not r.sampling.greedy for r in encoded)
+        asked = any(r.logprobs is not None or r.prompt_logprobs is not None for r in encoded)
+        logprobs = self.max_logprobs if asked else None  # the online programs' when asked
         if fixed_P is None:  # shortest bucket first: the cache grows once per bucket at most
             encoded = sorted(encoded, key=lambda r: inputs.bucket(len(r.ids)))
         self.stats = Stats(batch=self.batch)
         scheduler = Scheduler(
-            self, sampled, new_positions, fixed_P or inputs.bucket(len(encoded[0].ids))
+            self, sampled, logprobs, new_positions, fixed_P or inputs.bucket(len(encoded[0].ids))
         )
         scheduler.queue.extend(encoded)
         return scheduler
@@ -318,7 +335,9 @@ class Engine:
                 # and grows as longer prompts come
                 P = inputs.bucket(self.max_prompt_tokens or 1)
                 sampled = True if self.sampled is None else self.sampled
-                self._scheduler = Scheduler(self, sampled, inputs.bucket(self.max_new_tokens), P)
+                self._scheduler = Scheduler(
+                    self, sampled, self.max_logprobs, inputs.bucket(self.max_new_tokens), P
+                )
             scheduler = self._scheduler
             self._drain(scheduler)
             if not scheduler.busy():

@@ -65,7 +65,7 @@ class DeviceSlots:
             rows(),
             rows(),
             rows(2, dtype=jnp.uint32),
-            RowSampling(rows(dtype=jnp.float32), rows(), rows(dtype=jnp.float32)),
+            RowSampling.shaped(self.B),
         )
         self.loop = None  # compiled beside the next prefill's program (compile_loop_soon)
         shape = programs.state_shape(self.model, self.spec, self.new_positions, self.loop_args)
@@ -115,7 +115,11 @@ class DeviceSlots:
             by_seed.setdefault(r.seed, []).append(i)
         for seed, rows_i in by_seed.items():  # one vmapped fold_in per seed, not per row
             keys_n2[rows_i] = np.asarray(keys_for(seed, [requests[i].key for i in rows_i]))
-        sampling = RowSampling.of([r.sampling for r in requests] + [SamplingConfig()] * pad)
+        sampling = RowSampling.of(
+            [r.sampling for r in requests] + [SamplingConfig()] * pad,
+            [r.logprobs is not None for r in requests] + [False] * pad,
+            [r.prompt_logprobs is not None for r in requests] + [False] * pad,
+        )
         rows = (prompt_np, prompt_len_n, max_new_n, keys_n2, sampling)
         mesh = self.model.mesh
         if mesh is not None:  # where the start program takes them: rows over `data`
@@ -164,6 +168,11 @@ class DeviceSlots:
     def read(self, *fields) -> list[np.ndarray]:
         """State fields on the host, every process's rows."""
         return [multihost.all_rows(getattr(self.state, f)) for f in fields]
+
+    def read_logprobs(self) -> list[np.ndarray]:
+        """The logprob buffers on the host (token [B, S], top_ids and top [B, S, O])."""
+        kept = self.state.logprobs
+        return [multihost.all_rows(x) for x in (kept.token, kept.top_ids, kept.top)]
 
     def has_work(self) -> bool:
         """Whether a generate would decode anything: some slot is neither done nor to be

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from lookahead_jax.distributed import multihost
 from lookahead_jax.engine import inputs
 from lookahead_jax.engine.continuous import Engine
+from lookahead_jax.engine.requests import Request, TokenLogprob
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 
@@ -24,6 +25,8 @@ class GenerationOutput:
     steps: list[int]  # forward passes per row after prefill
     stats: Stats
     step_of_token: list[list[int]]  # per new token: the step that emitted it (0 = prefill)
+    # per new token: its logprob and top alternatives (with `logprobs`; else None)
+    logprobs: list[list[TokenLogprob]] | None = None
 
 
 class GenerationInterrupted(KeyboardInterrupt):
@@ -46,6 +49,7 @@ def generate(
     chat: bool = False,
     stream: Callable[[list[list[int]]], None] | None = None,
     steps_per_call: int | None = None,
+    logprobs: int | None = None,
 ) -> GenerationOutput:
     """Generate up to `max_new_tokens` new tokens for each prompt (a batch).
 
@@ -62,6 +66,9 @@ def generate(
         with each row's newly emitted token ids.
     steps_per_call: without `stream`, the device loop returns to the host every this
         many steps (to notice Ctrl-C); None: only when auto checks its choice, or once.
+    logprobs: keep each new token's logprob under the model (its raw logits:
+        decoding/logprobs.py) and this many most likely alternatives
+        (GenerationOutput.logprobs); None: none.
 
     With several processes (multihost.initialize), each passes its own rows and gets
     them back: together they are one batch, process p's rows after process p - 1's.
@@ -88,6 +95,7 @@ def generate(
         steps_per_call=steps_per_call,
         max_prompt_tokens=max(len(p) for p in ids),
         stream_steps=1,
+        max_logprobs=logprobs,
     )
     mine = slice(first_row, first_row + len(local))
     on_round = None
@@ -97,7 +105,7 @@ def generate(
             if any(new[mine]):
                 stream(new[mine])
 
-    results, interrupted = engine.run_batch(ids, on_round)
+    results, interrupted = engine.run_batch([Request(p, logprobs=logprobs) for p in ids], on_round)
     out = _output(model, engine.stats, results[mine])
     if interrupted:
         raise GenerationInterrupted(out)
@@ -118,4 +126,5 @@ def _output(model, stats: Stats, results) -> GenerationOutput:
         steps=steps,
         stats=stats,
         step_of_token=[r.step_of_token for r in results],
+        logprobs=None if results and results[0].logprobs is None else [r.logprobs for r in results],
     )

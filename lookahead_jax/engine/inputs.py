@@ -44,15 +44,13 @@ def check_lookahead(lookahead, max_context: int) -> None:
         lookahead.check_fits(max_context)
 
 
-def check_max_new_tokens(max_new_tokens) -> None:
+def check_max_new_tokens(max_new_tokens, least: int = 1) -> None:
+    """An integer >= least (0: a request that asks only its prompt's logprobs)."""
+    what = f"max_new_tokens (--max-new-tokens) must be an integer >= {least}"
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
-        raise UserInputError(
-            f"max_new_tokens (--max-new-tokens) must be an integer > 0, got {max_new_tokens!r}"
-        )
-    if max_new_tokens <= 0:
-        raise UserInputError(
-            f"max_new_tokens (--max-new-tokens) must be an integer > 0, got {max_new_tokens}"
-        )
+        raise UserInputError(f"{what}, got {max_new_tokens!r}")
+    if max_new_tokens < least:
+        raise UserInputError(f"{what}, got {max_new_tokens}")
 
 
 def check_budget(max_context: int, max_new_tokens: int) -> None:

@@ -38,6 +38,21 @@ class Request:
     # tokens equal lj.generate([prompt], seed=seed)'s); None: the engine's seed and the id
     seed: int | None = None
     stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one found
+    # each new token's logprob and this many most likely alternatives (0..the engine's
+    # max_logprobs; decoding/logprobs.py: the model's raw distribution); None: none
+    logprobs: int | None = None
+    # the same for the prompt's tokens (Result.prompt_logprobs); with them max_new_tokens
+    # may be 0 (a prompt scored, nothing generated)
+    prompt_logprobs: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """A new token's logprob under the model (raw logits: decoding/logprobs.py) and the
+    most likely tokens at its position as (token id, logprob), most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclasses.dataclass
@@ -52,6 +67,9 @@ class Result:
     error: str | None = None  # finish "error": what failed
     step_of_token: list[int] = dataclasses.field(default_factory=list)  # per token in
     # token_ids: the step that emitted it (0 = the prefill)
+    logprobs: list[TokenLogprob] | None = None  # per token in token_ids, if it asked
+    # per prompt token, if it asked: the first is None (it follows nothing)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclasses.dataclass
@@ -62,6 +80,10 @@ class Update:
     id: int | str
     token_ids: list[int]
     result: Result | None = None
+    logprobs: list[TokenLogprob] | None = None  # per token in token_ids, if it asked
+    # the prompt's, if it asked, with the request's first update that has tokens or its
+    # result (Result.prompt_logprobs)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 Listener = Callable[[Update], None]
@@ -80,6 +102,8 @@ class Encoded:
     stop: tuple[str, ...] = ()
     listener: Listener | None = dataclasses.field(default=None, compare=False)
     streams: bool = False  # its listener wants tokens as they come (rounds of stream_steps)
+    logprobs: int | None = None  # alternatives a token (Request.logprobs)
+    prompt_logprobs: int | None = None  # alternatives a prompt token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +115,7 @@ class Defaults:
     seed: int
     chat: bool
     max_prompt_tokens: int | None = None
+    max_logprobs: int | None = None  # the most alternatives a request may ask (None: no logprobs)
 
 
 def prompt_key(prompt_id) -> int:
@@ -120,7 +145,7 @@ def encode(model, defaults: Defaults, r: Request, pid, listener=None, stream=Fal
     """One request encoded and checked — the one check of a request, whoever sends it
     (Engine.run / run_batch / submit, lj.generate, the CLI, the server): its id; its
     prompt (within the engine's max_prompt_tokens); prompt + max_new_tokens within the
-    model's context; seed; stop strings. Bad input raises UserInputError naming the
+    model's context; seed; stop strings; logprobs. Bad input raises UserInputError naming the
     prompt, with `field` set to the request field it is about."""
     what = f"prompt {pid!r}"
     if isinstance(pid, np.integer):
@@ -139,7 +164,7 @@ def encode(model, defaults: Defaults, r: Request, pid, listener=None, stream=Fal
         )
     max_new_tokens = defaults.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
     with _about("max_new_tokens"):
-        inputs.check_max_new_tokens(max_new_tokens)
+        inputs.check_max_new_tokens(max_new_tokens, 0 if r.prompt_logprobs is not None else 1)
         inputs.check_context(model.lm.max_context, len(ids), max_new_tokens)
     base = defaults.sampling
     sampling = SamplingConfig(
@@ -155,8 +180,38 @@ def encode(model, defaults: Defaults, r: Request, pid, listener=None, stream=Fal
         raise UserInputError(f"{what}: stop strings must be non-empty strings", "stop")
     if stop and model.tokenizer is None:
         raise UserInputError(f"{what}: stop strings need a tokenizer", "stop")
+    for name in ("logprobs", "prompt_logprobs"):
+        _check_logprobs(what, name, getattr(r, name), defaults.max_logprobs)
     seed, key = (defaults.seed, prompt_key(pid)) if r.seed is None else (r.seed, 0)
-    return Encoded(pid, ids, max_new_tokens, sampling, seed, key, stop, listener, stream)
+    return Encoded(
+        pid,
+        ids,
+        max_new_tokens,
+        sampling,
+        seed,
+        key,
+        stop,
+        listener,
+        stream,
+        r.logprobs,
+        r.prompt_logprobs,
+    )
+
+
+def _check_logprobs(what: str, name: str, value, limit: int | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        raise UserInputError(
+            f"{what}: {name} must be an integer >= 0 (alternatives per token), got {value!r}",
+            name,
+        )
+    if limit is None:
+        raise UserInputError(f"{what}: this engine keeps no logprobs (max_logprobs None)", name)
+    if value > limit:
+        raise UserInputError(
+            f"{what}: {name} {value} is more than this engine's max_logprobs ({limit})", name
+        )
 
 
 def encode_all(model, defaults: Defaults, prompts: Iterable) -> list[Encoded]:
@@ -174,7 +229,13 @@ def encode_all(model, defaults: Defaults, prompts: Iterable) -> list[Encoded]:
     if not out:
         raise UserInputError("no prompts to decode")
     if multihost.is_multiprocess():
-        blob = repr([(r.id, r.ids, r.max_new_tokens, r.sampling, r.stop) for r in out]).encode()
+        blob = repr(
+            [
+                (r.id, r.ids, r.max_new_tokens, r.sampling, r.stop, r.logprobs, r.prompt_logprobs)
+                for r in out
+            ]
+        )
+        blob = blob.encode()
         digest = int.from_bytes(hashlib.sha256(blob).digest()[:4], "little") >> 1  # int32
         multihost.agree(digest, "prompts (all of them, in the same order)")
     return out

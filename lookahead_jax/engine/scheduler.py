@@ -27,7 +27,7 @@ from lookahead_jax.decoding import autotune
 from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.engine import inputs, interrupts
 from lookahead_jax.engine.device_slots import DeviceSlots
-from lookahead_jax.engine.requests import Encoded, Result, Update
+from lookahead_jax.engine.requests import Encoded, Result, TokenLogprob, Update
 from lookahead_jax.engine.row_counts import RowCounts
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.engine.stop_strings import find_stop
@@ -42,13 +42,15 @@ class Active:
     inserted: float
     sent: int = 0
     stop_checked: int = 0  # its first tokens known to hold no stop string
+    logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # of its first tokens
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # read at its first collect
 
 
 class Scheduler:
     """The B slots of one run (offline) or of an online engine until a failure: the
     queue, the requests in the slots, and the rounds that move them."""
 
-    def __init__(self, engine, sampled: bool, new_positions: int, P: int):
+    def __init__(self, engine, sampled: bool, logprobs: int | None, new_positions: int, P: int):
         self.started = time.perf_counter()
         model = engine.model
         self.engine, self.model, self.B = engine, model, engine.batch
@@ -69,6 +71,7 @@ class Scheduler:
             sampled=sampled,
             lookahead=lookahead,
             cache_dtype=jnp.dtype(model.dtype).name,
+            logprobs=logprobs,
         )
         self.device = DeviceSlots(model, self.B, spec, new_positions, P, self.stats)
         self.counts = RowCounts(self.device, auto, self.stats)
@@ -189,12 +192,23 @@ class Scheduler:
         tokens_bs, step_of_bs, prompt_len_b, n_out_b, max_new_b, done_b, steps_b = self.device.read(
             "tokens", "step_of_token", "prompt_len", "n_out", "max_new_tokens", "done", "steps"
         )
+        kept = None
+        if any(a is not None and _wants_logprobs(a) for a in self.active):
+            kept = self.device.read_logprobs()
         cancelled, self.cancelled = self.cancelled, set()
         finished, ended = [], []
         for s, a in enumerate(self.active):
             if a is None:
                 continue
             new = tokens_bs[s, prompt_len_b[s] : prompt_len_b[s] + n_out_b[s]].tolist()
+            if a.request.prompt_logprobs is not None and a.prompt_logprobs is None:
+                k, n = a.request.prompt_logprobs, len(a.request.ids)  # position 0 follows nothing
+                a.prompt_logprobs = [None, *_token_logprobs(kept, s, 1, 0, n - 1, k)]
+            if a.request.logprobs is not None:
+                a.logprobs += _token_logprobs(
+                    kept, s, prompt_len_b[s], len(a.logprobs), len(new), a.request.logprobs
+                )
+            logprobs = a.logprobs if a.request.logprobs is not None else None
             finish, cut = None, new
             if end_all is not None or s in cancelled:
                 finish = end_all or "cancelled"
@@ -204,7 +218,10 @@ class Scheduler:
                 finish = "length" if n_out_b[s] >= max_new_b[s] else "eos"
             if finish is None:
                 if a.request.listener is not None and len(new) > a.sent:
-                    a.request.listener(Update(a.request.id, new[a.sent :]))
+                    since = None if logprobs is None else logprobs[a.sent : len(new)]
+                    prompt = a.prompt_logprobs if a.sent == 0 else None
+                    update = Update(a.request.id, new[a.sent :], None, since, prompt)
+                    a.request.listener(update)
                     a.sent = len(new)
                 continue
             ended.append(s)
@@ -255,9 +272,13 @@ class Scheduler:
             steps=steps,
             time_s=time.perf_counter() - a.inserted,
             step_of_token=step_of_token,
+            logprobs=None if a.request.logprobs is None else a.logprobs[: len(cut)],
+            prompt_logprobs=a.prompt_logprobs,
         )
         if a.request.listener is not None:
-            a.request.listener(Update(a.request.id, cut[a.sent :], result))
+            since = None if result.logprobs is None else result.logprobs[a.sent :]
+            prompt = a.prompt_logprobs if a.sent == 0 else None
+            a.request.listener(Update(a.request.id, cut[a.sent :], result, since, prompt))
         return result
 
     def close(self, record: bool = True) -> None:
@@ -267,3 +288,24 @@ class Scheduler:
             self.counts.record_acceptance(self.model)
         wall_s = time.perf_counter() - self.started
         self.stats.close(wall_s, self.counts.accepted_hist())
+
+
+def _wants_logprobs(a: Active) -> bool:
+    """Whether a request needs the logprob buffers read: its new tokens', or its
+    prompt's not read yet."""
+    r = a.request
+    return r.logprobs is not None or (r.prompt_logprobs is not None and a.prompt_logprobs is None)
+
+
+def _token_logprobs(kept, slot: int, first: int, start: int, end: int, k: int):
+    """The TokenLogprobs at positions first + start .. first + end - 1 of `slot` (new
+    tokens: first = the prompt's length) from the logprob buffers `kept`
+    (DeviceSlots.read_logprobs), k alternatives each."""
+    token_bs, top_ids_bso, top_bso = kept
+    at = slice(first + start, first + end)
+    return [
+        TokenLogprob(float(lp), tuple(zip(ids[:k].tolist(), top[:k].tolist(), strict=True)))
+        for lp, ids, top in zip(
+            token_bs[slot, at], top_ids_bso[slot, at], top_bso[slot, at], strict=True
+        )
+    ]

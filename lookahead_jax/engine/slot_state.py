@@ -35,17 +35,20 @@ def retire(state: DecodeState, retired_b) -> DecodeState:
 
 def _greedy_where(rows_b, sampling: RowSampling) -> RowSampling:
     """`sampling` with the rows `rows_b` [B] (bool) set to greedy (temperature 0, top-k and
-    top-p off)."""
+    top-p off) and no logprobs."""
     return RowSampling(
         temperature=jnp.where(rows_b, 0.0, sampling.temperature).astype(sampling.temperature.dtype),
         top_k=jnp.where(rows_b, 0, sampling.top_k).astype(sampling.top_k.dtype),
         top_p=jnp.where(rows_b, 1.0, sampling.top_p).astype(sampling.top_p.dtype),
+        logprobs=sampling.logprobs & ~rows_b,
+        prompt_logprobs=sampling.prompt_logprobs & ~rows_b,
     )
 
 
 def grow_positions(state: DecodeState, positions: int) -> DecodeState:
-    """The state with its S axis (token buffers [B, S], K/V buffers [B, K, S, Dh]) padded
-    with zeros to `positions`. The new positions lie past every row's end, where nothing is read."""
+    """The state with its S axis (token and logprob buffers [B, S, ...], K/V buffers
+    [B, K, S, Dh]) padded with zeros to `positions`. The new positions lie past every
+    row's end, where nothing is read."""
 
     def pad(x, axis):
         widths = [(0, 0)] * x.ndim
@@ -53,8 +56,15 @@ def grow_positions(state: DecodeState, positions: int) -> DecodeState:
         return jnp.pad(x, widths)
 
     cache = kv_cache.map_buffers(lambda x: pad(x, kv_cache.POSITIONS_AXIS), state.cache)
+    kept = state.logprobs
+    if kept is not None:  # every field's S axis is its second
+        kept = jax.tree.map(lambda x: pad(x, 1), kept)
     return dataclasses.replace(
-        state, cache=cache, tokens=pad(state.tokens, 1), step_of_token=pad(state.step_of_token, 1)
+        state,
+        cache=cache,
+        tokens=pad(state.tokens, 1),
+        step_of_token=pad(state.step_of_token, 1),
+        logprobs=kept,
     )
 
 

@@ -16,7 +16,9 @@ the two best tokens can flip. Hence two checks:
   for token, for each config and batch size (greedy and seeded sampling alike); with
   `near_tie` (float32), a divergence is allowed only where plain decoding's top-2 logits
   were within `near_tie` of each other. A config that accepted no guess fails it too:
-  such a run equals plain decoding whatever the model does.
+  such a run equals plain decoding whatever the model does. With `logprobs`, each
+  token's logprob and its alternatives' must equal plain decoding's within
+  `logprob_tol` too.
 
     with jax.enable_x64(True):   # float64 params: no rounding, no excuse
         lj.testing.assert_lookahead_matches_plain(model64, prompts)
@@ -99,6 +101,8 @@ def assert_lookahead_matches_plain(
     near_tie: float | None = None,
     allow_no_acceptance: bool = False,
     chat: bool = False,
+    logprobs: int | None = None,
+    logprob_tol: float = 1e-5,
     **sampling,
 ) -> dict:
     """Lookahead == plain decoding, token for token, for every config and batch size
@@ -110,6 +114,8 @@ def assert_lookahead_matches_plain(
         fails: lookahead that never accepts emits plain decoding's tokens by construction,
         so the comparison proved nothing; pick prompts, budgets or a model that repeat).
     chat: text prompts through the model's chat template (as lj.generate's chat).
+    logprobs: also compare each token's logprob and its `logprobs` alternatives (ids and
+        logprobs) with plain decoding's, within `logprob_tol`, up to a divergence.
     sampling: temperature / top_k / top_p / seed, passed to both decodes.
 
     Returns {config name: guessed tokens accepted}. Raises AssertionError naming the
@@ -122,8 +128,9 @@ def assert_lookahead_matches_plain(
         raise ValueError("near_tie applies to greedy decoding only")
     ids = encode_prompts(model, prompts, chat)
     sizes = batch_sizes or tuple(sorted({len(ids), 1}, reverse=True))
-    kw = dict(max_new_tokens=max_new_tokens, **sampling)
-    plain = generate(model, ids, lookahead=None, **kw).token_ids
+    kw = dict(max_new_tokens=max_new_tokens, logprobs=logprobs, **sampling)
+    plain_out = generate(model, ids, lookahead=None, **kw)
+    plain = plain_out.token_ids
     accepted = {}
     for config in configs:
         accepted[config.name] = 0
@@ -136,6 +143,13 @@ def assert_lookahead_matches_plain(
                 for row, got in enumerate(out.token_ids):
                     want = plain[start + row]
                     i = first_divergence(got, want)
+                    if logprobs is not None:
+                        _assert_logprobs_match(
+                            out.logprobs[row][:i],
+                            plain_out.logprobs[start + row][:i],
+                            logprob_tol,
+                            f"{config.name}, batch {size}, prompt {start + row}",
+                        )
                     if i is None:
                         continue
                     where = f"{config.name}, batch {size}, prompt {start + row}, new token {i}"
@@ -155,3 +169,24 @@ def assert_lookahead_matches_plain(
             "guesses land, or allow_no_acceptance=True)"
         )
     return accepted
+
+
+def _assert_logprobs_match(got, want, tol: float, where: str) -> None:
+    """Two decodes' TokenLogprobs of the same tokens agree within `tol`: each token's
+    logprob, the alternatives' logprobs in order, and their ids wherever an alternative's
+    logprob is more than 2 tol from its neighbours' (within that, two near-equal
+    alternatives may come in either order)."""
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        at = f"lookahead's logprobs != plain's ({where}, new token {i})"
+        if abs(g.logprob - w.logprob) > tol:
+            raise AssertionError(f"{at}: {g.logprob} vs {w.logprob}")
+        g_lp, w_lp = np.array([lp for _, lp in g.top]), np.array([lp for _, lp in w.top])
+        if g_lp.shape != w_lp.shape or np.abs(g_lp - w_lp).max(initial=0) > tol:
+            raise AssertionError(f"{at}: alternatives {g.top} vs {w.top}")
+        gaps = np.abs(np.diff(w_lp))
+        apart = np.ones(len(w_lp), bool)
+        apart[:-1] &= gaps > 2 * tol
+        apart[1:] &= gaps > 2 * tol
+        g_ids, w_ids = np.array([t for t, _ in g.top]), np.array([t for t, _ in w.top])
+        if (g_ids[apart] != w_ids[apart]).any():
+            raise AssertionError(f"{at}: alternatives {g.top} vs {w.top}")

@@ -32,6 +32,7 @@ from lookahead_jax.engine.requests import Request as EngineRequest
 from lookahead_jax.engine.streaming import StreamDetokenizer
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.server import protocol
+from lookahead_jax.server.logprobs import LogprobsJson
 from lookahead_jax.server.metrics import Metrics
 from lookahead_jax.server.protocol import ChatCompletionRequest, CompletionRequest, Reply
 from lookahead_jax.server.runner import Closed, EngineRunner
@@ -156,8 +157,7 @@ class Answers:
             max_new_tokens = body.budget(self.engine.max_new_tokens)
         else:
             prompts = [self.prompt_ids(p, "prompt") for p in body.prompts()]
-            # null: OpenAI's default
-            max_new_tokens = body.max_tokens or protocol.COMPLETIONS_DEFAULT_MAX_TOKENS
+            max_new_tokens = body.new_tokens()
         if len(prompts) * body.n > protocol.MAX_CHOICES:
             raise ApiError(
                 400,
@@ -175,6 +175,8 @@ class Answers:
                 top_p=body.top_p,
                 seed=seed + i,
                 stop=body.stops(),
+                logprobs=body.alternatives(),
+                prompt_logprobs=None if chat else body.prompt_alternatives(),
             )
             for i in range(len(prompts) * body.n)
         ]
@@ -226,8 +228,17 @@ class Answers:
         reply = Reply(self.model_name, chat)
         endpoint = http.url.path
         if body.stream:
+            choices = {
+                rid: _StreamedChoice(
+                    self.tokenizer,
+                    chat,
+                    None if chat else self.echo(body, i),
+                    requests[i].prompt,
+                )
+                for i, rid in enumerate(rids)
+            }
             events = self.stream(
-                rids, updates, reply, body.stops(), n_prompt, body.include_usage(), t0, endpoint
+                choices, updates, reply, body.stops(), n_prompt, body.include_usage(), t0, endpoint
             )
             return StreamingResponse(events, media_type="text/event-stream")
         results = await self.whole(http, rids, updates, t0)
@@ -235,8 +246,32 @@ class Answers:
         metrics.generated_tokens.inc(generated)
         metrics.duration.observe(time.perf_counter() - t0)
         metrics.requests.labels(endpoint, "200").inc()
-        choices = [(r.text or "", r.finish) for r in results]
+        choices = []
+        for i, r in enumerate(results):
+            echo = None if chat else self.echo(body, i)
+            text = (echo or "") + (r.text or "")
+            choices.append((text, r.finish, self.logprobs_json(r, requests[i], echo, chat)))
         return reply.whole(choices, n_prompt, generated)
+
+    def echo(self, body: CompletionRequest, choice: int) -> str | None:
+        """Choice `choice`'s prompt as text when the body asks for echo (the text sent,
+        or the token ids sent, decoded), else None."""
+        if not body.echo:
+            return None
+        prompt = body.prompts()[choice // body.n]
+        if isinstance(prompt, str):
+            return prompt
+        return "" if self.tokenizer is None else self.tokenizer.decode(prompt)
+
+    def logprobs_json(self, result, request: EngineRequest, echo, chat: bool) -> dict | None:
+        """A whole choice's logprobs in the API's shape, its prompt's first with echo
+        (None: not asked)."""
+        if result.logprobs is None:
+            return None
+        ids, lps = result.token_ids, result.logprobs
+        if echo is not None and result.prompt_logprobs is not None:
+            ids, lps = list(request.prompt) + ids, result.prompt_logprobs + lps
+        return LogprobsJson(self.tokenizer, chat).add(ids, lps)
 
     async def whole(self, http: Request, rids: list, updates: asyncio.Queue, t0: float):
         """Wait for every choice's result (in choice order); cancel them all if the client
@@ -266,13 +301,16 @@ class Answers:
                 results[update.id] = update.result
         return [results[rid] for rid in rids]
 
-    async def stream(self, rids, updates, reply: Reply, stops, n_prompt, with_usage, t0, endpoint):
-        """The SSE events of one request: each choice's chunks as its tokens come (a
-        chunk names its choice's index), text that could start a stop string held back,
-        then its finish; once every choice finished, the usage chunk when asked for and
+    async def stream(
+        self, choices: dict, updates, reply: Reply, stops, n_prompt, with_usage, t0, endpoint
+    ):
+        """The SSE events of one request (`choices`: each choice's request id and its
+        _StreamedChoice, in index order): each choice's chunks as its tokens come (a chunk
+        names its choice's index), text that could start a stop string held back, then
+        its finish; once every choice finished, the usage chunk when asked for and
         [DONE]."""
+        rids = list(choices)
         index = {rid: i for i, rid in enumerate(rids)}
-        choices = {rid: _StreamedChoice(self.tokenizer) for rid in rids}
         open_, generated, first_token, done = set(rids), 0, True, False
         try:
             while open_:
@@ -294,8 +332,8 @@ class Answers:
                     self.metrics.ttft.observe(time.perf_counter() - t0)
                     first_token = False
                 choice, i = choices[update.id], index[update.id]
-                for text, finish, first in choice.add(update, stops):
-                    yield _sse(reply.chunk(text, finish, first=first, index=i))
+                for text, finish, first, logprobs in choice.add(update, stops):
+                    yield _sse(reply.chunk(text, finish, first=first, index=i, logprobs=logprobs))
                 if update.result is not None:
                     open_.discard(update.id)
                     generated += len(update.result.token_ids)
@@ -314,34 +352,47 @@ class Answers:
 
 
 class _StreamedChoice:
-    """One choice of a streamed answer: its detokenizer and the text sent so far."""
+    """One choice of a streamed answer: its detokenizer, the text sent so far, and its
+    tokens' logprobs JSON (when asked); with echo, the prompt's text (and its logprobs,
+    when asked) lead its first chunk."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, chat: bool, echo: str | None = None, prompt_ids=()):
         self.detok = StreamDetokenizer(tokenizer) if tokenizer is not None else None
         self.sent, self.pending, self.first = "", "", True
+        self.logprobs = LogprobsJson(tokenizer, chat)
+        self.echo, self.prompt_ids = echo, list(prompt_ids)
 
-    def add(self, update, stops) -> list[tuple[str, str | None, bool]]:
-        """The chunks (text, finish, first) an update gives: its new text, less what
-        could start a stop string; with the result, the rest and then its finish."""
+    def add(self, update, stops) -> list[tuple[str, str | None, bool, dict | None]]:
+        """The chunks (text, finish, first, logprobs) an update gives: its new text, less
+        what could start a stop string, with its tokens' logprobs (when asked); with the
+        result, the rest and then its finish."""
         self.pending += self.detok.add_step(update.token_ids) if self.detok else ""
+        ids, lps = update.token_ids, update.logprobs
+        if self.echo is not None and update.prompt_logprobs is not None:
+            ids, lps = self.prompt_ids + ids, update.prompt_logprobs + (lps or [])
+        logprobs = self.logprobs.add(ids, lps) if lps else None
         result, chunks = update.result, []
         if result is None:
             keep = _stop_prefix(self.sent + self.pending, stops)  # might start a stop string
             cut = len(self.pending) - keep
             out, self.pending = self.pending[:cut], self.pending[cut:]
-            if out or self.first:
-                chunks.append((out, None, self.first))
+            if out or self.first or logprobs:
+                chunks.append((self._lead(out), None, self.first, logprobs))
                 self.sent, self.first = self.sent + out, False
             return chunks
         if result.finish == "stop" and result.text is not None:
             out = result.text[len(self.sent) :]
         else:
             out = self.pending + (self.detok.flush() if self.detok else "")
-        if out or self.first:
-            chunks.append((out, None, self.first))
+        if out or self.first or logprobs:
+            chunks.append((self._lead(out), None, self.first, logprobs))
             self.first = False
-        chunks.append(("", result.finish, False))
+        chunks.append(("", result.finish, False, None))
         return chunks
+
+    def _lead(self, text: str) -> str:
+        """The text of a chunk: the first one's after the echoed prompt."""
+        return (self.echo or "") + text if self.first else text
 
 
 class ApiKeyCheck:

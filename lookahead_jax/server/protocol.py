@@ -4,9 +4,12 @@ completions, chat completions, their streamed chunks and usage.
 
 What is accepted: a completion's `prompt` as one text, one token-id list, or a list of
 either; `n` choices per prompt (1..MAX_CHOICES; choice i of a request is
-prompt i // n, sampled with seed + i); `logprobs` and `echo` are refused (400) rather
-than ignored; `top_k` is an extension (as vLLM's); `seed` makes a sampled request
-exactly reproducible (docs/serving.md). A request without `temperature` samples at 1.0,
+prompt i // n, sampled with seed + i); `logprobs` (completions: 0..MAX_LOGPROBS
+alternatives; chat: `logprobs` + `top_logprobs`), the new tokens' logprobs under the
+model (server/logprobs.py); `echo` (completions), the prompt before the new text, and
+with `logprobs` the prompt tokens' logprobs (the first one's null), `max_tokens` 0
+allowed; `top_k` is an extension (as vLLM's); `seed` makes a sampled request exactly reproducible
+(docs/serving.md). A request without `temperature` samples at 1.0,
 as OpenAI's API does.
 """
 
@@ -16,7 +19,7 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -26,6 +29,7 @@ STRICT = ConfigDict(extra="forbid", strict=True)
 INT64 = 2**63  # OpenAI's seed is an int64
 INT32 = 2**31
 MAX_CHOICES = 128  # prompts x n of one request: each is an engine request
+MAX_LOGPROBS = 20  # alternatives a token (OpenAI's limit; the engine's max_logprobs)
 
 
 class StreamOptions(BaseModel):
@@ -48,17 +52,9 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     user: str | None = None  # accepted and ignored, as a tag for the caller's records
-    logprobs: object = None
     # accepted at their neutral values only
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        if v not in (None, False, 0):
-            raise ValueError("logprobs are not supported")
-        return None
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
@@ -86,9 +82,14 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(default=COMPLETIONS_DEFAULT_MAX_TOKENS, ge=1)
+    max_tokens: int | None = Field(default=COMPLETIONS_DEFAULT_MAX_TOKENS, ge=0)
     echo: bool = False
     suffix: str | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def alternatives(self) -> int | None:
+        """Alternatives a token with its logprob (None: no logprobs)."""
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -106,12 +107,22 @@ class CompletionRequest(_Sampling):
         """The prompts, each a text or a token-id list."""
         return list(self.prompt)
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v):
-        if v:
-            raise ValueError("echo is not supported")
-        return v
+    @model_validator(mode="after")
+    def _nothing_needs_echo(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 needs echo: true (the prompt's logprobs)")
+        return self
+
+    def new_tokens(self) -> int:
+        """max_tokens; null: OpenAI's default."""
+        return COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+    def prompt_alternatives(self) -> int | None:
+        """Alternatives a prompt token with its logprob (echo with logprobs; with
+        max_tokens 0 always: such a request exists for its prompt's)."""
+        if not self.echo:
+            return None
+        return self.logprobs if self.logprobs is not None or self.max_tokens else 0
 
     @field_validator("suffix")
     @classmethod
@@ -143,6 +154,18 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def alternatives(self) -> int | None:
+        """Alternatives a token with its logprob (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def budget(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default
@@ -187,13 +210,15 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def whole(self, choices: list, prompt_tokens: int, completion_tokens: int):
-        """The whole answer; `choices`: (text, finish) per choice, in index order."""
+        """The whole answer; `choices`: (text, finish, logprobs JSON or None) per choice,
+        in index order."""
         out = []
-        for index, (text, finish) in enumerate(choices):
+        for index, (text, finish, logprobs) in enumerate(choices):
             if self.chat:
                 choice = {"index": index, "message": {"role": "assistant", "content": text}}
             else:
-                choice = {"index": index, "text": text, "logprobs": None}
+                choice = {"index": index, "text": text}
+            choice["logprobs"] = logprobs
             choice["finish_reason"] = finish_reason(finish)
             out.append(choice)
         return {
@@ -203,16 +228,22 @@ class Reply:
         }
 
     def chunk(
-        self, text: str, finish: str | None = None, first: bool = False, index: int = 0
+        self,
+        text: str,
+        finish: str | None = None,
+        first: bool = False,
+        index: int = 0,
+        logprobs: dict | None = None,
     ) -> dict:
-        """One streamed chunk of choice `index`."""
+        """One streamed chunk of choice `index` (logprobs: of the tokens it brings)."""
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
             if finish is not None and not text:
                 delta = {}
             choice = {"index": index, "delta": delta}
         else:
-            choice = {"index": index, "text": text, "logprobs": None}
+            choice = {"index": index, "text": text}
+        choice["logprobs"] = logprobs
         choice["finish_reason"] = None if finish is None else finish_reason(finish)
         return {**self._head(True), "choices": [choice]}
 

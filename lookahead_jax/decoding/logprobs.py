@@ -1,0 +1,82 @@
+"""Each new token's log-probability and its most likely alternatives, kept on the device
+beside the token buffer.
+
+Which distribution: the model's own, log_softmax of its raw logits — before temperature,
+top-k and top-p (vLLM's default `raw_logprobs`; OpenAI's logprobs are likewise the
+model's, whatever the temperature). So a token's logprob does not depend on how it was
+chosen, and a greedy and a sampled decode report the same numbers for the same text.
+
+Why it is exact with lookahead: a step computes the model's logits at every position it
+accepts (the input's row, then each accepted node's: lookahead.py), with plain
+decoding's context, so each emitted token's logprob is plain decoding's for it, to float
+rounding (a T-token pass's logits agree with a one-token pass's: seam.py).
+
+Layout, beside `DecodeState.tokens [B, S]` (O = DecodeSpec.logprobs alternatives):
+
+    token    [B, S]     float32  log p(tokens[b, i] | tokens[b, :i])
+    top_ids  [B, S, O]  int32    the O most likely tokens at i, most likely first
+    top      [B, S, O]  float32  their logprobs
+
+A step writes its new tokens' positions; the prefill writes the prompt's positions for
+the rows that ask (`RowSampling.prompt_logprobs`: prompt_logprobs.py; entry 0, which
+follows nothing, is 0). A step computes logprobs only when some active row asks
+(`RowSampling.logprobs`), under a `lax.cond`: a batch whose rows do not ask pays a
+predicate a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Logprobs:
+    """Per-position logprobs of the new tokens (module docstring)."""
+
+    token: Float[Array, "B S"]
+    top_ids: Int[Array, "B S O"]
+    top: Float[Array, "B S O"]
+
+
+def init(batch: int, positions: int, k: int) -> Logprobs:
+    return Logprobs(
+        token=jnp.zeros((batch, positions), jnp.float32),
+        top_ids=jnp.zeros((batch, positions, k), jnp.int32),
+        top=jnp.zeros((batch, positions, k), jnp.float32),
+    )
+
+
+def of_tokens(logits_brv, rows_be, tokens_be, want_b, k: int):
+    """(logprob [B, E], top ids [B, E, O], top logprobs [B, E, O]) of the E tokens
+    `tokens_be`, token e chosen from logits row `rows_be[b, e]` of `logits_brv [B, R, V]`;
+    zeros unless some row wants them (want_b [B])."""
+    B, E = tokens_be.shape
+
+    def compute():
+        logits_bev = jnp.take_along_axis(logits_brv, rows_be[:, :, None], axis=1)
+        logp_bev = jax.nn.log_softmax(logits_bev.astype(jnp.promote_types(logits_bev.dtype, "f4")))
+        token_be = jnp.take_along_axis(logp_bev, tokens_be[:, :, None], axis=2)[:, :, 0]
+        top_beo, ids_beo = jax.lax.top_k(logp_bev, k)
+        return token_be.astype(jnp.float32), ids_beo.astype(jnp.int32), top_beo.astype(jnp.float32)
+
+    def skip():
+        zeros = jnp.zeros((B, E, k), jnp.float32)
+        return jnp.zeros((B, E), jnp.float32), zeros.astype(jnp.int32), zeros
+
+    return jax.lax.cond(jnp.any(want_b), compute, skip)
+
+
+def write(buffers: Logprobs, rows_be, at_be, values) -> Logprobs:
+    """`values` (of_tokens) written at positions at_be [B, E] of rows rows_be (a position
+    past S is dropped, as decode_state.emit drops an inactive row's tokens)."""
+    token_be, ids_beo, top_beo = values
+    return Logprobs(
+        token=buffers.token.at[rows_be, at_be].set(token_be, mode="drop"),
+        top_ids=buffers.top_ids.at[rows_be, at_be].set(ids_beo, mode="drop"),
+        top=buffers.top.at[rows_be, at_be].set(top_beo, mode="drop"),
+    )
