@@ -8,7 +8,7 @@ import pytest
 import lookahead_jax as lj
 from lookahead_jax.errors import UserInputError
 from tests import tiny
-from tests.helpers import random_prompts
+from tests.helpers import random_prompts, with_eos
 from tests.test_lookahead_exactness import PROMPTS, repetitive_prompts
 
 LA = lj.LookaheadConfig
@@ -55,7 +55,7 @@ def test_lookahead_logprobs_equal_plain_float32(model, sampling):
     accepted = lj.testing.assert_lookahead_matches_plain(
         model,
         prompts,
-        configs=LAYOUTS,
+        configs=LAYOUTS if not sampling else LAYOUTS[1:],
         max_new_tokens=MAX_NEW,
         batch_sizes=(8,),
         near_tie=near_tie,
@@ -89,36 +89,60 @@ def test_the_harness_fails_logprobs_that_differ(model, monkeypatch):
 
 
 def test_engine_rows_ask_for_logprobs_apart(model):
-    """In one batch, rows without logprobs get None, rows with them get as many
-    alternatives as they asked; streamed updates carry the same logprobs as the result;
-    and the numbers equal a lone lj.generate's."""
-    engine = lj.Engine(model, batch=4, max_new_tokens=MAX_NEW, lookahead=LAYOUTS[0])
-    prompts = PROMPTS[12:16]
-    streamed = {}
-    results = {}
+    """In one batch: rows without logprobs get None; rows with them get as many
+    alternatives as they asked, for their new tokens and for their prompts (chunked
+    passes: prompt_logprobs.py; a prompt longer than a chunk, max_new_tokens 0), equal to
+    one causal pass's; streamed updates carry the same logprobs as the result."""
+    rng = np.random.default_rng(7)
+    long = rng.integers(3, tiny.VOCAB, 100).tolist()  # bucket 128: two chunks of 64
+    asks = [  # prompt, logprobs, prompt_logprobs, max_new_tokens
+        (long, None, 3, 0),
+        (PROMPTS[14], 2, None, 8),
+        (PROMPTS[15], 5, 2, 8),
+        (PROMPTS[13], None, None, 8),
+    ]
+    # tokens the tiny model emits for PROMPTS[14] (3rd) and [15] (8th) made EOS, so that
+    # rows asking logprobs end at one (Result.eos: its logprob)
+    model = with_eos(model, (2, 126, 71))
+    engine = lj.Engine(model, batch=4, max_new_tokens=8, lookahead=LAYOUTS[0], sampled=False)
+    streamed, results = {}, {}
 
     def listener(update):
         streamed.setdefault(update.id, []).extend(update.logprobs or [])
         if update.result is not None:
             results[update.id] = update.result
 
-    asks = [None, 2, None, 5]
-    for i, (p, k) in enumerate(zip(prompts, asks, strict=True)):
-        engine.submit(lj.Request(p, id=i, logprobs=k), listener=listener)
+    for i, (p, k, kp, n) in enumerate(asks):
+        request = lj.Request(p, id=i, logprobs=k, prompt_logprobs=kp, max_new_tokens=n)
+        engine.submit(request, listener=listener)
     while engine.round():
         pass
-    alone = lj.generate(model, prompts, MAX_NEW, lookahead=None, logprobs=5)
-    for i, k in enumerate(asks):
+    assert [results[i].finish for i in (1, 2)] == ["eos", "eos"]
+    for i, (prompt, k, kp, n) in enumerate(asks):
         r = results[i]
-        assert r.token_ids == alone.token_ids[i]
+        full = log_softmax(lj.testing.full_pass_logits(model, prompt + r.token_ids))
         if k is None:
             assert r.logprobs is None
+        else:
+            assert streamed[i] == r.logprobs and len(r.logprobs) == len(r.token_ids) > 0
+            for j, (token, lp) in enumerate(zip(r.token_ids, r.logprobs, strict=True)):
+                at = len(prompt) - 1 + j  # the row whose logits chose it
+                assert abs(lp.logprob - full[at, token]) < 1e-5
+                want = np.sort(full[at])[::-1][:k]
+                np.testing.assert_allclose([v for _, v in lp.top], want, atol=1e-5)
+            assert (r.eos is not None) == (r.finish == "eos")
+            if r.eos is not None:  # the EOS after the last token: the last row's choice
+                eos, lp = r.eos
+                assert eos in model.eos_ids and abs(lp.logprob - full[-1, eos]) < 1e-5
+        if kp is None:
+            assert r.prompt_logprobs is None
             continue
-        assert streamed[i] == r.logprobs and len(r.logprobs) == len(r.token_ids)
-        for got, want in zip(r.logprobs, alone.logprobs[i], strict=True):
-            assert len(got.top) == k
-            assert abs(got.logprob - want.logprob) < 1e-5
-            assert [t for t, _ in got.top] == [t for t, _ in want.top[:k]]
+        assert len(r.token_ids) <= n and len(r.prompt_logprobs) == len(prompt)
+        assert r.prompt_logprobs[0] is None
+        for j, lp in enumerate(r.prompt_logprobs[1:], start=1):
+            assert abs(lp.logprob - full[j - 1, prompt[j]]) < 1e-5, (i, j)
+            want = np.sort(full[j - 1])[::-1][:kp]
+            np.testing.assert_allclose([v for _, v in lp.top], want, atol=1e-5)
 
 
 def test_bad_logprobs_are_refused(model):
@@ -132,32 +156,3 @@ def test_bad_logprobs_are_refused(model):
         none.submit(lj.Request([1, 2], logprobs=0))
     with pytest.raises(UserInputError, match="max_logprobs"):
         lj.Engine(model, max_logprobs=-2)
-
-
-def test_prompt_logprobs_are_the_models_log_softmax(model):
-    """A prompt's own logprobs (chunked passes over the prompt: prompt_logprobs.py),
-    prompts longer than a chunk and shorter, beside rows that do not ask, with no token
-    generated and with some; against one causal pass (float64 numpy)."""
-    rng = np.random.default_rng(7)
-    long = rng.integers(3, tiny.VOCAB, 100).tolist()  # bucket 128: two chunks of 64
-    asks = [(long, 3, 0), (PROMPTS[14], None, 5), (PROMPTS[15], 2, 4), (long[:40], 0, 0)]
-    engine = lj.Engine(model, batch=4, max_new_tokens=8, lookahead=LAYOUTS[0])
-    requests = [
-        lj.Request(p, id=i, prompt_logprobs=k, max_new_tokens=n or (1 if k is None else 0))
-        for i, (p, k, n) in enumerate(asks)
-    ]
-    results = {r.id: r for r in engine.run(requests)}
-    for i, (prompt, k, n) in enumerate(asks):
-        r = results[i]
-        if k is None:
-            assert r.prompt_logprobs is None
-            continue
-        assert len(r.token_ids) == n and len(r.prompt_logprobs) == len(prompt)
-        assert r.prompt_logprobs[0] is None
-        full = log_softmax(lj.testing.full_pass_logits(model, prompt))
-        for j, lp in enumerate(r.prompt_logprobs[1:], start=1):
-            assert abs(lp.logprob - full[j - 1, prompt[j]]) < 1e-5, (i, j)
-            assert len(lp.top) == k
-            np.testing.assert_allclose(
-                [v for _, v in lp.top], np.sort(full[j - 1])[::-1][:k], atol=1e-5
-            )

@@ -70,6 +70,9 @@ class Result:
     logprobs: list[TokenLogprob] | None = None  # per token in token_ids, if it asked
     # per prompt token, if it asked: the first is None (it follows nothing)
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # finish "eos" with logprobs asked: (the EOS token's id, its logprob) — not in
+    # token_ids, but OpenAI-style APIs list it with the tokens' logprobs
+    eos: tuple[int, TokenLogprob] | None = None
 
 
 @dataclasses.dataclass

@@ -231,7 +231,13 @@ class Scheduler:
             if not done_b[s] or not a.request.sampling.greedy:
                 self.device.retire_later(s)
             step_of_token = step_of_bs[s, prompt_len_b[s] : prompt_len_b[s] + len(cut)].tolist()
-            finished.append(self._deliver(a, cut, step_of_token, finish, int(steps_b[s])))
+            eos = None
+            if finish == "eos" and logprobs is not None:  # the EOS sits after the new tokens
+                end = prompt_len_b[s] + n_out_b[s]
+                lp = _token_logprobs(kept, s, end, 0, 1, a.request.logprobs)[0]
+                eos = (int(tokens_bs[s, end]), lp)
+            result = self._deliver(a, cut, step_of_token, finish, int(steps_b[s]), eos)
+            finished.append(result)
         self.counts.count(ended)
         for s in ended:
             self.active[s] = None
@@ -253,7 +259,13 @@ class Scheduler:
         return (None, new) if end is None else ("stop", new[:end])
 
     def _deliver(
-        self, a: Active, cut: list[int], step_of_token: list[int], finish: str, steps: int
+        self,
+        a: Active,
+        cut: list[int],
+        step_of_token: list[int],
+        finish: str,
+        steps: int,
+        eos: tuple[int, TokenLogprob] | None = None,
     ) -> Result:
         tokenizer = self.model.tokenizer
         text = None if tokenizer is None else tokenizer.decode(cut)
@@ -274,6 +286,7 @@ class Scheduler:
             step_of_token=step_of_token,
             logprobs=None if a.request.logprobs is None else a.logprobs[: len(cut)],
             prompt_logprobs=a.prompt_logprobs,
+            eos=eos,
         )
         if a.request.listener is not None:
             since = None if result.logprobs is None else result.logprobs[a.sent :]

@@ -271,6 +271,8 @@ class Answers:
         ids, lps = result.token_ids, result.logprobs
         if echo is not None and result.prompt_logprobs is not None:
             ids, lps = list(request.prompt) + ids, result.prompt_logprobs + lps
+        if result.eos is not None:  # listed as OpenAI-style servers list it (text: "")
+            ids, lps = ids + [result.eos[0]], lps + [result.eos[1]]
         return LogprobsJson(self.tokenizer, chat).add(ids, lps)
 
     async def whole(self, http: Request, rids: list, updates: asyncio.Queue, t0: float):
@@ -370,6 +372,8 @@ class _StreamedChoice:
         ids, lps = update.token_ids, update.logprobs
         if self.echo is not None and update.prompt_logprobs is not None:
             ids, lps = self.prompt_ids + ids, update.prompt_logprobs + (lps or [])
+        if update.result is not None and update.result.eos is not None:
+            ids, lps = ids + [update.result.eos[0]], (lps or []) + [update.result.eos[1]]
         logprobs = self.logprobs.add(ids, lps) if lps else None
         result, chunks = update.result, []
         if result is None:

@@ -29,6 +29,9 @@ STRICT = ConfigDict(extra="forbid", strict=True)
 INT64 = 2**63  # OpenAI's seed is an int64
 INT32 = 2**31
 MAX_CHOICES = 128  # prompts x n of one request: each is an engine request
+# OpenAI's API takes 4; evaluation harnesses send a task's `until` list and the EOS's
+# text (lm-eval's generate_until), often more
+MAX_STOPS = 16
 MAX_LOGPROBS = 20  # alternatives a token (OpenAI's limit; the engine's max_logprobs)
 
 
@@ -67,8 +70,8 @@ class _Sampling(BaseModel):
     @classmethod
     def _stops(cls, v):
         stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > 4:
-            raise ValueError("at most 4 stop sequences")
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences")
         if any(not s for s in stops):
             raise ValueError("stop sequences must not be empty")
         return tuple(stops)
