@@ -89,10 +89,11 @@ def test_the_harness_fails_logprobs_that_differ(model, monkeypatch):
 
 
 def test_engine_rows_ask_for_logprobs_apart(model):
-    """In one batch: rows without logprobs get None; rows with them get as many
-    alternatives as they asked, for their new tokens and for their prompts (chunked
-    passes: prompt_logprobs.py; a prompt longer than a chunk, max_new_tokens 0), equal to
-    one causal pass's; streamed updates carry the same logprobs as the result."""
+    """Two slots for four requests (slots reused between rows that ask and rows that do
+    not): rows without logprobs get None; rows with them get as many alternatives as
+    they asked, for their new tokens and for their prompts (chunked passes:
+    prompt_logprobs.py; a prompt longer than a chunk, max_new_tokens 0), equal to one
+    causal pass's, and the EOS's; streamed updates carry the same logprobs as the result."""
     rng = np.random.default_rng(7)
     long = rng.integers(3, tiny.VOCAB, 100).tolist()  # bucket 128: two chunks of 64
     asks = [  # prompt, logprobs, prompt_logprobs, max_new_tokens
@@ -104,7 +105,7 @@ def test_engine_rows_ask_for_logprobs_apart(model):
     # tokens the tiny model emits for PROMPTS[14] (3rd) and [15] (8th) made EOS, so that
     # rows asking logprobs end at one (Result.eos: its logprob)
     model = with_eos(model, (2, 126, 71))
-    engine = lj.Engine(model, batch=4, max_new_tokens=8, lookahead=LAYOUTS[0], sampled=False)
+    engine = lj.Engine(model, batch=2, max_new_tokens=8, lookahead=LAYOUTS[0], sampled=False)
     streamed, results = {}, {}
 
     def listener(update):

@@ -211,6 +211,15 @@ def test_logprobs_whole_and_streamed_equal_a_lone_decodes(server, reference):
     r = httpx.post(f"{server}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                    json={"model": MODEL, "messages": messages, "top_logprobs": 2})  # fmt: skip
     assert r.status_code == 400 and "needs logprobs" in r.json()["error"]["message"], r.text
+    # a stop string and two choices: each choice's logprobs cover its tokens, the stop
+    # string's last token included (its text cut)
+    text, ids = reference(PROMPTS[4], 10)
+    stop = text[3:5]
+    got = c.completions.create(**{**kw, "stop": [stop], "n": 2})
+    for choice in got.choices:
+        assert choice.text == text[: text.find(stop)] and choice.finish_reason == "stop"
+        assert "".join(choice.logprobs.tokens).startswith(choice.text + stop)
+        assert len(choice.logprobs.tokens) == got.usage.completion_tokens // 2
 
 
 def test_echo_returns_the_prompt_and_its_logprobs(server, reference):
@@ -254,6 +263,16 @@ def test_echo_returns_the_prompt_and_its_logprobs(server, reference):
                 logprobs += chunk.choices[0].logprobs.token_logprobs
     assert streamed == PROMPTS[0] + reference(PROMPTS[0], 3)[0]
     assert logprobs[:n_prompt] == zero.choices[0].logprobs.token_logprobs
+    # echo without logprobs, streamed, max_tokens null (16): the prompt, then the text
+    body = {"model": MODEL, "prompt": PROMPTS[0], "echo": True, "max_tokens": None,
+            "temperature": 0, "stream": True}  # fmt: skip
+    with httpx.stream("POST", f"{server}/v1/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == (
+        PROMPTS[0] + reference(PROMPTS[0], 16)[0]
+    )
+    assert all(e["choices"][0]["logprobs"] is None for e in events if e["choices"])
     r = httpx.post(f"{server}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
                    json={"model": MODEL, "prompt": "hi", "max_tokens": 0})  # fmt: skip
     assert r.status_code == 400 and "needs echo" in r.json()["error"]["message"], r.text

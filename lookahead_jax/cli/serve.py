@@ -172,6 +172,7 @@ def _run(args) -> int:
     import lookahead_jax as lj
     from lookahead_jax.distributed.sharding import parse_mesh
     from lookahead_jax.server.app import create_app
+    from lookahead_jax.server.protocol import MAX_LOGPROBS
     from lookahead_jax.server.runner import EngineRunner
 
     mesh = lj.make_mesh(**parse_mesh(args.mesh)) if args.mesh else "auto"
@@ -196,12 +197,14 @@ def _run(args) -> int:
         stream_steps=args.stream_steps,
         max_prompt_tokens=max_prompt,
         sampled=True,
+        max_logprobs=MAX_LOGPROBS,  # what the API lets a request ask (server/protocol.py)
         # requests bring their own settings (server/app.py): the engine's default
         # temperature is only what auto tunes for
         temperature=args.auto_temperature,
     )
     if not args.no_warmup:
-        # a request with logprobs: the online programs keep them (Engine's max_logprobs)
+        # with logprobs asked: an offline run compiles the logprob code only when some
+        # request asks, and the server's programs (online) always have it
         warm = lj.Request([info.cfg.bos_token_id or 1], max_new_tokens=1, logprobs=0)
         list(engine.run([warm]))
         engine.stats = lj.Stats(batch=engine.batch)  # the server's own from here

@@ -51,7 +51,7 @@ class DecodeState:
     sampling: RowSampling  # temperature, top-k, top-p per row
     accept_hist: Int[Array, "B E"]  # steps that emitted 1..E tokens
     draft: DraftState | None = None  # the window's and the guess sources' state
-    logprobs: logprobs.Logprobs | None = None  # the new tokens' (spec.logprobs)
+    logprobs: logprobs.Logprobs | None = None  # its tokens' logprobs (spec.logprobs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +117,7 @@ def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b, logits=None) -> 
     if kept is not None:
         logits_brv, logits_rows_be = logits
         want_b = state.sampling.logprobs & active
-        values = logprobs.of_tokens(logits_brv, logits_rows_be, new_be, want_b, spec.logprobs)
+        values = logprobs.of_tokens_if(want_b, logits_brv, logits_rows_be, new_be, spec.logprobs)
         kept = logprobs.write(kept, rows_be, at_be, values)
     return dataclasses.replace(
         state, tokens=tokens, step_of_token=step_of, n_out=n_out, done=done, logprobs=kept
@@ -174,23 +174,16 @@ def prefill(
 def _prompt_logprobs(params, prompt_bp, S: int, spec: DecodeSpec, want_b) -> logprobs.Logprobs:
     """The logprob buffers [B, S, ...] with each prompt's own logprobs at its positions
     (prompt_logprobs.py) when some row asks (want_b [B]), else zeros."""
-    B, P = prompt_bp.shape
-    K = spec.logprobs
+    P = prompt_bp.shape[1]
+    buffers = logprobs.init(prompt_bp.shape[0], S, spec.logprobs)
 
     def compute():
-        return prompt_logprobs(params, prompt_bp, spec.lm, K, spec.cache_dtype)
+        values = prompt_logprobs(params, prompt_bp, spec.lm, spec.logprobs, spec.cache_dtype)
+        return jax.tree.map(
+            lambda buf, x: buf.at[:, :P].set(x), buffers, logprobs.Logprobs(*values)
+        )
 
-    def skip():
-        f32 = jnp.float32
-        return jnp.zeros((B, P), f32), jnp.zeros((B, P, K), jnp.int32), jnp.zeros((B, P, K), f32)
-
-    token_bp, ids_bpo, top_bpo = jax.lax.cond(jnp.any(want_b), compute, skip)
-    buffers = logprobs.init(B, S, K)
-    return logprobs.Logprobs(
-        token=buffers.token.at[:, :P].set(token_bp),
-        top_ids=buffers.top_ids.at[:, :P].set(ids_bpo),
-        top=buffers.top.at[:, :P].set(top_bpo),
-    )
+    return jax.lax.cond(jnp.any(want_b), compute, lambda: buffers)
 
 
 def input_tokens(state: DecodeState) -> jax.Array:

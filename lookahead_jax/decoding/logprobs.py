@@ -36,7 +36,8 @@ from jaxtyping import Array, Float, Int
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Logprobs:
-    """Per-position logprobs of the new tokens (module docstring)."""
+    """Per-position logprobs of a row's tokens: its new tokens', and its prompt's where
+    it asked (module docstring)."""
 
     token: Float[Array, "B S"]
     top_ids: Int[Array, "B S O"]
@@ -51,24 +52,40 @@ def init(batch: int, positions: int, k: int) -> Logprobs:
     )
 
 
-def of_tokens(logits_brv, rows_be, tokens_be, want_b, k: int):
+def of_tokens(logits_brv, rows_be, tokens_be, alternatives: int):
     """(logprob [B, E], top ids [B, E, O], top logprobs [B, E, O]) of the E tokens
-    `tokens_be`, token e chosen from logits row `rows_be[b, e]` of `logits_brv [B, R, V]`;
-    zeros unless some row wants them (want_b [B])."""
+    `tokens_be`, token e chosen from logits row `rows_be[b, e]` of `logits_brv [B, R, V]`
+    (O = alternatives)."""
+    logits_bev = jnp.take_along_axis(logits_brv, rows_be[:, :, None], axis=1)
+    logp_bev = jax.nn.log_softmax(logits_bev.astype(jnp.promote_types(logits_bev.dtype, "f4")))
+    token_be = jnp.take_along_axis(logp_bev, tokens_be[:, :, None], axis=2)[:, :, 0]
+    top_beo, ids_beo = jax.lax.top_k(logp_bev, alternatives)
+    return token_be.astype(jnp.float32), ids_beo.astype(jnp.int32), top_beo.astype(jnp.float32)
+
+
+def of_tokens_if(want_b, logits_brv, rows_be, tokens_be, alternatives: int):
+    """`of_tokens` when some row wants them (want_b [B]), else zeros: a predicate a step."""
     B, E = tokens_be.shape
 
-    def compute():
-        logits_bev = jnp.take_along_axis(logits_brv, rows_be[:, :, None], axis=1)
-        logp_bev = jax.nn.log_softmax(logits_bev.astype(jnp.promote_types(logits_bev.dtype, "f4")))
-        token_be = jnp.take_along_axis(logp_bev, tokens_be[:, :, None], axis=2)[:, :, 0]
-        top_beo, ids_beo = jax.lax.top_k(logp_bev, k)
-        return token_be.astype(jnp.float32), ids_beo.astype(jnp.int32), top_beo.astype(jnp.float32)
-
     def skip():
-        zeros = jnp.zeros((B, E, k), jnp.float32)
-        return jnp.zeros((B, E), jnp.float32), zeros.astype(jnp.int32), zeros
+        zeros_beo = jnp.zeros((B, E, alternatives), jnp.float32)
+        return jnp.zeros((B, E), jnp.float32), zeros_beo.astype(jnp.int32), zeros_beo
 
+    compute = lambda: of_tokens(logits_brv, rows_be, tokens_be, alternatives)  # noqa: E731
     return jax.lax.cond(jnp.any(want_b), compute, skip)
+
+
+def window(buffers: Logprobs, first_b, width: int) -> Logprobs:
+    """Each row's positions first_b[b] .. first_b[b] + width - 1 ([B, W, ...], W = width;
+    positions past S read as S - 1's): what the host reads after a round, not the whole
+    buffers."""
+    S = buffers.token.shape[1]
+    at_bw = jnp.minimum(jnp.asarray(first_b)[:, None] + jnp.arange(width)[None], S - 1)
+
+    def take(x):
+        return jnp.take_along_axis(x, at_bw.reshape(at_bw.shape + (1,) * (x.ndim - 2)), axis=1)
+
+    return jax.tree.map(take, buffers)
 
 
 def write(buffers: Logprobs, rows_be, at_be, values) -> Logprobs:

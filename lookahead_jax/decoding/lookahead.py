@@ -297,9 +297,9 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         draft=draft,
     )
     # emitted token e was chosen from the input's logits row (e = 0) or from accepted
-    # node e - 1's (verified node k is logits row first_row + k: accepted_rows)
-    first_row = 1 + (0 if config.verify_window else layout.window_rows)
-    rows_be = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), first_row + acc.path], axis=1)
+    # node e - 1's
+    path_rows_ba = first_verified_row(config) + acc.path
+    rows_be = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), path_rows_ba], axis=1)
     state = emit(state, spec, acc.emitted, a_b + 1, (logits_brv, rows_be))
 
     # 7. feed the sources what the step verified; shift the window by its new level
@@ -370,11 +370,15 @@ def window_ngrams(window_bmw, shifted_bmw, input_b, active_b) -> WindowNGrams:
     )
 
 
+def first_verified_row(config: LookaheadConfig) -> int:
+    """Verified node k's logits row is this + k: the window's first (verify_window: its
+    paths come first) or the tree's, after the input's row."""
+    return 1 + (0 if config.verify_window else config.layout.window_rows)
+
+
 def accepted_rows(config: LookaheadConfig, acc: draft_tree.Acceptance, R: int):
-    """[B, R] bool: the logits rows of the accepted path's nodes (verified node k is
-    logits row first_row + k)."""
-    first_row = 1 + (0 if config.verify_window else config.layout.window_rows)
-    path_rows_ba = first_row + acc.path
+    """[B, R] bool: the logits rows of the accepted path's nodes."""
+    path_rows_ba = first_verified_row(config) + acc.path
     on_path = (jnp.arange(acc.path.shape[1])[None] < acc.accepted[:, None])[:, :, None] & (
         path_rows_ba[:, :, None] == jnp.arange(R)[None, None]
     )

@@ -39,7 +39,6 @@ def prompt_logprobs(params, prompt_bp, lm, alternatives: int, cache_dtype: str):
     next_bp = jnp.concatenate([prompt_bp[:, 1:], jnp.zeros((B, 1), prompt_bp.dtype)], axis=1)
     causal_1cc = jnp.tril(jnp.ones((C, C), bool))[None]
     all_rows_bc = jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (B, C))
-    want_b = jnp.ones((B,), bool)
 
     def chunk(cache, c):
         start = c * C
@@ -50,7 +49,7 @@ def prompt_logprobs(params, prompt_bp, lm, alternatives: int, cache_dtype: str):
         )
         cache = kv_cache.commit(cache, new_k, new_v, all_rows_bc, jnp.full((B,), C, jnp.int32))
         next_bc = jax.lax.dynamic_slice_in_dim(next_bp, start, C, axis=1)
-        return cache, logprobs.of_tokens(logits_bcv, all_rows_bc, next_bc, want_b, alternatives)
+        return cache, logprobs.of_tokens(logits_bcv, all_rows_bc, next_bc, alternatives)
 
     _, (token_nbc, ids_nbco, top_nbco) = jax.lax.scan(chunk, cache, jnp.arange(P // C))
 

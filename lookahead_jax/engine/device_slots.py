@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.decoding import autotune, programs
+from lookahead_jax.decoding import autotune, logprobs, programs
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
 from lookahead_jax.distributed import multihost, sharding
@@ -169,9 +169,12 @@ class DeviceSlots:
         """State fields on the host, every process's rows."""
         return [multihost.all_rows(getattr(self.state, f)) for f in fields]
 
-    def read_logprobs(self) -> list[np.ndarray]:
-        """The logprob buffers on the host (token [B, S], top_ids and top [B, S, O])."""
-        kept = self.state.logprobs
+    def read_logprobs(self, first_b: np.ndarray, width: int) -> list[np.ndarray]:
+        """Each row's logprobs at positions first_b[b] .. + width - 1, every process's rows
+        on the host (token [B, W], top_ids and top [B, W, O]; logprobs.window): a round's
+        new ones, not the whole [B, S, O] buffers."""
+        window = slot_state.program(logprobs.window, None, static_argnums=2)
+        kept = window(self.state.logprobs, first_b, width)
         return [multihost.all_rows(x) for x in (kept.token, kept.top_ids, kept.top)]
 
     def has_work(self) -> bool:

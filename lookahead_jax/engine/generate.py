@@ -15,6 +15,7 @@ from lookahead_jax.engine import inputs
 from lookahead_jax.engine.continuous import Engine
 from lookahead_jax.engine.requests import Request, TokenLogprob
 from lookahead_jax.engine.stats import Stats
+from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 
 
@@ -79,6 +80,9 @@ def generate(
     # what the prompts' encoding needs first (the engine checks the rest: each prompt
     # with its max_new_tokens, requests.encode, before anything runs)
     inputs.check_max_new_tokens(max_new_tokens)
+    bad = isinstance(logprobs, bool) or not isinstance(logprobs, int | type(None))
+    if bad or (logprobs is not None and logprobs < 0):
+        raise UserInputError(f"logprobs must be None or an integer >= 0, got {logprobs!r}")
     inputs.check_model(model)
     local = inputs.encode_prompts(model, prompts, chat)
     multihost.agree(max_new_tokens, "max_new_tokens")

@@ -48,8 +48,9 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class TokenLogprob:
-    """A new token's logprob under the model (raw logits: decoding/logprobs.py) and the
-    most likely tokens at its position as (token id, logprob), most likely first."""
+    """A token's logprob under the model given the tokens before it (raw logits:
+    decoding/logprobs.py) and the most likely tokens at its position as (token id,
+    logprob), most likely first."""
 
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
@@ -187,17 +188,17 @@ def encode(model, defaults: Defaults, r: Request, pid, listener=None, stream=Fal
         _check_logprobs(what, name, getattr(r, name), defaults.max_logprobs)
     seed, key = (defaults.seed, prompt_key(pid)) if r.seed is None else (r.seed, 0)
     return Encoded(
-        pid,
-        ids,
-        max_new_tokens,
-        sampling,
-        seed,
-        key,
-        stop,
-        listener,
-        stream,
-        r.logprobs,
-        r.prompt_logprobs,
+        id=pid,
+        ids=ids,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        seed=seed,
+        key=key,
+        stop=stop,
+        listener=listener,
+        streams=stream,
+        logprobs=r.logprobs,
+        prompt_logprobs=r.prompt_logprobs,
     )
 
 

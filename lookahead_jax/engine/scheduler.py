@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lookahead_jax.decoding import autotune
 from lookahead_jax.decoding.decode_state import DecodeSpec
@@ -192,9 +193,7 @@ class Scheduler:
         tokens_bs, step_of_bs, prompt_len_b, n_out_b, max_new_b, done_b, steps_b = self.device.read(
             "tokens", "step_of_token", "prompt_len", "n_out", "max_new_tokens", "done", "steps"
         )
-        kept = None
-        if any(a is not None and _wants_logprobs(a) for a in self.active):
-            kept = self.device.read_logprobs()
+        kept = self._read_logprobs(prompt_len_b, n_out_b)
         cancelled, self.cancelled = self.cancelled, set()
         finished, ended = [], []
         for s, a in enumerate(self.active):
@@ -202,11 +201,12 @@ class Scheduler:
                 continue
             new = tokens_bs[s, prompt_len_b[s] : prompt_len_b[s] + n_out_b[s]].tolist()
             if a.request.prompt_logprobs is not None and a.prompt_logprobs is None:
-                k, n = a.request.prompt_logprobs, len(a.request.ids)  # position 0 follows nothing
-                a.prompt_logprobs = [None, *_token_logprobs(kept, s, 1, 0, n - 1, k)]
+                n = len(a.request.ids)  # position 0 follows nothing
+                a.prompt_logprobs = [None, *kept.at(s, 1, n, a.request.prompt_logprobs)]
             if a.request.logprobs is not None:
-                a.logprobs += _token_logprobs(
-                    kept, s, prompt_len_b[s], len(a.logprobs), len(new), a.request.logprobs
+                start = prompt_len_b[s]
+                a.logprobs += kept.at(
+                    s, start + len(a.logprobs), start + len(new), a.request.logprobs
                 )
             logprobs = a.logprobs if a.request.logprobs is not None else None
             finish, cut = None, new
@@ -234,8 +234,7 @@ class Scheduler:
             eos = None
             if finish == "eos" and logprobs is not None:  # the EOS sits after the new tokens
                 end = prompt_len_b[s] + n_out_b[s]
-                lp = _token_logprobs(kept, s, end, 0, 1, a.request.logprobs)[0]
-                eos = (int(tokens_bs[s, end]), lp)
+                eos = (int(tokens_bs[s, end]), kept.at(s, end, end + 1, a.request.logprobs)[0])
             result = self._deliver(a, cut, step_of_token, finish, int(steps_b[s]), eos)
             finished.append(result)
         self.counts.count(ended)
@@ -244,6 +243,26 @@ class Scheduler:
         if self.after_collect is not None:
             self.after_collect()
         return finished
+
+    def _read_logprobs(self, prompt_len_b, n_out_b) -> _LogprobWindow | None:
+        """The logprobs the rows' requests have not read yet (their prompt's, when asked
+        and not read; their new tokens' since the last round and the position after them,
+        an EOS's), from one window of positions a row; None when no request asks."""
+        first_b = np.zeros((self.B,), np.int32)
+        end_b = np.zeros((self.B,), np.int32)
+        for s, a in enumerate(self.active):
+            if a is None:
+                continue
+            r, start = a.request, int(prompt_len_b[s])
+            if r.logprobs is not None:
+                first_b[s], end_b[s] = start + len(a.logprobs), start + n_out_b[s] + 1
+            if r.prompt_logprobs is not None and a.prompt_logprobs is None:
+                first_b[s], end_b[s] = 1, max(end_b[s], start)
+        width = int((end_b - first_b).max(initial=0))
+        if width <= 0:
+            return None
+        width = inputs.bucket(width, minimum=8)  # few window programs
+        return _LogprobWindow(first_b, self.device.read_logprobs(first_b, width))
 
     def interrupted(self) -> list[Result]:
         """End every request in a slot with finish "interrupted" and the tokens it has
@@ -303,22 +322,21 @@ class Scheduler:
         self.stats.close(wall_s, self.counts.accepted_hist())
 
 
-def _wants_logprobs(a: Active) -> bool:
-    """Whether a request needs the logprob buffers read: its new tokens', or its
-    prompt's not read yet."""
-    r = a.request
-    return r.logprobs is not None or (r.prompt_logprobs is not None and a.prompt_logprobs is None)
+class _LogprobWindow:
+    """Logprobs read back after a round: row b's positions first_b[b] .. (DeviceSlots.
+    read_logprobs)."""
 
+    def __init__(self, first_b, arrays):
+        self.first_b = first_b
+        self.token_bw, self.top_ids_bwo, self.top_bwo = arrays
 
-def _token_logprobs(kept, slot: int, first: int, start: int, end: int, k: int):
-    """The TokenLogprobs at positions first + start .. first + end - 1 of `slot` (new
-    tokens: first = the prompt's length) from the logprob buffers `kept`
-    (DeviceSlots.read_logprobs), k alternatives each."""
-    token_bs, top_ids_bso, top_bso = kept
-    at = slice(first + start, first + end)
-    return [
-        TokenLogprob(float(lp), tuple(zip(ids[:k].tolist(), top[:k].tolist(), strict=True)))
-        for lp, ids, top in zip(
-            token_bs[slot, at], top_ids_bso[slot, at], top_bso[slot, at], strict=True
+    def at(self, slot: int, start: int, end: int, k: int) -> list[TokenLogprob]:
+        """The TokenLogprobs at positions start .. end - 1 of `slot`, k alternatives each."""
+        at = slice(start - self.first_b[slot], end - self.first_b[slot])
+        rows = zip(
+            self.token_bw[slot, at], self.top_ids_bwo[slot, at], self.top_bwo[slot, at], strict=True
         )
-    ]
+        return [
+            TokenLogprob(float(lp), tuple(zip(ids[:k].tolist(), top[:k].tolist(), strict=True)))
+            for lp, ids, top in rows
+        ]

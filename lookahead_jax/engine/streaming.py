@@ -14,31 +14,42 @@ from itertools import groupby
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
 
 
+# Tokens of context decoded before the unshown ones: a token's text can depend on the
+# tokens before it (a SentencePiece word start, a character split over byte tokens), never
+# on more than a few. Decoding a window, not the whole history, keeps a token O(1).
+CONTEXT = 6
+
+
 class StreamDetokenizer:
     def __init__(self, tokenizer, color: bool = False):
         self.tokenizer, self.color = tokenizer, color
         self.ids: list[int] = []
-        self.shown = ""
+        self.shown_ids = 0  # the first tokens whose text is out
+
+    def _unshown(self) -> tuple[str, str]:
+        """(the text of the context before the unshown tokens, that and theirs)."""
+        start = max(0, self.shown_ids - CONTEXT)
+        decode = self.tokenizer.decode
+        return decode(self.ids[start : self.shown_ids]), decode(self.ids[start:])
 
     def add_step(self, ids: list[int]) -> str:
         """The text completed by one step's tokens (possibly empty)."""
         out = []
         for i, token in enumerate(ids):
             self.ids.append(token)
-            text = self.tokenizer.decode(self.ids)
-            if text.endswith("\ufffd") or not text.startswith(self.shown):
+            before, text = self._unshown()
+            if text.endswith("\ufffd") or not text.startswith(before):
                 continue  # incomplete character, or the detokeniser rewrote earlier text
-            piece = text[len(self.shown) :]
+            piece = text[len(before) :]
             out.append(f"{GREEN}{piece}{RESET}" if self.color and i > 0 and piece else piece)
-            self.shown = text
+            self.shown_ids = len(self.ids)
         return "".join(out)
 
     def flush(self) -> str:
         """Whatever text is still held back."""
-        text = self.tokenizer.decode(self.ids)
-        rest = text[len(self.shown) :] if text.startswith(self.shown) else ""
-        self.shown = text
-        return rest
+        before, text = self._unshown()
+        self.shown_ids = len(self.ids)
+        return text[len(before) :] if text.startswith(before) else ""
 
 
 def steps_of(token_ids: list[int], step_of_token: list[int]) -> list[list[int]]:

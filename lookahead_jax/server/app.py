@@ -202,6 +202,8 @@ class Answers:
                 "max_new_tokens": tokens_field,
                 "prompt": "messages" if chat else "prompt",
                 "id": None,
+                "logprobs": "top_logprobs" if chat else "logprobs",
+                "prompt_logprobs": "logprobs",  # echo's
             }.get(e.field, e.field)
             message = str(e)
             if e.field == "max_new_tokens":
@@ -268,11 +270,8 @@ class Answers:
         (None: not asked)."""
         if result.logprobs is None:
             return None
-        ids, lps = result.token_ids, result.logprobs
-        if echo is not None and result.prompt_logprobs is not None:
-            ids, lps = list(request.prompt) + ids, result.prompt_logprobs + lps
-        if result.eos is not None:  # listed as OpenAI-style servers list it (text: "")
-            ids, lps = ids + [result.eos[0]], lps + [result.eos[1]]
+        prompt = result.prompt_logprobs if echo is not None else None
+        ids, lps = _listed(request.prompt, prompt, result.token_ids, result.logprobs, result.eos)
         return LogprobsJson(self.tokenizer, chat).add(ids, lps)
 
     async def whole(self, http: Request, rids: list, updates: asyncio.Queue, t0: float):
@@ -369,12 +368,12 @@ class _StreamedChoice:
         what could start a stop string, with its tokens' logprobs (when asked); with the
         result, the rest and then its finish."""
         self.pending += self.detok.add_step(update.token_ids) if self.detok else ""
-        ids, lps = update.token_ids, update.logprobs
-        if self.echo is not None and update.prompt_logprobs is not None:
-            ids, lps = self.prompt_ids + ids, update.prompt_logprobs + (lps or [])
-        if update.result is not None and update.result.eos is not None:
-            ids, lps = ids + [update.result.eos[0]], (lps or []) + [update.result.eos[1]]
-        logprobs = self.logprobs.add(ids, lps) if lps else None
+        logprobs = None
+        if update.logprobs is not None:  # it asked for them
+            prompt = update.prompt_logprobs if self.echo is not None else None
+            eos = None if update.result is None else update.result.eos
+            ids, lps = _listed(self.prompt_ids, prompt, update.token_ids, update.logprobs, eos)
+            logprobs = self.logprobs.add(ids, lps) if lps else None
         result, chunks = update.result, []
         if result is None:
             keep = _stop_prefix(self.sent + self.pending, stops)  # might start a stop string
@@ -425,6 +424,18 @@ def _field_path(loc) -> list[str]:
     return [
         str(x) for x in loc if x != "body" and not (isinstance(x, str) and (x in tags or "[" in x))
     ]
+
+
+def _listed(prompt_ids, prompt_logprobs, token_ids, logprobs, eos):
+    """(ids, logprobs) a choice lists: with echo the prompt's first (prompt_logprobs not
+    None), its new tokens', and the EOS that ended it last (as OpenAI-style servers list
+    it, with the text "")."""
+    ids, lps = list(token_ids), list(logprobs)
+    if prompt_logprobs is not None:
+        ids, lps = list(prompt_ids) + ids, list(prompt_logprobs) + lps
+    if eos is not None:
+        ids, lps = ids + [eos[0]], lps + [eos[1]]
+    return ids, lps
 
 
 def _sse(obj) -> str:

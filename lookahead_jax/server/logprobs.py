@@ -7,8 +7,9 @@
                   "refusal": None}
 
 A token's string is the text it completes (the incremental detokenizer's piece, so the
-strings of a choice's tokens add up to its text, and a character split over several
-tokens belongs to its last; the others are ""); `text_offset` is where it starts in the
+strings of a choice's tokens add up to its text — but for a stop string, whose
+completing token is listed while the text ends before it — and a character split over
+several tokens belongs to its last; the others are ""); `text_offset` is where it starts in the
 choice's text. An alternative's string is its token decoded alone. A completions entry's
 top_logprobs holds the token itself (under its piece) besides the `logprobs` most likely
 ones, as vLLM's does, so that it is never empty (with logprobs 0 it is the token alone);

@@ -125,7 +125,9 @@ class CompletionRequest(_Sampling):
         max_tokens 0 always: such a request exists for its prompt's)."""
         if not self.echo:
             return None
-        return self.logprobs if self.logprobs is not None or self.max_tokens else 0
+        if self.logprobs is not None:
+            return self.logprobs
+        return 0 if self.new_tokens() == 0 else None
 
     @field_validator("suffix")
     @classmethod

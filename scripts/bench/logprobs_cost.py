@@ -9,8 +9,9 @@
 
 SmolLM2-135M float32, greedy, lookahead auto (tuned once, then fixed: the same layout in
 every run), batch 8, the first --prompts MT-bench first turns, --max-new-tokens each.
-Reported: the other requests' (those that never ask) tokens per second of decoding, min
-and median over --repeats, and whether every request's tokens equal the "off" run's.
+Reported: the other requests' (those that never ask) tokens per second, best and median
+over --repeats (the machine is shared: the best is the least disturbed), and whether
+every request's tokens equal the "off" run's.
 
     python scripts/bench/logprobs_cost.py --out benchmarks/cpu/logprobs_cost
 """
@@ -56,7 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -95,10 +96,10 @@ def main() -> None:
             same &= tokens == reference
             rates[way].append(others / seconds)
     rows = {
-        way: {"min_tok_s": min(r), "median_tok_s": statistics.median(r), "runs": r}
+        way: {"best_tok_s": max(r), "median_tok_s": statistics.median(r), "runs": r}
         for way, r in rates.items()
     }
-    base = rows["off"]["median_tok_s"]
+    best, median = rows["off"]["best_tok_s"], rows["off"]["median_tok_s"]
     lines = [
         "# What logprobs cost the requests that do not ask",
         "",
@@ -111,13 +112,13 @@ def main() -> None:
         "Tokens/s: the new tokens of requests 1..7 (which never ask; request 0 asks in "
         "`one`) over the seconds of the whole batch.",
         "",
-        "| engine | min tok/s | median tok/s | median / off |",
-        "|---|---:|---:|---:|",
+        "| engine | best tok/s | median tok/s | best / off | median / off |",
+        "|---|---:|---:|---:|---:|",
     ]
     for way, row in rows.items():
         lines.append(
-            f"| {way} | {row['min_tok_s']:.1f} | {row['median_tok_s']:.1f} | "
-            f"{row['median_tok_s'] / base:.3f} |"
+            f"| {way} | {row['best_tok_s']:.1f} | {row['median_tok_s']:.1f} | "
+            f"{row['best_tok_s'] / best:.3f} | {row['median_tok_s'] / median:.3f} |"
         )
     lines += ["", f"Every run's tokens equal the first run's: {same}."]
     result = {
