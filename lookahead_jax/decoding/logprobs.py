@@ -55,12 +55,36 @@ def init(batch: int, positions: int, k: int) -> Logprobs:
 def of_tokens(logits_brv, rows_be, tokens_be, alternatives: int):
     """(logprob [B, E], top ids [B, E, O], top logprobs [B, E, O]) of the E tokens
     `tokens_be`, token e chosen from logits row `rows_be[b, e]` of `logits_brv [B, R, V]`
-    (O = alternatives)."""
+    (O = alternatives). A logprob is the logit less the row's logsumexp, so no [B, E, V]
+    log_softmax is written out."""
     logits_bev = jnp.take_along_axis(logits_brv, rows_be[:, :, None], axis=1)
-    logp_bev = jax.nn.log_softmax(logits_bev.astype(jnp.promote_types(logits_bev.dtype, "f4")))
-    token_be = jnp.take_along_axis(logp_bev, tokens_be[:, :, None], axis=2)[:, :, 0]
-    top_beo, ids_beo = jax.lax.top_k(logp_bev, alternatives)
-    return token_be.astype(jnp.float32), ids_beo.astype(jnp.int32), top_beo.astype(jnp.float32)
+    logits_bev = logits_bev.astype(jnp.promote_types(logits_bev.dtype, jnp.float32))
+    lse_be1 = jax.nn.logsumexp(logits_bev, axis=-1, keepdims=True)
+    token_be = jnp.take_along_axis(logits_bev, tokens_be[:, :, None], axis=2)[:, :, 0]
+    top_beo, ids_beo = top_k(logits_bev, alternatives)
+    f32 = jnp.float32
+    return (token_be - lse_be1[..., 0]).astype(f32), ids_beo, (top_beo - lse_be1).astype(f32)
+
+
+CHUNK = 128  # vocabulary entries a chunk in top_k's first stage
+
+
+def top_k(x_bev, k: int):
+    """jax.lax.top_k(x, k) over the last axis, exactly, in two stages: the k largest
+    values lie in the k chunks of CHUNK entries with the largest maxima, so one max over
+    V and a top-k over k chunks replace a top-k over all of V (which XLA:CPU sorts for:
+    3.6 ms against 0.4 for 24 rows of a 49k vocabulary, AMD EPYC). Ties may come in
+    another order than lax.top_k's. Returns (values, int32 indices)."""
+    V = x_bev.shape[-1]
+    if k == 0 or V <= 4 * CHUNK or V % CHUNK:
+        values, ids = jax.lax.top_k(x_bev, k)
+        return values, ids.astype(jnp.int32)
+    chunks = x_bev.reshape(*x_bev.shape[:-1], V // CHUNK, CHUNK)  # [B, E, V/C, C]
+    _, best_chunks = jax.lax.top_k(chunks.max(-1), min(k, V // CHUNK))  # [B, E, k]
+    picked = jnp.take_along_axis(chunks, best_chunks[..., None], axis=-2)  # [B, E, k, C]
+    values, at = jax.lax.top_k(picked.reshape(*picked.shape[:-2], -1), k)
+    ids = jnp.take_along_axis(best_chunks, at // CHUNK, axis=-1) * CHUNK + at % CHUNK
+    return values, ids.astype(jnp.int32)
 
 
 def of_tokens_if(want_b, logits_brv, rows_be, tokens_be, alternatives: int):
