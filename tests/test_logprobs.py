@@ -176,3 +176,22 @@ def test_two_stage_top_k_is_lax_top_k():
         np.testing.assert_array_equal(values, want_values)
         np.testing.assert_array_equal(np.asarray(ids)[:2], np.asarray(want_ids)[:2])
         np.testing.assert_array_equal(np.take_along_axis(x, np.asarray(ids), -1), values)
+
+
+@pytest.mark.parametrize("wanting", [(), (2,), (0, 6), (0, 1, 2), tuple(range(8))])
+def test_logprobs_are_computed_for_the_rows_that_want_them(wanting):
+    """of_tokens_if: none, a quarter of the rows or fewer (gathered), more (every row):
+    the wanting rows get of_tokens' values; with few wanting, the others zeros."""
+    from lookahead_jax.decoding import logprobs
+
+    rng = np.random.default_rng(0)
+    B, R, E, V, alternatives = 8, 5, 3, 640, 4
+    x = rng.standard_normal((B, R, V)).astype(np.float32)
+    rows, tokens = rng.integers(0, R, (B, E)), rng.integers(0, V, (B, E))
+    want_b = np.isin(np.arange(B), wanting)
+    got = jax.jit(logprobs.of_tokens_if, static_argnums=4)(want_b, x, rows, tokens, alternatives)
+    full = logprobs.of_tokens(x, rows, tokens, alternatives)
+    for g, f in zip(got, full, strict=True):
+        np.testing.assert_allclose(np.asarray(g)[want_b], np.asarray(f)[want_b], atol=1e-6)
+        if len(wanting) <= B // 4:
+            assert not np.asarray(g)[~want_b].any()

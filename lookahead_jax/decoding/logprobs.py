@@ -88,15 +88,33 @@ def top_k(x_bev, k: int):
 
 
 def of_tokens_if(want_b, logits_brv, rows_be, tokens_be, alternatives: int):
-    """`of_tokens` when some row wants them (want_b [B]), else zeros: a predicate a step."""
+    """`of_tokens` for the rows that want them (want_b [B]; zeros for the others): none
+    computed in a step where no row wants them (a predicate a step), and while at most a
+    quarter of the rows want them, only those rows (gathered first, so a request asking
+    for logprobs does not make the step compute them for the whole batch)."""
     B, E = tokens_be.shape
+    few = max(1, B // 4)
 
     def skip():
         zeros_beo = jnp.zeros((B, E, alternatives), jnp.float32)
         return jnp.zeros((B, E), jnp.float32), zeros_beo.astype(jnp.int32), zeros_beo
 
-    compute = lambda: of_tokens(logits_brv, rows_be, tokens_be, alternatives)  # noqa: E731
-    return jax.lax.cond(jnp.any(want_b), compute, skip)
+    def all_rows():
+        return of_tokens(logits_brv, rows_be, tokens_be, alternatives)
+
+    def some_rows():  # the wanting rows first; the values scattered back to them
+        picked_f = jnp.argsort(~want_b, stable=True)[:few]
+        values = of_tokens(
+            logits_brv[picked_f], rows_be[picked_f], tokens_be[picked_f], alternatives
+        )
+        to_f = jnp.where(want_b[picked_f], picked_f, B)  # a row that does not want: dropped
+        return jax.tree.map(lambda zero, x: zero.at[to_f].set(x, mode="drop"), skip(), values)
+
+    wanting = jnp.sum(want_b)
+    branch = jnp.where(wanting == 0, 0, jnp.where(wanting <= few, 1, 2))
+    if few >= B:  # one row: nothing to pick
+        return jax.lax.cond(wanting > 0, all_rows, skip)
+    return jax.lax.switch(branch, (skip, some_rows, all_rows))
 
 
 def window(buffers: Logprobs, first_b, width: int) -> Logprobs:
