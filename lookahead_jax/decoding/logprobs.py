@@ -20,8 +20,8 @@ Layout, beside `DecodeState.tokens [B, S]` (O = DecodeSpec.logprobs alternatives
 A step writes its new tokens' positions; the prefill writes the prompt's positions for
 the rows that ask (`RowSampling.prompt_logprobs`: prompt_logprobs.py; entry 0, which
 follows nothing, is 0). A step computes logprobs only when some active row asks
-(`RowSampling.logprobs`), under a `lax.cond`: a batch whose rows do not ask pays a
-predicate a step.
+(`RowSampling.logprobs`), and only for the asking rows while they are a quarter of the
+batch or fewer (`of_tokens_if`): a batch whose rows do not ask pays a predicate a step.
 """
 
 from __future__ import annotations
