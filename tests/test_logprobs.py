@@ -29,22 +29,6 @@ def log_softmax(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def test_logprobs_are_the_models_log_softmax(model):
-    """Against one causal pass over prompt + new tokens (float64 numpy): each token's
-    logprob, and the alternatives are the most likely tokens, most likely first."""
-    prompts = PROMPTS[12:20]
-    out = lj.generate(model, prompts, MAX_NEW, lookahead=LAYOUTS[0], logprobs=TOP)
-    for prompt, ids, lps in zip(prompts, out.token_ids, out.logprobs, strict=True):
-        assert len(lps) == len(ids)
-        full = log_softmax(lj.testing.full_pass_logits(model, prompt + ids)[len(prompt) - 1 :])
-        for i, (token, lp) in enumerate(zip(ids, lps, strict=True)):
-            assert abs(lp.logprob - full[i, token]) < 1e-5
-            top_ids = [t for t, _ in lp.top]
-            assert len(top_ids) == TOP and top_ids[0] == token  # greedy: the best one
-            np.testing.assert_allclose([v for _, v in lp.top], full[i, top_ids], atol=1e-5)
-            assert np.sort(full[i])[-TOP:][::-1] == pytest.approx([v for _, v in lp.top], abs=1e-5)
-
-
 @pytest.mark.parametrize(
     "sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 5}], ids=["greedy", "sampled"]
 )

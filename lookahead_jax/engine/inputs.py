@@ -46,7 +46,8 @@ def check_lookahead(lookahead, max_context: int) -> None:
 
 def check_max_new_tokens(max_new_tokens, least: int = 1) -> None:
     """An integer >= least (0: a request that asks only its prompt's logprobs)."""
-    what = f"max_new_tokens (--max-new-tokens) must be an integer >= {least}"
+    bound = "> 0" if least == 1 else f">= {least}"
+    what = f"max_new_tokens (--max-new-tokens) must be an integer {bound}"
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
         raise UserInputError(f"{what}, got {max_new_tokens!r}")
     if max_new_tokens < least:
