@@ -13,7 +13,8 @@ Positions past a row's end hold garbage and are never read.
 
 Plain decoding uses the fields up to `accept_hist`; lookahead decoding also
 fills `draft` (the guess sources' state, lookahead.DraftState; None otherwise), and a
-spec with `logprobs` the new tokens' logprobs (logprobs.py; None otherwise).
+spec with `logprobs` the tokens' logprobs (the new tokens', and a prompt's where its row
+asks: logprobs.py; None otherwise).
 """
 
 from __future__ import annotations
