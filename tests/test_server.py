@@ -99,17 +99,23 @@ def client(url, key=KEY) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
 
 
+def metric(url, name: str) -> float:
+    """A gauge or counter of the server's /metrics."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
 def accepted_guesses(url) -> float:
     """The server's count of guessed tokens its lookahead steps accepted (/metrics)."""
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith("lookahead_accepted_guesses "):
-            return float(line.split()[1])
-    raise AssertionError("no lookahead_accepted_guesses in /metrics")
+    return metric(url, "lookahead_accepted_guesses")
 
 
 def test_completions_and_chat_whole_and_streamed(server, reference):
     c = client(server)
     before = accepted_guesses(server)
+    hit_tokens = metric(server, "lookahead_prefix_cache_hit_tokens")
     want, ids = reference(PROMPTS[0], 12)
     got = c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=0)
     assert got.choices[0].text == want
@@ -124,6 +130,9 @@ def test_completions_and_chat_whole_and_streamed(server, reference):
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == want
     assert chunks[-1].usage.completion_tokens == len(ids) and not chunks[-1].choices
     assert chunks[-2].choices[0].finish_reason == got.choices[0].finish_reason
+    # the stream's prompt (18 tokens) took its first block from the prefix cache (the
+    # server's default) and still decoded to the lone decode's text
+    assert metric(server, "lookahead_prefix_cache_hit_tokens") >= hit_tokens + 16
 
     want_chat, _ = reference(PROMPTS[1], 10, chat=True)
     messages = [{"role": "user", "content": PROMPTS[1]}]
@@ -243,7 +252,7 @@ def test_echo_returns_the_prompt_and_its_logprobs(server, reference):
         assert lp.top_logprobs[0] is None
         # float32 logprob buffers (decoding/logprobs.py) against float64 numpy
         assert lp.token_logprobs[1 : len(prompt)] == pytest.approx(want[1:], abs=1e-6)
-        text, new = reference(prompt, 1, logprobs=1)[:2]
+        text, new = reference(prompt, 1)
         assert choice.text == tok.decode(prompt) + text
         assert "".join(lp.tokens) == choice.text
         # lm-eval's greedy check: each token is its top alternative's

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from lookahead_jax.cli.exits import OneLineArgumentParser, run_cli
+from lookahead_jax.cli.generate import DEFAULT_PREFIX_CACHE_MB
 from lookahead_jax.errors import UserInputError
 
 DEFAULT_BATCH = 8
@@ -90,6 +91,23 @@ def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.Argume
         default=None,
         help="requests that may wait for a slot; more get 429 (default: no limit)",
     )
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=DEFAULT_PREFIX_CACHE_MB,
+        help="keep prompt K/V up to this many MB, so that requests sharing a prefix (a "
+        "system prompt, a conversation's earlier turns) compute it once; 0 turns it off "
+        f"(default {DEFAULT_PREFIX_CACHE_MB})",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        default="auto",
+        metavar="TOKENS|auto|0",
+        help="with the prefix cache, a long prompt arriving while others decode is "
+        "prefilled this many tokens at a time between decode rounds, so the streams in "
+        "flight keep their pace (a multiple of 16); auto (default): what this machine "
+        "prefills in one round; 0: in one piece",
+    )
     p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     p.add_argument("--weights", default="float", help="float (default), int8 or q8_0")
     p.add_argument(
@@ -131,6 +149,15 @@ def _validate(args):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise UserInputError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.prefill_chunk != "auto":
+        chunk = args.prefill_chunk
+        if not chunk.isdigit() or int(chunk) % 16:
+            raise UserInputError(
+                f"--prefill-chunk must be auto, 0 or a multiple of 16 tokens, got {chunk!r}"
+            )
+        args.prefill_chunk = int(chunk) or None
+    if not args.prefix_cache_mb >= 0:
+        raise UserInputError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
     if not 0 < args.port < 65536:
         raise UserInputError(f"--port must be in 1..65535, got {args.port}")
     _check_port_free(args.host, args.port)
@@ -197,6 +224,8 @@ def _run(args) -> int:
         stream_steps=args.stream_steps,
         max_prompt_tokens=max_prompt,
         sampled=True,
+        prefix_cache_mb=args.prefix_cache_mb,
+        prefill_chunk=args.prefill_chunk,
         max_logprobs=MAX_LOGPROBS,  # what the API lets a request ask (server/protocol.py)
         # requests bring their own settings (server/app.py): the engine's default
         # temperature is only what auto tunes for

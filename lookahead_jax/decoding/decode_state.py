@@ -30,7 +30,7 @@ from lookahead_jax.decoding import logprobs
 from lookahead_jax.decoding.prompt_logprobs import prompt_logprobs
 from lookahead_jax.decoding.sampling import RowSampling, choose_tokens
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
-from lookahead_jax.models import seam
+from lookahead_jax.models import kv_cache, kv_pool, seam
 from lookahead_jax.models.kv_cache import KVCache, write_prefix
 
 if TYPE_CHECKING:  # lookahead.py imports this module
@@ -53,6 +53,20 @@ class DecodeState:
     accept_hist: Int[Array, "B E"]  # steps that emitted 1..E tokens
     draft: DraftState | None = None  # the window's and the guess sources' state
     logprobs: logprobs.Logprobs | None = None  # its tokens' logprobs (spec.logprobs)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class CachedPrefix:
+    """What a prefill's rows take from the prefix cache (engine/prefix_cache.py): row b's
+    first `length[b]` positions are the pool's blocks `blocks[b]` (kv_pool.gather_prefix),
+    and only its prompt from there on, `suffix[b]`, runs through the model. A row without
+    a hit has length 0 and its whole prompt as suffix."""
+
+    pool: kv_pool.KVPool
+    blocks: Int[Array, "B Mb"]  # pool ids, Mb = P // Sb (past a row's length: any id)
+    length: Int[Array, " B"]  # cached positions: a multiple of Sb, below prompt_len
+    suffix: Int[Array, "B Ts"]  # prompt[b, length[b]:], right-padded to Ts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,19 +151,24 @@ def prefill(
     max_new_b: jax.Array,
     rng_b2: jax.Array,
     sampling: RowSampling,
+    prefix: CachedPrefix | None = None,
     *,
     spec: DecodeSpec,
     new_positions: int,
 ) -> DecodeState:
     """Run the prompts [B, P] (right-padded), fill the cache, emit the first new token.
-    sampling: each row's settings ([B] arrays)."""
+    sampling: each row's settings ([B] arrays). prefix: the rows' cached prefixes, whose
+    prompt positions are not run again (None: every row runs its whole prompt)."""
     B, P = prompt_bp.shape
     S = positions_needed(P, new_positions, max(spec.max_emit, spec.min_slack))
-    positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
-    last = (prompt_len_b - 1)[:, None]
-    logits, k, v = seam.apply(spec.lm, params, prompt_bp, positions, causal_mask(P), None, last)
     cache = spec.lm.init_cache(B, S, jnp.dtype(spec.cache_dtype))
-    cache = write_prefix(cache, k, v, prompt_len_b)
+    if prefix is None:
+        positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+        last = (prompt_len_b - 1)[:, None]
+        logits, k, v = seam.apply(spec.lm, params, prompt_bp, positions, causal_mask(P), None, last)
+        cache = write_prefix(cache, k, v, prompt_len_b)
+    else:
+        logits, cache = _prefill_after_prefix(params, prompt_len_b, prefix, cache, spec)
     tokens = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt_bp)
     state = DecodeState(
         cache=cache,
@@ -170,6 +189,21 @@ def prefill(
     first = choose_tokens(logits, sampling, rng_b2, jnp.zeros((B, 1), jnp.int32), spec.sampled)
     one_b = jnp.ones((B,), jnp.int32)
     return emit(state, spec, first, one_b, (logits, jnp.zeros((B, 1), jnp.int32)))
+
+
+def _prefill_after_prefix(params, prompt_len_b, prefix: CachedPrefix, cache: KVCache, spec):
+    """(the last prompt token's logits [B, 1, V], the filled cache) of rows that start
+    from cached blocks: the blocks copied in, then one causal pass of each row's suffix
+    [B, T] at positions length[b] .. over them (padding past a row's prompt runs too,
+    after every real position, and is not committed)."""
+    B, T = prefix.suffix.shape
+    cache = kv_pool.gather_prefix(prefix.pool, prefix.blocks, prefix.length, cache)
+    rows_bt = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    positions = prefix.length[:, None] + rows_bt
+    last = (prompt_len_b - 1 - prefix.length)[:, None]
+    mask = causal_mask(T)
+    logits, k, v = seam.apply(spec.lm, params, prefix.suffix, positions, mask, cache, last)
+    return logits, kv_cache.commit(cache, k, v, rows_bt, prompt_len_b - prefix.length)
 
 
 def _prompt_logprobs(params, prompt_bp, S: int, spec: DecodeSpec, want_b) -> logprobs.Logprobs:

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from lookahead_jax import shapes
-from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, prefill
+from lookahead_jax.decoding.decode_state import CachedPrefix, DecodeSpec, DecodeState, prefill
 from lookahead_jax.decoding.lookahead import init_lookahead, lookahead_step
 from lookahead_jax.decoding.plain import plain_step
 from lookahead_jax.decoding.sampling import RowSampling
@@ -53,12 +53,14 @@ def start(
     max_new_b,
     rng_b2,
     sampling: RowSampling,
+    prefix: CachedPrefix | None = None,
     *,
     spec: DecodeSpec,
     new_positions: int,
 ) -> DecodeState:
     """Prefill the right-padded prompts [B, P] and emit each row's first token; with
     lookahead, also set up the window, pool and recycling tables.
+    prefix: the rows' cached prefixes (decode_state.CachedPrefix; None: none).
 
     sampling: each row's settings ([B] arrays; sampling.RowSampling).
     new_positions: room past the prompt bucket P for new tokens, at least the largest
@@ -70,6 +72,7 @@ def start(
         max_new_b,
         rng_b2,
         sampling,
+        prefix,
         spec=spec,
         new_positions=new_positions,
     )

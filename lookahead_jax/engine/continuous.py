@@ -47,9 +47,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+import jax
+import jax.numpy as jnp
+
 from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs, requests
+from lookahead_jax.engine.prefix_cache import BLOCK, PrefixCache
 from lookahead_jax.engine.requests import Encoded, Listener, Request, Result, Update
 from lookahead_jax.engine.scheduler import Active, Scheduler
 from lookahead_jax.engine.stats import Stats
@@ -99,6 +103,14 @@ class Engine:
     more than max_new_tokens.
     sampled: whether rows may sample (compiles the sampling code). Default: offline, if
     some request samples; online, always (any request may).
+    prefix_cache_mb: keep prompts' K/V on the device, up to this many MB, so that a prompt
+    that starts like an earlier one (a shared system prompt, a conversation's next turn)
+    is prefilled only from where they part (prefix_cache.py); rows of one admission that
+    share a prefix compute it once. None or 0: off. Kept across runs of this engine.
+    prefill_chunk: with the prefix cache, a prompt longer than this many tokens (past its
+    cached blocks) arriving while other rows decode is prefilled this many at a time
+    between decode rounds, so that they keep their pace; "auto": as many as this machine
+    prefills in one round (measured in the run); None: in one piece.
     max_logprobs: the most alternatives a request may ask with its tokens' logprobs
     (Request.logprobs; vLLM's default limit, 20); None: requests may not ask. The
     programs keep logprobs online always (computed in a step only when a row asks),
@@ -121,6 +133,8 @@ class Engine:
         stream_steps: int = 4,
         sampled: bool | None = None,
         max_logprobs: int | None = 20,
+        prefix_cache_mb: float | None = None,
+        prefill_chunk: int | str | None = "auto",
     ):
         inputs.check_model(model)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -144,6 +158,21 @@ class Engine:
         ):
             raise UserInputError(f"max_logprobs must be an integer >= 0, got {max_logprobs!r}")
         self.max_logprobs = max_logprobs
+        if prefix_cache_mb is not None and (
+            isinstance(prefix_cache_mb, bool)
+            or not isinstance(prefix_cache_mb, int | float)
+            or not prefix_cache_mb >= 0
+        ):
+            raise UserInputError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
+        self.prefix_cache_mb = prefix_cache_mb
+        if prefill_chunk != "auto":
+            _positive("prefill_chunk", prefill_chunk)
+            if prefill_chunk is not None and prefill_chunk % BLOCK:
+                raise UserInputError(
+                    f"prefill_chunk must be a multiple of {BLOCK} (a block), got {prefill_chunk}"
+                )
+        self.prefill_chunk = prefill_chunk
+        self._prefix_cache: PrefixCache | None = None  # made at the first run that uses it
         self.stats = Stats(batch=batch)  # online: since the start; offline: the last run
         self._scheduler: Scheduler | None = None  # the online slots (created at the first round)
         self._inbox: queue.Queue = queue.Queue()  # ("submit", Encoded) | ("cancel", id)
@@ -176,6 +205,17 @@ class Engine:
     def encode(self, prompts: Iterable) -> list[Encoded]:
         """Every prompt encoded and checked before anything runs (requests.encode_all)."""
         return requests.encode_all(self.model, self.defaults, prompts)
+
+    def prefix_cache(self) -> PrefixCache | None:
+        """The prefix cache every run of this engine shares (None: off, with no budget
+        or on a mesh, which it does not support yet)."""
+        if not self.prefix_cache_mb or self.model.mesh is not None:
+            return None
+        if self._prefix_cache is None:
+            model = self.model
+            like = jax.eval_shape(lambda: model.lm.init_cache(1, 1, jnp.dtype(model.dtype)))
+            self._prefix_cache = PrefixCache(like, self.prefix_cache_mb)
+        return self._prefix_cache
 
     # ------------------------------------------------------------------ offline
 
@@ -383,6 +423,7 @@ class Engine:
             if a.request.listener is not None:
                 a.request.listener(Update(a.request.id, [], result))
         self._scheduler = None
+        self._prefix_cache = None  # a failing call may have left its pool half-written
 
     def serve(self, stop: threading.Event, on_error=None, idle_wait_s: float = 0.1) -> None:
         """Run rounds until `stop` is set (the server's engine thread); while idle, waits

@@ -31,12 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from lookahead_jax.decoding import autotune, logprobs, programs
-from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState
+from lookahead_jax.decoding.decode_state import CachedPrefix, DecodeSpec, DecodeState
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
 from lookahead_jax.distributed import multihost, sharding
-from lookahead_jax.engine import slot_state
+from lookahead_jax.engine import inputs, slot_state
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.engine.stats import Stats
+from lookahead_jax.models import kv_pool
 
 
 class DeviceSlots:
@@ -99,9 +100,16 @@ class DeviceSlots:
 
     # ------------------------------------------------------------------ the three verbs
 
-    def prefill(self, P: int, requests: list[Encoded]) -> DecodeState:
+    def prefill(
+        self,
+        P: int,
+        requests: list[Encoded],
+        hits: list[list[int]] | None = None,
+        pool: kv_pool.KVPool | None = None,
+    ) -> DecodeState:
         """One prefill of the requests of bucket P, padded to `prefill_rows` rows (a padding
-        row has max_new_tokens 0: done at once)."""
+        row has max_new_tokens 0: done at once). hits: each request's cached leading
+        blocks, pool ids into `pool` (prefix_cache.py): only the rest of its prompt runs."""
         n = slot_state.prefill_rows(len(requests), self.B)
         pad = n - len(requests)
         prompt_np = np.zeros((n, P), np.int32)
@@ -126,6 +134,8 @@ class DeviceSlots:
             rows = jax.tree.map(
                 lambda a: multihost.replicated(mesh, a, sharding.batch_major(a, mesh)), rows
             )
+        if hits is not None:
+            rows = (*rows, _cached_prefix(P, requests, hits, pool, n))
         args = (self.model.params, *rows)
         buckets = self.stats.prompt_buckets
         if P not in buckets:
@@ -134,6 +144,18 @@ class DeviceSlots:
         # room for the new positions that gives this prompt bucket's rows the state's S
         start = self._compiled(self.P + self.new_positions - P, args, "start")
         return start(*args)
+
+    def store_blocks(self, pool: kv_pool.KVPool, fresh: DecodeState, entries) -> kv_pool.KVPool:
+        """The pool (donated) with the blocks `entries` [(row of `fresh`, first position,
+        pool id)] cut out of a prefill's cache: one program for a power of two of them,
+        padded with entries that are dropped."""
+        m = max(8, 1 << max(len(entries) - 1, 0).bit_length())
+        rows_m, starts_m = np.zeros((m,), np.int32), np.zeros((m,), np.int32)
+        dst_m = np.full((m,), pool.blocks, np.int32)  # padding: dropped
+        for j, (row, start, dst) in enumerate(entries):
+            rows_m[j], starts_m[j], dst_m[j] = row, start, dst
+        store = slot_state.program(kv_pool.store_blocks, None, donate_argnums=0)
+        return store(pool, fresh.cache, rows_m, starts_m, dst_m)
 
     def insert(self, fresh: DecodeState, slots: list[int]) -> None:
         """Write the prefilled rows `fresh` over `slots` (its first len(slots) rows; the
@@ -195,3 +217,20 @@ class DeviceSlots:
         self.state = autotune.to_plain(self.state)
         if self.state_sh is not None:
             self.state = jax.device_put(self.state, self.state_sh)
+
+
+def _cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int) -> CachedPrefix:
+    """The prefill's CachedPrefix for n rows (the requests', then padding rows with
+    nothing cached): M = P // BLOCK block ids a row, the suffix bucketed to T."""
+    block = pool.block
+    blocks_nm = np.zeros((n, P // block), np.int32)
+    length_n = np.zeros((n,), np.int32)
+    for i, ids in enumerate(hits):
+        blocks_nm[i, : len(ids)] = ids
+        length_n[i] = len(ids) * block
+    T = inputs.bucket(max(len(r.ids) - int(c) for r, c in zip(requests, length_n, strict=False)))
+    suffix_nt = np.zeros((n, T), np.int32)
+    for i, r in enumerate(requests):
+        rest = r.ids[length_n[i] :]
+        suffix_nt[i, : len(rest)] = rest
+    return CachedPrefix(pool, blocks_nm, length_n, suffix_nt)

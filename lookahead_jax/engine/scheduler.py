@@ -27,6 +27,7 @@ import numpy as np
 from lookahead_jax.decoding import autotune
 from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.engine import inputs, interrupts
+from lookahead_jax.engine.cached_prefill import CachedPrefill
 from lookahead_jax.engine.device_slots import DeviceSlots
 from lookahead_jax.engine.requests import Encoded, Result, TokenLogprob, Update
 from lookahead_jax.engine.row_counts import RowCounts
@@ -43,6 +44,7 @@ class Active:
     inserted: float
     sent: int = 0
     stop_checked: int = 0  # its first tokens known to hold no stop string
+    chunking: bool = False  # its prompt is being prefilled in chunks (cached_prefill.py)
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # of its first tokens
     prompt_logprobs: list[TokenLogprob | None] | None = None  # read at its first collect
 
@@ -75,6 +77,8 @@ class Scheduler:
             logprobs=logprobs,
         )
         self.device = DeviceSlots(model, self.B, spec, new_positions, P, self.stats)
+        cache = engine.prefix_cache()
+        self.prefix = None if cache is None else CachedPrefill(self, cache, engine.prefill_chunk)
         self.counts = RowCounts(self.device, auto, self.stats)
         self.stats.config = {
             "lookahead": None if lookahead is None else lookahead.describe(),
@@ -96,7 +100,8 @@ class Scheduler:
         return bool(self.queue) or any(x is not None for x in self.active)
 
     def occupied(self) -> list[int]:
-        return [s for s, a in enumerate(self.active) if a is not None]
+        """Slots whose requests decode (a request prefilled in chunks is not yet)."""
+        return [s for s, a in enumerate(self.active) if a is not None and not a.chunking]
 
     # ------------------------------------------------------------------ rounds
 
@@ -109,11 +114,11 @@ class Scheduler:
     def advance(self) -> list[Result]:
         """One round: admit, decode, read back; returns the requests that finished."""
         stats, device = self.stats, self.device
-        t, compile_s = time.perf_counter(), stats.compile_s
+        t, compile_s, chunks = time.perf_counter(), stats.compile_s, stats.prefill_chunks
         admitted = self._fill()
         finished = []
-        if admitted:
-            jax.block_until_ready(device.state)
+        if admitted or stats.prefill_chunks > chunks:  # (a chunk: cached_prefill.py)
+            jax.block_until_ready(device.state if admitted else self.prefix.cache.pool)
             stats.prefill_s += time.perf_counter() - t - (stats.compile_s - compile_s)
             if any(a.request.listener for a in admitted):
                 finished += self._collect()  # the first tokens (the prefill's) go out now
@@ -149,9 +154,10 @@ class Scheduler:
         free = [s for s in range(self.B) if self.active[s] is None]
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
         self.dequeued += len(taken)
-        if not taken:
+        ready = [] if self.prefix is None else self.prefix.chunk()  # [(slot, Active)]
+        if not taken and not ready:
             return []
-        longest = max(inputs.bucket(len(r.ids)) for r in taken)
+        longest = max(inputs.bucket(len(r.ids)) for r in [*taken, *(a.request for _, a in ready)])
         if longest > device.P:
             device.grow(longest)
         device.compile_loop_soon()
@@ -160,6 +166,10 @@ class Scheduler:
         for s, r in zip(free, taken, strict=False):  # active before any device call, so
             self.active[s] = Active(r, now)  # that a failing one fails them too (_fail_all)
             admitted.append(self.active[s])
+        if self.prefix is not None:
+            placed = [(s, a.request) for s, a in ready] + list(zip(free, taken, strict=False))
+            self.prefix.admit(placed)
+            return [a for a in admitted if not a.chunking] + [a for _, a in ready]
         if device.state is None and len(taken) == self.B:  # one prefill at the state's P
             device.insert(device.prefill(device.P, taken), list(range(self.B)))
             return admitted
@@ -198,6 +208,11 @@ class Scheduler:
         finished, ended = [], []
         for s, a in enumerate(self.active):
             if a is None:
+                continue
+            if a.chunking:  # nothing on the device yet; ended only by a cancel
+                if end_all is not None or s in cancelled:
+                    self.active[s] = None  # its row holds nothing of it: no count, no retire
+                    finished.append(self._deliver(a, [], [], end_all or "cancelled", 0))
                 continue
             new = tokens_bs[s, prompt_len_b[s] : prompt_len_b[s] + n_out_b[s]].tolist()
             if a.request.prompt_logprobs is not None and a.prompt_logprobs is None:
@@ -238,6 +253,8 @@ class Scheduler:
             result = self._deliver(a, cut, step_of_token, finish, int(steps_b[s]), eos)
             finished.append(result)
         self.counts.count(ended)
+        if self.prefix is not None and ended:
+            self.prefix.keep(ended, tokens_bs, prompt_len_b + n_out_b - 1)
         for s in ended:
             self.active[s] = None
         if self.after_collect is not None:

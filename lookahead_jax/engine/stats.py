@@ -40,6 +40,11 @@ class Stats:
     # the state was shaped for, in order
     cache_positions: list[int] = dataclasses.field(default_factory=list)  # cache sizes S the
     # loop was compiled for, in order
+    prefix_lookups: int = 0  # requests prefilled while the prefix cache was on
+    prefix_hits: int = 0  # ... of which some prompt blocks came from the cache
+    prefix_hit_tokens: int = 0  # prompt tokens taken from the cache, not computed
+    prompt_tokens: int = 0  # prompt tokens of those requests
+    prefill_chunks: int = 0  # chunks of long prompts prefilled between decode rounds
     compile_s: float = 0.0  # waiting for the prefill and loop programs to compile in this
     # run (the loop compiles in the background beside the prefill's; 0 when every one was
     # compiled already; the small insert / retire programs are left out)
@@ -75,6 +80,14 @@ class Stats:
     def accepted_tokens(self) -> int:
         """Guessed tokens accepted, every source's (0 for plain decoding)."""
         return sum(s.tokens for s in self.sources.values())
+
+    def count_prefix(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """One request prefilled with the prefix cache on, `cached_tokens` of its prompt
+        taken from it."""
+        self.prefix_lookups += 1
+        self.prefix_hits += cached_tokens > 0
+        self.prefix_hit_tokens += cached_tokens
+        self.prompt_tokens += prompt_tokens
 
     def count_sources(self, names: tuple[str, ...], nodes_n, paths_n, tokens_n, weights_na=None):
         """Add finished rows' per-source counts [n_sources], summed: nodes proposed,

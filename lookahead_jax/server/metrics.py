@@ -47,6 +47,29 @@ class Metrics:
             registry=r,
         )
 
+        self.prefix_hits = Gauge(
+            "lookahead_prefix_cache_hits",
+            "Requests whose prompt started with blocks from the prefix cache, since the "
+            "server started",
+            registry=r,
+        )
+        self.prefix_misses = Gauge(
+            "lookahead_prefix_cache_misses",
+            "Requests prefilled with the prefix cache on that found nothing in it",
+            registry=r,
+        )
+        self.prefix_hit_tokens = Gauge(
+            "lookahead_prefix_cache_hit_tokens",
+            "Prompt tokens taken from the prefix cache instead of computed",
+            registry=r,
+        )
+
+        self.compile_s = Gauge(
+            "lookahead_compile_seconds",
+            "Seconds spent compiling programs for new shapes, since the server started",
+            registry=r,
+        )
+
     def scrape(self) -> bytes:
         stats = self.engine.stats
         self.queue.set(self.engine.queued)
@@ -55,4 +78,8 @@ class Metrics:
         if stats.row_steps:
             self.tokens_per_step.set(stats.compression)
         self.accepted.set(stats.accepted_tokens)
+        self.prefix_hits.set(stats.prefix_hits)
+        self.prefix_misses.set(stats.prefix_lookups - stats.prefix_hits)
+        self.prefix_hit_tokens.set(stats.prefix_hit_tokens)
+        self.compile_s.set(stats.compile_s)
         return generate_latest(self.registry)

@@ -43,14 +43,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(ckpt: str, batch: int, mode: str, max_tokens: int):
+def start_server(ckpt: str, batch: int, mode: str, max_tokens: int, *extra: str):
+    """(process, url) of a server up and healthy; extra: more of its flags."""
     import httpx
 
     port = free_port()
     flags = ["--no-lookahead"] if mode == "plain" else ["--lookahead", mode]
     cmd = [sys.executable, "-m", "lookahead_jax.serve", "--ckpt", ckpt, "--port", str(port),
            "--batch", str(batch), "--max-new-tokens", str(max_tokens), "--model-name", "m",
-           "--log-level", "warning", *flags]  # fmt: skip
+           "--log-level", "warning", *flags, *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 1800  # auto may measure its cost curve first
@@ -66,8 +67,10 @@ def start_server(ckpt: str, batch: int, mode: str, max_tokens: int):
     raise SystemExit("the server did not come up")
 
 
-async def one(client, url: str, prompt: str, max_tokens: int) -> dict:
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}],
+async def one(client, url: str, prompt: str | list[dict], max_tokens: int) -> dict:
+    """One streamed chat completion of `prompt` (the user turn, or the messages)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    body = {"model": "m", "messages": messages,
             "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     t0 = time.perf_counter()

@@ -1,0 +1,177 @@
+"""The scheduler's prefills through the prefix cache (prefix_cache.py): what `_fill` does
+when the cache is on, and what it adds.
+
+    admit(placed)     prefill requests into their slots, each from its longest run of
+                      cached blocks; requests of one admission that share blocks nobody
+                      holds wait for the first of them (a second prefill runs only their
+                      own parts); long prompts may be set to prefill in chunks instead
+    chunk()           one chunk of the first long prompt waiting (prefill_chunk.py): its
+                      next C positions' K/V into the pool, between decode rounds, so the
+                      streams in flight keep their pace; returns the requests whose rest
+                      now fits one chunk (admitted like any other, from their blocks)
+    keep(...)         ended rows' blocks (their answers) stored, for a next turn
+
+A chunked request holds its slot from the start (`Active.chunking`): its row on the
+device stays done (nothing decodes there) until its prefill. Chunks run only while other
+rows decode: alone, a prompt is prefilled in one piece, which is faster.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from lookahead_jax.decoding import prefill_chunk, programs
+from lookahead_jax.engine import inputs
+from lookahead_jax.engine.prefix_cache import PrefixCache, block_keys
+
+MAX_CHUNK = 1024  # tokens; auto's choice is at most this, at least two blocks
+_CHUNK_PROGRAMS: dict = {}  # (model, dtype, argument shapes) -> compiled prefill_chunk
+
+
+class CachedPrefill:
+    def __init__(self, scheduler, cache: PrefixCache, chunk: int | str | None):
+        self.scheduler, self.cache = scheduler, cache
+        self.device, self.stats = scheduler.device, scheduler.stats
+        self.chunk_tokens = chunk  # "auto": chosen at the first long prompt (chunk_size)
+
+    # ------------------------------------------------------------------ admission
+
+    def admit(self, placed: list) -> None:
+        """Prefill [(slot, Encoded)] (their Active already in the scheduler's slots)."""
+        cache, device, stats = self.cache, self.device, self.stats
+        placed = [(s, r) for s, r in placed if not self._to_chunk(s, r)]
+        while placed:
+            now = cache.split([r.ids for _, r in placed])
+            placed, later = (
+                [x for x, go in zip(placed, now, strict=True) if go],
+                [x for x, go in zip(placed, now, strict=True) if not go],
+            )
+            groups: dict[tuple, list] = {}  # (P, suffix bucket or None) -> [(slot, request, hits)]
+            for s, r in placed:
+                hits = cache.hits(r.ids)
+                stats.count_prefix(len(r.ids), len(hits) * cache.block)
+                rest = inputs.bucket(len(r.ids) - len(hits) * cache.block) if hits else None
+                groups.setdefault((inputs.bucket(len(r.ids)), rest), []).append((s, r, hits))
+            # every prefill first, then the stores: a store may evict a block that
+            # another group's prefill reads (device calls run in order)
+            fresh = [
+                device.prefill(P, [r for _, r, _ in g], _hits_if(rest, g), cache.pool)
+                for (P, rest), g in groups.items()
+            ]
+            for state, g in zip(fresh, groups.values(), strict=True):
+                entries = cache.claim([r.ids for _, r, _ in g])
+                if entries:
+                    cache.pool = device.store_blocks(cache.pool, state, entries)
+                device.insert(state, [s for s, _, _ in g])
+            placed = later
+
+    def _to_chunk(self, slot: int, request) -> bool:
+        """Whether to prefill this request in chunks (and mark it so): its prompt past
+        its cached blocks is longer than a chunk, other rows decode meanwhile, and the
+        pool holds its blocks twice over (else its own chunks would evict each other)."""
+        if self.chunk_tokens is None or not self._others_decode(slot):
+            return False
+        ids, block = request.ids, self.cache.block
+        rest = len(ids) - block * len(self.cache.hits(ids))
+        if rest <= self.chunk_size() or self.cache.blocks < 2 * len(ids) // block:
+            return False
+        self.scheduler.active[slot].chunking = True
+        return True
+
+    def _others_decode(self, slot: int) -> bool:
+        return any(
+            a is not None and not a.chunking and s != slot
+            for s, a in enumerate(self.scheduler.active)
+        )
+
+    def chunk_size(self) -> int:
+        """C: the tokens one chunk runs. "auto": as many as this machine prefills in one
+        decode round (a power of two, from this run's prefill rate and round time so
+        far), so that a round with a chunk takes at most about twice one without."""
+        if self.chunk_tokens == "auto":
+            s = self.stats
+            computed = s.prompt_tokens - s.prefix_hit_tokens
+            if s.rounds == 0 or s.prefill_s <= 0 or computed <= 0:
+                return 256  # nothing measured yet: not fixed
+            fits = computed / s.prefill_s * (s.decode_s / s.rounds)
+            size = 1 << max(int(fits), 1).bit_length() - 1
+            self.chunk_tokens = min(max(size, 2 * self.cache.block), MAX_CHUNK)
+        return self.chunk_tokens
+
+    # ------------------------------------------------------------------ chunks
+
+    def chunk(self) -> list:
+        """Run one chunk of the first request set to chunk; [(slot, Active)] of those
+        whose rest now fits one chunk (or whose rows stopped decoding beside them): the
+        caller admits them."""
+        ready, ran = [], False
+        for s, a in enumerate(self.scheduler.active):
+            if a is None or not a.chunking or s in self.scheduler.cancelled:
+                continue  # (a cancelled one ends at the round's read-back)
+            if self._others_decode(s):
+                if ran:  # one chunk a round
+                    continue
+                ran = True
+                if self._one_chunk(a.request):
+                    continue
+            a.chunking = False
+            ready.append((s, a))
+        return ready
+
+    def _one_chunk(self, request) -> bool:
+        """Run the request's next chunk; whether more than a chunk is left after it."""
+        cache, device, C = self.cache, self.device, self.chunk_size()
+        ids, block = request.ids, cache.block
+        hits = cache.hits(ids)
+        done = block * len(hits)
+        if len(ids) - done <= C:
+            return False
+        dst = cache.claim_keys(block_keys(ids, block)[len(hits) : len(hits) + C // block])
+        if len(dst) < C // block:  # the pool cannot take them: prefill the rest whole
+            return False
+        blocks_m = [*hits, *[0] * (device.P // block - len(hits))]
+        args = (self.scheduler.model.params, cache.pool, _i32(blocks_m), _i32(done),
+                _i32(ids[done : done + C]), _i32(dst))  # fmt: skip
+        cache.pool = self._compiled(args)(*args)
+        self.stats.prefill_chunks += 1
+        return len(ids) - done - C > C
+
+    def _compiled(self, args):
+        """The chunk program for these shapes, compiled once (its seconds in the stats'
+        compile_s, as the prefill's and the loop's)."""
+        spec = self.device.spec
+        shapes = tuple((np.shape(a), str(a.dtype)) for a in jax.tree.leaves(args[1:]))
+        key = (spec.lm, spec.cache_dtype, shapes)
+        if key not in _CHUNK_PROGRAMS:
+            t = time.perf_counter()
+            jitted = prefill_chunk.program(spec.lm, spec.cache_dtype)
+            with programs.precision_scope(spec.cache_dtype):
+                _CHUNK_PROGRAMS[key] = jitted.lower(*args).compile()
+            self.stats.compile_s += time.perf_counter() - t
+        return _CHUNK_PROGRAMS[key]
+
+    # ------------------------------------------------------------------ answers
+
+    def keep(self, slots: list[int], tokens_bs, committed_b) -> None:
+        """Store the ended rows' blocks not held yet — their answers', mostly: the
+        prompt's were stored at the prefill — so that a conversation's next turn, which
+        carries this answer in its prompt, is prefilled only from there. Their K/V are
+        read before the slots are refilled (device calls run in order). committed_b [B]:
+        positions whose K/V each row has committed."""
+        entries = self.cache.claim([tokens_bs[s, : committed_b[s]] for s in slots])
+        if entries:
+            entries = [(slots[i], start, dst) for i, start, dst in entries]
+            self.cache.pool = self.device.store_blocks(self.cache.pool, self.device.state, entries)
+
+
+def _hits_if(rest, group) -> list[list[int]] | None:
+    """The group's hits when its rows start from cached blocks (rest: their suffix
+    bucket), else None: a plain prefill."""
+    return None if rest is None else [hits for _, _, hits in group]
+
+
+def _i32(x):
+    return np.asarray(x, np.int32)

@@ -1,0 +1,155 @@
+"""The prefix cache (engine/prefix_cache.py, models/kv_pool.py): a request that starts from
+cached blocks decodes to the tokens of a cold decode of its prompt.
+
+Float64 tiny model, so any difference is a bug: prompts that share a 40-token prefix (two
+blocks of 16) and one that shares nothing, greedy and sampled, plain and lookahead; rows
+of one admission sharing a prefix (one computes it, the others wait for its blocks); a
+next turn that carries an answer; a budget of a few blocks (eviction). The block index's
+rules are tested on the host alone.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+import lookahead_jax as lj
+from lookahead_jax.engine.prefix_cache import BLOCK, PrefixCache, block_keys
+from tests.helpers import random_prompts
+
+MAX_NEW = 16
+rng = np.random.default_rng(7)
+SHARED = rng.integers(1, 128, 40).tolist()  # two blocks and 8 tokens
+PROMPTS = [SHARED + rng.integers(1, 128, k).tolist() for k in (3, 9, 20, 1, 17)]
+PROMPTS.append(random_prompts(1, 128, 25, 26, seed=5)[0])  # shares nothing
+
+
+@pytest.fixture(scope="module")
+def model64(tiny_ckpts):
+    with jax.enable_x64(True):
+        yield lj.load(tiny_ckpts["gqa"][1], dtype="float64")
+
+
+def cached_blocks(prompt: list[int]) -> int:
+    """The blocks a prompt may take from the cache: every full one before its last token."""
+    return (len(prompt) - 1) // BLOCK
+
+
+@pytest.mark.parametrize(
+    "lookahead,temperature", [(None, 0.9), ("tokens=8", 0.0)], ids=["plain-sampled", "la-greedy"]
+)
+def test_prefix_hits_decode_to_the_cold_tokens(model64, lookahead, temperature):
+    la = None if lookahead is None else lj.LookaheadConfig.parse(lookahead)
+    kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=la, temperature=temperature, seed=3)
+    with jax.enable_x64(True):
+        cold = {r.id: r.token_ids for r in lj.Engine(model64, **kw).run(PROMPTS)}
+        engine = lj.Engine(model64, prefix_cache_mb=1, **kw)
+        first = {r.id: r.token_ids for r in engine.run(PROMPTS)}
+        # the first admission takes 4 prompts that share two blocks nobody holds: one
+        # computes them and the other three wait for its store; the last two hit too
+        assert engine.stats.prefix_hits == 4
+        assert engine.stats.prefix_hit_tokens == 4 * 2 * BLOCK
+        again = {r.id: r.token_ids for r in engine.run(PROMPTS)}
+        assert engine.stats.prefix_hits == len(PROMPTS)  # every full block is held now
+        assert engine.stats.prefix_hit_tokens == BLOCK * sum(map(cached_blocks, PROMPTS))
+    assert first == cold
+    assert again == cold
+
+
+def test_a_next_turn_takes_the_answer_from_the_cache(model64):
+    kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=None)
+    with jax.enable_x64(True):
+        engine = lj.Engine(model64, prefix_cache_mb=1, **kw)
+        answer = next(iter(engine.run([PROMPTS[1]]))).token_ids
+        turn = PROMPTS[1] + answer + [5, 6, 7]
+        cold = next(iter(lj.Engine(model64, **kw).run([turn]))).token_ids
+        hot = next(iter(engine.run([turn])))
+    assert hot.token_ids == cold
+    # the answer's K/V past the prompt's blocks came from the cache too (all but the
+    # newest token of the first decode were committed)
+    committed = len(PROMPTS[1]) + len(answer) - 1
+    assert engine.stats.prefix_hit_tokens == BLOCK * min(committed // BLOCK, cached_blocks(turn))
+    assert engine.stats.prefix_hit_tokens > BLOCK * cached_blocks(PROMPTS[1])
+
+
+def test_a_budget_of_a_few_blocks_evicts_and_keeps_the_tokens(model64):
+    kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=None)
+    with jax.enable_x64(True):
+        cold = {r.id: r.token_ids for r in lj.Engine(model64, **kw).run(PROMPTS)}
+        engine = lj.Engine(model64, prefix_cache_mb=0.05, **kw)
+        cache = engine.prefix_cache()
+        assert 2 <= cache.blocks < 8
+        for _ in range(2):
+            assert {r.id: r.token_ids for r in engine.run(PROMPTS)} == cold
+            assert len(cache) <= cache.blocks
+
+
+LONG = [
+    lj.Request(rng.integers(1, 128, 5).tolist(), id=0, max_new_tokens=MAX_NEW),
+    lj.Request(rng.integers(1, 128, 90).tolist(), id=1),  # 90 tokens: 5 chunks and 10 left
+    lj.Request(rng.integers(1, 128, 7).tolist(), id=2, max_new_tokens=2),
+]
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(model64):
+    """Request 2 ends at once, so the long prompt comes in while request 0 decodes: five
+    chunks of 16 between rounds of 2 steps, then its prefill runs the last 10 tokens."""
+    kw = dict(batch=2, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
+    with jax.enable_x64(True):
+        cold = {r.id: r.token_ids for r in lj.Engine(model64, **kw).run(LONG)}
+        engine = lj.Engine(model64, prefix_cache_mb=1, prefill_chunk=16, **kw)
+        assert {r.id: r.token_ids for r in engine.run(LONG)} == cold
+    assert engine.stats.prefill_chunks == 5
+    assert engine.stats.prefix_hit_tokens == 5 * 16
+
+
+def test_a_request_cancelled_while_its_chunks_run_ends_and_frees_its_slot(model64):
+    kw = dict(batch=2, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
+    with jax.enable_x64(True):
+        engine = lj.Engine(model64, prefix_cache_mb=1, prefill_chunk=16, **kw)
+        results = {}
+        listen = lambda u: u.result and results.setdefault(u.result.id, u.result)  # noqa: E731
+        engine.submit(LONG[0], listen)
+        engine.round()
+        engine.submit(LONG[1], listen)
+        engine.round()  # set to chunk (request 0 decodes)
+        engine.round()  # its first chunk
+        assert engine.stats.prefill_chunks == 1 and engine.slots_in_use == 2
+        engine.cancel(1)
+        while engine.round():
+            pass
+    assert results[1].finish == "cancelled" and results[1].token_ids == []
+    assert results[0].finish == "length" and engine.slots_in_use == 0
+    assert engine.stats.prefill_chunks == 1
+
+
+# ---------------------------------------------------------------------- the index alone
+
+
+def index(blocks: int) -> PrefixCache:
+    """A PrefixCache of `blocks` blocks for a one-layer cache of tiny shapes."""
+    shape = jax.ShapeDtypeStruct((1, 1, 1, 4), np.float32)
+    per_block = 2 * BLOCK * 4 * 4  # K and V, BLOCK positions, Dh 4, float32
+    cache_like = type("Like", (), {"k": (shape,), "v": (shape,)})
+    return PrefixCache(cache_like, blocks * per_block / 2**20)
+
+
+def test_block_keys_name_whole_prefixes():
+    a = list(range(1, 50))
+    b = a[:20] + [99] + a[21:]  # differs in block 1
+    ka, kb = block_keys(a), block_keys(b)
+    assert len(ka) == 3  # full blocks only
+    assert ka[0] == kb[0] and ka[1] != kb[1] and ka[2] != kb[2]  # a chain: all after differ
+
+
+def test_hits_stop_before_the_last_token_and_eviction_takes_deepest_blocks_first():
+    cache = index(blocks=4)
+    prompt = list(range(1, 49))  # exactly 3 blocks
+    assert cache.split([prompt, prompt]) == [True, False]  # the second waits for the first
+    assert [i for i, _, _ in cache.claim([prompt])] == [0, 0, 0]
+    assert len(cache.hits(prompt)) == 2  # the third block holds the last token: run again
+    assert len(cache.hits(prompt + [7])) == 3
+    other = list(range(100, 132))  # 2 blocks: one free, then the LRU one is evicted
+    cache.claim([other])
+    assert len(cache) == 4
+    # the first prompt lost its deepest block, not its first
+    assert len(cache.hits(prompt + [7])) == 2
