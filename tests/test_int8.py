@@ -64,7 +64,10 @@ def test_int8_forward_is_the_float_forward_of_its_dequantized_weights(tiny_ckpts
     assert 0 < err < 0.05, err  # quantized, and close
 
 
-@pytest.mark.parametrize("weights", ["int8", "q8_0"])
+# int8 only: Q8_0 differs in where its scales multiply, not in how a T-token pass
+# agrees with 1-token passes (test_chunked_int8_einsum; its forward against the float
+# one: test_q8_0_gguf_comes_back_as_its_own_int8_values_and_scales)
+@pytest.mark.parametrize("weights", ["int8"])
 def test_int8_lookahead_equals_int8_plain(tiny_ckpts, weights):
     """Greedy lookahead on the int8 model == greedy plain decoding of the same int8 model
     (float64 activations, so no near-tie can hide a difference)."""
@@ -101,9 +104,10 @@ def test_int8_params_shard_and_match_one_device(tiny_ckpts, weights):
             assert layer.wq.scale.sharding.spec == P(None, "model", None)
             assert layer.w_down.scale.sharding.spec == P("model", None)
             assert sharded.params.embed.scale.sharding.spec == P("model", None)
-        la = lj.LookaheadConfig(4, 3, 3)
-        want = lj.generate(single, PROMPTS, max_new_tokens=12, lookahead=la).token_ids
-        got = lj.generate(sharded, PROMPTS, max_new_tokens=12, lookahead=la).token_ids
+        # plain: the sharded forward is the same code for 1 or T tokens (lookahead on a
+        # mesh: tests/test_sharding.py; on int8: the test above)
+        want = lj.generate(single, PROMPTS, max_new_tokens=12, lookahead=None).token_ids
+        got = lj.generate(sharded, PROMPTS, max_new_tokens=12, lookahead=None).token_ids
     assert got == want
 
 

@@ -181,16 +181,25 @@ def may_see(q, k) -> bool:
     return False
 
 
-def chains_layout(n: int, w: int, g: int):
-    """The layout and (static, one-row) mask/offsets of a step whose tree holds G
-    distinct candidate chains of N-1 tokens (unique tokens: nothing merges, so chain c
-    token i is tree node c*(N-1) + i)."""
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _mask_offsets(n: int, w: int, g: int):
+    """chains_layout's mask and offsets, one compiled program per layout (run op by op,
+    each of the tree's operations compiled on its own: seconds per layout)."""
     m = n - 1
     lay = StepLayout(n, w, g * m)
     tokens = jnp.arange(g * m, dtype=jnp.int32).reshape(1, g, m)
     prop = draft_tree.chains(tokens, jnp.full((1, g), m), jnp.full((1, g, m), 0.5), source=0)
     tree = draft_tree.merge(prop, g * m, m) if g else draft_tree.empty(1)
-    return lay, np.asarray(lay.mask(tree.ancestors))[0], np.asarray(lay.offsets(tree.depth))[0]
+    return lay.mask(tree.ancestors), lay.offsets(tree.depth)
+
+
+@functools.cache
+def chains_layout(n: int, w: int, g: int):
+    """The layout and (static, one-row) mask/offsets of a step whose tree holds G
+    distinct candidate chains of N-1 tokens (unique tokens: nothing merges, so chain c
+    token i is tree node c*(N-1) + i)."""
+    mask, offsets = _mask_offsets(n, w, g)
+    return StepLayout(n, w, g * (n - 1)), np.asarray(mask)[0], np.asarray(offsets)[0]
 
 
 @settings(deadline=None, max_examples=6, database=None)  # each layout compiles (~2-4 s)

@@ -14,8 +14,7 @@ LA = lj.LookaheadConfig(4, 3, 3)
 MESHES = {
     "data8xmodel1": (dict(data=8, model=1), [(None, 0.0), (LA, 1.0)]),
     "data1xmodel8": (dict(data=1, model=8), [(LA, 0.0), (None, 1.0)]),
-    "data2xmodel4": (dict(data=2, model=4), [(None, 0.0), (None, 1.0)]),
-}
+}  # data=2 x model=4: tests/test_multihost.py (two processes against one device)
 PROMPTS = random_prompts(8, 128, 1, 14, seed=21)
 
 
