@@ -80,7 +80,8 @@ def test_a_budget_of_a_few_blocks_evicts_and_keeps_the_tokens(model64):
         assert 2 <= cache.blocks < 8
         for _ in range(2):
             assert {r.id: r.token_ids for r in engine.run(PROMPTS)} == cold
-            assert len(cache) <= cache.blocks
+            assert len(cache) == cache.blocks  # full: blocks were evicted
+        assert engine.stats.prefix_hits > 0
 
 
 LONG = [
@@ -99,7 +100,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(model64):
         engine = lj.Engine(model64, prefix_cache_mb=1, prefill_chunk=16, **kw)
         assert {r.id: r.token_ids for r in engine.run(LONG)} == cold
     assert engine.stats.prefill_chunks == 5
-    assert engine.stats.prefix_hit_tokens == 5 * 16
+    assert engine.stats.prefix_hit_tokens == 0  # its chunks' blocks were computed, not found
 
 
 def test_a_request_cancelled_while_its_chunks_run_ends_and_frees_its_slot(model64):
@@ -117,9 +118,20 @@ def test_a_request_cancelled_while_its_chunks_run_ends_and_frees_its_slot(model6
         engine.cancel(1)
         while engine.round():
             pass
-    assert results[1].finish == "cancelled" and results[1].token_ids == []
-    assert results[0].finish == "length" and engine.slots_in_use == 0
-    assert engine.stats.prefill_chunks == 1
+        assert results[1].finish == "cancelled" and results[1].token_ids == []
+        assert results[0].finish == "length" and engine.slots_in_use == 0
+        assert engine.stats.prefill_chunks == 1
+        # cancelled once nothing else decodes: it ends all the same
+        engine.submit(LONG[0], listen)
+        engine.round()
+        engine.submit(lj.Request(LONG[1].prompt, id=3), listen)
+        engine.round()  # set to chunk beside request 0
+        engine.cancel(0)
+        engine.round()  # request 0 ends
+        engine.cancel(3)
+        engine.round()
+        assert results[3].finish == "cancelled" and engine.slots_in_use == 0
+        assert not engine.round()  # nothing left: the engine idles
 
 
 # ---------------------------------------------------------------------- the index alone
@@ -153,3 +165,18 @@ def test_hits_stop_before_the_last_token_and_eviction_takes_deepest_blocks_first
     assert len(cache) == 4
     # the first prompt lost its deepest block, not its first
     assert len(cache.hits(prompt + [7])) == 2
+
+
+def test_a_chunk_over_a_chain_with_holes_keeps_every_block_its_own_id():
+    """A chain whose middle block is still held while an earlier one was evicted: the
+    chunk's blocks get distinct ids, and the held one keeps its own."""
+    cache = index(blocks=8)
+    prompt = list(range(1, 130))  # 8 blocks
+    first = cache.claim_chunk(prompt, 0, 4)
+    second = cache.claim_chunk(prompt, 4, 4)
+    assert len(set(first + second)) == 8
+    cache.claim([list(range(200, 217))])  # one block: evicts the LRU one, block 7
+    assert len(cache.hits(prompt)) == 7
+    again = cache.claim_chunk(prompt, 3, 5)  # blocks 3..6 held, 7 not
+    assert again[:4] == (first + second)[3:7] and len(set(again)) == 5
+    assert len(cache) == 8

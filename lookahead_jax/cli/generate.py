@@ -233,8 +233,10 @@ def _validate(args):
             raise UserInputError(f"--batch must be >= 1, got {args.batch}")
         if args.prefix_cache_mb is None:
             args.prefix_cache_mb = DEFAULT_PREFIX_CACHE_MB
-        if not args.prefix_cache_mb >= 0:
-            raise UserInputError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+        if not 0 <= args.prefix_cache_mb < float("inf"):
+            raise UserInputError(
+                f"--prefix-cache-mb must be a finite number >= 0, got {args.prefix_cache_mb}"
+            )
         if args.output != "-" and os.path.abspath(args.output) == os.path.abspath(args.prompts):
             raise UserInputError("--output must not be the --prompts file")
     else:
@@ -416,8 +418,12 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
         f"tokens/s over {busy:.2f} s of prefill and decoding, {s.wall_s:.2f} s with "
         f"compiling ({s.compile_s:.2f} s) and the rest of the engine's run; compression "
         f"{s.compression:.2f}, batch {args.batch}, prompt buckets {s.prompt_buckets}, "
-        f"{s.prefix_hit_tokens} of {s.prompt_tokens} prompt tokens from the prefix cache, "
-        f"total {time.perf_counter() - t_start:.1f} s with loading",
+        + (
+            f"{s.prefix_hit_tokens} of {s.prompt_tokens} prompt tokens from the prefix cache, "
+            if s.prefix_lookups
+            else ""
+        )
+        + f"total {time.perf_counter() - t_start:.1f} s with loading",
         file=sys.stderr,
     )
     return 0

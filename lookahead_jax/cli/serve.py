@@ -156,8 +156,10 @@ def _validate(args):
                 f"--prefill-chunk must be auto, 0 or a multiple of 16 tokens, got {chunk!r}"
             )
         args.prefill_chunk = int(chunk) or None
-    if not args.prefix_cache_mb >= 0:
-        raise UserInputError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+    if not 0 <= args.prefix_cache_mb < float("inf"):
+        raise UserInputError(
+            f"--prefix-cache-mb must be a finite number >= 0, got {args.prefix_cache_mb}"
+        )
     if not 0 < args.port < 65536:
         raise UserInputError(f"--port must be in 1..65535, got {args.port}")
     _check_port_free(args.host, args.port)

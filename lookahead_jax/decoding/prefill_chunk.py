@@ -21,27 +21,31 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from lookahead_jax.decoding.loop import compiler_options
 from lookahead_jax.models import kv_cache, kv_pool, seam
 
 
-def prefill_chunk(params, pool: kv_pool.KVPool, blocks_m, length, chunk_c, dst_k, *, lm, dtype):
-    """The pool (donated) with blocks dst_k [C / Sb] holding the K/V of `chunk_c` [C] at
-    positions length .. length + C - 1, attending to the row's cached blocks `blocks_m`
-    [M] (those past length / Sb: any id, not read)."""
-    (M,), (C,) = blocks_m.shape, chunk_c.shape
+def prefill_chunk(params, pool: kv_pool.KVPool, blocks_m, length, chunk_t, dst, *, lm, dtype):
+    """The pool (donated) with blocks `dst` [C / Sb] (C = T, the chunk's tokens: one
+    forward pass) holding the K/V of `chunk_t` [T] at positions length .. length + T - 1,
+    attending to the row's cached blocks `blocks_m` [Mb] (those past length / Sb: any
+    id, not read)."""
+    (M,), (C,) = blocks_m.shape, chunk_t.shape
     block = pool.block
     cache = lm.init_cache(1, M * block + C, jnp.dtype(dtype))
     cache = kv_pool.gather_prefix(pool, blocks_m[None], length[None], cache)
-    rows_1c = jnp.arange(C, dtype=jnp.int32)[None]
+    rows_1t = jnp.arange(C, dtype=jnp.int32)[None]
     mask = jnp.tril(jnp.ones((C, C), bool))[None]
     last = jnp.zeros((1, 1), jnp.int32)  # one logits row: the LM head is not wanted
-    _, k, v = seam.apply(lm, params, chunk_c[None], length + rows_1c, mask, cache, last)
-    cache = kv_cache.commit(cache, k, v, rows_1c, jnp.full((1,), C, jnp.int32))
-    starts_k = length + block * jnp.arange(C // block, dtype=jnp.int32)
-    return kv_pool.store_blocks(pool, cache, jnp.zeros_like(starts_k), starts_k, dst_k)
+    _, k, v = seam.apply(lm, params, chunk_t[None], length + rows_1t, mask, cache, last)
+    cache = kv_cache.commit(cache, k, v, rows_1t, jnp.full((1,), C, jnp.int32))
+    starts = length + block * jnp.arange(C // block, dtype=jnp.int32)
+    return kv_pool.store_blocks(pool, cache, jnp.zeros_like(starts), starts, dst)
 
 
 @functools.cache
 def program(lm, dtype: str):
-    """prefill_chunk jitted for a model (one compilation per M and C), the pool donated."""
-    return jax.jit(functools.partial(prefill_chunk, lm=lm, dtype=dtype), donate_argnums=1)
+    """prefill_chunk jitted for a model (one compilation per Mb and chunk length), the
+    pool donated, with the decode programs' compiler options (loop.compiler_options)."""
+    fn = functools.partial(prefill_chunk, lm=lm, dtype=dtype)
+    return jax.jit(fn, donate_argnums=1, compiler_options=compiler_options())

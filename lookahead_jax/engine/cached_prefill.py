@@ -25,7 +25,7 @@ import numpy as np
 
 from lookahead_jax.decoding import prefill_chunk, programs
 from lookahead_jax.engine import inputs
-from lookahead_jax.engine.prefix_cache import PrefixCache, block_keys
+from lookahead_jax.engine.prefix_cache import PrefixCache
 
 MAX_CHUNK = 1024  # tokens; auto's choice is at most this, at least two blocks
 _CHUNK_PROGRAMS: dict = {}  # (model, dtype, argument shapes) -> compiled prefill_chunk
@@ -52,7 +52,9 @@ class CachedPrefill:
             groups: dict[tuple, list] = {}  # (P, suffix bucket or None) -> [(slot, request, hits)]
             for s, r in placed:
                 hits = cache.hits(r.ids)
-                stats.count_prefix(len(r.ids), len(hits) * cache.block)
+                # a chunked prompt's own blocks were computed, not found
+                own = self.scheduler.active[s].chunked_tokens
+                stats.count_prefix(len(r.ids), max(len(hits) * cache.block - own, 0))
                 rest = inputs.bucket(len(r.ids) - len(hits) * cache.block) if hits else None
                 groups.setdefault((inputs.bucket(len(r.ids)), rest), []).append((s, r, hits))
             # every prefill first, then the stores: a store may evict a block that
@@ -88,15 +90,17 @@ class CachedPrefill:
         )
 
     def chunk_size(self) -> int:
-        """C: the tokens one chunk runs. "auto": as many as this machine prefills in one
-        decode round (a power of two, from this run's prefill rate and round time so
-        far), so that a round with a chunk takes at most about twice one without."""
+        """C: the tokens one chunk runs. "auto": as many as this machine prefills in half
+        a decode round (a power of two, from this run's prefill rate and round time so
+        far), so that a round with a chunk takes well under twice one without: a chunk
+        deep in a long prompt attends to all the positions before it, so it runs slower
+        than the rate measured on the run's prompts."""
         if self.chunk_tokens == "auto":
             s = self.stats
             computed = s.prompt_tokens - s.prefix_hit_tokens
             if s.rounds == 0 or s.prefill_s <= 0 or computed <= 0:
                 return 256  # nothing measured yet: not fixed
-            fits = computed / s.prefill_s * (s.decode_s / s.rounds)
+            fits = computed / s.prefill_s * (s.decode_s / s.rounds) / 2
             size = 1 << max(int(fits), 1).bit_length() - 1
             self.chunk_tokens = min(max(size, 2 * self.cache.block), MAX_CHUNK)
         return self.chunk_tokens
@@ -115,21 +119,22 @@ class CachedPrefill:
                 if ran:  # one chunk a round
                     continue
                 ran = True
-                if self._one_chunk(a.request):
+                if self._one_chunk(a):
                     continue
             a.chunking = False
             ready.append((s, a))
         return ready
 
-    def _one_chunk(self, request) -> bool:
-        """Run the request's next chunk; whether more than a chunk is left after it."""
+    def _one_chunk(self, a) -> bool:
+        """Run the next chunk of Active `a`'s prompt; whether more than a chunk is left
+        after it."""
         cache, device, C = self.cache, self.device, self.chunk_size()
-        ids, block = request.ids, cache.block
+        ids, block = a.request.ids, cache.block
         hits = cache.hits(ids)
         done = block * len(hits)
         if len(ids) - done <= C:
             return False
-        dst = cache.claim_keys(block_keys(ids, block)[len(hits) : len(hits) + C // block])
+        dst = cache.claim_chunk(ids, len(hits), C // block)
         if len(dst) < C // block:  # the pool cannot take them: prefill the rest whole
             return False
         blocks_m = [*hits, *[0] * (device.P // block - len(hits))]
@@ -137,6 +142,7 @@ class CachedPrefill:
                 _i32(ids[done : done + C]), _i32(dst))  # fmt: skip
         cache.pool = self._compiled(args)(*args)
         self.stats.prefill_chunks += 1
+        a.chunked_tokens += C
         return len(ids) - done - C > C
 
     def _compiled(self, args):

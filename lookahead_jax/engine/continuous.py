@@ -42,6 +42,7 @@ in and whatever else runs.
 from __future__ import annotations
 
 import itertools
+import math
 import queue
 import threading
 import time
@@ -50,6 +51,7 @@ from collections.abc import Callable, Iterable, Iterator
 import jax
 import jax.numpy as jnp
 
+from lookahead_jax.decoding.guess_memory import GuessMemory
 from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs, requests
@@ -111,6 +113,10 @@ class Engine:
     cached blocks) arriving while other rows decode is prefilled this many at a time
     between decode rounds, so that they keep their pace; "auto": as many as this machine
     prefills in one round (measured in the run); None: in one piece.
+    shared_guesses: the guess sources that keep an engine-wide memory (token recycling)
+    start each new row from what the rows before it left (decoding/guess_memory.py), so
+    that a prompt asked again or a conversation's next turn is guessed from the earlier
+    answers; tokens are unchanged (every guess is verified). Kept across runs.
     max_logprobs: the most alternatives a request may ask with its tokens' logprobs
     (Request.logprobs; vLLM's default limit, 20); None: requests may not ask. The
     programs keep logprobs online always (computed in a step only when a row asks),
@@ -135,6 +141,7 @@ class Engine:
         max_logprobs: int | None = 20,
         prefix_cache_mb: float | None = None,
         prefill_chunk: int | str | None = "auto",
+        shared_guesses: bool = False,
     ):
         inputs.check_model(model)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -161,17 +168,27 @@ class Engine:
         if prefix_cache_mb is not None and (
             isinstance(prefix_cache_mb, bool)
             or not isinstance(prefix_cache_mb, int | float)
-            or not prefix_cache_mb >= 0
+            or not 0 <= prefix_cache_mb < math.inf
         ):
-            raise UserInputError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
+            raise UserInputError(
+                f"prefix_cache_mb must be a finite number >= 0, got {prefix_cache_mb!r}"
+            )
         self.prefix_cache_mb = prefix_cache_mb
-        if prefill_chunk != "auto":
-            _positive("prefill_chunk", prefill_chunk)
-            if prefill_chunk is not None and prefill_chunk % BLOCK:
-                raise UserInputError(
-                    f"prefill_chunk must be a multiple of {BLOCK} (a block), got {prefill_chunk}"
-                )
+        if prefill_chunk not in ("auto", None) and (
+            isinstance(prefill_chunk, bool)
+            or not isinstance(prefill_chunk, int)
+            or prefill_chunk < BLOCK
+            or prefill_chunk % BLOCK
+        ):
+            raise UserInputError(
+                f'prefill_chunk must be "auto", None or a multiple of {BLOCK} tokens (a '
+                f"block), got {prefill_chunk!r}"
+            )
         self.prefill_chunk = prefill_chunk
+        if not isinstance(shared_guesses, bool):
+            raise UserInputError(f"shared_guesses must be True or False, got {shared_guesses!r}")
+        self.shared_guesses = shared_guesses
+        self.guess_memory = GuessMemory()  # kept across runs (used with shared_guesses)
         self._prefix_cache: PrefixCache | None = None  # made at the first run that uses it
         self.stats = Stats(batch=batch)  # online: since the start; offline: the last run
         self._scheduler: Scheduler | None = None  # the online slots (created at the first round)
@@ -277,13 +294,18 @@ class Engine:
         finish "interrupted" (run leaves them: a rerun redoes them). An interrupted run's
         stats say so, and its acceptance is not recorded for auto."""
         pressed = False
-        while scheduler.busy() and not pressed:
-            finished, pressed = scheduler.held_advance()
-            if multihost.is_multiprocess():  # all stop after the same round
-                pressed = bool(multihost.agree_max(int(pressed)))
-            if pressed and end_interrupted:
-                finished += scheduler.interrupted()
-            yield finished
+        try:
+            while scheduler.busy() and not pressed:
+                finished, pressed = scheduler.held_advance()
+                if multihost.is_multiprocess():  # all stop after the same round
+                    pressed = bool(multihost.agree_max(int(pressed)))
+                if pressed and end_interrupted:
+                    finished += scheduler.interrupted()
+                yield finished
+        except Exception:
+            self._prefix_cache = None  # a failing call may have left its pool half-written
+            self.guess_memory = GuessMemory()  # ... or a memory donated and not replaced
+            raise
         scheduler.stats.interrupted = pressed
         scheduler.close(record=not pressed)
         if pressed:
@@ -424,6 +446,7 @@ class Engine:
                 a.request.listener(Update(a.request.id, [], result))
         self._scheduler = None
         self._prefix_cache = None  # a failing call may have left its pool half-written
+        self.guess_memory = GuessMemory()  # ... or a memory donated and not replaced
 
     def serve(self, stop: threading.Event, on_error=None, idle_wait_s: float = 0.1) -> None:
         """Run rounds until `stop` is set (the server's engine thread); while idle, waits

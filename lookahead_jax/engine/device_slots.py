@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.decoding import autotune, logprobs, programs
+from lookahead_jax.decoding import autotune, guess_memory, logprobs, programs
 from lookahead_jax.decoding.decode_state import CachedPrefix, DecodeSpec, DecodeState
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
 from lookahead_jax.distributed import multihost, sharding
@@ -39,12 +39,19 @@ from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.models import kv_pool
 
+_STATIC = ("spec", "bucket")
+
 
 class DeviceSlots:
     """The B slots on the device: their state, and the programs for its shapes."""
 
-    def __init__(self, model, batch: int, spec: DecodeSpec, new_positions: int, P: int, stats):
+    def __init__(
+        self, model, batch: int, spec: DecodeSpec, new_positions: int, P: int, stats, memory=None
+    ):
         self.model, self.B, self.spec = model, batch, spec
+        # the guess sources' engine-wide memories (guess_memory.py; a GuessMemory kept by
+        # the engine across runs), None: each row's guesses start from nothing
+        self.memory = memory
         self.slack = spec.max_emit  # kept after auto's hand-over (to_plain's min_slack)
         self.new_positions = new_positions
         self.stats: Stats = stats  # compile_s, prefill_calls, buckets, S
@@ -143,7 +150,23 @@ class DeviceSlots:
         self.stats.prefill_calls += 1
         # room for the new positions that gives this prompt bucket's rows the state's S
         start = self._compiled(self.P + self.new_positions - P, args, "start")
-        return start(*args)
+        fresh = start(*args)
+        if self.memory is not None and self.spec.lookahead is not None:
+            recall = slot_state.program(guess_memory.recall, None, static_argnames=_STATIC)
+            fresh = recall(fresh, self.memory.of(self.spec), spec=self.spec, bucket=P)
+        return fresh
+
+    def remember(self, slots: list[int]) -> None:
+        """Fold the rows `slots` (ended, not yet refilled) into the guess sources'
+        memories."""
+        if self.memory is None or self.spec.lookahead is None:
+            return
+        rows_b = np.zeros((self.B,), bool)
+        rows_b[slots] = True
+        fold = slot_state.program(guess_memory.remember, None, static_argnames=("spec",))
+        self.memory.store(
+            self.spec, fold(self.memory.of(self.spec), self.state, rows_b, spec=self.spec)
+        )
 
     def store_blocks(self, pool: kv_pool.KVPool, fresh: DecodeState, entries) -> kv_pool.KVPool:
         """The pool (donated) with the blocks `entries` [(row of `fresh`, first position,

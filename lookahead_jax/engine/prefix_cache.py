@@ -16,6 +16,13 @@ Python's 64-bit `hash`.
                       earlier one's blocks (rows of a batch share a prefix's prefill)
     claim(prompts)    pool ids for the blocks of prefilled prompts not held yet (free
                       ones first, then the least recently used evicted), to be stored
+    claim_chunk(...)  pool ids for a chunk's blocks (chunked prefill)
+
+Recency: every lookup and store touches the prompt's chain deepest block first, so its
+first block is the most recent and eviction takes chains from their ends (a chain that
+lost its first block is of no use). Example, a pool of 4 blocks: prompt A's blocks a0,
+a1, a2 are stored (LRU order a2 a1 a0), then prompt B's b0, b1: b0 takes the free block,
+b1 evicts a2, leaving a1 a0 b1 b0 — A keeps its first two blocks.
 
 The device pool is bounded by a memory budget (`budget_mb`): N = budget / (bytes of one
 block's K and V over every layer). Blocks are copied into a row's cache at its prefill
@@ -87,8 +94,7 @@ class PrefixCache:
             if key not in self._held:
                 break
             found.append(key)
-        for key in reversed(found):
-            self._held.move_to_end(key)
+        self._touch(found)
         return [self._held[key] for key in found]
 
     def split(self, prompts: list) -> list[bool]:
@@ -111,25 +117,49 @@ class PrefixCache:
     def claim(self, prompts: list) -> list[tuple[int, int, int]]:
         """The blocks of the prompts (just prefilled) that are not held, each given a pool
         id: [(prompt index, first position, pool id)], at most the pool's size. Free
-        blocks go first, then the least recently used are evicted; a prompt's first
-        block ends up the most recent (see `hits`). The caller stores them
-        (DeviceSlots.store_blocks) before anything reads them."""
-        new = []
-        for i, ids in enumerate(prompts):
-            keys = block_keys(ids, self.block)
-            new += [(i, j, key) for j, key in enumerate(keys) if key not in self._held]
-        entries = []
-        for i, j, key in reversed(new[: self.blocks]):
+        blocks go first, then the least recently used are evicted; then each prompt's
+        chain is touched, deepest first, so that its first block is the most recent (see
+        `hits`). The caller stores them (DeviceSlots.store_blocks) before anything reads
+        them."""
+        chains = [block_keys(ids, self.block) for ids in prompts]
+        new = [(i, j, key) for i, keys in enumerate(chains) for j, key in enumerate(keys)]
+        new = [x for x in new if x[2] not in self._held][: self.blocks]
+        entries, taken = [], set()
+        for i, j, key in new:
             if key not in self._held:  # (two prompts of the list may share a block)
-                entries.append((i, j * self.block, self._claim(key)))
+                entries.append((i, j * self.block, self._claim(key, taken)))
+        for keys in reversed(chains):
+            self._touch(keys)
         return entries
 
-    def claim_keys(self, keys: list[bytes]) -> list[int]:
-        """Pool ids for the blocks `keys` (a prompt's next ones, none held), the first
-        most recent, as `claim`; fewer than asked where the pool is smaller."""
-        return [self._claim(key) for key in reversed(keys[: self.blocks])][::-1]
+    def claim_chunk(self, ids, first: int, count: int) -> list[int]:
+        """Pool ids for the prompt's blocks first .. first + count - 1 (a chunk's, which
+        the caller stores over them; one already held keeps its id), then its chain
+        touched as in `claim`; fewer ids than asked where the pool is smaller than the
+        chain."""
+        keys = block_keys(ids, self.block)[: first + count]
+        if len(keys) > self.blocks:
+            return []
+        taken: set[int] = set()
+        ids_ = [self._claim(key, taken) for key in keys[first:]]
+        self._touch(keys)
+        return ids_
 
-    def _claim(self, key: bytes) -> int:
-        pool_id = self._free.pop() if self._free else self._held.popitem(last=False)[1]
-        self._held[key] = pool_id
-        return pool_id
+    def _claim(self, key: bytes, taken: set[int]) -> int:
+        """The pool id of `key`: its own if held, else a free block's, else the least
+        recently used one's (never one handed out in this call: `taken`)."""
+        if key in self._held:
+            self._held.move_to_end(key)
+        elif self._free:
+            self._held[key] = self._free.pop()
+        else:
+            victim = next(k for k, i in self._held.items() if i not in taken)
+            self._held[key] = self._held.pop(victim)
+        taken.add(self._held[key])
+        return self._held[key]
+
+    def _touch(self, keys: list[bytes]) -> None:
+        """The chain's held blocks most recently used, its first block most of all."""
+        for key in reversed(keys):
+            if key in self._held:
+                self._held.move_to_end(key)

@@ -45,6 +45,7 @@ class Active:
     sent: int = 0
     stop_checked: int = 0  # its first tokens known to hold no stop string
     chunking: bool = False  # its prompt is being prefilled in chunks (cached_prefill.py)
+    chunked_tokens: int = 0  # ... of which this many so far
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # of its first tokens
     prompt_logprobs: list[TokenLogprob | None] | None = None  # read at its first collect
 
@@ -76,7 +77,8 @@ class Scheduler:
             cache_dtype=jnp.dtype(model.dtype).name,
             logprobs=logprobs,
         )
-        self.device = DeviceSlots(model, self.B, spec, new_positions, P, self.stats)
+        memory = engine.guess_memory if engine.shared_guesses else None
+        self.device = DeviceSlots(model, self.B, spec, new_positions, P, self.stats, memory)
         cache = engine.prefix_cache()
         self.prefix = None if cache is None else CachedPrefill(self, cache, engine.prefill_chunk)
         self.counts = RowCounts(self.device, auto, self.stats)
@@ -122,7 +124,7 @@ class Scheduler:
             stats.prefill_s += time.perf_counter() - t - (stats.compile_s - compile_s)
             if any(a.request.listener for a in admitted):
                 finished += self._collect()  # the first tokens (the prefill's) go out now
-        if not self.occupied():
+        if not self.occupied() and not self.cancelled:  # (a chunked request may be)
             return finished
         if device.has_work():
             t, compile_s = time.perf_counter(), stats.compile_s
@@ -253,6 +255,8 @@ class Scheduler:
             result = self._deliver(a, cut, step_of_token, finish, int(steps_b[s]), eos)
             finished.append(result)
         self.counts.count(ended)
+        if ended:
+            self.device.remember(ended)
         if self.prefix is not None and ended:
             self.prefix.keep(ended, tokens_bs, prompt_len_b + n_out_b - 1)
         for s in ended:

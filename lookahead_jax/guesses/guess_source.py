@@ -34,6 +34,19 @@ only change how many tokens a step emits. The merge orders proposals by `score`,
 source's own estimate that the node's whole path is right; it needs to be comparable
 across sources (the built-in ones are modelled chances, 0..1).
 
+Across requests (optional): a source may also keep an engine-wide memory, one row of
+its state's shapes, with three more pure functions (decoding/guess_memory.py calls them
+when the engine's `shared_guesses` is on):
+
+    memory(vocab) -> memory                     empty, once per engine and layout
+    recall(memory, state, prompt: Prompt) -> state    new rows' state, from the memory
+                                                (after `init`, which it may replace)
+    remember(memory, state, rows [B] bool) -> memory  the ended rows folded in
+
+Token recycling keeps one (its tables of the model's runners-up), so a prompt asked
+again, or a conversation's next turn, starts with the earlier answers' guesses. As with
+`propose`, nothing here can change a token, only how many a step emits.
+
 Worked example: docs/library.md, "A guess source of your own" (a source that proposes
 the chain that follows the input token through where each token last occurred).
 """

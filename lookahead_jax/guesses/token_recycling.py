@@ -292,6 +292,26 @@ RECYCLE_RATES = (0.45, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02) + (0.015,) * 2 
 RECYCLE_RATES += (0.005,) * 16
 
 
+def _remember_row(memory: RecycleTable, row) -> tuple[RecycleTable, None]:
+    """scan's body: one row's table (no batch axis) written over the one-row memory where
+    it holds entries, if the row is chosen."""
+    table, chosen = row
+    has_token = chosen & (table.by_token[:, 0] != EMPTY)  # [V]
+    has_pair = chosen & (table.pair_key[:, 0] != EMPTY)  # [PAIR_BUCKETS]
+
+    def over(mine, theirs, where):  # mine [1, X, ...], theirs [X, ...], where [X]
+        where = where.reshape(where.shape + (1,) * (theirs.ndim - 1))
+        return jnp.where(where, theirs, mine[0])[None]
+
+    return RecycleTable(
+        by_token=over(memory.by_token, table.by_token, has_token),
+        by_pair=over(memory.by_pair, table.by_pair, has_pair),
+        pair_key=over(memory.pair_key, table.pair_key, has_pair),
+        token_probs=over(memory.token_probs, table.token_probs, has_token),
+        pair_probs=over(memory.pair_probs, table.pair_probs, has_pair),
+    ), None
+
+
 @dataclasses.dataclass(frozen=True)
 class RecyclingSource:
     """Token recycling as a guess source: a static template of `size` nodes filled from
@@ -317,6 +337,26 @@ class RecyclingSource:
     def init(self, prompt: Prompt) -> RecycleTable:
         table = init_table(prompt.tokens.shape[0], prompt.vocab, self.k)
         return seed_from_text(table, prompt.tokens, prompt.end)
+
+    # -- an engine-wide memory (guess_source.py, "Across requests"): finished rows'
+    # tables, that new rows start from
+
+    def memory(self, vocab: int) -> RecycleTable:
+        """An empty engine-wide table: one row."""
+        return init_table(1, vocab, self.k)
+
+    def recall(self, memory: RecycleTable, table: RecycleTable, prompt: Prompt) -> RecycleTable:
+        """New rows' tables: the memory's, with each row's prompt seeded over it (a
+        token's successor in the prompt is its entry 0, as `init` seeds it)."""
+        del table  # replaced whole: `init`'s table is the empty one, seeded
+        B = prompt.tokens.shape[0]
+        start = jax.tree.map(lambda m: jnp.broadcast_to(m, (B, *m.shape[1:])), memory)
+        return seed_from_text(start, prompt.tokens, prompt.end)
+
+    def remember(self, memory: RecycleTable, table: RecycleTable, rows_b) -> RecycleTable:
+        """The memory with the tables of rows `rows_b` [B] (bool) written over it: a
+        token's (a pair's) entries from the last of those rows that holds any."""
+        return jax.lax.scan(_remember_row, memory, (table, rows_b))[0]
 
     def propose(self, table: RecycleTable, text: Text) -> Proposals:
         fill = functools.partial(expand, table, text.prev, text.input, self.template)

@@ -1,23 +1,24 @@
 """A pool of K/V blocks kept across requests: the device side of the prefix cache
 (engine/prefix_cache.py keeps which prompt prefix each block holds).
 
-    k, v   L arrays [N, K, BLOCK, Dh]   per layer: blocks, kv heads, positions, head dim
+    k, v   L arrays [Nb, K, Sb, Dh]   per layer: blocks, kv heads, positions, head dim
 
-Block j of a prompt holds its positions j*BLOCK .. (j+1)*BLOCK - 1, in the cache's layout
-(kv_cache.py) with N blocks in place of B rows, so a block moves between the pool and a
+Block j of a prompt holds its positions j*Sb .. (j+1)*Sb - 1, in the cache's layout
+(kv_cache.py) with Nb blocks in place of B rows, so a block moves between the pool and a
 row's cache as one slice per layer, no transpose.
 
 Two programs move blocks:
 
     gather_prefix  a fresh cache for n rows whose row i holds the blocks blocks_nm[i, :]
-                   at positions 0, BLOCK, 2*BLOCK, ... and length length_n[i]
+                   at positions 0, Sb, 2*Sb, ... and length length_n[i]
     store_blocks   blocks cut out of a prefilled cache (row rows_m[j], positions
-                   starts_m[j] ..) written over pool blocks dst_m[j]; dst >= N: dropped
+                   starts_m[j] ..) written over pool blocks dst_m[j] (m entries; a
+                   dst >= Nb is dropped)
 
-Worked example (BLOCK = 4; one row whose 10-token prompt shares its first 8 tokens with
+Worked example (Sb = 4; one row whose 10-token prompt shares its first 8 tokens with
 a prompt seen before, whose blocks sit at pool ids 7 and 2):
 
-    gather_prefix(pool, blocks_nm=[[7, 2, 0]], length_n=[8], cache)   (M = 3 slots per row)
+    gather_prefix(pool, blocks_nm=[[7, 2, 0]], length_n=[8], cache)   (Mb = 3 blocks a row)
         positions 0..3 <- pool block 7, 4..7 <- pool block 2, 8..11 <- block 0 (past the
         length: garbage the attention never reads, overwritten by the prefill's commit)
     the prefill then runs only tokens 8, 9 at positions 8, 9 over that cache.
@@ -42,17 +43,17 @@ class KVPool:
 
     @property
     def blocks(self) -> int:
-        """N, the blocks the pool holds."""
+        """Nb, the blocks the pool holds."""
         return self.k[0].shape[0]
 
     @property
     def block(self) -> int:
-        """BLOCK, the positions a block holds."""
+        """Sb, the positions a block holds."""
         return self.k[0].shape[POSITIONS_AXIS]
 
 
 def init_pool(cache_like: KVCache, blocks: int, block: int) -> KVPool:
-    """An all-zero pool of N = `blocks` blocks of `block` positions, for caches shaped and
+    """An all-zero pool of Nb = `blocks` blocks of `block` positions, for caches shaped and
     typed like `cache_like` (its B and S are not used). Zeros, not garbage: a block
     gathered past a row's length is multiplied by zero attention weights, so it must be
     finite (kv_cache.commit)."""
@@ -65,15 +66,15 @@ def init_pool(cache_like: KVCache, blocks: int, block: int) -> KVPool:
 
 
 def gather_prefix(pool: KVPool, blocks_nm, length_n, cache: KVCache) -> KVCache:
-    """`cache` (n rows, S >= M * BLOCK positions) with row i's positions 0 .. M*BLOCK - 1
-    replaced by the pool's blocks `blocks_nm[i]` [M], one after another, and its length
+    """`cache` (n rows, S >= Mb * Sb positions) with row i's positions 0 .. Mb*Sb - 1
+    replaced by the pool's blocks `blocks_nm[i]` [Mb], one after another, and its length
     set to `length_n[i]` (the cached positions: blocks past them are garbage)."""
-    n, M = blocks_nm.shape
+    n, Mb = blocks_nm.shape
 
-    def put(dst, blocks):  # dst [n, K, S, Dh], blocks [N, K, BLOCK, Dh]
-        _, K, BLOCK, Dh = blocks.shape
-        rows = blocks[blocks_nm]  # [n, M, K, BLOCK, Dh]
-        rows = jnp.swapaxes(rows, 1, 2).reshape(n, K, M * BLOCK, Dh)
+    def put(dst, blocks):  # dst [n, K, S, Dh], blocks [Nb, K, Sb, Dh]
+        _, K, Sb, Dh = blocks.shape
+        rows = blocks[blocks_nm]  # [n, Mb, K, Sb, Dh]
+        rows = jnp.swapaxes(rows, 1, 2).reshape(n, K, Mb * Sb, Dh)
         return jax.lax.dynamic_update_slice_in_dim(dst, rows.astype(dst.dtype), 0, POSITIONS_AXIS)
 
     return KVCache(
@@ -89,8 +90,10 @@ def store_blocks(pool: KVPool, cache: KVCache, rows_m, starts_m, dst_m) -> KVPoo
     padding entry)."""
     block = pool.block
 
-    def cut(src, row, start):  # src [n, K, S, Dh] -> [K, BLOCK, Dh]
-        return jax.lax.dynamic_slice_in_dim(src[row], start, block, axis=POSITIONS_AXIS - 1)
+    def cut(src, row, start):  # src [n, K, S, Dh] -> [K, Sb, Dh]: one slice, not src[row]
+        _, K, _, Dh = src.shape
+        zero = jnp.zeros((), row.dtype)  # (one index dtype: int64 zeros under x64 clash)
+        return jax.lax.dynamic_slice(src, (row, zero, start, zero), (1, K, block, Dh))[0]
 
     def put(blocks, src):
         cut_m = jax.vmap(cut, in_axes=(None, 0, 0))(src, rows_m, starts_m)

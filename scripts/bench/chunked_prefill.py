@@ -4,12 +4,14 @@ piece (`--prefill-chunk 0`) against in chunks between decode rounds (`auto`).
     python scripts/bench/chunked_prefill.py --out benchmarks/cpu/chunked_prefill
 
 Eight streamed chat requests (MT-bench writing and roleplay first turns, greedy) decode;
-once they run steadily, a ~2,000-token prompt arrives (MT-bench questions to summarize,
+once each has had 12 chunks, a ~2,000-token prompt arrives (MT-bench questions to summarize,
 at most 8 new tokens). Per server: the eight streams' gaps between stream chunks (a
 chunk: the tokens of `--stream-steps` steps) before the long prompt arrived, and from its
 arrival until its first token: median before, p99 and max after, and the long prompt's
-time to first token. Each server runs the scenario twice; the second is measured (the
-first compiles the long prompt's programs).
+time to first token. Each server runs the scenario three times and the third is
+measured: the first two compile the programs of its shapes (the streams' prompts come
+from the prefix cache from the second on, as they do in the third). The long prompt
+differs in its first block each time, so it is never found in the cache.
 """
 
 from __future__ import annotations
@@ -31,14 +33,15 @@ sys.path.insert(0, str(HERE))
 from serve_bench import start_server  # noqa: E402
 
 STREAMS = 8
-ARRIVE_S = 6.0  # after the streams start
+STEADY_CHUNKS = 12  # the long prompt arrives once every stream has had this many chunks
 
 
-async def stream(client, url: str, messages, max_tokens: int) -> dict:
-    """A streamed chat completion: the arrival time of each chunk with text."""
+async def stream(client, url: str, messages, max_tokens: int, arrivals=None) -> dict:
+    """A streamed chat completion: the arrival time of each chunk with text (appended to
+    `arrivals` as they come, if given)."""
     body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True}  # fmt: skip
-    sent, arrivals = time.perf_counter(), []
+    sent, arrivals = time.perf_counter(), [] if arrivals is None else arrivals
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -54,8 +57,13 @@ async def scenario(url: str, questions: list[str], long_prompt: str, max_tokens:
 
     async with httpx.AsyncClient(timeout=None) as client:
         user = lambda text: [{"role": "user", "content": text}]  # noqa: E731
-        streams = [asyncio.create_task(stream(client, url, user(q), max_tokens)) for q in questions]
-        await asyncio.sleep(ARRIVE_S)
+        seen: list[list[float]] = [[] for _ in questions]
+        streams = [
+            asyncio.create_task(stream(client, url, user(q), max_tokens, times))
+            for q, times in zip(questions, seen, strict=True)
+        ]
+        while min(map(len, seen)) < STEADY_CHUNKS:  # every stream decoding steadily
+            await asyncio.sleep(0.05)
         long_run = await stream(client, url, user(long_prompt), 8)
         runs = await asyncio.gather(*streams)
     arrive, first = long_run["sent"], long_run["arrivals"][0]
@@ -116,8 +124,10 @@ def main() -> None:
             "--max-prompt-tokens", "2048",
         )  # fmt: skip
         try:
-            asyncio.run(scenario(url, questions, long_prompt, args.max_tokens))  # warm-up
-            result[label] = asyncio.run(scenario(url, questions, long_prompt, args.max_tokens))
+            for run in range(3):  # two warm-ups, then measured; the long prompt differs
+                # in its first block each time, so it never comes from the prefix cache
+                prompt = f"Run {run}. " + long_prompt
+                result[label] = asyncio.run(scenario(url, questions, prompt, args.max_tokens))
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
@@ -128,10 +138,11 @@ def main() -> None:
         "",
         f"CPU: {result['cpu']} ({result['cores']} cores), JAX {result['jax']}, "
         f"{result['ckpt']} float32, server `--batch 16 --lookahead {args.mode}`, {STREAMS} "
-        f"streamed chats decoding (greedy, up to {args.max_tokens} tokens); after "
-        f"{ARRIVE_S:g} s a {result['long_prompt_tokens']}-token prompt arrives. Gaps "
+        f"streamed chats decoding (greedy, up to {args.max_tokens} tokens); once each has "
+        f"had {STEADY_CHUNKS} chunks, a {result['long_prompt_tokens']}-token prompt arrives. Gaps "
         "between stream chunks (4 decode steps each) of the eight streams: before it "
-        "arrived, and from its arrival to its first token. The second of two runs.",
+        "arrived, and from its arrival to its first token. The third of three runs (the "
+        "first two compile).",
         "",
         f"Command: `{result['command']}`",
         "",
