@@ -206,7 +206,7 @@ def test_verify_accepts_the_deepest_all_right_path_plus_the_bonus(case, seed):
         assert source[row] == np.asarray(tree.source)[row, best]
 
 
-@SETTINGS
+@settings(deadline=None, max_examples=20, database=None)  # a structural check: 20 suffice
 @given(proposals(), st.integers(1, 4), st.integers(0, 3))
 def test_step_mask_tree_rows_see_the_input_their_ancestors_and_themselves(case, n, w):
     p, nodes, _ = case

@@ -40,7 +40,9 @@ def test_lookahead_logprobs_equal_plain_float32(model, sampling):
     accepted = lj.testing.assert_lookahead_matches_plain(
         model,
         prompts,
-        configs=LAYOUTS if not sampling else LAYOUTS[1:],
+        # each layout once: which logits row a token came from does not depend on
+        # sampling (the tree greedy, window paths verified sampled)
+        configs=LAYOUTS[:1] if not sampling else LAYOUTS[1:],
         max_new_tokens=MAX_NEW,
         batch_sizes=(8,),
         near_tie=near_tie,
