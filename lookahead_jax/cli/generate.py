@@ -75,6 +75,13 @@ def build_parser(prog: str = "python -m lookahead_jax.generate") -> argparse.Arg
         f"(default {DEFAULT_BATCH})",
     )
     p.add_argument(
+        "--shared-guesses",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="dataset mode: start each prompt's token-recycling guesses from what earlier "
+        "prompts left (benchmarks/cpu/shared_guesses.md); tokens are unchanged (default: on)",
+    )
+    p.add_argument(
         "--prefix-cache-mb",
         type=float,
         default=None,
@@ -233,6 +240,8 @@ def _validate(args):
             raise UserInputError(f"--batch must be >= 1, got {args.batch}")
         if args.prefix_cache_mb is None:
             args.prefix_cache_mb = DEFAULT_PREFIX_CACHE_MB
+        if args.shared_guesses is None:
+            args.shared_guesses = True
         if not 0 <= args.prefix_cache_mb < float("inf"):
             raise UserInputError(
                 f"--prefix-cache-mb must be a finite number >= 0, got {args.prefix_cache_mb}"
@@ -244,6 +253,7 @@ def _validate(args):
             ("output", args.output != "-"),
             ("batch", args.batch is not None),
             ("prefix-cache-mb", args.prefix_cache_mb is not None),
+            ("shared-guesses", args.shared_guesses is not None),
         )
         for flag, value in dataset_only:
             if value:
@@ -380,6 +390,7 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
         max_new_tokens=args.max_new_tokens,
         lookahead=lookahead,
         prefix_cache_mb=args.prefix_cache_mb,
+        shared_guesses=args.shared_guesses,
         **_sampling(args),
     )
     requests = [

@@ -92,6 +92,14 @@ def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.Argume
         help="requests that may wait for a slot; more get 429 (default: no limit)",
     )
     p.add_argument(
+        "--shared-guesses",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start each request's token-recycling guesses from what earlier requests "
+        "left (a prompt asked again, a conversation's next turn: benchmarks/cpu/"
+        "shared_guesses.md); tokens are unchanged (default: on)",
+    )
+    p.add_argument(
         "--prefix-cache-mb",
         type=float,
         default=DEFAULT_PREFIX_CACHE_MB,
@@ -227,6 +235,7 @@ def _run(args) -> int:
         max_prompt_tokens=max_prompt,
         sampled=True,
         prefix_cache_mb=args.prefix_cache_mb,
+        shared_guesses=args.shared_guesses,
         prefill_chunk=args.prefill_chunk,
         max_logprobs=MAX_LOGPROBS,  # what the API lets a request ask (server/protocol.py)
         # requests bring their own settings (server/app.py): the engine's default
