@@ -56,19 +56,19 @@ def test_mesh_gives_the_same_tokens(eight_heads, single_device_reference, mesh_n
 
 
 def test_engine_slots_over_the_data_axis_give_the_same_tokens(eight_heads, single_device_reference):
-    """The engine's 4 slots split over data=2 (heads over model=4), 8 prompts through them:
-    each prompt's tokens equal the single-device static batch's row."""
+    """The engine's 4 slots split over data=2 (heads over model=4), 8 prompts through them,
+    greedy and sampled ones in one run (settings are per row): each prompt's tokens equal
+    the single-device static batch's row at its temperature."""
+    temps = [1.0 if i % 2 else 0.0 for i in range(len(PROMPTS))]
     with jax.enable_x64(True):
         model = lj.load(eight_heads, dtype="float64", mesh=lj.make_mesh(data=2, model=4))
-        for temp in (0.0, 1.0):
-            engine = lj.Engine(
-                model, batch=4, max_new_tokens=20, lookahead=LA, temperature=temp, seed=5
-            )
-            got = {r.id: r.token_ids for r in engine.run(PROMPTS)}
-            assert [got[i] for i in range(len(PROMPTS))] == single_device_reference[(True, temp)]
-            assert engine.stats.rounds > 1
-            if temp == 0:
-                assert accepted_guesses(engine.stats) > 0
+        engine = lj.Engine(model, batch=4, max_new_tokens=20, lookahead=LA, seed=5)
+        reqs = [lj.Request(p, id=i, temperature=temps[i]) for i, p in enumerate(PROMPTS)]
+        got = {r.id: r.token_ids for r in engine.run(reqs)}
+    for i, t in enumerate(temps):
+        assert got[i] == single_device_reference[(True, t)][i], (i, t)
+    assert engine.stats.rounds > 1
+    assert accepted_guesses(engine.stats) > 0
 
 
 def test_params_are_really_sharded(eight_heads):
