@@ -15,6 +15,7 @@ Protocol (JSON lines): the test sends {"module", "args", "env"} on stdin and rea
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -25,7 +26,12 @@ import tempfile
 from pathlib import Path
 
 # imported here, in the runner, so that every child starts with them loaded
-PRELOAD = ("lookahead_jax", "lookahead_jax.cli.generate", "lookahead_jax.cli.convert")
+PRELOAD = (
+    "lookahead_jax",
+    "lookahead_jax.cli.generate",
+    "lookahead_jax.cli.convert",
+    "lookahead_jax.training",
+)
 
 
 def _child(module: str, args: list[str], env: dict[str, str], out: str, err: str) -> None:
@@ -117,6 +123,25 @@ class ForkRunner:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+_RUNNER: list[ForkRunner] = []
+
+
+def run_module(module: str, args: list[str], env: dict | None = None, timeout: float = 180):
+    """`python -m module args` with `env` on top of one device and offline hubs, forked
+    from this test process's runner, which has the imports done (a fresh interpreter per
+    run would spend seconds importing JAX before it reads a flag)."""
+    if not _RUNNER:
+        base = dict(
+            os.environ,
+            HF_HUB_OFFLINE="1",
+            JAX_PLATFORMS="cpu",
+            XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        )
+        _RUNNER.append(ForkRunner(base))
+        atexit.register(_RUNNER[0].close)
+    return _RUNNER[0].run(module, args, env, timeout=timeout)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,6 @@ import dataclasses
 import importlib
 import json
 import signal
-import subprocess
-import sys
 import threading
 
 import jax
@@ -22,6 +20,7 @@ from lookahead_jax.models.llama_params import flat_names
 from lookahead_jax.training import layout
 from lookahead_jax.training.loss import losses
 from lookahead_jax.training.train import batch_logits, loss_fn, sample_batch
+from tests.fork_runner import run_module
 from tests.helpers import random_prompts
 
 PROMPTS = random_prompts(16, 128, 2, 10, seed=3)
@@ -254,9 +253,8 @@ def test_cli_bad_input_is_one_line(tiny_ckpts, tmp_path, args, needle):
     paths = {"missing": tmp_path / "nope.jsonl", "bad": tmp_path / "bad.jsonl"}
     paths["good"] = tmp_path / "good.jsonl"
     argv = [a.format(**paths) for a in args]
-    cmd = [sys.executable, "-m", "lookahead_jax.training", "--ckpt", str(tiny_ckpts["gqa"][1])]
-    cmd += ["--out", str(tmp_path / "out"), *argv]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    cmd = ["--ckpt", str(tiny_ckpts["gqa"][1]), "--out", str(tmp_path / "out"), *argv]
+    r = run_module("lookahead_jax.training", cmd, timeout=120)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr

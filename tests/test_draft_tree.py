@@ -24,14 +24,18 @@ from lookahead_jax.guesses.lookahead_layout import StepLayout
 
 SETTINGS = settings(deadline=None, max_examples=40, database=None)
 MAX_DEPTH = 4
+MAX_NODES = 12
+TREE_SIZES = (1, 2, 5, 9, 14)  # 14: more nodes than any proposals have
 
 
 @st.composite
 def proposals(draw):
     """A few sources' worth of random forests over a tiny vocabulary (so that equal
-    paths are common), as numpy arrays [B, N]."""
-    b = draw(st.integers(1, 2))
-    n = draw(st.integers(1, 12))
+    paths are common), as numpy arrays [B, N]: B = 2 rows of N = 12 nodes, the last of
+    them invalid padding after a drawn count, and the tree's size from a few; fixed
+    shapes, so that the examples share a few compiled programs instead of one each."""
+    b, n = 2, MAX_NODES
+    proposed = draw(st.integers(1, n))
     vocab = draw(st.integers(1, 3))
     rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
     parent = np.full((b, n), ROOT, np.int32)
@@ -46,9 +50,9 @@ def proposals(draw):
     tokens = rng.integers(0, vocab, (b, n)).astype(np.int32)
     # scores from a small set, so that ties are common
     score = rng.choice([0.1, 0.3, 0.5, 0.9], (b, n)).astype(np.float32)
-    valid = rng.random((b, n)) < 0.85
+    valid = (rng.random((b, n)) < 0.85) & (np.arange(n) < proposed)[None]
     source = rng.integers(0, 3, (b, n)).astype(np.int32)
-    nodes = draw(st.integers(1, n + 2))
+    nodes = draw(st.sampled_from(TREE_SIZES))
     weight = None  # or a factor per (source, depth), from a small set so ties stay common
     if draw(st.booleans()):
         weight = rng.choice([0.25, 1.0, 2.0], (b, 3, MAX_DEPTH)).astype(np.float32)
