@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
 import time
@@ -94,8 +93,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/cpu/chunked_prefill")
     args = ap.parse_args()
 
-    import jax
-    from machine import cpu_model
+    from machine import run_header
     from prompts import mt_bench
     from results import write_results
 
@@ -110,10 +108,7 @@ def main() -> None:
             break
         long_prompt += r["prompt"] + "\n"
     result = {
-        "command": "python " + " ".join(sys.argv),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "jax": jax.__version__,
+        **run_header(),
         "ckpt": args.ckpt,
         "mode": args.mode,
         "long_prompt_tokens": len(tokenizer.encode(long_prompt)),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import sys
 from pathlib import Path
 
 
@@ -15,3 +17,16 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def run_header() -> dict:
+    """What every result file starts with: the command that made it, the CPU, its cores
+    and JAX's version."""
+    import jax
+
+    return {
+        "command": "python " + " ".join(sys.argv),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "jax": jax.__version__,
+    }

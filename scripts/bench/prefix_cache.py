@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
 import time
@@ -200,8 +199,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/cpu/prefix_cache")
     args = ap.parse_args()
 
-    import jax
-    from machine import cpu_model
+    from machine import run_header
     from prompts import MT_BENCH
 
     import lookahead_jax as lj
@@ -209,10 +207,7 @@ def main() -> None:
     questions = [json.loads(line) for line in MT_BENCH.read_text().splitlines() if line.strip()]
     tokenizer = lj.load(args.ckpt).tokenizer
     result = {
-        "command": "python " + " ".join(sys.argv),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "jax": jax.__version__,
+        **run_header(),
         "ckpt": args.ckpt,
         "mode": args.mode,
         "max_tokens": args.max_tokens,

@@ -239,17 +239,13 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    import jax
-    from machine import cpu_model
+    from machine import run_header
     from prompts import select
 
     rows_ = select(args.sets.split(","), args.per_category)
     prompts = [r["prompt"] for r in rows_]
     result = {
-        "command": "python " + " ".join(sys.argv),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "jax": jax.__version__,
+        **run_header(),
         "ckpt": args.ckpt,
         "prompts": len(prompts),
         "sets": ", ".join(f"{s} {sum(r['set'] == s for r in rows_)}" for s in args.sets.split(",")),
