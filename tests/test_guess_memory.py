@@ -1,6 +1,7 @@
 """Guesses across requests (decoding/guess_memory.py): with `shared_guesses`, new rows'
-token-recycling tables start from what ended rows left. Tokens never change (float64
-tiny model, against an engine without it), and a prompt asked again is guessed better.
+token-recycling tables start from what ended rows left, and suffix match reads their
+outputs. Tokens never change (float64 tiny model, against an engine without it), and a
+prompt asked again is guessed better.
 """
 
 import dataclasses
@@ -11,8 +12,9 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
+from lookahead_jax.guesses import suffix_match as sm
 from lookahead_jax.guesses import token_recycling as tr
-from lookahead_jax.guesses.guess_source import Prompt
+from lookahead_jax.guesses.guess_source import Ended, Prompt
 
 rng = np.random.default_rng(0)
 PROMPTS = [rng.integers(1, 128, int(k)).tolist() for k in (5, 9, 12, 7)]
@@ -37,15 +39,17 @@ def test_shared_guesses_keep_the_tokens_and_guess_a_repeat_better(model64):
     assert engine.stats.compression > alone.stats.compression
 
 
+V = 8
+
+
 def test_remember_folds_the_chosen_rows_and_recall_seeds_the_prompt_over_it():
     source = tr.RecyclingSource(size=4, k=2)
-    V = 8
     memory = source.memory(V)
     table = tr.init_table(3, V, 2)
     entries = lambda *ids: jnp.array(ids, jnp.int32)  # noqa: E731
     by_token = table.by_token.at[0, 5].set(entries(1, 2)).at[1, 5].set(entries(3, 4))
     table = dataclasses.replace(table, by_token=by_token.at[2, 6].set(entries(7, 7)))
-    kept = source.remember(memory, table, jnp.array([True, True, False]))
+    kept = source.remember(memory, table, jnp.array([True, True, False]), None)
     assert kept.by_token[0, 5].tolist() == [3, 4]  # the last chosen row that holds token 5
     assert kept.by_token[0, 6].tolist() == [tr.EMPTY] * 2  # row 2 was not chosen
     tokens = jnp.array([[5, 0, 0, 0], [1, 2, 0, 0]], jnp.int32)
@@ -55,3 +59,32 @@ def test_remember_folds_the_chosen_rows_and_recall_seeds_the_prompt_over_it():
     assert rows.by_token[0, 5].tolist() == [3, 4]  # from the memory
     assert rows.by_token[1, 1].tolist() == [2, tr.EMPTY]  # its own prompt: 1 then 2
     assert rows.by_token[1, 5].tolist() == [3, 4]
+
+
+def test_suffix_memory_keeps_ended_outputs_and_a_new_row_continues_from_them():
+    """Suffix match's memory (suffix_match.py): each ended row's output, with the key_max
+    prompt tokens before it, as a segment; a segment that would reach the last position
+    starts again at 0; a new row's match over its copy stops at the segment's end."""
+    source = sm.SuffixSource(count=2, span=4, key_max=2, memory_tokens=12)
+    SEP = sm.SEPARATOR
+    tokens = jnp.array([[7, 8, 1, 2, 3, 0, 0], [9, 9, 9, 4, 5, 6, 7]], jnp.int32)
+    ended = Ended(tokens, prompt_len=jnp.array([2, 3]), end=jnp.array([5, 7]))
+    memory = source.remember(source.memory(V), None, jnp.array([True, False]), ended)
+    assert memory.tokens[0].tolist() == [7, 8, 1, 2, 3] + [SEP] * 7 and memory.head[0] == 6
+    # a new row: its text ends in `8 1`, which the memory's first segment holds
+    text_tokens = jnp.array([[4, 8, 1, 0, 0]], jnp.int32)
+    prompt = Prompt(text_tokens, jnp.array([3]), jnp.array([True]),
+                    jnp.zeros((1, 2), jnp.uint32), 5, V)  # fmt: skip
+    state = source.recall(memory, source.init(prompt), prompt)
+    assert state.tolist() == memory.tokens.tolist()
+    cont, length, key_len = sm.propose(
+        jnp.concatenate([state, text_tokens], axis=1), jnp.array([12 + 3]),
+        key_max=2, span=4, count=2,
+    )  # fmt: skip
+    assert cont[0, 0, :2].tolist() == [2, 3] and length[0, 0] == 2 and key_len[0, 0] == 2
+    # without the memory the row has no earlier `1`: nothing to propose
+    assert sm.propose(text_tokens, jnp.array([3]), key_max=2, span=4, count=2)[1][0, 0] == 0
+    # row 1 (6 tokens and a separator from head 6 would reach position 12 > 11): from 0
+    memory = source.remember(memory, None, jnp.array([False, True]), ended)
+    assert memory.tokens[0, :7].tolist() == [9, 9, 4, 5, 6, 7, SEP] and memory.head[0] == 7
+    assert memory.tokens[0, 11] == SEP  # never written

@@ -1,12 +1,13 @@
 """Guesses across requests: an engine-wide memory for the guess sources that keep one
-(guess_source.py, "Across requests"; token recycling does), fed by every row that ends
-and drawn from by every row that starts.
+(guess_source.py, "Across requests": token recycling's tables, suffix match's text),
+fed by every row that ends and drawn from by every row that starts.
 
     memories(spec)                       one per source (None: keeps none), all empty
     recall(state, memories, bucket)      a prefill's new rows: each source's state from
                                          its memory (with the row's own prompt over it)
-    remember(memories, state, rows_b)    the memories with the ended rows' states folded
-                                         in (before their slots are refilled)
+    remember(memories, state, rows_b)    the memories with the ended rows folded in
+                                         (their states and text, before their slots
+                                         are refilled)
 
 A row's guesses never change its tokens (every guess is verified), so the memory changes
 only how many tokens a step emits: a prompt asked again, or a conversation's next turn,
@@ -18,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState
-from lookahead_jax.guesses.guess_source import Prompt
+from lookahead_jax.decoding.lookahead import prompt_of
+from lookahead_jax.guesses.guess_source import Ended
 
 
 def _keeps_memory(source) -> bool:
@@ -34,14 +36,7 @@ def memories(spec: DecodeSpec) -> tuple:
 def recall(state: DecodeState, memories: tuple, *, spec: DecodeSpec, bucket: int) -> DecodeState:
     """A prefilled state (its guess sources just initialised) whose sources start from
     their memories instead; bucket: the prefill's prompt bucket P."""
-    prompt = Prompt(
-        tokens=state.tokens,
-        end=state.prompt_len + state.n_out,
-        active=~state.done,
-        keys=state.rng,
-        bucket=bucket,
-        vocab=spec.lm.vocab_size,
-    )
+    prompt = prompt_of(state, spec, bucket)
     sources = tuple(
         own if memory is None else source.recall(memory, own, prompt)
         for source, own, memory in zip(
@@ -53,8 +48,11 @@ def recall(state: DecodeState, memories: tuple, *, spec: DecodeSpec, bucket: int
 
 def remember(memories: tuple, state: DecodeState, rows_b, *, spec: DecodeSpec) -> tuple:
     """The memories with the states of rows `rows_b` [B] (bool) folded in."""
+    ended = Ended(
+        tokens=state.tokens, prompt_len=state.prompt_len, end=state.prompt_len + state.n_out
+    )
     return tuple(
-        None if memory is None else source.remember(memory, own, rows_b)
+        None if memory is None else source.remember(memory, own, rows_b, ended)
         for source, own, memory in zip(
             spec.lookahead.sources, state.draft.sources, memories, strict=True
         )

@@ -94,6 +94,18 @@ class DraftState:
     nodes_by_source: Int[Array, "B J"]
 
 
+def prompt_of(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> Prompt:
+    """What the guess sources' `init` (and `recall`) read of a prefilled state."""
+    return Prompt(
+        tokens=state.tokens,
+        end=state.prompt_len + state.n_out,
+        active=~state.done,
+        keys=state.rng,
+        bucket=prompt_bucket,
+        vocab=spec.lm.vocab_size,
+    )
+
+
 def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> DecodeState:
     """Add the window and every guess source's state (its `init`) to a prefilled state.
 
@@ -101,7 +113,7 @@ def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> 
     """
     config: LookaheadConfig = spec.lookahead
     B = state.tokens.shape[0]
-    m, vocab = config.m, spec.lm.vocab_size
+    m = config.m
 
     def draw_window(rng, prompt_len, tokens):
         rng = jax.random.fold_in(rng, _WINDOW_KEY_SALT)
@@ -109,14 +121,7 @@ def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> 
         return tokens[idx]
 
     window = jax.vmap(draw_window)(state.rng, state.prompt_len, state.tokens)
-    prompt = Prompt(
-        tokens=state.tokens,
-        end=state.prompt_len + state.n_out,
-        active=~state.done,
-        keys=state.rng,
-        bucket=prompt_bucket,
-        vocab=vocab,
-    )
+    prompt = prompt_of(state, spec, prompt_bucket)
     sources = tuple(source.init(prompt) for source in config.sources)
     J = len(config.source_names)
     record = acceptance_record.init(B, J, config.verify_depth) if config.adapt else None

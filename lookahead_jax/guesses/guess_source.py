@@ -34,18 +34,21 @@ only change how many tokens a step emits. The merge orders proposals by `score`,
 source's own estimate that the node's whole path is right; it needs to be comparable
 across sources (the built-in ones are modelled chances, 0..1).
 
-Across requests (optional): a source may also keep an engine-wide memory, one row of
-its state's shapes, with three more pure functions (decoding/guess_memory.py calls them
-when the engine's `shared_guesses` is on):
+Across requests (optional): a source may also keep an engine-wide memory (any pytree),
+with three more pure functions (decoding/guess_memory.py calls them when the engine's
+`shared_guesses` is on):
 
-    memory(vocab) -> memory                     empty, once per engine and layout
+    memory(vocab) -> memory | None              empty, once per engine and layout (None:
+                                                this instance keeps none)
     recall(memory, state, prompt: Prompt) -> state    new rows' state, from the memory
                                                 (after `init`, which it may replace)
-    remember(memory, state, rows [B] bool) -> memory  the ended rows folded in
+    remember(memory, state, rows [B] bool, ended: Ended) -> memory
+                                                the ended rows folded in
 
-Token recycling keeps one (its tables of the model's runners-up), so a prompt asked
-again, or a conversation's next turn, starts with the earlier answers' guesses. As with
-`propose`, nothing here can change a token, only how many a step emits.
+Token recycling keeps one (one row of its tables of the model's runners-up), suffix
+match another (the ended rows' text), so a prompt asked again, or a conversation's next
+turn, starts with the earlier answers' guesses. As with `propose`, nothing here can
+change a token, only how many a step emits.
 
 Worked example: docs/library.md, "A guess source of your own" (a source that proposes
 the chain that follows the input token through where each token last occurred).
@@ -83,6 +86,21 @@ class Prompt:
     keys: UInt32[Array, "B 2"]
     bucket: int
     vocab: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """What `remember` reads about each row besides its state (the rows it folds in have
+    just ended).
+
+    tokens      [B, S] int32  prompt, then output
+    prompt_len  [B] int32     the prompt's tokens: the output starts there
+    end         [B] int32     tokens known (prompt + output)
+    """
+
+    tokens: Int[Array, "B S"]
+    prompt_len: Int[Array, " B"]
+    end: Int[Array, " B"]
 
 
 @dataclasses.dataclass(frozen=True)

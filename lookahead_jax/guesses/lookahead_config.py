@@ -34,7 +34,9 @@ class LookaheadConfig:
                 (0: no window), pool n-grams G looked up per step (they compete with
                 the other sources for the tree's nodes)
     suffix      suffix-match continuations proposed, each up to `suffix_span` tokens,
-                keyed on up to `suffix_key` of the row's last tokens
+                keyed on up to `suffix_key` of the row's last tokens; `suffix_memory`
+                tokens of the engine's earlier outputs matched too when the engine
+                shares guesses across requests (suffix_match.py; 0: none)
     recycle     token-recycling template nodes; `recycle_k` next tokens kept per token
     tree        draft-tree nodes Z fed per step (None: one per proposed node)
     pool_capacity  n-grams kept per key (None: g)
@@ -62,6 +64,7 @@ class LookaheadConfig:
     suffix: int = 0
     suffix_span: int = 8
     suffix_key: int = 4
+    suffix_memory: int = 0
     recycle: int = 0
     recycle_k: int = 8
     tree: int | None = None
@@ -79,6 +82,7 @@ class LookaheadConfig:
             ("suffix", self.suffix, 0),
             ("suffix_span", self.suffix_span, 1),
             ("suffix_key", self.suffix_key, 1),
+            ("suffix_memory", self.suffix_memory, 0),
             ("recycle", self.recycle, 0),
             ("recycle_k", self.recycle_k, 1),
         )
@@ -155,7 +159,9 @@ class LookaheadConfig:
                 PoolSource(self.g, self.m, self.pool_capacity or self.g, self.prompt_pool)
             )
         if self.suffix:
-            built_in.append(SuffixSource(self.suffix, self.suffix_span, self.suffix_key))
+            built_in.append(
+                SuffixSource(self.suffix, self.suffix_span, self.suffix_key, self.suffix_memory)
+            )
         if self.recycle:
             built_in.append(RecyclingSource(self.recycle, self.recycle_k))
         return (*built_in, *self.extra_sources)
@@ -355,15 +361,24 @@ def max_step_tokens(max_context: int) -> int:
 # 64 and 128 are scaled up from 32, not tuned. Compression of each: benchmarks/cpu/
 # budgets.md and budgets_large.md. Small layouts spend every token on the draft tree; from
 # 16 on, a one-column window feeding the pool pays its tokens.
+#
+# Each also matches the engine's last SHARED_TEXT tokens of output when it shares guesses
+# across requests (suffix_match.py; a prompt asked again: 4.4x tokens per step,
+# benchmarks/cpu/shared_guesses.md); without sharing that text stays empty, and a
+# proposal over it costs ~0.1 ms (benchmarks/cpu/suffix_match_cost.md).
+SHARED_TEXT = 2048
 LAYOUTS: dict[int, LookaheadConfig] = {
-    2: LookaheadConfig(2, 0, 0, recycle=4, suffix=1, suffix_span=4, tree=1),
-    4: LookaheadConfig(2, 0, 0, recycle=12, suffix=1, suffix_span=4, tree=3),
-    8: LookaheadConfig(2, 0, 0, recycle=20, suffix=2, tree=7),
-    12: LookaheadConfig(2, 0, 0, recycle=30, suffix=2, tree=11),
-    16: LookaheadConfig(3, 1, 2, recycle=40, suffix=2, tree=13),
-    32: LookaheadConfig(3, 1, 4, recycle=80, suffix=3, suffix_span=12, tree=29),
-    64: LookaheadConfig(4, 2, 4, recycle=120, suffix=4, suffix_span=16, tree=57),
-    128: LookaheadConfig(5, 4, 8, recycle=200, suffix=4, suffix_span=16, tree=111),
+    T: dataclasses.replace(la, suffix_memory=SHARED_TEXT)
+    for T, la in {
+        2: LookaheadConfig(2, 0, 0, recycle=4, suffix=1, suffix_span=4, tree=1),
+        4: LookaheadConfig(2, 0, 0, recycle=12, suffix=1, suffix_span=4, tree=3),
+        8: LookaheadConfig(2, 0, 0, recycle=20, suffix=2, tree=7),
+        12: LookaheadConfig(2, 0, 0, recycle=30, suffix=2, tree=11),
+        16: LookaheadConfig(3, 1, 2, recycle=40, suffix=2, tree=13),
+        32: LookaheadConfig(3, 1, 4, recycle=80, suffix=3, suffix_span=12, tree=29),
+        64: LookaheadConfig(4, 2, 4, recycle=120, suffix=4, suffix_span=16, tree=57),
+        128: LookaheadConfig(5, 4, 8, recycle=200, suffix=4, suffix_span=16, tree=111),
+    }.items()
 }
 for _t, _la in LAYOUTS.items():
     assert _la.tokens_per_step == _t, (_t, _la.tokens_per_step)

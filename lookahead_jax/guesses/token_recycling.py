@@ -353,9 +353,10 @@ class RecyclingSource:
         start = jax.tree.map(lambda m: jnp.broadcast_to(m, (B, *m.shape[1:])), memory)
         return seed_from_text(start, prompt.tokens, prompt.end)
 
-    def remember(self, memory: RecycleTable, table: RecycleTable, rows_b) -> RecycleTable:
+    def remember(self, memory: RecycleTable, table: RecycleTable, rows_b, ended) -> RecycleTable:
         """The memory with the tables of rows `rows_b` [B] (bool) written over it: a
         token's (a pair's) entries from the last of those rows that holds any."""
+        del ended  # the tables hold what this source learnt from the rows' text
         return jax.lax.scan(_remember_row, memory, (table, rows_b))[0]
 
     def propose(self, table: RecycleTable, text: Text) -> Proposals:

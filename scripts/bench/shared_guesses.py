@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -37,8 +36,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/cpu/shared_guesses")
     args = ap.parse_args()
 
-    import jax
-    from machine import cpu_model
+    from machine import run_header
     from prompts import MT_BENCH
     from results import write_results
 
@@ -53,29 +51,27 @@ def main() -> None:
         engine = lj.Engine(model, batch=args.batch, max_new_tokens=args.max_new_tokens,
                            lookahead=la, shared_guesses=shared)  # fmt: skip
 
-        def run(prompts: list) -> tuple[list[str], float]:
+        def run(prompts: list) -> tuple[list[str], float, float]:
             results = sorted(engine.run(prompts), key=lambda r: r.id)
-            return [r.text for r in results], engine.stats.compression
+            stats = engine.stats
+            return [r.text for r in results], stats.compression, stats.decode_s / stats.row_steps
 
         out = {}
-        first, _ = run([user(q[0]) for q in questions[:16]])
+        first, *_ = run([user(q[0]) for q in questions[:16]])
         out["asked_twice"] = run([user(q[0]) for q in questions[:16]])
-        answers, _ = run([user(q[0]) for q in questions[16:32]])
+        answers, *_ = run([user(q[0]) for q in questions[16:32]])
         turns = [
             [*user(q[0]), {"role": "assistant", "content": a}, *user(q[1])]
             for q, a in zip(questions[16:32], answers, strict=True)
         ]
         out["multi_turn"] = run(turns)
         out["seen_once"] = run([user(q[0]) for q in questions[32:]])
-        out["first_pass"] = (first, None)
+        out["first_pass"] = (first, None, None)
         return out
 
     per_row, shared = runs(False), runs(True)
     result = {
-        "command": "python " + " ".join(sys.argv),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "jax": jax.__version__,
+        **run_header(),
         "ckpt": args.ckpt,
         "lookahead": args.lookahead,
         "batch": args.batch,
@@ -83,30 +79,33 @@ def main() -> None:
         "rows": [],
     }
     for name in ("asked_twice", "multi_turn", "seen_once"):
-        (texts_a, a), (texts_b, b) = per_row[name], shared[name]
+        (texts_a, a, step_a), (texts_b, b, step_b) = per_row[name], shared[name]
         same = sum(x == y for x, y in zip(texts_a, texts_b, strict=True))
         result["rows"].append(
             {"workload": name, "per_row": a, "shared": b, "ratio": b / a,
-             "same": f"{same}/{len(texts_a)}"}
+             "same": f"{same}/{len(texts_a)}",
+             "step_ms_per_row": 1e3 * step_a, "step_ms_shared": 1e3 * step_b}
         )  # fmt: skip
     lines = [
         "# Guesses across requests: the engine's shared guess memory (issue 48)",
         "",
         f"CPU: {result['cpu']} ({result['cores']} cores; tokens per step does not depend on "
-        f"it), JAX {result['jax']}, {args.ckpt} float32, the JSONL engine (lj.Engine.run), "
+        f"it, the ms do), JAX {result['jax']}, {args.ckpt} float32, the JSONL engine "
+        "(lj.Engine.run), "
         f"batch {args.batch}, `--lookahead {args.lookahead}`, chat prompts, greedy, "
         f"{args.max_new_tokens} new tokens at most.",
         "",
         f"Command: `{result['command']}`",
         "",
         "| workload | tokens per step, per-row guesses | with the shared memory | ratio | "
-        "answers equal |",
-        "|---|---|---|---|---|",
+        "answers equal | decode ms a row step, per-row / shared |",
+        "|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         lines.append(
             f"| {row['workload']} | {row['per_row']:.3f} | {row['shared']:.3f} | "
-            f"**{row['ratio']:.2f}x** | {row['same']} |"
+            f"**{row['ratio']:.2f}x** | {row['same']} | "
+            f"{row['step_ms_per_row']:.1f} / {row['step_ms_shared']:.1f} |"
         )
     write_results(args.out, result, "\n".join(lines) + "\n")
 
