@@ -35,8 +35,11 @@ def test_shared_guesses_keep_the_tokens_and_guess_a_repeat_better(model64):
         first = {r.id: r.token_ids for r in engine.run(PROMPTS)}
         again = {r.id: r.token_ids for r in engine.run(PROMPTS)}
     assert first == cold and again == cold
-    # the second time every row starts from the tables of the first run's answers
+    # the second time every row starts from the tables of the first run's answers, and
+    # suffix match reads them: it gets more guessed tokens accepted than without
     assert engine.stats.compression > alone.stats.compression
+    suffix = lambda e: e.stats.sources["suffix"].tokens  # noqa: E731
+    assert suffix(engine) > suffix(alone)
 
 
 V = 8
@@ -87,4 +90,23 @@ def test_suffix_memory_keeps_ended_outputs_and_a_new_row_continues_from_them():
     # row 1 (6 tokens and a separator from head 6 would reach position 12 > 11): from 0
     memory = source.remember(memory, None, jnp.array([False, True]), ended)
     assert memory.tokens[0, :7].tolist() == [9, 9, 4, 5, 6, 7, SEP] and memory.head[0] == 7
-    assert memory.tokens[0, 11] == SEP  # never written
+    # an exact fit: 3 tokens and a separator at 7..10; the last position is never written
+    exact = Ended(tokens, prompt_len=jnp.array([2, 6]), end=jnp.array([3, 7]))
+    memory = source.remember(memory, None, jnp.array([False, True]), exact)
+    assert memory.tokens[0, 7:].tolist() == [5, 6, 7, SEP, SEP] and memory.head[0] == 11
+    # two rows in one call, in row order; an output longer than the memory keeps its end
+    long = jnp.arange(20, 40, dtype=jnp.int32)[None].repeat(2, axis=0)
+    both = Ended(long, prompt_len=jnp.array([18, 2]), end=jnp.array([20, 20]))
+    memory = source.remember(memory, None, jnp.array([True, True]), both)
+    assert memory.tokens[0].tolist() == list(range(30, 40)) + [SEP, SEP]
+    assert memory.head[0] == 11
+
+
+def test_a_separator_before_a_segment_does_not_lengthen_a_short_texts_match():
+    """A text shorter than key_max reads back into the memory's copy, whose last position
+    is a separator: that must not match the separator before a segment."""
+    SEP = sm.SEPARATOR
+    memory = [7, 8, 1, SEP, 5, 6, 9, 9, SEP, SEP]
+    tokens = jnp.array([memory + [5, 6]], jnp.int32)  # the text: 5 6
+    cont, length, key_len = sm.propose(tokens, jnp.array([12]), key_max=3, span=4, count=1)
+    assert key_len[0, 0] == 2 and length[0, 0] == 2 and cont[0, 0, :2].tolist() == [9, 9]

@@ -10,6 +10,7 @@ cache is longer than the attention's block, so the loop over blocks is in the pr
 
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.decoding.loop_copies import loop_copies, protected_shapes
 from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import sharding
+from lookahead_jax.models.llama import attention_block_for
 from lookahead_jax.models.llama_params import stack_layers
 
 PROMPT, CAP, BLOCK = 16, 64, 24  # S = 16 + 64 + E > 24: several attention blocks
@@ -93,6 +95,36 @@ def test_nor_on_a_mesh(model):
     on_mesh = dataclasses.replace(on_mesh, lm=model.lm)
     found = copies(on_mesh, lj.LookaheadConfig.for_tokens(8), 4)
     assert not found, "\n".join(map(str, found))
+
+
+def while_loops(model, lookahead, batch: int) -> int:
+    """How many while loops the compiled decode loop has (the loop over steps included)."""
+    spec = DecodeSpec(lm=model.lm, eos_ids=tuple(model.eos_ids), lookahead=lookahead,
+                      cache_dtype="float32")  # fmt: skip
+    rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((batch, *shape), dtype)  # noqa: E731
+    args = (model.params, rows(PROMPT), rows(), rows(), rows(2, dtype=jnp.uint32),
+            RowSampling.shaped(batch))  # fmt: skip
+    exe, _ = programs.compiled(model, spec, CAP, args, "run_loop")
+    return len(re.findall(r"\swhile\(", exe.as_text()))
+
+
+def test_on_accelerators_the_attention_adds_no_loop_to_a_step(model):
+    """GPU and TPU (attention_block_for: the whole cache, masked): the compiled plain
+    greedy decode loop has one while loop, the loop over steps, none per layer (issue 49:
+    each would read its trip count back to the host and split the step's CUDA graph).
+    Blocks up to the longest row, as on the CPU, are one loop per layer: the count can
+    fail. (Still in other steps: sampling's bisection for top-p, a loop until its
+    interval closes, and the lookahead step's loops of a fixed count over tree depth.)"""
+    assert lj.load(model.path).lm.attention_block == attention_block_for("cpu") > 0
+    # unpacked weights, as on a GPU: the attention is XLA's (packed float32 weights on one
+    # CPU run the CPU kernel's, a custom call with no loop either)
+    unpacked = lj.load(model.path, cpu_kernel=False)
+    layers = model.cfg.num_layers
+    blocks = dataclasses.replace(unpacked, lm=model.lm)  # BLOCK < S: a loop over blocks
+    assert while_loops(blocks, None, 3) == 1 + layers
+    for platform in ("gpu", "tpu"):
+        lm = dataclasses.replace(model.lm, attention_block=attention_block_for(platform))
+        assert while_loops(dataclasses.replace(unpacked, lm=lm), None, 3) == 1, platform
 
 
 def test_the_check_finds_the_copies_of_a_scan_over_stacked_weights(model):

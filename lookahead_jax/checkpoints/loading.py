@@ -18,7 +18,7 @@ from lookahead_jax.errors import UserInputError
 from lookahead_jax.models import packed
 from lookahead_jax.models.bundle import Model
 from lookahead_jax.models.config import LlamaConfig
-from lookahead_jax.models.llama import LlamaLM
+from lookahead_jax.models.llama import LlamaLM, attention_block_for
 from lookahead_jax.models.llama_params import param_specs, quantize_params, split_layers
 from lookahead_jax.models.quantize import check_weights
 
@@ -99,7 +99,8 @@ def load(
     if compilation_cache:
         enable_compilation_cache()
     info = ckpt if isinstance(ckpt, ModelInfo) else inspect(ckpt)
-    lm = LlamaLM(info.cfg, weights)
+    devices = jax.devices() if not isinstance(mesh, jax.sharding.Mesh) else mesh.devices.flat
+    lm = LlamaLM(info.cfg, weights, attention_block_for(next(iter(devices)).platform))
     param_specs(info.cfg, weights)  # a shape the layout cannot take fails before reading
     if verify:
         checkpoint.check_files(info.path, info.cfg, info.manifest)

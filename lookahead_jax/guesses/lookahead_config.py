@@ -102,6 +102,12 @@ class LookaheadConfig:
             )
         if 2 * self.recycle_k > len(RECYCLE_RATES):
             raise UserInputError(f"lookahead recycle_k must be at most {len(RECYCLE_RATES) // 2}")
+        if 0 < self.suffix_memory < self.suffix_key + 3:
+            raise UserInputError(
+                f"lookahead suffix_memory must be 0 or at least suffix_key + 3 = "
+                f"{self.suffix_key + 3} (a segment: its key, a token, a separator), got "
+                f"{self.suffix_memory}"
+            )
         if self.suffix_key >= len(SUFFIX_RATES):
             raise UserInputError(f"lookahead suffix_key must be at most {len(SUFFIX_RATES) - 1}")
         self._check_extra_sources()
@@ -309,6 +315,7 @@ class LookaheadConfig:
             "suffix": self.suffix,
             "suffix_span": self.suffix_span,
             "suffix_key": self.suffix_key,
+            "suffix_memory": self.suffix_memory,
             "recycle": self.recycle,
             "recycle_k": self.recycle_k,
             "tree": self.tree_nodes,

@@ -22,9 +22,12 @@ tokens, `b c d a`: copying a repeating pattern is how such matches pay off.
 
 Across requests (SuffixDecoding's idea, `memory_tokens` > 0): the engine keeps the text
 of the rows that ended (each output with the `key_max` prompt tokens before it) in a
-buffer of M tokens, segments apart by SEPARATOR; a new row takes a copy as its state, and
-matches run over [its copy, then its own text], a continuation cut at a separator. A row
-asked again finds its earlier answer there; any row finds the model's stock phrases.
+buffer of M tokens, segments set apart by SEPARATOR, each written after the last one or,
+where it would not fit, from the buffer's start (so after a wrap older segments can sit
+after newer ones: "the most recent" holds between a row's own text and the memory, not
+within the memory); a new row takes a copy as its state, and matches run over [its copy,
+then its own text], a continuation cut at a separator. A row asked again finds its
+earlier answer there; any row finds the model's stock phrases.
 
     memory  [1, M]: `x y p q r | a b c | . . .`  (| = SEPARATOR, . never written)
     a row   copy [M] ++ text [S]: the text's positions come last, so at an equal match
@@ -43,6 +46,10 @@ from jaxtyping import Array, Int
 from lookahead_jax.guesses.draft_tree import Proposals, chains
 from lookahead_jax.guesses.guess_source import Ended, Prompt, Text, Verified
 
+# What stands between the memory's segments: no token equals it, and a match stops at it
+# on either side, so no match and no continuation crosses it.
+SEPARATOR = -1
+
 
 def match_lengths(tokens_bs, end_b, key_max: int):
     """[B, S] int32: the match length at each position j (0 where j >= end-1)."""
@@ -56,16 +63,20 @@ def match_lengths(tokens_bs, end_b, key_max: int):
         # the token i back from every position j: the text shifted right by i (a slice,
         # not a gather: this runs every step over the whole text)
         theirs_tok = jnp.pad(tokens_bs, ((0, 0), (i, 0)))[:, :S]
-        run = run & (j >= i) & (mine[:, None] >= 0) & (theirs_tok == mine_tok)
+        # (a text shorter than key_max reads back into the memory's copy, and a separator
+        # there must not match the one before a segment)
+        mine_ok = (mine[:, None] >= 0) & (mine_tok != SEPARATOR)
+        run = run & (j >= i) & mine_ok & (theirs_tok == mine_tok)
         length = length + run.astype(jnp.int32)
     earlier = j < (end_b - 1)[:, None]
     return jnp.where(earlier, length, 0)
 
 
 def largest(score_bs, count: int):
-    """jax.lax.top_k(score_bs, count) for scores distinct where >= 0 (ties below 0 may
-    come in another order), as `count` rounds of argmax: XLA:CPU lowers top_k to a sort
-    of the whole row (6 ms a step at B=8, S=4096 on an AMD EPYC, against 0.1 ms)."""
+    """jax.lax.top_k(score_bs, count): score [B, S] int32 -> (best [B, count], their
+    positions [B, count] int32), as `count` rounds of argmax (the first of equal scores,
+    as top_k): XLA:CPU lowers top_k to a sort of the whole row (6 ms a step at B=8,
+    S=4096 on an AMD EPYC, against 0.1 ms)."""
     rows = jnp.arange(score_bs.shape[0])
     best, pos = [], []
     for _ in range(count):
@@ -95,12 +106,8 @@ def propose(tokens_bs, end_b, *, key_max: int, span: int, count: int):
     known = jnp.clip(end_b[:, None] - 1 - pos, 0, span)  # tokens known after position j
     # a continuation stops at a separator (the memory's segments: module docstring)
     before_separator = jnp.cumprod((cont != SEPARATOR).astype(jnp.int32), axis=2).sum(axis=2)
-    return cont, jnp.where(found, jnp.minimum(known, before_separator), 0), key_len
-
-
-# What stands between the memory's segments: no token equals it, so no match and no
-# continuation crosses it.
-SEPARATOR = -1
+    length = jnp.where(found, jnp.minimum(known, before_separator), 0).astype(jnp.int32)
+    return cont, length, key_len
 
 
 @jax.tree_util.register_dataclass
@@ -124,11 +131,11 @@ def _remember_row(memory: SuffixMemory, row, *, key_max: int):
     length = jnp.minimum(end - start, M - 2)
     start = end - length
     head = jnp.where(memory.head[0] + length + 1 > M - 1, 0, memory.head[0])
-    i = jnp.arange(S)
+    i = jnp.arange(S + 1)  # S + 1: an output of the whole text still gets its separator
     values = jnp.where(i < length, tokens_s[jnp.minimum(start + i, S - 1)], SEPARATOR)
-    where = jnp.where(chosen & (i <= length), head + i, M)  # M: dropped
+    at = jnp.where(chosen & (i <= length), head + i, M)  # M: dropped
     return SuffixMemory(
-        tokens=memory.tokens.at[0, where].set(values.astype(jnp.int32), mode="drop"),
+        tokens=memory.tokens.at[0, at].set(values.astype(jnp.int32), mode="drop"),
         head=jnp.where(chosen, head + length + 1, memory.head[0])[None].astype(jnp.int32),
     ), None
 

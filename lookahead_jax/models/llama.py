@@ -57,8 +57,20 @@ NEG_INF = -1e30
 
 # Cache positions one step of attention reads at a time: the attention runs over blocks of
 # this many positions up to the batch's longest row, so a step costs what the live rows hold,
-# not the cache's size S (a cache of at most this many positions is read whole).
+# not the cache's size S (a cache of at most this many positions is read whole). A block
+# of 0 reads the whole cache at once, masked past each row's length (no loop).
 ATTENTION_BLOCK = 64
+
+
+def attention_block_for(platform: str) -> int:
+    """How many cache positions the attention reads at a time on `platform` (a jax
+    Device.platform): ATTENTION_BLOCK on the CPU, where a loop over blocks up to the
+    longest row costs nothing per iteration; 0 (the whole cache) on GPU and TPU, where a
+    loop whose trip count is known only on the device reads its predicate back to the
+    host every iteration and splits the step's command buffer (CUDA graph), one loop per
+    layer (issue 49). The price: every step reads the cache's whole capacity S, and the
+    scores [B, K, T, Q, S] of a layer are whole (float32), not a block's."""
+    return ATTENTION_BLOCK if platform == "cpu" else 0
 
 
 def in_window(q_pos, k_pos, window: int):
@@ -89,7 +101,7 @@ def attention(
     cache_len  [B]
     positions  [B, T]            the new tokens' positions (needed with a window)
     window     the sliding window in positions (0: this layer attends fully)
-    block      cache positions per block (ATTENTION_BLOCK)
+    block      cache positions per block (ATTENTION_BLOCK; 0: the whole cache, no loop)
     kernel     read the cache with the CPU kernel (cpu_kernel.cache_attention; float32)
 
     Returns [B, T, K, Q, Dh]. The softmax is computed online (flash-decoding): per query
@@ -159,7 +171,7 @@ def attention(
         new_top = jnp.maximum(top, top_c)
         mine, theirs = jnp.exp(top - new_top), jnp.exp(top_c - new_top)
         carry = (new_top, mass * mine + mass_c * theirs, acc * mine + acc_c * theirs)
-    elif block >= S:
+    elif block == 0 or block >= S:
         at = jnp.arange(S)
         carry = absorb(carry, cache_k_bkse, cache_v_bkse, at, at >= 0)
     else:
@@ -293,7 +305,8 @@ class LlamaLM:
     """The Llama forward behind the model seam (seam.CausalLM): hashable, a jit static.
     `weights` says how the params hold their matrices: "float", "int8" or "q8_0"
     (quantize.py); `attention_block` how many cache positions the attention reads at a time
-    (ATTENTION_BLOCK). Its params are per layer (split_layers)."""
+    (attention_block_for the platform: lj.load sets it). Its params are per layer
+    (split_layers)."""
 
     cfg: LlamaConfig
     weights: str = "float"
