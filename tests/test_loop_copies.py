@@ -29,7 +29,8 @@ from lookahead_jax.models.llama_params import stack_layers
 PROMPT, CAP, BLOCK = 16, 64, 24  # S = 16 + 64 + E > 24: several attention blocks
 
 
-def copies(model, lookahead, batch: int, sampled: bool = False) -> list:
+def decode_loop(model, lookahead, batch: int, sampled: bool = False):
+    """(the compiled decode loop, its spec, the start program's argument shapes)."""
     spec = DecodeSpec(
         lm=model.lm,
         eos_ids=tuple(model.eos_ids),
@@ -41,6 +42,11 @@ def copies(model, lookahead, batch: int, sampled: bool = False) -> list:
     sampling = RowSampling.shaped(batch)
     args = (model.params, rows(PROMPT), rows(), rows(), rows(2, dtype=jnp.uint32), sampling)
     exe, _ = programs.compiled(model, spec, CAP, args, "run_loop")
+    return exe, spec, args
+
+
+def copies(model, lookahead, batch: int, sampled: bool = False) -> list:
+    exe, spec, args = decode_loop(model, lookahead, batch, sampled)
     state = jax.eval_shape(functools.partial(decoding.start, spec=spec, new_positions=CAP), *args)
     assert state.cache.positions > BLOCK
     if model.mesh is not None:  # each device's shards too
@@ -99,12 +105,7 @@ def test_nor_on_a_mesh(model):
 
 def while_loops(model, lookahead, batch: int) -> int:
     """How many while loops the compiled decode loop has (the loop over steps included)."""
-    spec = DecodeSpec(lm=model.lm, eos_ids=tuple(model.eos_ids), lookahead=lookahead,
-                      cache_dtype="float32")  # fmt: skip
-    rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((batch, *shape), dtype)  # noqa: E731
-    args = (model.params, rows(PROMPT), rows(), rows(), rows(2, dtype=jnp.uint32),
-            RowSampling.shaped(batch))  # fmt: skip
-    exe, _ = programs.compiled(model, spec, CAP, args, "run_loop")
+    exe, _, _ = decode_loop(model, lookahead, batch)
     return len(re.findall(r"\swhile\(", exe.as_text()))
 
 

@@ -78,8 +78,9 @@ def build_parser(prog: str = "python -m lookahead_jax.generate") -> argparse.Arg
         "--shared-guesses",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="dataset mode: start each prompt's token-recycling guesses from what earlier "
-        "prompts left (benchmarks/cpu/shared_guesses.md); tokens are unchanged (default: on)",
+        help="dataset mode: start each prompt's guesses from what earlier prompts left (token "
+        "recycling's tables, their outputs' text: benchmarks/cpu/shared_guesses.md); tokens "
+        "are unchanged (default: on)",
     )
     p.add_argument(
         "--prefix-cache-mb",

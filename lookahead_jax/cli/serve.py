@@ -95,8 +95,8 @@ def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.Argume
         "--shared-guesses",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="start each request's token-recycling guesses from what earlier requests "
-        "left (a prompt asked again, a conversation's next turn: benchmarks/cpu/"
+        help="start each request's guesses from what earlier requests left (token "
+        "recycling's tables, their outputs' text; a prompt asked again: benchmarks/cpu/"
         "shared_guesses.md); tokens are unchanged (default: on)",
     )
     p.add_argument(

@@ -11,7 +11,8 @@ fed by every row that ends and drawn from by every row that starts.
 
 A row's guesses never change its tokens (every guess is verified), so the memory changes
 only how many tokens a step emits: a prompt asked again, or a conversation's next turn,
-finds the model's runners-up from the earlier answer already in its tables.
+finds the earlier answer's text, and the model's runners-up after its tokens, already
+there.
 """
 
 from __future__ import annotations

@@ -113,10 +113,11 @@ class Engine:
     cached blocks) arriving while other rows decode is prefilled this many at a time
     between decode rounds, so that they keep their pace; "auto": as many as this machine
     prefills in one round (measured in the run); None: in one piece.
-    shared_guesses: the guess sources that keep an engine-wide memory (token recycling)
-    start each new row from what the rows before it left (decoding/guess_memory.py), so
-    that a prompt asked again or a conversation's next turn is guessed from the earlier
-    answers; tokens are unchanged (every guess is verified). Kept across runs.
+    shared_guesses: the guess sources that keep an engine-wide memory (token recycling's
+    tables, suffix match's text of earlier outputs) start each new row from what the rows
+    before it left (decoding/guess_memory.py), so that a prompt asked again or a
+    conversation's next turn is guessed from the earlier answers; tokens are unchanged
+    (every guess is verified). Kept across runs.
     max_logprobs: the most alternatives a request may ask with its tokens' logprobs
     (Request.logprobs; vLLM's default limit, 20); None: requests may not ask. The
     programs keep logprobs online always (computed in a step only when a row asks),
@@ -303,8 +304,7 @@ class Engine:
                     finished += scheduler.interrupted()
                 yield finished
         except Exception:
-            self._prefix_cache = None  # a failing call may have left its pool half-written
-            self.guess_memory = GuessMemory()  # ... or a memory donated and not replaced
+            self._forget_device_memories()
             raise
         scheduler.stats.interrupted = pressed
         scheduler.close(record=not pressed)
@@ -445,8 +445,15 @@ class Engine:
             if a.request.listener is not None:
                 a.request.listener(Update(a.request.id, [], result))
         self._scheduler = None
-        self._prefix_cache = None  # a failing call may have left its pool half-written
-        self.guess_memory = GuessMemory()  # ... or a memory donated and not replaced
+        self._forget_device_memories()
+
+    def _forget_device_memories(self) -> None:
+        """After a failed device call: the prefix cache's pool may be half-written (its
+        stores donate it), and a guess memory folded by the failed round may hold arrays
+        that carry its error (JAX reports a computation's failure where its results are
+        used): both start again empty."""
+        self._prefix_cache = None
+        self.guess_memory = GuessMemory()
 
     def serve(self, stop: threading.Event, on_error=None, idle_wait_s: float = 0.1) -> None:
         """Run rounds until `stop` is set (the server's engine thread); while idle, waits
