@@ -273,10 +273,11 @@ def verify_inputs(draw):
     """cands [B, G, M], valid [B, G], after_input [B] over a tiny vocabulary, and the
     model: a random function from a token prefix to the model's next token (equal
     prefixes, merged into one tree node, get equal predictions). Each candidate starts
-    with a drawn number of right tokens."""
-    b = draw(st.integers(1, 2))
-    g = draw(st.integers(0, 3))
-    m = draw(st.integers(1, 4))
+    with a drawn number of right tokens. Fixed shapes (B = 2, M = 4; G = 3 or none), so
+    that the examples share their few programs: fewer candidates and shorter right
+    prefixes come from `valid` and the drawn counts, not from the shapes."""
+    b, m = 2, 4
+    g = draw(st.sampled_from([0, 3]))
     vocab = draw(st.integers(2, 4))
     seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
@@ -347,7 +348,7 @@ def verify_chains(cands, valid, after_input, model):
 @FEW
 @given(
     verify_inputs(),
-    st.lists(st.integers(0, 3), max_size=2, unique=True),
+    st.sampled_from([(), (0,), (3, 1)]),  # EOS sets: each is its own emit program
     st.integers(0, 2**31 - 1),
 )
 def test_verify_then_emit(inputs, eos_ids, seed):
@@ -397,7 +398,7 @@ def make_state(
     prompt_len, n_out, max_new_tokens, done, width: int, rng
 ) -> decode_state.DecodeState:
     b = len(prompt_len)
-    slots = int((prompt_len + max_new_tokens).max()) + width + 2
+    slots = 4 + 6 + width + 2  # prompt_len <= 4, max_new_tokens <= 6: one shape a width
     cache = kv_cache.KVCache(
         k=(jnp.zeros((b, 1, slots, 2)),),
         v=(jnp.zeros((b, 1, slots, 2)),),
