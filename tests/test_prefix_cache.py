@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
+from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import BLOCK, PrefixCache, block_keys
 from tests.helpers import random_prompts
 
@@ -84,6 +85,33 @@ def test_a_budget_of_a_few_blocks_evicts_and_keeps_the_tokens(model64):
         assert engine.stats.prefix_hits > 0
 
 
+def test_prefills_padded_to_compiled_shapes_keep_the_tokens(model64):
+    """Prefills run at a larger shape already compiled (rows and prompt or suffix padded:
+    prefill_shapes.py) give a cold decode's tokens."""
+    kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=None)
+    late = [PROMPTS[4], PROMPTS[5]]  # a 25-token suffix after 2 blocks; 25 tokens, no hit
+    with jax.enable_x64(True):
+        late = [lj.Request(prompt, id=i) for i, prompt in enumerate(late, 4)]
+        cold = {r.id: r.token_ids for r in lj.Engine(model64, **kw).run(late)}
+        engine = lj.Engine(model64, prefix_cache_mb=1, **kw)
+        results = {}
+        listen = lambda u: u.result and results.setdefault(u.result.id, u.result)  # noqa: E731
+        for i, prompt in enumerate(PROMPTS[:4]):  # 1 row [1, 64], then 4 rows from 2 blocks
+            engine.submit(lj.Request(prompt, id=i), listen)
+        while engine.round():
+            pass
+        padded = engine._scheduler.device.padded
+        assert padded.compiled == {("prompt", 1, 64), ("suffix", 4, 32)}
+        padded.compile_s = [1e6]  # compiling would cost more than any padding
+        for request in late:  # one admission at a time
+            engine.submit(request, listen)
+            while engine.round():
+                pass
+    assert {i: results[i].token_ids for i in (4, 5)} == cold
+    assert set(padded.spent_s) == {("suffix", 1, 32), ("prompt", 1, 32)}
+    assert padded.compiled == {("prompt", 1, 64), ("suffix", 4, 32)}
+
+
 LONG = [
     lj.Request(rng.integers(1, 128, 5).tolist(), id=0, max_new_tokens=MAX_NEW),
     lj.Request(rng.integers(1, 128, 90).tolist(), id=1),  # 90 tokens: 5 chunks and 10 left
@@ -135,6 +163,24 @@ def test_a_request_cancelled_while_its_chunks_run_ends_and_frees_its_slot(model6
 
 
 # ---------------------------------------------------------------------- the index alone
+
+
+def test_padding_to_a_compiled_shape_until_it_has_cost_a_compile():
+    """prefill_shapes.py's worked example: compiles take 3 s, 1,000 positions/s."""
+    shapes = PaddedShapes()
+    assert shapes.choose("suffix", 2, 32, 1000.0) == (2, 32)  # nothing compiled or timed
+    shapes.ran("suffix", 8, 64, compile_s=3.0)
+    assert shapes.choose("suffix", 16, 16, 1000.0) == (16, 16)  # nothing larger in both
+    assert shapes.choose("prompt", 2, 32, 1000.0) == (2, 32)  # another kind
+    assert shapes.choose("suffix", 2, 32, 0.0) == (2, 32)  # no rate measured
+    runs = [shapes.choose("suffix", 2, 32, 1000.0) for _ in range(7)]
+    assert runs == [(8, 64)] * 6 + [(2, 32)]
+    assert shapes.spent_s[("suffix", 2, 32)] == pytest.approx(6 * 0.448)
+    shapes.ran("suffix", 2, 32, compile_s=1.0)
+    assert shapes.choose("suffix", 2, 32, 1000.0) == (2, 32) and shapes.compile_s == [3.0, 1.0]
+    assert shapes.choose("suffix", 1, 16, 1000.0) == (2, 32)  # the smallest larger pair
+    shapes.reset()  # another prompt side: nothing compiled for it
+    assert shapes.choose("suffix", 1, 16, 1000.0) == (1, 16)
 
 
 def index(blocks: int) -> PrefixCache:

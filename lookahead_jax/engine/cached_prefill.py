@@ -49,19 +49,24 @@ class CachedPrefill:
                 [x for x, go in zip(placed, now, strict=True) if go],
                 [x for x, go in zip(placed, now, strict=True) if not go],
             )
-            groups: dict[tuple, list] = {}  # (P, suffix bucket or None) -> [(slot, request, hits)]
+            # (P, whether from cached blocks) -> [(slot, request, hits)]: the rows with
+            # hits in one prefill at the state's prompt side, whatever their buckets (one
+            # program per (rows, suffix bucket): prefill_shapes.py), the others by bucket
+            groups: dict[tuple, list] = {}
             for s, r in placed:
                 hits = cache.hits(r.ids)
                 # a chunked prompt's own blocks were computed, not found
                 own = self.scheduler.active[s].chunked_tokens
                 stats.count_prefix(len(r.ids), max(len(hits) * cache.block - own, 0))
-                rest = inputs.bucket(len(r.ids) - len(hits) * cache.block) if hits else None
-                groups.setdefault((inputs.bucket(len(r.ids)), rest), []).append((s, r, hits))
+                key = (device.P, True) if hits else (inputs.bucket(len(r.ids)), False)
+                groups.setdefault(key, []).append((s, r, hits))
             # every prefill first, then the stores: a store may evict a block that
             # another group's prefill reads (device calls run in order)
             fresh = [
-                device.prefill(P, [r for _, r, _ in g], _hits_if(rest, g), cache.pool)
-                for (P, rest), g in groups.items()
+                device.prefill(
+                    P, [r for _, r, _ in g], [h for _, _, h in g] if cached else None, cache.pool
+                )
+                for (P, cached), g in groups.items()
             ]
             for state, g in zip(fresh, groups.values(), strict=True):
                 entries = cache.claim([r.ids for _, r, _ in g])
@@ -171,12 +176,6 @@ class CachedPrefill:
         if entries:
             entries = [(slots[i], start, dst) for i, start, dst in entries]
             self.cache.pool = self.device.store_blocks(self.cache.pool, self.device.state, entries)
-
-
-def _hits_if(rest, group) -> list[list[int]] | None:
-    """The group's hits when its rows start from cached blocks (rest: their suffix
-    bucket), else None: a plain prefill."""
-    return None if rest is None else [hits for _, _, hits in group]
 
 
 def _i32(x):

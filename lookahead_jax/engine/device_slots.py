@@ -35,6 +35,7 @@ from lookahead_jax.decoding.decode_state import CachedPrefix, DecodeSpec, Decode
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs, slot_state
+from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.models import kv_pool
@@ -55,6 +56,8 @@ class DeviceSlots:
         self.slack = spec.max_emit  # kept after auto's hand-over (to_plain's min_slack)
         self.new_positions = new_positions
         self.stats: Stats = stats  # compile_s, prefill_calls, buckets, S
+        self.padded = PaddedShapes()  # the prefill shapes compiled, and padding spent
+        self.prefilled_positions = 0  # rows x (prompt or suffix) side of every prefill
         self.state: DecodeState | None = None
         self.to_retire_b = np.zeros((batch,), bool)  # rows to make done before generate
         self._set_shape(P)
@@ -66,6 +69,7 @@ class DeviceSlots:
         loop compiled at the next compile_loop_soon or generate, the insert at its first
         use)."""
         self.P = P
+        self.padded.reset()
         rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((self.B, *shape), dtype)  # noqa: E731
         self.loop_args = (
             self.model.params,
@@ -116,8 +120,16 @@ class DeviceSlots:
     ) -> DecodeState:
         """One prefill of the requests of bucket P, padded to `prefill_rows` rows (a padding
         row has max_new_tokens 0: done at once). hits: each request's cached leading
-        blocks, pool ids into `pool` (prefix_cache.py): only the rest of its prompt runs."""
-        n = slot_state.prefill_rows(len(requests), self.B)
+        blocks, pool ids into `pool` (prefix_cache.py): only the rest of its prompt runs.
+        Either may run at a larger shape already compiled, padded (prefill_shapes.py)."""
+        n, rate = slot_state.prefill_rows(len(requests), self.B), self._prefill_rate()
+        if hits is None:
+            n, P = self.padded.choose("prompt", n, P, rate)
+        else:
+            rest = max(
+                len(r.ids) - len(h) * pool.block for r, h in zip(requests, hits, strict=True)
+            )
+            n, T = self.padded.choose("suffix", n, inputs.bucket(rest), rate)
         pad = n - len(requests)
         prompt_np = np.zeros((n, P), np.int32)
         prompt_len_n, max_new_n = np.ones((n,), np.int32), np.zeros((n,), np.int32)
@@ -142,19 +154,29 @@ class DeviceSlots:
                 lambda a: multihost.replicated(mesh, a, sharding.batch_major(a, mesh)), rows
             )
         if hits is not None:
-            rows = (*rows, _cached_prefix(P, requests, hits, pool, n))
+            rows = (*rows, _cached_prefix(P, requests, hits, pool, n, T))
         args = (self.model.params, *rows)
-        buckets = self.stats.prompt_buckets
-        if P not in buckets:
-            buckets.append(P)
+        buckets = self.stats.prompt_buckets  # the prompts', whatever the shape it ran at
+        if (asked := inputs.bucket(max(len(r.ids) for r in requests))) not in buckets:
+            buckets.append(asked)
         self.stats.prefill_calls += 1
         # room for the new positions that gives this prompt bucket's rows the state's S
+        compile_s = self.stats.compile_s
         start = self._compiled(self.P + self.new_positions - P, args, "start")
+        kind, size = ("prompt", P) if hits is None else ("suffix", T)
+        self.padded.ran(kind, n, size, self.stats.compile_s - compile_s)
+        self.prefilled_positions += n * size
         fresh = start(*args)
         if self.memory is not None and self.spec.lookahead is not None:
             recall = slot_state.program(guess_memory.recall, None, static_argnames=_STATIC)
             fresh = recall(fresh, self.memory.of(self.spec), spec=self.spec, bucket=P)
         return fresh
+
+    def _prefill_rate(self) -> float:
+        """Positions (rows x prompt or suffix side, padding included) this run's
+        prefills ran a second (0: none measured)."""
+        seconds = self.stats.prefill_s
+        return self.prefilled_positions / seconds if seconds > 0 else 0.0
 
     def remember(self, slots: list[int]) -> None:
         """Fold the rows `slots` (ended, not yet refilled) into the guess sources'
@@ -242,16 +264,15 @@ class DeviceSlots:
             self.state = jax.device_put(self.state, self.state_sh)
 
 
-def _cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int) -> CachedPrefix:
+def _cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int, T: int) -> CachedPrefix:
     """The prefill's CachedPrefix for n rows (the requests', then padding rows with
-    nothing cached): M = P // BLOCK block ids a row, the suffix bucketed to T."""
+    nothing cached): M = P // BLOCK block ids a row, the suffixes padded to T."""
     block = pool.block
     blocks_nm = np.zeros((n, P // block), np.int32)
     length_n = np.zeros((n,), np.int32)
     for i, ids in enumerate(hits):
         blocks_nm[i, : len(ids)] = ids
         length_n[i] = len(ids) * block
-    T = inputs.bucket(max(len(r.ids) - int(c) for r, c in zip(requests, length_n, strict=False)))
     suffix_nt = np.zeros((n, T), np.int32)
     for i, r in enumerate(requests):
         rest = r.ids[length_n[i] :]

@@ -139,18 +139,22 @@ def run_server(args, cache_mb: float, questions: list[dict]) -> dict:
     measure, warm = firsts[:n], (firsts[n : 2 * n], firsts[2 * n : 3 * n])
     try:
         out = {}
+        want = set(args.workloads.split(","))
         with_system = lambda system, qs: [  # noqa: E731
             [{"role": "system", "content": system}, {"role": "user", "content": q}] for q in qs
         ]
-        warm_system = [with_system(s, qs) for s, qs in zip(SYSTEM_WARM, warm, strict=True)]
-        out["shared_system"] = measured(url, warm_system, with_system(SYSTEM, measure), mt)
-        turns = [q["turns"][:2] for q in questions]
-        warm_turns = [second_turns(url, turns[k * n : (k + 1) * n], mt) for k in (1, 2)]
-        measure_turns = second_turns(url, turns[:n], mt)
-        out["multi_turn"] = measured(url, warm_turns, measure_turns, mt)
-        for pass_ in (*warm, measure):  # each asked once; then the warm sets again, and
-            asyncio.run(drive(url, pass_, CONCURRENCY, mt))  # the measured one
-        out["asked_twice"] = measured(url, list(warm), measure, mt)
+        if "shared_system" in want:
+            warm_system = [with_system(s, qs) for s, qs in zip(SYSTEM_WARM, warm, strict=True)]
+            out["shared_system"] = measured(url, warm_system, with_system(SYSTEM, measure), mt)
+        if "multi_turn" in want:
+            turns = [q["turns"][:2] for q in questions]
+            warm_turns = [second_turns(url, turns[k * n : (k + 1) * n], mt) for k in (1, 2)]
+            measure_turns = second_turns(url, turns[:n], mt)
+            out["multi_turn"] = measured(url, warm_turns, measure_turns, mt)
+        if "asked_twice" in want:
+            for pass_ in (*warm, measure):  # each asked once; then the warm sets again,
+                asyncio.run(drive(url, pass_, CONCURRENCY, mt))  # and the measured one
+            out["asked_twice"] = measured(url, list(warm), measure, mt)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
@@ -197,6 +201,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--cache-mb", type=float, default=256)
     ap.add_argument("--out", default="benchmarks/cpu/prefix_cache")
+    ap.add_argument("--workloads", default="shared_system,multi_turn,asked_twice")
     args = ap.parse_args()
 
     from machine import run_header
