@@ -28,7 +28,13 @@ from lookahead_jax.checkpoints.loading import resolve_dtype
 from lookahead_jax.decoding.cost_curve import step_latencies
 from lookahead_jax.models.config import LlamaConfig, RopeScaling
 from lookahead_jax.models.llama import LlamaLM
-from lookahead_jax.models.llama_params import flat_names, from_flat, param_specs, split_layers
+from lookahead_jax.models.llama_params import (
+    flat_names,
+    from_flat,
+    param_specs,
+    quantize_params,
+    split_layers,
+)
 
 SHAPES = {
     "smollm2-135m": dict(
@@ -77,11 +83,12 @@ def model_and_params(name: str, dtype):
     return model.cfg, model.params
 
 
-def random_params(cfg, dtype, scale: float = 0.02):
+def random_params(cfg, dtype, scale: float = 0.02, weights: str = "float"):
     """llama_params.init_params' weights made one tensor at a time, each by a small program per
     shape: init_params under one jit is one program that draws every weight and splits
     the layers, and XLA's GPU compiler took minutes over it for the 7B/8B shapes (issue
-    36's device runs printed nothing within 100 s)."""
+    36's device runs printed nothing within 100 s). weights "int8" / "q8_0": the matrices
+    quantized as lj.load quantizes a checkpoint's."""
 
     @functools.partial(jax.jit, static_argnums=(1, 2))
     def draw(key, shape, norm):
@@ -94,7 +101,10 @@ def random_params(cfg, dtype, scale: float = 0.02):
         name: draw(k, tuple(spec.shape), name.endswith("norm"))
         for (name, spec), k in zip(named.items(), keys, strict=True)
     }
-    return split_layers(from_flat(cfg, flat))
+    params = from_flat(cfg, flat)
+    if weights != "float":
+        params = quantize_params(params, cfg, weights=weights)
+    return split_layers(params)
 
 
 def bench_model(name: str, dtype):
