@@ -51,7 +51,8 @@ class CachedPrefill:
             )
             # (P, whether from cached blocks) -> [(slot, request, hits)]: the rows with
             # hits in one prefill at the state's prompt side, whatever their buckets (one
-            # program per (rows, suffix bucket): prefill_shapes.py), the others by bucket
+            # program per (rows, suffix bucket): prefill_shapes.py; each row gathers
+            # P / Sb blocks, its own and ignored ones), the others by bucket
             groups: dict[tuple, list] = {}
             for s, r in placed:
                 hits = cache.hits(r.ids)

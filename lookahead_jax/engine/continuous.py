@@ -29,7 +29,8 @@ bucket first (stable within a bucket), starting with P = the first prompt's buck
 request of a longer bucket first grows the state (the S axis padded, rows in flight
 untouched), so attention never spans positions sized for the longest prompt of the
 dataset while short ones decode. New programs: one prefill per prompt bucket and row
-count (`stats.prompt_buckets`), one loop and one insert per S
+count (the buckets met: `stats.prompt_buckets`; a shape not compiled yet may run padded
+to one that is: prefill_shapes.py), one loop and one insert per S
 (`stats.cache_positions`). `max_prompt_tokens` fixes P (arrival order kept, no
 growth): what a server wants.
 

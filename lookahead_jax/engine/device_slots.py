@@ -156,7 +156,7 @@ class DeviceSlots:
         if hits is not None:
             rows = (*rows, _cached_prefix(P, requests, hits, pool, n, T))
         args = (self.model.params, *rows)
-        buckets = self.stats.prompt_buckets  # the prompts', whatever the shape it ran at
+        buckets = self.stats.prompt_buckets  # the longest prompt's, whatever shape it ran at
         if (asked := inputs.bucket(max(len(r.ids) for r in requests))) not in buckets:
             buckets.append(asked)
         self.stats.prefill_calls += 1
@@ -173,10 +173,15 @@ class DeviceSlots:
         return fresh
 
     def _prefill_rate(self) -> float:
-        """Positions (rows x prompt or suffix side, padding included) this run's
-        prefills ran a second (0: none measured)."""
+        """Positions (rows x prompt or suffix side, padding included) this run's prefills
+        ran a second: a rough rate (prefill_s also holds the inserts, stores and chunks;
+        a prompt's attention grows with P^2), low rather than high, so it errs towards
+        compiling. 0 (no padding) with several processes: each decides on its own
+        clock, and processes that chose different programs would wait on each other."""
         seconds = self.stats.prefill_s
-        return self.prefilled_positions / seconds if seconds > 0 else 0.0
+        if seconds <= 0 or multihost.is_multiprocess():
+            return 0.0
+        return self.prefilled_positions / seconds
 
     def remember(self, slots: list[int]) -> None:
         """Fold the rows `slots` (ended, not yet refilled) into the guess sources'

@@ -55,8 +55,8 @@ class PaddedShapes:
         return n2, s2
 
     def ran(self, kind: str, n: int, side: int, compile_s: float) -> None:
-        """A prefill ran at (n, side), after compile_s seconds compiling it (0: it was)."""
-        if (kind, n, side) not in self.compiled:
-            self.compiled.add((kind, n, side))
-            if compile_s > 0:
-                self.compile_s.append(compile_s)
+        """A prefill ran at (n, side), after compile_s seconds compiling it (0: it was;
+        > 0 for a pair known here too where programs.py had dropped it, MAX_KEPT)."""
+        self.compiled.add((kind, n, side))
+        if compile_s > 0:
+            self.compile_s.append(compile_s)

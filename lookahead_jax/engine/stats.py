@@ -36,8 +36,9 @@ class Stats:
     row_steps: int = 0  # forward passes after the prefill, summed over rows
     rounds: int = 0  # device calls of the decode loop
     prefill_calls: int = 0
-    prompt_buckets: list[int] = dataclasses.field(default_factory=list)  # prompt sides P
-    # the state was shaped for, in order
+    prompt_buckets: list[int] = dataclasses.field(default_factory=list)  # each prefill's
+    # longest prompt's bucket, the first time met (not the shape it ran at: that may be
+    # a larger one, padded; engine/prefill_shapes.py), in order
     cache_positions: list[int] = dataclasses.field(default_factory=list)  # cache sizes S the
     # loop was compiled for, in order
     prefix_lookups: int = 0  # requests prefilled while the prefix cache was on

@@ -203,6 +203,9 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/cpu/prefix_cache")
     ap.add_argument("--workloads", default="shared_system,multi_turn,asked_twice")
     args = ap.parse_args()
+    unknown = set(args.workloads.split(",")) - {"shared_system", "multi_turn", "asked_twice"}
+    if unknown:  # (a subset starts from another cache than the whole run's later passes)
+        ap.error(f"unknown workloads: {', '.join(sorted(unknown))}")
 
     from machine import run_header
     from prompts import MT_BENCH
