@@ -15,7 +15,7 @@ from lookahead_jax.checkpoints import checkpoint
 from lookahead_jax.checkpoints.tokenizer import Tokenizer
 from lookahead_jax.distributed.sharding import default_mesh, shardings_for
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.models import packed
+from lookahead_jax.models import fused, packed
 from lookahead_jax.models.bundle import Model
 from lookahead_jax.models.config import LlamaConfig
 from lookahead_jax.models.llama import LlamaLM, attention_block_for
@@ -72,6 +72,7 @@ def load(
     verify: bool = True,
     weights: str = "float",
     cpu_kernel: bool | None = None,
+    fuse: bool | None = None,
 ) -> Model:
     """Load a converted checkpoint (checkpoints/convert/; CLI: python -m checkpoints_convert)
     or the bundled default.
@@ -89,6 +90,9 @@ def load(
     cpu_kernel: pack the matrices for the CPU's small-M kernel (models/packed.py): None
     where it applies (float32 or int8 weights, one CPU device, the kernel built here),
     False never (e.g. to differentiate through the model: the kernel has no gradient).
+    fuse: each layer's Q/K/V and gate/up matrices as one matmul each (models/fused.py):
+    None on GPUs and TPUs with one device, True also elsewhere (not with the CPU
+    kernel), False never (e.g. to train or save the params: their checkpoint form).
     """
     dtype = resolve_dtype(dtype)
     check_weights(weights)
@@ -109,7 +113,16 @@ def load(
         per_param = {"float": itemsize, "int8": 1, "q8_0": 1 + itemsize / 32}[weights]
         n_params = sum(math.prod(t["shape"]) for t in info.manifest["tensors"].values())
         mesh = default_mesh(n_params * per_param)
-    if cpu_kernel is not False:
+    if fuse is None:  # (not where the CPU kernel is asked for: it packs them its own way)
+        fuse = cpu_kernel is not True and fused.fuse_where_it_pays(
+            next(iter(devices)).platform, mesh
+        )
+    if fuse and (mesh is not None or cpu_kernel):
+        raise UserInputError(
+            "fuse=True needs one device and no CPU kernel (mesh=None, cpu_kernel None or "
+            "False): a mesh shards the heads, the kernel packs the matrices its own way"
+        )
+    if cpu_kernel is not False and not fuse:
         packed.build_kernel_soon(dtype, weights, mesh)
     # read and quantized in the checkpoint's stacked form, then one array per layer
     # (llama_params.split_layers: what the unrolled forward reads in place)
@@ -126,7 +139,9 @@ def load(
             "cpu_kernel=True needs float32 with float or int8 weights on one CPU device, "
             "and the kernel built here (models/cpu_kernel: x86-64 with AVX2 and FMA, g++)"
         )
-    if runs_here and cpu_kernel is not False:
+    if fuse:
+        params = fused.fuse_layers(params, free=True)
+    elif runs_here and cpu_kernel is not False:
         params = packed.pack_params(params, info.cfg, free=True)
     return Model(
         lm=lm,

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lookahead_jax.cache_dir import cache_root, write_atomic
-from lookahead_jax.models import packed
+from lookahead_jax.models import fused, packed
 
 COMPILE_THREADS = 2  # probe sizes compiled at once (measure_cost_curve)
 PROBE_LAYERS = 6  # a deep model's probes loop over this many layers or a few more (probe_model)
@@ -55,6 +55,8 @@ def _device_key(model, devices: int | None = None) -> str:
     suffix = "" if weights == "float" else f"-{weights}"
     if packed.is_packed(model.params):  # the CPU kernel's steps cost differently too
         suffix += "-packed"
+    if fused.has_fused(model.params):  # and fused matmuls (models/fused.py)
+        suffix += "-fused"
     dtype = jnp.dtype(model.dtype).name
     count = jax.device_count() if devices is None else devices
     return f"{kind}-x{count}-{model_fingerprint(model)}-{dtype}{suffix}"

@@ -33,7 +33,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from lookahead_jax.distributed import sharding
-from lookahead_jax.models import cpu_kernel, kv_cache, packed
+from lookahead_jax.models import cpu_kernel, fused, kv_cache, packed
 from lookahead_jax.models.config import LlamaConfig
 from lookahead_jax.models.kv_cache import KVCache
 from lookahead_jax.models.llama_params import LlamaParams, param_specs, per_layer, split_layers
@@ -252,9 +252,7 @@ def _layers(params, cfg, positions_bt, self_mask_btu, cache, rope, attention_blo
         cached = () if cache is None else (cache.k[i], cache.v[i], cache.lengths)
         with jax.named_scope(f"layer_{i}"), jax.named_scope("attention"):
             h = rms_norm(x_btd, lp.attn_norm, eps)
-            q = _plus(einsum("btd,dhe->bthe", h, lp.wq), lp.bq)
-            k = _plus(einsum("btd,dke->btke", h, lp.wk), lp.bk)
-            v = _plus(einsum("btd,dke->btke", h, lp.wv), lp.bv)
+            q, k, v = _qkv(h, lp, cfg.num_heads)
             if cfg.qk_norm:  # Qwen3: each head's q and k normalised over Dh
                 q, k = rms_norm(q, lp.q_norm, eps), rms_norm(k, lp.k_norm, eps)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -275,12 +273,35 @@ def _layers(params, cfg, positions_bt, self_mask_btu, cache, rope, attention_blo
             x_btd = x_btd + _plus(o, lp.bo)
         with jax.named_scope(f"layer_{i}"), jax.named_scope("mlp"):
             h = rms_norm(x_btd, lp.mlp_norm, eps)
-            gate = jax.nn.silu(_plus(einsum("btd,df->btf", h, lp.w_gate), lp.b_gate))
-            up = _plus(einsum("btd,df->btf", h, lp.w_up), lp.b_up)
+            gate, up = _gate_up(h, lp)
+            gate = jax.nn.silu(gate)
             x_btd = x_btd + _plus(einsum("btf,fd->btd", gate * up, lp.w_down), lp.b_down)
         new_k.append(k_bkte)
         new_v.append(v_bkte)
     return x_btd, tuple(new_k), tuple(new_v)
+
+
+def _qkv(h_btd, lp, H: int):
+    """(q [B, T, H, Dh], k and v [B, T, K, Dh]): one matmul for a fused layer (fused.py),
+    three for an unfused one."""
+    if fused.is_fused(lp):
+        qkv_bthe = _plus(einsum("btd,dhe->bthe", h_btd, lp.wqkv), lp.bqkv)  # h: H + 2K heads
+        K = (qkv_bthe.shape[2] - H) // 2
+        return qkv_bthe[:, :, :H], qkv_bthe[:, :, H : H + K], qkv_bthe[:, :, H + K :]
+    q = _plus(einsum("btd,dhe->bthe", h_btd, lp.wq), lp.bq)
+    k = _plus(einsum("btd,dke->btke", h_btd, lp.wk), lp.bk)
+    v = _plus(einsum("btd,dke->btke", h_btd, lp.wv), lp.bv)
+    return q, k, v
+
+
+def _gate_up(h_btd, lp):
+    """(gate, up) [B, T, F] before the activation: one matmul fused, two unfused."""
+    if fused.is_fused(lp):
+        gate_up_btf = _plus(einsum("btd,df->btf", h_btd, lp.w_gate_up), lp.b_gate_up)  # f: 2F
+        F = gate_up_btf.shape[-1] // 2
+        return gate_up_btf[..., :F], gate_up_btf[..., F:]
+    gate = _plus(einsum("btd,df->btf", h_btd, lp.w_gate), lp.b_gate)
+    return gate, _plus(einsum("btd,df->btf", h_btd, lp.w_up), lp.b_up)
 
 
 def _attention_kernel(params: LlamaParams, cache: KVCache | None, head_dim: int) -> bool:

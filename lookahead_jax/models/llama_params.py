@@ -148,6 +148,13 @@ def flat_names(tree, is_leaf=None) -> dict[str, object]:
                 "packed params (the CPU kernel's layout, models/packed.py) have no checkpoint "
                 "names: lj.load(..., cpu_kernel=False) gives the weights as stored"
             )
+        if not isinstance(tree.layers, LayerParams) and any(
+            not isinstance(lp, LayerParams) for lp in tree.layers
+        ):  # models/fused.py's FusedLayer (not imported: it imports this module)
+            raise ValueError(
+                "fused params (q/k/v and gate/up as one matrix each, models/fused.py) have "
+                "no checkpoint names: lj.load(..., fuse=False) gives the weights as stored"
+            )
         tree = stack_layers(tree)
     leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_leaf)
     return {_path_name(p): leaf for p, leaf in leaves}

@@ -130,7 +130,7 @@ def _run(args) -> int:
     mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else None
     # the weights as they are (cpu_kernel=False): training differentiates through the
     # forward, and the CPU kernel's packed weights have no gradient
-    model = lj.load(args.ckpt, dtype=args.dtype, mesh=mesh, cpu_kernel=False)
+    model = lj.load(args.ckpt, dtype=args.dtype, mesh=mesh, cpu_kernel=False, fuse=False)
     if model.tokenizer is None:
         raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; text prompts need one")
     work.mkdir(parents=True, exist_ok=True)

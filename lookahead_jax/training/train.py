@@ -33,7 +33,7 @@ import numpy as np
 
 from lookahead_jax.cache_dir import write_atomic
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.models import packed
+from lookahead_jax.models import fused, packed
 from lookahead_jax.training import layout
 from lookahead_jax.training.loss import TEACHERS, losses
 from lookahead_jax.training.trajectories import Trajectories, differences
@@ -241,6 +241,11 @@ def train(model, data: Trajectories, work_dir, tc: TrainConfig, progress: bool =
             "training differentiates through the model, and the CPU kernel's packed weights "
             "have no gradient: load the model with lj.load(..., cpu_kernel=False)"
         )
+    if fused.has_fused(model.params):
+        raise UserInputError(
+            "training reads and saves each matrix by its checkpoint name, which fused q/k/v "
+            "and gate/up matrices lack: load the model with lj.load(..., fuse=False)"
+        )
     dtype = jax.tree.leaves(model.params)[0].dtype
     if dtype not in (np.float32, np.float64):
         raise UserInputError(
@@ -380,6 +385,8 @@ def write_checkpoint(model, params, out, source: dict, force: bool = False) -> P
 
     if not isinstance(model.lm, LlamaLM) or model.lm.weights != "float":
         raise UserInputError("writing a checkpoint needs a Llama-family model with float weights")
+    if fused.has_fused(params):
+        raise UserInputError("writing a checkpoint needs unfused params: lj.load(..., fuse=False)")
     flat = {name: np.asarray(x) for name, x in flat_names(params).items()}  # stacked
     with checkpoint.staging_dir(Path(out), force=force) as tmp:
         if getattr(model, "path", None) is not None:

@@ -137,7 +137,9 @@ def main() -> None:
     for build in args.builds.split(","):
         for weights in args.weights.split(","):
             key = f"{build}/{weights}"
-            models[key] = lj.load("smollm2-135m", weights=weights, cpu_kernel=build == "kernel")
+            models[key] = lj.load(
+                "smollm2-135m", weights=weights, cpu_kernel=build == "kernel", fuse=False
+            )
             for layout, batch in cases:
                 if weights != "float" and layout != "plain":
                     continue  # int8: the plain step is what the issue asks of it
