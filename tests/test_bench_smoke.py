@@ -81,6 +81,8 @@ def test_gpu_step_report_dry_run(tmp_path, tiny_text_ckpt):
     assert all(r["roofline"]["gbps"] > 0 for r in parts["engine"]["rows"] if r["layout"] == "plain")
     # the accelerators' attention adds no loop: one while loop, the loop over steps
     loops = {r["option"]: r["loops"] for r in parts["options"]["rows"]}
+    fused = {r["option"]: r["fused"] for r in parts["options"]["rows"]}
+    assert fused["Q/K/V and gate/up fused"] and not fused["Q/K/V and gate/up apart"]
     assert loops["attention over the whole cache"] == 1
     assert loops["attention in blocks (a loop per layer)"] == 1 + 2  # two layers
     assert parts["profile"]["plain"]["launches_per_step"] > 0

@@ -15,7 +15,8 @@ Parts, in the order they run (the targets' measurements first):
                 step, tokens/s, the bytes a step must read (weights + live K/V) against
                 the copy bandwidth and the card's nominal peak; a 16-token step at B = 1
     options     A/B of the llama2-7b plain step at B = 1, one change each from the
-                platform's default: attention over the whole cache (the GPU's) and in
+                platform's default: Q/K/V and gate/up fused (the GPU's) and apart;
+                attention over the whole cache (the GPU's) and in
                 64-position blocks (a while loop per layer, the CPU's); command buffers
                 that take WHILE and CONDITIONAL; Triton GEMMs allowed; int8 weights with
                 Triton GEMMs off and on
@@ -52,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
 from cost_curve import SHAPES, copy_bandwidth, measure, random_params  # noqa: E402
+from prompts import MT_BENCH  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
 from lookahead_jax import decoding  # noqa: E402
@@ -59,6 +61,7 @@ from lookahead_jax.checkpoints.loading import Model  # noqa: E402
 from lookahead_jax.decoding import programs, sampling  # noqa: E402
 from lookahead_jax.decoding.decode_state import DecodeSpec  # noqa: E402
 from lookahead_jax.decoding.loop import compiler_options  # noqa: E402
+from lookahead_jax.models import fused  # noqa: E402
 from lookahead_jax.models.config import LlamaConfig  # noqa: E402
 from lookahead_jax.models.llama import LlamaLM, attention_block_for  # noqa: E402
 
@@ -90,13 +93,24 @@ class Plan:
         self.smollm2: str | None = None  # its checkpoint (--smollm2)
 
 
-@functools.lru_cache(maxsize=1)  # one 7B/8B set on the card at a time, shared by parts
-def bench_model(name: str, dtype, weights: str = "float") -> Model:
+def bench_model(name: str, dtype, weights: str = "float", fuse: bool | None = None) -> Model:
     """A named shape with random weights (drawn per tensor: cost_curve.random_params), its
-    attention as lj.load sets it for this platform, no EOS (every row runs its budget)."""
+    attention and fused layers as lj.load has them on this platform (or `fuse`), no EOS
+    (every row runs its budget)."""
+    platform = jax.devices()[0].platform
+    return _bench_model(
+        name, dtype, weights, fused.fuse_where_it_pays(platform, None) if fuse is None else fuse
+    )
+
+
+# the last set made, shared by parts (while the next is drawn, two are on the card)
+@functools.lru_cache(maxsize=1)
+def _bench_model(name: str, dtype, weights: str, fuse: bool) -> Model:
     shape = TINY if name == "tiny" else SHAPES[name]
     cfg = LlamaConfig(max_position_embeddings=8192, **shape)
     params = random_params(cfg, jnp.dtype(dtype), weights=weights)
+    if fuse:
+        params = fused.fuse_layers(params, free=True)
     block = attention_block_for(jax.devices()[0].platform)
     return Model(lm=LlamaLM(cfg, weights=weights, attention_block=block), params=params, eos_ids=())
 
@@ -106,7 +120,7 @@ def float_dtype(params):
     return next(x.dtype for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating))
 
 
-_LOOPS: dict = {}  # (model, layout, shapes, options) -> (start, run_loop) executables
+_LOOPS: dict = {}  # (spec, params' structure, shapes, options) -> (start, run_loop)
 
 
 def decode_loop(model, layout, batch: int, context: int, steps: int, options: dict):
@@ -128,7 +142,7 @@ def decode_loop(model, layout, batch: int, context: int, steps: int, options: di
         jnp.zeros((batch, 2), jnp.uint32),
         sampling.RowSampling.of([sampling.SamplingConfig()] * batch),
     )
-    key = (spec, batch, context, cap, tuple(sorted(options.items())))
+    key = (spec, jax.tree.structure(args), batch, context, cap, tuple(sorted(options.items())))
     t = time.perf_counter()
     if key not in _LOOPS:
         fns = decoding.jitted(spec, cap, None, args)
@@ -220,6 +234,8 @@ def part_options(plan: Plan, report: dict, out: dict) -> None:
     out.update(model=name, batch=1, context=plan.context)
     variants = [
         ("default", "float", None, {}),
+        ("Q/K/V and gate/up fused", "fused", None, {}),
+        ("Q/K/V and gate/up apart", "apart", None, {}),
         ("attention over the whole cache", "float", 0, {}),
         ("attention in blocks (a loop per layer)", "float", plan.block, {}),
         ("command buffers with WHILE, CONDITIONAL", "float", None,
@@ -228,19 +244,23 @@ def part_options(plan: Plan, report: dict, out: dict) -> None:
         ("int8 weights", "int8", None, {}),
         ("int8 weights, Triton GEMMs allowed", "int8", None, {"xla_gpu_enable_triton_gemm": True}),
     ]  # fmt: skip
-    rows, base = out.setdefault("rows", []), None
+    rows, base, made = out.setdefault("rows", []), None, None
     for label, weights, block, options in variants:
-        if base is None or base.lm.weights != weights:
-            base = None  # one 7B set on the card at a time (bench_model keeps one)
-            base = bench_model(name, plan.dtype, weights)
+        fuse = {"fused": True, "apart": False}.get(weights)  # else the platform's default
+        weights = "float" if fuse is not None else weights
+        if made != (weights, fuse):
+            base = None  # let the last set go (bench_model keeps one)
+            base, made = bench_model(name, plan.dtype, weights, fuse), (weights, fuse)
+        fused_here = fused.has_fused(base.params)
         model = base
         if block is not None:
             model = Model(lm=dataclasses.replace(base.lm, attention_block=block),
                           params=base.params, eos_ids=())  # fmt: skip
         state, loop, compile_s = decode_loop(model, "plain", 1, plan.context, plan.steps, options)
         ms = step_ms(model, state, loop, plan.steps, plan.repeats)
-        rows.append({"option": label, "weights": weights, "step_ms": ms, "compile_s": compile_s,
-                     "loops": loop.as_text().count(" while(")})  # fmt: skip
+        loops = loop.as_text().count(" while(")
+        rows.append({"option": label, "weights": weights, "fused": fused_here, "step_ms": ms,
+                     "compile_s": compile_s, "loops": loops})  # fmt: skip
         rows[-1]["ratio"] = ms["median"] / rows[0]["step_ms"]["median"]
         print(f"option {label}: {ms['median']:.2f} ms", flush=True)
         write(report)
@@ -306,15 +326,13 @@ def part_smollm2(plan: Plan, report: dict, out: dict) -> None:
 
 
 def mt_bench_prompts(model, count: int) -> list[list[int]]:
-    """The first `count` MT-bench first turns spread over its categories (chat template)."""
-    path = ROOT.parent / "shared" / "prompts" / "mt_bench.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """`count` MT-bench first turns spread over its categories (the copy under
+    benchmarks/prompts/, which travels with the checkout), with the chat template."""
+    rows = [json.loads(line) for line in MT_BENCH.read_text().splitlines() if line.strip()]
     by_cat: dict[str, list] = defaultdict(list)
     for r in rows:
         by_cat[r.get("category", "")].append(r)
-    picked = [
-        r for i in range(len(rows)) for cat in by_cat.values() if i < len(cat) for r in [cat[i]]
-    ]
+    picked = [cat[i] for i in range(len(rows)) for cat in by_cat.values() if i < len(cat)]
     return [model.tokenizer.encode_prompt(r["turns"][0], chat=True) for r in picked[:count]]
 
 
