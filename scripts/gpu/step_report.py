@@ -209,7 +209,7 @@ def part_engine(plan: Plan, report: dict, out: dict) -> None:
     for name in plan.big:
         model = bench_model(name, plan.dtype)
         runs = [("plain", b, plan.context) for b in plan.batches] + [("16", 1, plan.context)]
-        if name == plan.main:
+        if name == plan.main and not plan.dry:  # (the dry run: the same code as above)
             runs.append(("plain", plan.long_batch, plan.long_context))
         for layout, batch, context in runs:
             state, loop, compile_s = decode_loop(model, layout, batch, context, plan.steps, {})
@@ -244,6 +244,11 @@ def part_options(plan: Plan, report: dict, out: dict) -> None:
         ("int8 weights", "int8", None, {}),
         ("int8 weights, Triton GEMMs allowed", "int8", None, {"xla_gpu_enable_triton_gemm": True}),
     ]  # fmt: skip
+    if plan.dry:  # compiler flags alone: checked on a small program (XLA:CPU ignores them)
+        out["flags_checked"] = [
+            check_flags(options) or label for label, *_, options in variants if options
+        ]
+        variants = [v for v in variants if not v[3]]
     rows, base, made = out.setdefault("rows", []), None, None
     for label, weights, block, options in variants:
         fuse = {"fused": True, "apart": False}.get(weights)  # else the platform's default
@@ -266,20 +271,25 @@ def part_options(plan: Plan, report: dict, out: dict) -> None:
         write(report)
 
 
+def check_flags(options: dict) -> None:
+    """Compile a small program with these XLA options (a misspelt one fails here)."""
+    jax.jit(lambda x: x + 1).lower(jnp.float32(0)).compile({**compiler_options(), **options})
+
+
 def part_profile(plan: Plan, report: dict, out: dict) -> None:
     model = bench_model(plan.main, plan.dtype)
     for layout in ("plain", "16"):
         state, loop, _ = decode_loop(model, layout, 1, plan.context, plan.steps, {})
         step_ms(model, state, loop, plan.steps, 1)  # warm
-        logdir = Path(tempfile.mkdtemp(prefix="step-report-"))
         s = jax.block_until_ready(jax.tree.map(jnp.copy, state))
-        with jax.profiler.trace(str(logdir), create_perfetto_trace=True):
-            jax.block_until_ready(loop(model.params, s, jnp.int32(plan.steps), False))
-        found = sorted(logdir.rglob("perfetto_trace.json.gz"))
-        if not found:
-            raise RuntimeError(f"the profiler wrote no perfetto trace under {logdir}")
-        with gzip.open(found[0]) as f:
-            out[layout] = summarize(device_events(json.load(f)), plan.steps)
+        with tempfile.TemporaryDirectory(prefix="step-report-") as logdir:
+            with jax.profiler.trace(logdir, create_perfetto_trace=True):
+                jax.block_until_ready(loop(model.params, s, jnp.int32(plan.steps), False))
+            found = sorted(Path(logdir).rglob("perfetto_trace.json.gz"))
+            if not found:
+                raise RuntimeError(f"the profiler wrote no perfetto trace under {logdir}")
+            with gzip.open(found[0]) as f:
+                out[layout] = summarize(device_events(json.load(f)), plan.steps)
         write(report)
 
 
