@@ -104,7 +104,8 @@ def load(
         enable_compilation_cache()
     info = ckpt if isinstance(ckpt, ModelInfo) else inspect(ckpt)
     devices = jax.devices() if not isinstance(mesh, jax.sharding.Mesh) else mesh.devices.flat
-    lm = LlamaLM(info.cfg, weights, attention_block_for(next(iter(devices)).platform))
+    platform = next(iter(devices)).platform
+    lm = LlamaLM(info.cfg, weights, attention_block_for(platform))
     param_specs(info.cfg, weights)  # a shape the layout cannot take fails before reading
     if verify:
         checkpoint.check_files(info.path, info.cfg, info.manifest)
@@ -114,9 +115,7 @@ def load(
         n_params = sum(math.prod(t["shape"]) for t in info.manifest["tensors"].values())
         mesh = default_mesh(n_params * per_param)
     if fuse is None:  # (not where the CPU kernel is asked for: it packs them its own way)
-        fuse = cpu_kernel is not True and fused.fuse_where_it_pays(
-            next(iter(devices)).platform, mesh
-        )
+        fuse = cpu_kernel is not True and fused.fuse_where_it_pays(platform, mesh)
     if fuse and (mesh is not None or cpu_kernel):
         raise UserInputError(
             "fuse=True needs one device and no CPU kernel (mesh=None, cpu_kernel None or "

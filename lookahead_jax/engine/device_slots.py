@@ -105,9 +105,10 @@ class DeviceSlots:
             )
 
     def _compiled(self, new_positions: int, args, name: str):
+        """(executable, seconds spent compiling it now), those seconds added to the stats."""
         exe, secs = programs.compiled(self.model, self.spec, new_positions, args, name)
         self.stats.compile_s += secs
-        return exe
+        return exe, secs
 
     # ------------------------------------------------------------------ the three verbs
 
@@ -122,14 +123,14 @@ class DeviceSlots:
         row has max_new_tokens 0: done at once). hits: each request's cached leading
         blocks, pool ids into `pool` (prefix_cache.py): only the rest of its prompt runs.
         Either may run at a larger shape already compiled, padded (prefill_shapes.py)."""
-        n, rate = slot_state.prefill_rows(len(requests), self.B), self._prefill_rate()
-        if hits is None:
-            n, P = self.padded.choose("prompt", n, P, rate)
+        if hits is None:  # side: the prompt's bucket P, or the suffix's past the blocks T
+            kind, side = "prompt", P
         else:
-            rest = max(
-                len(r.ids) - len(h) * pool.block for r, h in zip(requests, hits, strict=True)
-            )
-            n, T = self.padded.choose("suffix", n, inputs.bucket(rest), rate)
+            rest = (len(r.ids) - len(h) * pool.block for r, h in zip(requests, hits, strict=True))
+            kind, side = "suffix", inputs.bucket(max(rest))
+        n = slot_state.prefill_rows(len(requests), self.B)
+        n, side = self.padded.choose(kind, n, side, self._prefill_rate())
+        P = side if hits is None else P
         pad = n - len(requests)
         prompt_np = np.zeros((n, P), np.int32)
         prompt_len_n, max_new_n = np.ones((n,), np.int32), np.zeros((n,), np.int32)
@@ -154,18 +155,16 @@ class DeviceSlots:
                 lambda a: multihost.replicated(mesh, a, sharding.batch_major(a, mesh)), rows
             )
         if hits is not None:
-            rows = (*rows, _cached_prefix(P, requests, hits, pool, n, T))
+            rows = (*rows, _cached_prefix(P, requests, hits, pool, n, side))
         args = (self.model.params, *rows)
         buckets = self.stats.prompt_buckets  # the longest prompt's, whatever shape it ran at
         if (asked := inputs.bucket(max(len(r.ids) for r in requests))) not in buckets:
             buckets.append(asked)
         self.stats.prefill_calls += 1
         # room for the new positions that gives this prompt bucket's rows the state's S
-        compile_s = self.stats.compile_s
-        start = self._compiled(self.P + self.new_positions - P, args, "start")
-        kind, size = ("prompt", P) if hits is None else ("suffix", T)
-        self.padded.ran(kind, n, size, self.stats.compile_s - compile_s)
-        self.prefilled_positions += n * size
+        start, compile_s = self._compiled(self.P + self.new_positions - P, args, "start")
+        self.padded.ran(kind, n, side, compile_s)
+        self.prefilled_positions += n * side
         fresh = start(*args)
         if self.memory is not None and self.spec.lookahead is not None:
             recall = slot_state.program(guess_memory.recall, None, static_argnames=_STATIC)
@@ -231,7 +230,7 @@ class DeviceSlots:
             self.state = self._retire(self.state, self.to_retire_b)
             self.to_retire_b[:] = False
         if self.loop is None:
-            self.loop = self._compiled(self.new_positions, self.loop_args, "run_loop")
+            self.loop, _ = self._compiled(self.new_positions, self.loop_args, "run_loop")
         steps = jnp.int32(steps_per_call)
         self.state = self.loop(self.model.params, self.state, steps, jnp.bool_(waiting))
 

@@ -52,8 +52,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
-from cost_curve import SHAPES, copy_bandwidth, measure, random_params  # noqa: E402
+from cost_curve import SHAPES, cache_bytes_read, copy_bandwidth, measure, random_params  # noqa: E402
 from prompts import MT_BENCH  # noqa: E402
+from step_ratio import time_steps, weight_bytes  # noqa: E402
 
 import lookahead_jax as lj  # noqa: E402
 from lookahead_jax import decoding  # noqa: E402
@@ -158,25 +159,16 @@ def decode_loop(model, layout, batch: int, context: int, steps: int, options: di
 
 
 def step_ms(model, state, loop, steps: int, repeats: int) -> dict:
-    """ms per step of `steps` steps from a copy of the prefilled state: min and median
-    of `repeats`, after one untimed run."""
-    times = []
-    for _ in range(repeats + 1):
-        s = jax.block_until_ready(jax.tree.map(jnp.copy, state))  # the loop donates it
-        t = time.perf_counter()
-        s = jax.block_until_ready(loop(model.params, s, jnp.int32(steps), False))
-        times.append(1000 * (time.perf_counter() - t) / steps)
-        assert int(s.steps.min()) == steps, "every row decodes every step"
-    return {"min": min(times[1:]), "median": float(np.median(times[1:]))}
+    """ms per step of `steps` steps from a copy of the prefilled state (step_ratio's
+    time_steps): min and median of `repeats`, after one untimed run."""
+    times = [time_steps(model, state, loop, steps) for _ in range(repeats + 1)][1:]
+    return {"min": min(times), "median": float(np.median(times))}
 
 
 def step_bytes(model, batch: int, context: int) -> int:
     """What a plain step must read: every weight once and each row's live K/V."""
-    cfg, itemsize = model.lm.cfg, float_dtype(model.params).itemsize
-    weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
-    return (
-        weights + 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * batch * context * itemsize
-    )
+    live = cache_bytes_read(model.lm.cfg, batch, context, float_dtype(model.params))
+    return weight_bytes(model.params) + live
 
 
 # ---------------------------------------------------------------------- parts
