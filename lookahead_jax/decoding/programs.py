@@ -119,17 +119,31 @@ def compiled(model, spec: DecodeSpec, new_positions: int, start_args, name: str)
 
 
 def compile_soon(model, spec: DecodeSpec, new_positions: int, start_args, name: str):
-    """Start compiling what `compiled` would return in a background thread (traced here,
-    in the caller's thread: JAX's settings, such as x64, are per thread), so that the
-    caller compiles another program meanwhile: XLA compiles mostly on one thread (two
-    of auto's probe programs took 10.2 s one after the other, 6.9 s side by side on the
-    2-core CPU), and the engine compiles its loop beside its first prefill."""
+    """Start making what `compiled` would return in a background thread — tracing,
+    lowering and compiling — so that the caller compiles another program meanwhile: XLA
+    compiles mostly on one thread (two of auto's probe programs took 10.2 s one after the
+    other, 6.9 s side by side on the 2-core CPU), and the engine compiles its loop beside
+    its first prefill's program. Tracing a lookahead loop takes 1-1.7 s even when the
+    persistent cache then holds its executable (Intel Xeon, SmolLM2): in the caller's
+    thread it delayed the first prefill by that much. JAX's thread-local settings that
+    tracing reads (x64; the matmul precision, part of the key) are the caller's."""
     key = _key(model, spec, new_positions, start_args)
     _settle()
     if (key, name) in _COMPILED or (key, name) in _PENDING:
         return
-    lowered = _lowered(key, model, spec, new_positions, start_args, name)
-    _PENDING[(key, name)] = _COMPILER.submit(lowered.compile)
+    x64 = bool(jax.config.jax_enable_x64)
+
+    def make():
+        with jax.enable_x64(x64):
+            return _lowered(key, model, spec, new_positions, start_args, name).compile()
+
+    _PENDING[(key, name)] = _COMPILER.submit(make)
+
+
+def pending(model, spec: DecodeSpec, new_positions: int, start_args, name: str) -> bool:
+    """Whether `compile_soon` is still making this program."""
+    key = _key(model, spec, new_positions, start_args)
+    return (key, name) in _PENDING and not _PENDING[(key, name)].done()
 
 
 def _settle() -> None:
@@ -152,7 +166,8 @@ def _lowered(key, model, spec: DecodeSpec, new_positions: int, start_args, name:
         "start": start_args,
         "run_loop": (model.params, state, jnp.int32(0), jnp.bool_(False)),
     }[name]
-    with precision_scope(spec.cache_dtype):
+    precision = key[-1]  # the caller's (matmul_precision), whichever thread lowers
+    with contextlib.nullcontext() if precision is None else jax.default_matmul_precision(precision):
         return getattr(fns, name).lower(*lower_args)  # with jitted's compiler options
 
 

@@ -104,6 +104,13 @@ class DeviceSlots:
                 self.model, self.spec, self.new_positions, self.loop_args, "run_loop"
             )
 
+    def _loop_ready(self) -> None:
+        """The loop for the current shapes, compiled (or waited for: compile_loop_soon).
+        A prefill waits for it too, so that it runs on quiet cores rather than beside the
+        loop's compile (its seconds go to compile_s, where they belong, not prefill_s)."""
+        if self.loop is None:
+            self.loop, _ = self._compiled(self.new_positions, self.loop_args, "run_loop")
+
     def _compiled(self, new_positions: int, args, name: str):
         """(executable, seconds spent compiling it now), those seconds added to the stats."""
         exe, secs = programs.compiled(self.model, self.spec, new_positions, args, name)
@@ -165,6 +172,7 @@ class DeviceSlots:
         start, compile_s = self._compiled(self.P + self.new_positions - P, args, "start")
         self.padded.ran(kind, n, side, compile_s)
         self.prefilled_positions += n * side
+        self._loop_ready()
         fresh = start(*args)
         if self.memory is not None and self.spec.lookahead is not None:
             recall = slot_state.program(guess_memory.recall, None, static_argnames=_STATIC)
@@ -229,8 +237,7 @@ class DeviceSlots:
         if self.to_retire_b.any():
             self.state = self._retire(self.state, self.to_retire_b)
             self.to_retire_b[:] = False
-        if self.loop is None:
-            self.loop, _ = self._compiled(self.new_positions, self.loop_args, "run_loop")
+        self._loop_ready()
         steps = jnp.int32(steps_per_call)
         self.state = self.loop(self.model.params, self.state, steps, jnp.bool_(waiting))
 
