@@ -82,17 +82,20 @@ def requests(order_seed: int) -> list[lj.Request]:
 
 
 LONGEST = max(map(len, PROMPTS))
-CASES = [  # (lookahead, batch, temperature, max_prompt_tokens: None = the state grows)
-    (None, 2, 0.0, None),
-    (lj.LookaheadConfig.for_tokens(8), 3, 0.0, None),  # growing: a loop per bucket, so
-    # the smaller tree (tokens=16, the CPU's default, at batches 1 and 4 below)
-    (lj.LookaheadConfig.for_tokens(16), 1, 0.0, LONGEST),
-    (lj.LookaheadConfig.for_tokens(16), 4, 0.9, LONGEST),
+CASES = [  # (lookahead, batch, temperature, max_prompt_tokens: None = the state grows,
+    # row_buckets: True = every round at the smallest row bucket, its rows gathered)
+    (None, 2, 0.0, None, "auto"),
+    (lj.LookaheadConfig.for_tokens(8), 3, 0.0, None, True),  # growing: a loop per bucket,
+    # so the smaller tree (tokens=16, the CPU's default, at batches 1 and 4 below)
+    (lj.LookaheadConfig.for_tokens(16), 1, 0.0, LONGEST, "auto"),
+    (lj.LookaheadConfig.for_tokens(16), 4, 0.9, LONGEST, "auto"),
 ]
 
 
-@pytest.mark.parametrize("lookahead,batch,temperature,max_prompt", CASES)
-def test_engine_equals_plain_decoding_alone(model64, lookahead, batch, temperature, max_prompt):
+@pytest.mark.parametrize("lookahead,batch,temperature,max_prompt,row_buckets", CASES)
+def test_engine_equals_plain_decoding_alone(
+    model64, lookahead, batch, temperature, max_prompt, row_buckets
+):
     with jax.enable_x64(True):
         engine = lj.Engine(
             model64,
@@ -103,10 +106,13 @@ def test_engine_equals_plain_decoding_alone(model64, lookahead, batch, temperatu
             seed=SEED,
             steps_per_call=5,
             max_prompt_tokens=max_prompt,
+            row_buckets=row_buckets,
         )
         results = list(engine.run(requests(order_seed=batch)))
     check_against_reference(model64, results, temperature)
     stats = engine.stats
+    if row_buckets is True:  # the tail ran at fewer rows: a row's tokens do not depend
+        assert min(stats.rounds_by_rows) < batch, stats.rounds_by_rows  # on them
     if lookahead is not None:  # not vacuous: guesses were accepted, greedy and sampled
         assert accepted_guesses(stats) > 0
     else:

@@ -245,9 +245,9 @@ def _run(args) -> int:
     if not args.no_warmup:
         # with logprobs asked: an offline run compiles the logprob code only when some
         # request asks, and the server's programs (online) always have it
+        # (and every row bucket's loop: engine/row_buckets.py)
         warm = lj.Request([info.cfg.bos_token_id or 1], max_new_tokens=1, logprobs=0)
-        list(engine.run([warm]))
-        engine.stats = lj.Stats(batch=engine.batch)  # the server's own from here
+        engine.warm_up(warm)  # the stats: the server's own from here
     name = args.model_name or (
         args.ckpt if not Path(args.ckpt).exists() else Path(args.ckpt).resolve().name
     )

@@ -140,10 +140,10 @@ def compile_soon(model, spec: DecodeSpec, new_positions: int, start_args, name: 
     _PENDING[(key, name)] = _COMPILER.submit(make)
 
 
-def pending(model, spec: DecodeSpec, new_positions: int, start_args, name: str) -> bool:
-    """Whether `compile_soon` is still making this program."""
-    key = _key(model, spec, new_positions, start_args)
-    return (key, name) in _PENDING and not _PENDING[(key, name)].done()
+def ready(model, spec: DecodeSpec, new_positions: int, start_args, name: str) -> bool:
+    """Whether `compiled` would return this program without compiling or waiting."""
+    _settle()
+    return (_key(model, spec, new_positions, start_args), name) in _COMPILED
 
 
 def _settle() -> None:

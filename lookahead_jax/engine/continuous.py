@@ -55,7 +55,7 @@ import jax.numpy as jnp
 from lookahead_jax.decoding.guess_memory import GuessMemory
 from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed import multihost, sharding
-from lookahead_jax.engine import inputs, requests
+from lookahead_jax.engine import inputs, requests, row_buckets
 from lookahead_jax.engine.prefix_cache import BLOCK, PrefixCache
 from lookahead_jax.engine.requests import Encoded, Listener, Request, Result, Update
 from lookahead_jax.engine.scheduler import Active, Scheduler
@@ -119,6 +119,12 @@ class Engine:
     before it left (decoding/guess_memory.py), so that a prompt asked again or a
     conversation's next turn is guessed from the earlier answers; tokens are unchanged
     (every guess is verified). Kept across runs.
+    row_buckets: a round decodes the live slots only, gathered into the smallest row
+    bucket (1, 2, 4, ... below `batch`, then `batch`) that holds them, so that few live
+    requests decode at the rate of a small batch: True (compiling each bucket's loop as
+    it is needed), "auto" (a bucket whose loop is compiled; a new one once the padding
+    rows have cost as much as compiling it: engine/row_buckets.py) or False (every
+    round steps all `batch` rows). Off on a mesh.
     max_logprobs: the most alternatives a request may ask with its tokens' logprobs
     (Request.logprobs; vLLM's default limit, 20); None: requests may not ask. The
     programs keep logprobs online always (computed in a step only when a row asks),
@@ -144,6 +150,7 @@ class Engine:
         prefix_cache_mb: float | None = None,
         prefill_chunk: int | str | None = "auto",
         shared_guesses: bool = False,
+        row_buckets: bool | str = "auto",
     ):
         inputs.check_model(model)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -190,6 +197,9 @@ class Engine:
         if not isinstance(shared_guesses, bool):
             raise UserInputError(f"shared_guesses must be True or False, got {shared_guesses!r}")
         self.shared_guesses = shared_guesses
+        if row_buckets not in (True, False, "auto") or not isinstance(row_buckets, bool | str):
+            raise UserInputError(f'row_buckets must be True, False or "auto", got {row_buckets!r}')
+        self.row_buckets = row_buckets
         self.guess_memory = GuessMemory()  # kept across runs (used with shared_guesses)
         self._prefix_cache: PrefixCache | None = None  # made at the first run that uses it
         self.stats = Stats(batch=batch)  # online: since the start; offline: the last run
@@ -331,6 +341,18 @@ class Engine:
         )
         scheduler.queue.extend(encoded)
         return scheduler
+
+    def warm_up(self, request: Request) -> None:
+        """Decode `request` offline, then compile the decode loop of every row bucket at
+        the shapes it ran at (with max_prompt_tokens: the online rounds' own), so that
+        the first requests compile nothing whichever number of them is live. The stats
+        start afresh after it."""
+        scheduler = self._offline(self.encode([request]))
+        for _ in self._drive(scheduler, end_interrupted=False):
+            pass
+        if scheduler.buckets.mode is not False:
+            scheduler.device.compile_loops(row_buckets.buckets(self.batch))
+        self.stats = Stats(batch=self.batch)
 
     # ------------------------------------------------------------------ online
 

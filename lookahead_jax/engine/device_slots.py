@@ -12,8 +12,12 @@ run_loop through programs.py; the edits of slot_state.py):
               steps, or until a slot finishes while requests wait
 
 and what goes around them: `read` (fields back to the host, every process's rows),
-`grow` (a longer prompt side: the S axis padded), `retire_later` (rows the host ended,
-made done before the next generate), `to_plain` (auto's hand-over).
+`grow` (a longer prompt side: the S axis padded), `resize` (the state's rows: a row
+bucket, row_buckets.py), `retire_later` (rows the host ended, made done before the next
+generate), `to_plain` (auto's hand-over).
+
+Rows: the state holds R <= B rows (`rows`), the slots 0 .. R-1; the scheduler keeps every
+slot it uses below R. One loop program per R.
 
 Shapes: S = P + new_positions + slack, where new_positions is the budget side (the
 largest max_new_tokens a request may have, rounded up to a power of two) and slack the
@@ -50,6 +54,8 @@ class DeviceSlots:
         self, model, batch: int, spec: DecodeSpec, new_positions: int, P: int, stats, memory=None
     ):
         self.model, self.B, self.spec = model, batch, spec
+        self.rows = batch  # rows of the state: a row bucket (resize)
+        self.loop_compile_s: list[float] = []  # each loop compile waited for, seconds
         # the guess sources' engine-wide memories (guess_memory.py; a GuessMemory kept by
         # the engine across runs), None: each row's guesses start from nothing
         self.memory = memory
@@ -59,7 +65,7 @@ class DeviceSlots:
         self.padded = PaddedShapes()  # the prefill shapes compiled, and padding spent
         self.prefilled_positions = 0  # rows x (prompt or suffix) side of every prefill
         self.state: DecodeState | None = None
-        self.to_retire_b = np.zeros((batch,), bool)  # rows to make done before generate
+        self.to_retire_b = np.zeros((batch,), bool)  # rows to make done before generate [R]
         self._set_shape(P)
 
     # ------------------------------------------------------------------ shapes, programs
@@ -70,23 +76,28 @@ class DeviceSlots:
         use)."""
         self.P = P
         self.padded.reset()
-        rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((self.B, *shape), dtype)  # noqa: E731
-        self.loop_args = (
-            self.model.params,
-            rows(P),
-            rows(),
-            rows(),
-            rows(2, dtype=jnp.uint32),
-            RowSampling.shaped(self.B),
-        )
-        self.loop = None  # compiled beside the next prefill's program (compile_loop_soon)
-        shape = programs.state_shape(self.model, self.spec, self.new_positions, self.loop_args)
+        self.loops = {}  # R -> its loop, compiled beside a prefill's program (compile_loop_soon)
+        shape = programs.state_shape(self.model, self.spec, self.new_positions, self.loop_args())
         mesh = self.model.mesh
         self.state_sh = None if mesh is None else sharding.state_shardings(shape, mesh)
         self._insert = slot_state.program(slot_state.insert, self.state_sh, donate_argnums=0)
         self._retire = slot_state.program(slot_state.retire, self.state_sh, donate_argnums=0)
         self.positions_S = shape.tokens.shape[1]
         self.stats.cache_positions.append(self.positions_S)
+
+    def loop_args(self, rows: int | None = None) -> tuple:
+        """The start program's argument shapes for a state of `rows` rows (default: B),
+        which key its loop (programs.py)."""
+        R = self.B if rows is None else rows
+        rows_of = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((R, *shape), dtype)  # noqa: E731
+        return (
+            self.model.params,
+            rows_of(self.P),
+            rows_of(),
+            rows_of(),
+            rows_of(2, dtype=jnp.uint32),
+            RowSampling.shaped(R),
+        )
 
     def grow(self, P: int) -> None:
         """Move to a longer prompt side P: the rows in flight keep decoding in a state
@@ -96,20 +107,43 @@ class DeviceSlots:
             grow = slot_state.program(slot_state.grow_positions, self.state_sh, static_argnums=1)
             self.state = grow(self.state, self.positions_S)
 
-    def compile_loop_soon(self) -> None:
-        """Start compiling the loop for the current shapes in the background (beside the
-        prefill's program, which the first round compiles in the foreground)."""
-        if self.loop is None:
-            programs.compile_soon(
-                self.model, self.spec, self.new_positions, self.loop_args, "run_loop"
-            )
+    def compile_loop_soon(self, rows: int | None = None) -> None:
+        """Start compiling the loop for `rows` rows (default: the state's) and the current
+        shapes in the background (beside the prefill's program, which the first round
+        compiles in the foreground)."""
+        rows = self.rows if rows is None else rows
+        if rows not in self.loops:
+            args = self.loop_args(rows)
+            programs.compile_soon(self.model, self.spec, self.new_positions, args, "run_loop")
 
-    def _loop_ready(self) -> None:
-        """The loop for the current shapes, compiled (or waited for: compile_loop_soon).
-        A prefill waits for it too, so that it runs on quiet cores rather than beside the
-        loop's compile (its seconds go to compile_s, where they belong, not prefill_s)."""
-        if self.loop is None:
-            self.loop, _ = self._compiled(self.new_positions, self.loop_args, "run_loop")
+    def compile_loops(self, rows_list: list[int]) -> None:
+        """Compile the loops for each row count of `rows_list` at the current shapes, one
+        after another in the compile thread, and wait for them."""
+        args = [self.loop_args(rows) for rows in rows_list]
+        for a in args:
+            programs.compile_soon(self.model, self.spec, self.new_positions, a, "run_loop")
+        for rows, a in zip(rows_list, args, strict=True):
+            self.loops[rows], _ = self._compiled(self.new_positions, a, "run_loop")
+
+    def loop_compiled(self, rows: int) -> bool:
+        """Whether the loop for `rows` rows is ready (compiled, not being compiled)."""
+        args = self.loop_args(rows)
+        return rows in self.loops or programs.ready(
+            self.model, self.spec, self.new_positions, args, "run_loop"
+        )
+
+    def _loop_ready(self) -> float:
+        """The loop for the state's rows, compiled (or waited for: compile_loop_soon);
+        returns the seconds that took. A prefill waits for it too, so that it runs on
+        quiet cores rather than beside the loop's compile (its seconds go to compile_s,
+        where they belong, not prefill_s)."""
+        if self.rows in self.loops:
+            return 0.0
+        args = self.loop_args(self.rows)
+        self.loops[self.rows], secs = self._compiled(self.new_positions, args, "run_loop")
+        if secs > 0:
+            self.loop_compile_s.append(secs)
+        return secs
 
     def _compiled(self, new_positions: int, args, name: str):
         """(executable, seconds spent compiling it now), those seconds added to the stats."""
@@ -195,7 +229,7 @@ class DeviceSlots:
         memories."""
         if self.memory is None or self.spec.lookahead is None:
             return
-        rows_b = np.zeros((self.B,), bool)
+        rows_b = np.zeros((self.rows,), bool)
         rows_b[slots] = True
         fold = slot_state.program(guess_memory.remember, None, static_argnames=("spec",))
         self.memory.store(
@@ -216,16 +250,19 @@ class DeviceSlots:
 
     def insert(self, fresh: DecodeState, slots: list[int]) -> None:
         """Write the prefilled rows `fresh` over `slots` (its first len(slots) rows; the
-        rest are padding, dropped). Into an engine with no state yet, a prefill of all B
-        slots in order is the state; anything less starts from B done slots."""
+        rest are padding, dropped; every slot below `rows`). Into an engine with no state
+        yet, a prefill of all R rows, slots in order, is the state (its padding rows are
+        done); anything else starts from R done rows."""
         n = fresh.done.shape[0]
-        if self.state is None and list(slots) == list(range(self.B)) and n == self.B:
+        assert max(slots) < self.rows, (slots, self.rows)
+        if self.state is None and list(slots) == list(range(len(slots))) and n == self.rows:
             self.state = fresh
             return
         if self.state is None:
-            empty = slot_state.program(slot_state.empty_slots, self.state_sh, static_argnums=1)
-            self.state = empty(fresh, self.B)
-        slots_n = np.full((n,), self.B, np.int32)  # padding: dropped
+            sh = self.state_sh if self.rows == self.B else None
+            empty = slot_state.program(slot_state.empty_slots, sh, static_argnums=1)
+            self.state = empty(fresh, self.rows)
+        slots_n = np.full((n,), self.rows, np.int32)  # padding: dropped
         slots_n[: len(slots)] = slots
         self.state = self._insert(self.state, fresh, slots_n)
         self.to_retire_b[list(slots)] = False
@@ -239,7 +276,29 @@ class DeviceSlots:
             self.to_retire_b[:] = False
         self._loop_ready()
         steps = jnp.int32(steps_per_call)
-        self.state = self.loop(self.model.params, self.state, steps, jnp.bool_(waiting))
+        loop = self.loops[self.rows]
+        self.state = loop(self.model.params, self.state, steps, jnp.bool_(waiting))
+
+    def resize(self, order: list[int], rows: int) -> None:
+        """The state's rows become the slots `order` (rows of the current state, in their
+        new order: slot order[i] is now slot i), then done rows up to `rows` (a row
+        bucket). One copy of the rows kept (slot_state.take_rows); nothing to do when
+        the state is already so."""
+        if rows == self.rows and list(order) == list(range(rows)):
+            return
+        assert len(order) <= rows <= self.B
+        if self.state is None:
+            self.to_retire_b, self.rows = np.zeros((rows,), bool), rows
+            return
+        assert self.model.mesh is None  # (take_rows has no shardings)
+        index_r = np.zeros((rows,), np.int32)
+        keep_r = np.zeros((rows,), bool)
+        index_r[: len(order)], keep_r[: len(order)] = order, True
+        take = slot_state.program(slot_state.take_rows, None)
+        self.state = take(self.state, index_r, keep_r)
+        retire_r = np.zeros((rows,), bool)
+        retire_r[: len(order)] = self.to_retire_b[list(order)]
+        self.to_retire_b, self.rows = retire_r, rows
 
     # ------------------------------------------------------------------ around them
 

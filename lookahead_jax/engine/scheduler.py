@@ -2,7 +2,8 @@
 
 A round (`advance`) admits waiting requests into free slots (one prefill per prompt
 bucket among them, then one insert of its rows: device_slots.py), runs the decode loop
-once, then reads every slot back: each request's listener gets the tokens committed
+once over the state's rows (a row bucket that holds the live slots, gathered into the
+first rows when it shrinks: row_buckets.py), then reads every slot back: each request's listener gets the tokens committed
 since its last update, a stop string ends its request, a cancelled one ends, and a
 finished slot is freed. A slot's life:
 
@@ -30,6 +31,7 @@ from lookahead_jax.engine import inputs, interrupts
 from lookahead_jax.engine.cached_prefill import CachedPrefill
 from lookahead_jax.engine.device_slots import DeviceSlots
 from lookahead_jax.engine.requests import Encoded, Result, TokenLogprob, Update
+from lookahead_jax.engine.row_buckets import RowBuckets
 from lookahead_jax.engine.row_counts import RowCounts
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.engine.stop_strings import find_stop
@@ -82,6 +84,9 @@ class Scheduler:
         cache = engine.prefix_cache()
         self.prefix = None if cache is None else CachedPrefill(self, cache, engine.prefill_chunk)
         self.counts = RowCounts(self.device, auto, self.stats)
+        # row buckets need every state edit on one device (take_rows has no shardings)
+        self.buckets = RowBuckets(self.B, engine.row_buckets if model.mesh is None else False)
+        self.stats.rounds_by_rows = self.buckets.rounds
         self.stats.config = {
             "lookahead": None if lookahead is None else lookahead.describe(),
             "dtype": spec.cache_dtype,
@@ -127,14 +132,34 @@ class Scheduler:
         if not self.occupied() and not self.cancelled:  # (a chunked request may be)
             return finished
         if device.has_work():
+            live = self._fit_rows()
             t, compile_s = time.perf_counter(), stats.compile_s
             device.generate(self._steps_per_call(), waiting=bool(self.queue))
             jax.block_until_ready(device.state)
-            stats.decode_s += time.perf_counter() - t - (stats.compile_s - compile_s)
+            seconds = time.perf_counter() - t - (stats.compile_s - compile_s)
+            stats.decode_s += seconds
             stats.rounds += 1
+            self.buckets.ran(live, device.rows, seconds)
             self.counts.watch(self.occupied())
         finished += self._collect()
         return finished
+
+    def _rows_for(self, n: int) -> int:
+        """The row bucket to hold slots 0 .. n-1 at (row_buckets.py)."""
+        device = self.device
+        return self.buckets.choose(n, device.loop_compiled, device.loop_compile_s)
+
+    def _fit_rows(self) -> int:
+        """Before a decode round: gather the live slots into the first rows of a smaller
+        row bucket when one holds them (the requests move with their rows: slot order[i]
+        becomes slot i); returns how many slots are live."""
+        live = [s for s, a in enumerate(self.active) if a is not None]
+        rows = self._rows_for(len(live))
+        if rows < self.device.rows:
+            self.device.resize(live, rows)
+            self.active = [self.active[s] for s in live] + [None] * (self.B - len(live))
+            self.cancelled = {live.index(s) for s in self.cancelled if s in live}
+        return len(live)
 
     def _steps_per_call(self) -> int:
         """Steps the next loop call may run: stream_steps while a request streams, else
@@ -162,6 +187,12 @@ class Scheduler:
         longest = max(inputs.bucket(len(r.ids)) for r in [*taken, *(a.request for _, a in ready)])
         if longest > device.P:
             device.grow(longest)
+        used = [s for s, a in enumerate(self.active) if a is not None] + free[: len(taken)]
+        rows = self._rows_for(max(used) + 1)
+        if device.state is None:
+            device.resize([], rows)
+        elif rows > device.rows:  # more rows for the admitted: padded with done ones
+            device.resize(list(range(device.rows)), rows)
         device.compile_loop_soon()
         now = time.perf_counter()
         admitted = []
@@ -269,8 +300,8 @@ class Scheduler:
         """The logprobs the rows' requests have not read yet (their prompt's, when asked
         and not read; their new tokens' since the last round and the position after them,
         an EOS's), from one window of positions a row; None when no request asks."""
-        first_b = np.zeros((self.B,), np.int32)
-        end_b = np.zeros((self.B,), np.int32)
+        first_b = np.zeros((self.device.rows,), np.int32)
+        end_b = np.zeros((self.device.rows,), np.int32)
         for s, a in enumerate(self.active):
             if a is None:
                 continue

@@ -68,6 +68,17 @@ def grow_positions(state: DecodeState, positions: int) -> DecodeState:
     )
 
 
+def take_rows(state: DecodeState, index_r, keep_r) -> DecodeState:
+    """An R-row state whose row r is `state`'s row index_r[r] [R], every field; rows where
+    keep_r [R] (bool) is False are done (padding: a copy of some row, never decoded). A
+    new row bucket's state (row_buckets.py): live rows gathered into fewer rows, or the
+    rows padded to more. One gather of the whole state: a resize costs a copy of the
+    rows kept, once, not a copy a step."""
+    taken = jax.tree.map(lambda x: x[index_r], state)
+    done = taken.done | ~keep_r
+    return dataclasses.replace(taken, done=done, sampling=_greedy_where(done, taken.sampling))
+
+
 def empty_slots(fresh: DecodeState, batch: int) -> DecodeState:
     """A B-row state of `fresh`'s shapes (but its number of rows) whose every slot is done
     (nothing decodes)."""

@@ -35,6 +35,8 @@ class Stats:
     new_tokens: int = 0  # all requests
     row_steps: int = 0  # forward passes after the prefill, summed over rows
     rounds: int = 0  # device calls of the decode loop
+    rounds_by_rows: dict[int, int] = dataclasses.field(default_factory=dict)  # ... by the
+    # rows the state had (a row bucket holding the live slots: engine/row_buckets.py)
     prefill_calls: int = 0
     prompt_buckets: list[int] = dataclasses.field(default_factory=list)  # each prefill's
     # longest prompt's bucket, the first time met (not the shape it ran at: that may be
