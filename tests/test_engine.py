@@ -9,6 +9,7 @@ mid-way, arrival orders shuffled, several batch sizes.
 
 import dataclasses
 import functools
+import itertools
 import os
 import signal
 import threading
@@ -21,6 +22,7 @@ import pytest
 import lookahead_jax as lj
 from lookahead_jax.decoding import autotune
 from lookahead_jax.engine.inputs import bucket
+from lookahead_jax.engine.round_choice import RoundChoice
 from tests import tiny
 from tests.helpers import accepted_guesses, random_prompts, with_eos
 
@@ -229,12 +231,20 @@ def test_per_prompt_sampling_settings_share_one_batch(model64):
     assert accepted_guesses(engine.stats) > 0
 
 
-def test_online_requests_while_it_decodes(model64):
+def test_online_requests_while_it_decodes(model64, monkeypatch, tmp_path):
     """Requests submitted between rounds join the slots as they free up; listeners get
     every committed token once, in order; a seeded request gets the tokens of a lone
-    sampled decode with that seed; a cancelled one ends at once with what it had."""
+    sampled decode with that seed; a cancelled one ends at once with what it had. auto
+    (its layout fixed here) runs lookahead and plain rounds over the same state, one
+    after the other here: the tokens stay exact."""
     ref_greedy, ref_sampled = reference(model64, 0.0), reference(model64, 0.9)
     updates: dict = {}
+    monkeypatch.setenv("LOOKAHEAD_JAX_CACHE", str(tmp_path))
+    config = lj.LookaheadConfig.for_tokens(16)
+    choice = autotune.Choice(config, 2.0, 1.0, 2.0, {})
+    monkeypatch.setattr(autotune, "choose", lambda *a, **k: choice)
+    modes = itertools.cycle([False, True])  # lookahead, plain, lookahead, ...
+    monkeypatch.setattr(RoundChoice, "plain", lambda self, R: next(modes))
 
     def listener(update):
         updates.setdefault(update.id, []).append(update)
@@ -244,7 +254,7 @@ def test_online_requests_while_it_decodes(model64):
             model64,
             batch=3,
             max_new_tokens=MAX_NEW,
-            lookahead=lj.LookaheadConfig.for_tokens(16),
+            lookahead="auto",
             seed=SEED,
             max_prompt_tokens=LONGEST,
             stream_steps=2,
@@ -273,6 +283,9 @@ def test_online_requests_while_it_decodes(model64):
     assert results[3].finish == "cancelled"
     assert results[3].token_ids == ref_greedy[3][: len(results[3].token_ids)]
     assert engine.stats.accepted_tokens > 0  # guesses landed
+    assert engine.stats.config["lookahead"]["name"] == config.name
+    per_round = engine.stats.per_round["3"]  # both kinds of round ran, at 3 rows
+    assert per_round["plain"]["rounds"] > 0 and per_round["lookahead"]["rounds"] > 0
 
 
 def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64, monkeypatch):

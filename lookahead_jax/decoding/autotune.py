@@ -221,18 +221,26 @@ class AutoRun:
     `record_acceptance`.
 
     With several processes, process 0's choice is used (cost curves may differ) and the
-    guard is off (a mid-way switch would need every process to agree).
+    guard is off (a mid-way switch would need every process to agree); `guard=False`
+    turns it off too (the engine's per-round choice judges instead: round_choice.py).
     """
 
-    def __init__(self, model, sampling, max_step_tokens: int | None = None, batch: int = 1):
+    def __init__(
+        self,
+        model,
+        sampling,
+        max_step_tokens: int | None = None,
+        batch: int = 1,
+        guard: bool = True,
+    ):
         from lookahead_jax.distributed import multihost
 
         choice = choose(model, max_step_tokens, sampling, batch)
         if multihost.is_multiprocess():
             choice = dataclasses.replace(choice, config=_agree_on(choice.config))
         self.model, self.sampling, self.choice = model, sampling, choice
-        multi = multihost.is_multiprocess()
-        self.guard = None if choice.config is None or multi else Guard(choice.cost_ratio)
+        off = choice.config is None or multihost.is_multiprocess() or not guard
+        self.guard = None if off else Guard(choice.cost_ratio)
         self.after_steps = None  # steps before the switch to plain decoding
         self.lookahead_hist = None  # the lookahead phase's accepted-length histogram
         self._last_steps = 0

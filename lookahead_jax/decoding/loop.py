@@ -90,12 +90,23 @@ def step(params, state: DecodeState, *, spec: DecodeSpec) -> DecodeState:
 
 
 def run_loop(
-    params, state: DecodeState, steps_per_call, stop_at_finish=False, *, spec: DecodeSpec
+    params,
+    state: DecodeState,
+    steps_per_call,
+    stop_at_finish=False,
+    *,
+    spec: DecodeSpec,
+    plain: bool = False,
 ) -> DecodeState:
     """Step until every row is done, or `steps_per_call` more steps ran (the cap lets a caller
     return to the host now and then, e.g. to honour Ctrl-C, without changing any
     token), or — with `stop_at_finish` (a traced bool) — as soon as a row that was
-    active at the call finishes (the engine then refills its slot)."""
+    active at the call finishes (the engine then refills its slot).
+
+    plain: plain steps over a lookahead state (its guess sources left as they are, so a
+    later lookahead call resumes from them: their guesses are only older, and every
+    guess is verified) — `auto`'s rounds where lookahead does not pay (engine/
+    round_choice.py); the same tokens either way."""
     done_at_call = state.done
 
     def cond(carry):
@@ -105,6 +116,8 @@ def run_loop(
 
     def body(carry):
         state, i = carry
+        if plain:
+            return plain_step(params, state, spec), i + 1
         return step(params, state, spec=spec), i + 1
 
     state, _ = jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
@@ -145,6 +158,7 @@ class Jitted:
     start: object
     step: object
     run_loop: object
+    run_plain: object  # run_loop with plain steps over the same (lookahead) state
 
 
 def jitted(spec: DecodeSpec, new_positions: int, mesh, start_args) -> Jitted:
@@ -154,12 +168,14 @@ def jitted(spec: DecodeSpec, new_positions: int, mesh, start_args) -> Jitted:
     start_fn = functools.partial(start, spec=spec, new_positions=new_positions)
     step_fn = functools.partial(step, spec=spec)
     loop_fn = functools.partial(run_loop, spec=spec)
+    plain_fn = functools.partial(run_loop, spec=spec, plain=True)
     jit = functools.partial(jax.jit, compiler_options=compiler_options())
     if mesh is None:
         return Jitted(
             start=jit(start_fn),
             step=jit(step_fn, donate_argnums=1),
             run_loop=jit(loop_fn, donate_argnums=1),
+            run_plain=jit(plain_fn, donate_argnums=1),
         )
     params_sh = spec.lm.param_shardings(mesh)
     by_row = jax.tree.map(lambda x: sharding.batch_major(x, mesh), tuple(start_args[1:]))
@@ -176,6 +192,12 @@ def jitted(spec: DecodeSpec, new_positions: int, mesh, start_args) -> Jitted:
         ),
         run_loop=jit(
             loop_fn,
+            in_shardings=(params_sh, state_sh, scalar, scalar),
+            out_shardings=state_sh,
+            donate_argnums=1,
+        ),
+        run_plain=jit(
+            plain_fn,
             in_shardings=(params_sh, state_sh, scalar, scalar),
             out_shardings=state_sh,
             donate_argnums=1,

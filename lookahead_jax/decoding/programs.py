@@ -100,8 +100,9 @@ def state_shape(model, spec: DecodeSpec, new_positions: int, start_args):
 
 
 def compiled(model, spec: DecodeSpec, new_positions: int, start_args, name: str):
-    """(executable, seconds spent compiling) of entry point `name`: 'start' or
-    'run_loop' (decoding.run_loop: `step` runs inside it). A compilation `compile_soon`
+    """(executable, seconds spent compiling) of entry point `name`: 'start', 'run_loop'
+    (decoding.run_loop: `step` runs inside it) or 'run_plain' (its plain steps over the
+    same state). A compilation `compile_soon`
     started is waited for: its seconds are those waited here."""
     key = _key(model, spec, new_positions, start_args)
     _settle()
@@ -165,6 +166,7 @@ def _lowered(key, model, spec: DecodeSpec, new_positions: int, start_args, name:
     lower_args = {
         "start": start_args,
         "run_loop": (model.params, state, jnp.int32(0), jnp.bool_(False)),
+        "run_plain": (model.params, state, jnp.int32(0), jnp.bool_(False)),
     }[name]
     precision = key[-1]  # the caller's (matmul_precision), whichever thread lowers
     with contextlib.nullcontext() if precision is None else jax.default_matmul_precision(precision):

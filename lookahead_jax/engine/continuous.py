@@ -91,8 +91,10 @@ class Engine:
         while engine.round():                      # or engine.serve(stop_event)
             pass
 
-    lookahead: a LookaheadConfig, "auto" (chosen for this batch size from a cost curve
-    measured at it, and called off mid-run if it does not pay) or None (plain).
+    lookahead: a LookaheadConfig, "auto" or None (plain). "auto" offline: a layout chosen
+    for this batch size from a cost curve measured at it, called off mid-run if it does
+    not pay; online: a layout chosen for one greedy row, and each round runs it or plain
+    steps, whichever the live rows measure faster at their row bucket (round_choice.py).
     temperature / top_k / top_p / max_new_tokens: defaults for requests without their own.
     seed: prompt `id`'s noise is fold_in(PRNGKey(seed), prompt_key(id)).
     steps_per_call: the device loop returns to the host at least this often (progress,
@@ -322,8 +324,9 @@ class Engine:
         if pressed:
             raise _CtrlC
 
-    def _offline(self, encoded: list[Encoded]) -> Scheduler:
-        """Fresh stats and scheduler with `encoded` queued."""
+    def _offline(self, encoded: list[Encoded], per_round: bool = False) -> Scheduler:
+        """Fresh stats and scheduler with `encoded` queued (per_round: auto chooses as
+        the online rounds do: warm_up)."""
         fixed_P = None if self.max_prompt_tokens is None else inputs.bucket(self.max_prompt_tokens)
         new_positions = inputs.bucket(
             max(self.max_new_tokens, *(r.max_new_tokens for r in encoded))
@@ -336,9 +339,8 @@ class Engine:
         if fixed_P is None:  # shortest bucket first: the cache grows once per bucket at most
             encoded = sorted(encoded, key=lambda r: inputs.bucket(len(r.ids)))
         self.stats = Stats(batch=self.batch)
-        scheduler = Scheduler(
-            self, sampled, logprobs, new_positions, fixed_P or inputs.bucket(len(encoded[0].ids))
-        )
+        P = fixed_P or inputs.bucket(len(encoded[0].ids))
+        scheduler = Scheduler(self, sampled, logprobs, new_positions, P, per_round)
         scheduler.queue.extend(encoded)
         return scheduler
 
@@ -347,11 +349,12 @@ class Engine:
         the shapes it ran at (with max_prompt_tokens: the online rounds' own), so that
         the first requests compile nothing whichever number of them is live. The stats
         start afresh after it."""
-        scheduler = self._offline(self.encode([request]))
+        scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass
-        if scheduler.buckets.mode is not False:
-            scheduler.device.compile_loops(row_buckets.buckets(self.batch))
+        rows = row_buckets.buckets(self.batch) if scheduler.buckets.mode is not False else []
+        names = scheduler.device.loop_names(scheduler.round_choice is not None)
+        scheduler.device.compile_loops(rows or [self.batch], names)
         self.stats = Stats(batch=self.batch)
 
     # ------------------------------------------------------------------ online
@@ -421,7 +424,12 @@ class Engine:
                 P = inputs.bucket(self.max_prompt_tokens or 1)
                 sampled = True if self.sampled is None else self.sampled
                 self._scheduler = Scheduler(
-                    self, sampled, self.max_logprobs, inputs.bucket(self.max_new_tokens), P
+                    self,
+                    sampled,
+                    self.max_logprobs,
+                    inputs.bucket(self.max_new_tokens),
+                    P,
+                    per_round=True,  # (auto's choice each round)
                 )
             scheduler = self._scheduler
             self._drain(scheduler)

@@ -76,7 +76,8 @@ class DeviceSlots:
         use)."""
         self.P = P
         self.padded.reset()
-        self.loops = {}  # R -> its loop, compiled beside a prefill's program (compile_loop_soon)
+        # (R, "run_loop" or "run_plain") -> its loop, compiled beside a prefill's program
+        self.loops = {}  # (compile_loop_soon)
         shape = programs.state_shape(self.model, self.spec, self.new_positions, self.loop_args())
         mesh = self.model.mesh
         self.state_sh = None if mesh is None else sharding.state_shardings(shape, mesh)
@@ -112,35 +113,41 @@ class DeviceSlots:
         shapes in the background (beside the prefill's program, which the first round
         compiles in the foreground)."""
         rows = self.rows if rows is None else rows
-        if rows not in self.loops:
+        if (rows, "run_loop") not in self.loops:
             args = self.loop_args(rows)
             programs.compile_soon(self.model, self.spec, self.new_positions, args, "run_loop")
 
-    def compile_loops(self, rows_list: list[int]) -> None:
-        """Compile the loops for each row count of `rows_list` at the current shapes, one
-        after another in the compile thread, and wait for them."""
-        args = [self.loop_args(rows) for rows in rows_list]
-        for a in args:
-            programs.compile_soon(self.model, self.spec, self.new_positions, a, "run_loop")
-        for rows, a in zip(rows_list, args, strict=True):
-            self.loops[rows], _ = self._compiled(self.new_positions, a, "run_loop")
+    def loop_names(self, plain_rounds: bool) -> tuple[str, ...]:
+        """The loop programs a run uses: run_loop, and with `plain_rounds` (auto's plain
+        rounds over a lookahead state: round_choice.py) run_plain."""
+        with_plain = plain_rounds and self.spec.lookahead is not None
+        return ("run_loop", "run_plain") if with_plain else ("run_loop",)
+
+    def compile_loops(self, rows_list: list[int], names: tuple[str, ...]) -> None:
+        """Compile the loops `names` for each row count of `rows_list` at the current
+        shapes, one after another in the compile thread, and wait for them."""
+        todo = [(rows, name, self.loop_args(rows)) for rows in rows_list for name in names]
+        for _, name, a in todo:
+            programs.compile_soon(self.model, self.spec, self.new_positions, a, name)
+        for rows, name, a in todo:
+            self.loops[(rows, name)], _ = self._compiled(self.new_positions, a, name)
 
     def loop_compiled(self, rows: int) -> bool:
         """Whether the loop for `rows` rows is ready (compiled, not being compiled)."""
         args = self.loop_args(rows)
-        return rows in self.loops or programs.ready(
+        return (rows, "run_loop") in self.loops or programs.ready(
             self.model, self.spec, self.new_positions, args, "run_loop"
         )
 
-    def _loop_ready(self) -> float:
-        """The loop for the state's rows, compiled (or waited for: compile_loop_soon);
-        returns the seconds that took. A prefill waits for it too, so that it runs on
-        quiet cores rather than beside the loop's compile (its seconds go to compile_s,
-        where they belong, not prefill_s)."""
-        if self.rows in self.loops:
+    def _loop_ready(self, name: str = "run_loop") -> float:
+        """The loop `name` for the state's rows, compiled (or waited for:
+        compile_loop_soon); returns the seconds that took. A prefill waits for it too, so
+        that it runs on quiet cores rather than beside the loop's compile (its seconds go
+        to compile_s, where they belong, not prefill_s)."""
+        if (self.rows, name) in self.loops:
             return 0.0
         args = self.loop_args(self.rows)
-        self.loops[self.rows], secs = self._compiled(self.new_positions, args, "run_loop")
+        self.loops[(self.rows, name)], secs = self._compiled(self.new_positions, args, name)
         if secs > 0:
             self.loop_compile_s.append(secs)
         return secs
@@ -267,16 +274,18 @@ class DeviceSlots:
         self.state = self._insert(self.state, fresh, slots_n)
         self.to_retire_b[list(slots)] = False
 
-    def generate(self, steps_per_call: int, waiting: bool) -> None:
+    def generate(self, steps_per_call: int, waiting: bool, plain: bool = False) -> None:
         """Run the decode loop on every slot not done, for at most `steps_per_call` steps,
         or until a slot finishes if `waiting` (requests wait for a slot); rows the host
-        ended are made done first."""
+        ended are made done first. plain: plain steps over the lookahead state (auto's
+        choice for this round: round_choice.py)."""
         if self.to_retire_b.any():
             self.state = self._retire(self.state, self.to_retire_b)
             self.to_retire_b[:] = False
-        self._loop_ready()
+        name = "run_plain" if plain and self.spec.lookahead is not None else "run_loop"
+        self._loop_ready(name)
         steps = jnp.int32(steps_per_call)
-        loop = self.loops[self.rows]
+        loop = self.loops[(self.rows, name)]
         self.state = loop(self.model.params, self.state, steps, jnp.bool_(waiting))
 
     def resize(self, order: list[int], rows: int) -> None:

@@ -3,9 +3,10 @@
 A round (`advance`) admits waiting requests into free slots (one prefill per prompt
 bucket among them, then one insert of its rows: device_slots.py), runs the decode loop
 once over the state's rows (a row bucket that holds the live slots, gathered into the
-first rows when it shrinks: row_buckets.py), then reads every slot back: each request's listener gets the tokens committed
-since its last update, a stop string ends its request, a cancelled one ends, and a
-finished slot is freed. A slot's life:
+first rows when it shrinks: row_buckets.py) — online with auto, its layout or plain
+steps, whichever the live rows decode faster (round_choice.py) — then reads every slot
+back: each request's listener gets the tokens committed since its last update, a stop
+string ends its request, a cancelled one ends, and a finished slot is freed. A slot's life:
 
     empty (done) --insert--> decoding --EOS, max_new_tokens, stop string or cancel-->
         done --result read--> refilled
@@ -31,6 +32,7 @@ from lookahead_jax.engine import inputs, interrupts
 from lookahead_jax.engine.cached_prefill import CachedPrefill
 from lookahead_jax.engine.device_slots import DeviceSlots
 from lookahead_jax.engine.requests import Encoded, Result, TokenLogprob, Update
+from lookahead_jax.engine.round_choice import RoundChoice
 from lookahead_jax.engine.row_buckets import RowBuckets
 from lookahead_jax.engine.row_counts import RowCounts
 from lookahead_jax.engine.stats import Stats
@@ -56,7 +58,18 @@ class Scheduler:
     """The B slots of one run (offline) or of an online engine until a failure: the
     queue, the requests in the slots, and the rounds that move them."""
 
-    def __init__(self, engine, sampled: bool, logprobs: int | None, new_positions: int, P: int):
+    def __init__(
+        self,
+        engine,
+        sampled: bool,
+        logprobs: int | None,
+        new_positions: int,
+        P: int,
+        per_round: bool = False,
+    ):
+        """per_round: auto chooses lookahead or plain steps each round (round_choice.py;
+        online), with the layout chosen for one greedy row; else once, for the batch at
+        the engine's temperature, handing over to plain mid-run if it does not pay."""
         self.started = time.perf_counter()
         model = engine.model
         self.engine, self.model, self.B = engine, model, engine.batch
@@ -69,7 +82,10 @@ class Scheduler:
         auto, lookahead = None, engine.lookahead
         if lookahead == "auto":
             limit = max_step_tokens(model.lm.max_context)
-            auto = autotune.AutoRun(model, engine.sampling, limit, batch=self.B)
+            if per_round:  # the load where lookahead pays most; each round judges the rest
+                auto = autotune.AutoRun(model, None, limit, batch=1, guard=False)
+            else:
+                auto = autotune.AutoRun(model, engine.sampling, limit, batch=self.B)
             lookahead = auto.config
         spec = DecodeSpec(
             lm=model.lm,
@@ -87,6 +103,9 @@ class Scheduler:
         # row buckets need every state edit on one device (take_rows has no shardings)
         self.buckets = RowBuckets(self.B, engine.row_buckets if model.mesh is None else False)
         self.stats.rounds_by_rows = self.buckets.rounds
+        self.round_choice = None
+        if per_round and lookahead is not None and auto is not None:
+            self.round_choice = RoundChoice()
         self.stats.config = {
             "lookahead": None if lookahead is None else lookahead.describe(),
             "dtype": spec.cache_dtype,
@@ -133,13 +152,22 @@ class Scheduler:
             return finished
         if device.has_work():
             live = self._fit_rows()
+            choice = self.round_choice
+            plain = choice is not None and choice.plain(device.rows)
+            if choice is not None:
+                done_b, n_out_b = device.read("done", "n_out")
             t, compile_s = time.perf_counter(), stats.compile_s
-            device.generate(self._steps_per_call(), waiting=bool(self.queue))
+            device.generate(self._steps_per_call(), waiting=bool(self.queue), plain=plain)
             jax.block_until_ready(device.state)
             seconds = time.perf_counter() - t - (stats.compile_s - compile_s)
             stats.decode_s += seconds
             stats.rounds += 1
             self.buckets.ran(live, device.rows, seconds)
+            if choice is not None:
+                (n_after_b,) = device.read("n_out")
+                tokens = int(n_after_b.sum() - n_out_b.sum())
+                choice.ran(device.rows, plain, seconds, tokens, int((~done_b).sum()))
+                stats.per_round = choice.describe()
             self.counts.watch(self.occupied())
         finished += self._collect()
         return finished

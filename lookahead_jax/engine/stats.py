@@ -37,6 +37,8 @@ class Stats:
     rounds: int = 0  # device calls of the decode loop
     rounds_by_rows: dict[int, int] = dataclasses.field(default_factory=dict)  # ... by the
     # rows the state had (a row bucket holding the live slots: engine/row_buckets.py)
+    per_round: dict[str, dict] = dataclasses.field(default_factory=dict)  # online auto:
+    # by row bucket, each mode's ("lookahead", "plain") rate and rounds (round_choice.py)
     prefill_calls: int = 0
     prompt_buckets: list[int] = dataclasses.field(default_factory=list)  # each prefill's
     # longest prompt's bucket, the first time met (not the shape it ran at: that may be
