@@ -5,7 +5,13 @@
 import pytest
 
 from lookahead_jax.engine import row_buckets
-from lookahead_jax.engine.round_choice import FIRST_INTERVAL, MAX_INTERVAL, RoundChoice
+from lookahead_jax.engine.round_choice import (
+    FIRST_INTERVAL,
+    MARGIN,
+    MAX_INTERVAL,
+    WINDOW,
+    RoundChoice,
+)
 from lookahead_jax.engine.row_buckets import RowBuckets
 
 
@@ -40,49 +46,55 @@ def test_row_buckets_worked_example():
         RowBuckets(16, "yes")
 
 
+def measured(rule: RoundChoice, R: int, lookahead: float, plain: float) -> None:
+    """The bucket's first rounds: two lookahead (the first is not measured: a program's
+    first run), then two plain, at these rates (tokens/s per live row)."""
+    for _ in range(2):
+        assert rule.plain(R) is False
+        rule.ran(R, False, 1.0, int(R * lookahead), R)
+    for _ in range(2):
+        assert rule.plain(R) is True
+        rule.ran(R, True, 1.0, int(R * plain), R)
+
+
 def test_round_choice_runs_the_faster_mode_and_re_measures_the_other():
     rule = RoundChoice()
-    assert rule.plain(16) is False  # lookahead first, then plain: both measured
-    rule.ran(16, False, 1.0, 16 * 5, 16)  # lookahead: 5 tokens/s a row
-    assert rule.plain(16) is True
-    rule.ran(16, True, 1.0, 16 * 8, 16)  # plain: 8 tokens/s a row
+    measured(rule, 16, lookahead=5, plain=8)
     runs = []
-    for _ in range(40):  # plain wins: lookahead again after 4 rounds, then 8, then 16
+    for _ in range(60):  # plain wins: lookahead again after 4 rounds, then 8, 16, 32
         plain = rule.plain(16)
         runs.append(plain)
         rule.ran(16, plain, 1.0, 16 * (8 if plain else 5), 16)
     lookahead_rounds = [i for i, plain in enumerate(runs) if not plain]
     assert lookahead_rounds == [FIRST_INTERVAL, 13, 30]  # 4 rounds, 8 more, 16 more
-    assert rule.rounds[(16, "plain")] == 1 + 37
+    assert rule.rounds[(16, "plain")] == 2 + 57
     # another bucket is judged on its own: 2 rows where lookahead wins
-    assert rule.plain(2) is False
-    rule.ran(2, False, 1.0, 2 * 30, 2)
-    assert rule.plain(2) is True
-    rule.ran(2, True, 1.0, 2 * 20, 2)
+    measured(rule, 2, lookahead=30, plain=20)
     for _ in range(FIRST_INTERVAL):  # lookahead wins there, plain re-measured after 4
         assert rule.plain(2) is False
         rule.ran(2, False, 1.0, 2 * 30, 2)
     assert rule.plain(2) is True
     described = rule.describe()
     assert described["2"]["lookahead"]["tokens_per_s_per_row"] == 30.0
-    assert described["16"]["plain"]["rounds"] == 38
+    assert described["16"]["plain"]["rounds"] == 59
     assert MAX_INTERVAL >= 16
 
 
-def test_round_choice_flips_back_when_acceptance_changes():
+def test_round_choice_flips_when_the_rows_accept_less():
+    """The rate is the last WINDOW rounds' tokens over their row-seconds: as the rows
+    live accept less, lookahead's rate falls under plain's and plain runs."""
     rule = RoundChoice()
-    rule.plain(4)
-    rule.ran(4, False, 1.0, 4 * 10, 4)  # lookahead 10
-    rule.plain(4)
-    rule.ran(4, True, 1.0, 4 * 8, 4)  # plain 8: lookahead wins
-    assert rule.plain(4) is False
-    rule.ran(4, False, 1.0, 4 * 4, 4)  # the rows now accept little: 4 tokens/s
-    # lookahead's average (10 -> 8.2) has fallen under plain's with the margin (8.24):
-    # plain runs from the next round on, lookahead re-measured 4 rounds after the last
-    # time the mode not chosen ran
-    assert rule.rate[(4, "lookahead")] == pytest.approx(8.2)
+    measured(rule, 4, lookahead=10, plain=8)
+    rates = []
+    for _ in range(WINDOW):  # lookahead runs; the rows now accept little: 4 tokens/s
+        assert rule.plain(4) is False
+        rule.ran(4, False, 1.0, 4 * 4, 4)
+        rates.append(rule.rate[(4, "lookahead")])
+        if rates[-1] * MARGIN < 8:
+            break
+    assert rates == [7.0]  # (10 + 4) / 2: under plain's 8 at once
     runs = []
     for _ in range(4):
         runs.append(rule.plain(4))
         rule.ran(4, runs[-1], 1.0, 4 * 8, 4)
-    assert runs == [True, True, True, False]
+    assert runs == [True, True, True, False]  # lookahead re-measured 4 rounds after it last ran

@@ -461,11 +461,11 @@ def test_a_port_in_use_is_refused_before_the_model_loads(tiny_text_ckpt):
     assert len(lines) == 1 and f":{port}" in lines[0] and "serving" not in r.stderr, r.stderr
 
 
-def test_auto_tunes_for_the_api_default_temperature_unless_told():
+def test_auto_chooses_its_layout_for_greedy_rows_unless_told():
     from lookahead_jax.cli.serve import _validate, build_parser
 
     parser = build_parser()
-    assert parser.parse_args([]).auto_temperature == 1.0  # the API's default temperature
+    assert parser.parse_args([]).auto_temperature == 0.0  # rounds that lose run plain
     assert _validate(parser.parse_args(["--auto-temperature", "0"])) == "auto"
     with pytest.raises(lj.UserInputError, match="--auto-temperature must be in 0..2"):
         _validate(parser.parse_args(["--auto-temperature", "2.5"]))

@@ -61,19 +61,21 @@ def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.Argume
         "--lookahead",
         default=None,
         metavar="tokens=T|N,W,G|auto",
-        help="as for generate: auto (the default) chooses for this machine, model and "
-        "batch; tokens=T a fixed layout of T tokens per step",
+        help="auto (the default): a layout chosen for this machine and model at one row, "
+        "and each decode round runs it or plain steps, whichever the rows live then "
+        "decode faster at their number (measured as it serves); tokens=T a fixed layout "
+        "of T tokens per step",
     )
     mode.add_argument("--no-lookahead", action="store_true", help="plain decoding")
     p.add_argument(
         "--auto-temperature",
         type=float,
-        default=1.0,
+        default=0.0,
         metavar="T",
-        help="the temperature auto tunes its layout for (default 1.0: the OpenAI API's "
-        "default, which most requests sample at; 0 for greedy clients such as "
-        "lm-evaluation-harness). Sampling accepts far fewer guesses than greedy decoding, "
-        "so it wants smaller steps; requests still decode at their own temperature",
+        help="the temperature auto chooses its layout for (default 0: greedy, where "
+        "lookahead gains most; sampling accepts fewer guesses and wants smaller steps). "
+        "Rounds whose rows do not gain from the layout run plain steps whatever this "
+        "says; requests decode at their own temperature",
     )
     p.add_argument(
         "--model-name",
@@ -115,6 +117,14 @@ def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.Argume
         "prefilled this many tokens at a time between decode rounds, so the streams in "
         "flight keep their pace (a multiple of 16); auto (default): what this machine "
         "prefills in one round; 0: in one piece",
+    )
+    p.add_argument(
+        "--row-buckets",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="a decode round steps only the live requests, gathered into the smallest of "
+        "1, 2, 4, ... rows (then --batch) that holds them: auto (default; every bucket's "
+        "loop compiled at start-up), on, or off (every round steps all --batch rows)",
     )
     p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     p.add_argument("--weights", default="float", help="float (default), int8 or q8_0")
@@ -237,6 +247,7 @@ def _run(args) -> int:
         prefix_cache_mb=args.prefix_cache_mb,
         shared_guesses=args.shared_guesses,
         prefill_chunk=args.prefill_chunk,
+        row_buckets={"auto": "auto", "on": True, "off": False}[args.row_buckets],
         max_logprobs=MAX_LOGPROBS,  # what the API lets a request ask (server/protocol.py)
         # requests bring their own settings (server/app.py): the engine's default
         # temperature is only what auto tunes for

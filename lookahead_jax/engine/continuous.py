@@ -93,7 +93,7 @@ class Engine:
 
     lookahead: a LookaheadConfig, "auto" or None (plain). "auto" offline: a layout chosen
     for this batch size from a cost curve measured at it, called off mid-run if it does
-    not pay; online: a layout chosen for one greedy row, and each round runs it or plain
+    not pay; online: a layout chosen for one row (at `temperature`), and each round runs it or plain
     steps, whichever the live rows measure faster at their row bucket (round_choice.py).
     temperature / top_k / top_p / max_new_tokens: defaults for requests without their own.
     seed: prompt `id`'s noise is fold_in(PRNGKey(seed), prompt_key(id)).

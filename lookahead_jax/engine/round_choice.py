@@ -6,11 +6,15 @@ A lookahead step of T tokens costs more than a plain step, and more so with more
 (a 16-row step on a CPU is compute-bound), while what it gains is what the live rows
 accept — greedy code far more than chat sampled at t = 1. Neither is known at start-up,
 and both move with the traffic, so they are measured as the rounds run: per row bucket R
-and mode, new tokens a second per live row (an average over rounds, recent ones
-weighted most). A round runs the faster mode at its R (lookahead must win by MARGIN);
-the other is run again now and then to keep its figure fresh: after 4 rounds, then 8,
-16, ... up to 64 while the choice holds, back to 4 when it flips. A bucket starts with a
-lookahead round, then a plain one.
+and mode, new tokens a second per live row over its last WINDOW rounds (their tokens
+over their row-seconds, so a short round weighs little; the first round of each is left
+out: it may carry a program's first-run costs). A round runs the faster mode at its R
+(lookahead must win by MARGIN); the other is run again now and then to keep its figure
+fresh: after 4 rounds, then 8, 16 up to 32 while the choice holds, back to 4 when it
+flips. A bucket starts with two lookahead rounds, then two plain ones. A round's rate
+is noisy (a shared CPU's speed moves by 20 % between runs; rows finish mid-round), so a
+small difference decides little either way; a large one (lookahead at twice plain's
+rate for one greedy row) is seen within a few rounds.
 
 Worked example (R = 16): lookahead rounds measure 5.1 tokens/s a row, plain 7.9: plain
 runs, and every 4th, then 8th, 16th ... round is a lookahead one. Load falls to 2 rows
@@ -20,9 +24,11 @@ often. Tokens are the same whichever mode runs (every guess is verified).
 
 from __future__ import annotations
 
+import collections
+
 MARGIN = 1.03  # lookahead's rate over plain's needed to run it (as autotune.MARGIN)
-WEIGHT = 0.3  # of a new round's rate in a mode's average
-FIRST_INTERVAL, MAX_INTERVAL = 4, 64  # rounds between runs of the mode not chosen
+WINDOW = 8  # rounds a mode's rate is measured over
+FIRST_INTERVAL, MAX_INTERVAL = 4, 32  # rounds between runs of the mode not chosen
 
 
 class RoundChoice:
@@ -31,6 +37,7 @@ class RoundChoice:
     def __init__(self):
         self.rate: dict[tuple[int, str], float] = {}  # (R, mode) -> tokens/s per live row
         self.rounds: dict[tuple[int, str], int] = {}  # (R, mode) -> rounds run
+        self._window: dict[tuple[int, str], collections.deque] = {}  # (tokens, row-seconds)
         self._since: dict[int, int] = {}  # R -> rounds since the mode not chosen ran
         self._interval: dict[int, int] = {}  # R -> rounds between its runs
         # R -> (plain chosen, exploring) at the last choice; None: a first measurement
@@ -54,11 +61,11 @@ class RoundChoice:
         `tokens` new tokens."""
         key = (R, "plain" if plain else "lookahead")
         self.rounds[key] = self.rounds.get(key, 0) + 1
-        if seconds <= 0 or live <= 0:
-            return
-        rate = tokens / seconds / live
-        old = self.rate.get(key)
-        self.rate[key] = rate if old is None else (1 - WEIGHT) * old + WEIGHT * rate
+        if seconds <= 0 or live <= 0 or self.rounds[key] == 1:
+            return  # nothing to measure, or a first round
+        window = self._window.setdefault(key, collections.deque(maxlen=WINDOW))
+        window.append((tokens, seconds * live))
+        self.rate[key] = sum(t for t, _ in window) / sum(s for _, s in window)
         last = self._last.get(R)
         if last is None:  # a first measurement
             self._since[R] = 0

@@ -68,8 +68,8 @@ class Scheduler:
         per_round: bool = False,
     ):
         """per_round: auto chooses lookahead or plain steps each round (round_choice.py;
-        online), with the layout chosen for one greedy row; else once, for the batch at
-        the engine's temperature, handing over to plain mid-run if it does not pay."""
+        online), with the layout chosen for one row at the engine's temperature; else
+        once, for the batch, handing over to plain mid-run if it does not pay."""
         self.started = time.perf_counter()
         model = engine.model
         self.engine, self.model, self.B = engine, model, engine.batch
@@ -83,7 +83,7 @@ class Scheduler:
         if lookahead == "auto":
             limit = max_step_tokens(model.lm.max_context)
             if per_round:  # the load where lookahead pays most; each round judges the rest
-                auto = autotune.AutoRun(model, None, limit, batch=1, guard=False)
+                auto = autotune.AutoRun(model, engine.sampling, limit, batch=1, guard=False)
             else:
                 auto = autotune.AutoRun(model, engine.sampling, limit, batch=self.B)
             lookahead = auto.config

@@ -1,6 +1,7 @@
 """The server's Prometheus metrics (prometheus-client, a registry per server): requests,
 tokens, time to first token and request duration as they happen; queue length, slots in
-use, tokens per step and accepted guesses read from the engine when scraped."""
+use, tokens per step, accepted guesses, rounds by row bucket and auto's per-round
+choices read from the engine when scraped."""
 
 from __future__ import annotations
 
@@ -64,6 +65,25 @@ class Metrics:
             registry=r,
         )
 
+        self.rounds = Gauge(
+            "lookahead_rounds",
+            "Decode rounds by the rows they ran at (a row bucket holding the live slots)",
+            ["rows"],
+            registry=r,
+        )
+        self.auto_rounds = Gauge(
+            "lookahead_auto_rounds",
+            "auto's rounds by row bucket and mode (lookahead or plain steps)",
+            ["rows", "mode"],
+            registry=r,
+        )
+        self.auto_rate = Gauge(
+            "lookahead_auto_tokens_per_second_per_row",
+            "What auto measured of each mode at each row bucket: new tokens a second per "
+            "live row (recent rounds weighted most); it runs the faster",
+            ["rows", "mode"],
+            registry=r,
+        )
         self.compile_s = Gauge(
             "lookahead_compile_seconds",
             "Seconds spent compiling programs for new shapes, since the server started",
@@ -82,4 +102,10 @@ class Metrics:
         self.prefix_misses.set(stats.prefix_lookups - stats.prefix_hits)
         self.prefix_hit_tokens.set(stats.prefix_hit_tokens)
         self.compile_s.set(stats.compile_s)
+        for rows, n in dict(stats.rounds_by_rows).items():
+            self.rounds.labels(rows=str(rows)).set(n)
+        for rows, modes in dict(stats.per_round).items():
+            for mode, seen in modes.items():
+                self.auto_rounds.labels(rows=rows, mode=mode).set(seen["rounds"])
+                self.auto_rate.labels(rows=rows, mode=mode).set(seen["tokens_per_s_per_row"])
         return generate_latest(self.registry)

@@ -67,12 +67,16 @@ def start_server(ckpt: str, batch: int, mode: str, max_tokens: int, *extra: str)
     raise SystemExit("the server did not come up")
 
 
-async def one(client, url: str, prompt: str | list[dict], max_tokens: int) -> dict:
+async def one(
+    client, url: str, prompt: str | list[dict], max_tokens: int, temperature: float = 0.0, seed=None
+) -> dict:
     """One streamed chat completion of `prompt` (the user turn, or the messages)."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     body = {"model": "m", "messages": messages,
-            "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "max_tokens": max_tokens, "temperature": temperature, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
+    if seed is not None:
+        body["seed"] = seed
     t0 = time.perf_counter()
     first = last = None
     tokens, text = 0, []
@@ -101,18 +105,24 @@ async def one(client, url: str, prompt: str | list[dict], max_tokens: int) -> di
     }
 
 
-async def drive(url: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
+async def drive(
+    url: str, prompts: list[str], concurrency: int, max_tokens: int, temperatures=None
+) -> dict:
+    """Every prompt once, `concurrency` at a time; temperatures: each prompt's (default
+    greedy), a sampled one seeded by its index."""
     import httpx
 
     gate = asyncio.Semaphore(concurrency)
+    temperatures = temperatures or [0.0] * len(prompts)
     async with httpx.AsyncClient(timeout=None) as client:
 
-        async def bounded(p):
+        async def bounded(i, p):
             async with gate:
-                return await one(client, url, p, max_tokens)
+                t = temperatures[i]
+                return await one(client, url, p, max_tokens, t, i if t > 0 else None)
 
         t0 = time.perf_counter()
-        rows = await asyncio.gather(*(bounded(p) for p in prompts))
+        rows = await asyncio.gather(*(bounded(i, p) for i, p in enumerate(prompts)))
         wall = time.perf_counter() - t0
     return {"wall_s": wall, "requests": rows}
 

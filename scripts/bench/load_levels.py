@@ -1,0 +1,149 @@
+"""One server size at every load: `python -m lookahead_jax.serve --batch 16` (and
+`--batch 1` for a lone request's rate), plain decoding against `--lookahead auto`, at
+concurrency 1, 4 and 16, streamed chat completions of the code prompts — all greedy, and
+a mix with every other request sampled at temperature 1.0 (seeded).
+
+    python scripts/bench/load_levels.py --out benchmarks/cpu/load_levels
+
+Each (server, workload, concurrency) pass sends `--requests` requests (default: 4 at
+concurrency 1, else 2x the concurrency, cycling through the prompts), after a warm-up
+pass of every prompt with max_tokens 1 at each concurrency. A lone request's rate is also
+measured on a `--batch 16 --row-buckets off` plain server (every round steps all rows:
+the engine before row buckets). Reported per pass: total
+output tokens/s (completion tokens / the pass's wall time), the median request's
+tokens/s, TTFT median; auto over plain side by side; greedy answers compared between
+plain and auto (identical when exact). The server's own per-round choices (row buckets
+and lookahead or plain rounds) are read from its `--batch 16` auto process at the end
+of its passes, through /metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from serve_bench import drive, start_server, summarize  # noqa: E402
+
+WORKLOADS = ("greedy", "mix t=1.0")
+
+
+def passes(url: str, prompts: list[str], levels: list[int], max_tokens: int, requests: int):
+    """{(workload, concurrency): (summary, texts)} on one running server."""
+    out = {}
+    for c in levels:  # warm-up: every prompt's prefill shape at each concurrency
+        asyncio.run(drive(url, prompts, c, 1))
+    for workload in WORKLOADS:
+        for c in levels:
+            n = requests or (4 if c == 1 else 2 * c)
+            batch = [prompts[i % len(prompts)] for i in range(n)]
+            temps = [1.0 if workload != "greedy" and i % 2 else 0.0 for i in range(n)]
+            run = asyncio.run(drive(url, batch, c, max_tokens, temps))
+            answers = zip(run["requests"], temps, strict=True)
+            texts = [r["text"] if t == 0 else None for r, t in answers]
+            out[(workload, c)] = (summarize(run), texts)
+            print(workload, c, json.dumps(out[(workload, c)][0]), flush=True)
+    return out
+
+
+def server_rounds(url: str) -> dict:
+    """The server's rounds by row bucket, and auto's rounds and rates by mode (/metrics)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith(("lookahead_rounds{", "lookahead_auto_")):
+            labels, value = line.rsplit(" ", 1)
+            rows[labels] = float(value)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ckpt", default="smollm2-135m")
+    ap.add_argument("--levels", default="1,4,16")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=0, help="per pass (0: by concurrency)")
+    ap.add_argument("--out", default="benchmarks/cpu/load_levels")
+    args = ap.parse_args()
+
+    from machine import run_header
+    from prompts import code
+    from results import write_results
+
+    prompts = [r["prompt"] for r in code()]
+    levels = [int(c) for c in args.levels.split(",")]
+    result = {**run_header(), "ckpt": args.ckpt, "max_tokens": args.max_tokens, "rows": []}
+    got, rounds = {}, {}
+    servers = [(args.batch, "plain"), (args.batch, "auto"), (1, "plain"), (1, "auto")]
+    servers.append((args.batch, "plain, --row-buckets off"))  # every round steps all rows
+    for batch, mode in servers:
+        lv = levels if batch == args.batch and "off" not in mode else [1]
+        flags = ["--row-buckets", "off"] if "off" in mode else []
+        proc, url = start_server(args.ckpt, batch, mode.split(",")[0], args.max_tokens, *flags)
+        try:
+            got[(batch, mode)] = passes(url, prompts, lv, args.max_tokens, args.requests)
+            rounds[(batch, mode)] = server_rounds(url)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        for (workload, c), (summary, _) in got[(batch, mode)].items():
+            row = {"batch": batch, "mode": mode, "workload": workload, "concurrency": c}
+            result["rows"].append({**row, "summary": summary})
+        Path(args.out).with_suffix(".partial.json").write_text(json.dumps(result, default=str))
+    result["server_rounds"] = {f"--batch {b} {m}": r for (b, m), r in rounds.items()}
+    same = total = 0
+    for key, (_, texts) in got[(args.batch, "auto")].items():
+        for a, b in zip(got[(args.batch, "plain")][key][1], texts, strict=True):
+            if a is not None:
+                same, total = same + (a == b), total + 1
+    result["greedy_same"] = f"{same}/{total}"
+    B = args.batch
+    lines = [
+        f"# One server at every load: --batch {B}, plain against auto",
+        "",
+        f"CPU: {result['cpu']} ({result['cores']} cores), JAX {result['jax']}, {args.ckpt} "
+        f"float32; the 20 code prompts as chats, streamed, at most {args.max_tokens} tokens.",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        "| workload | concurrency | plain tokens/s | auto tokens/s | auto / plain | "
+        "TTFT median plain, auto (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (workload, c), (s_auto, _) in got[(B, "auto")].items():
+        s_plain = got[(B, "plain")][(workload, c)][0]
+        ratio = s_auto["total_tokens_per_s"] / s_plain["total_tokens_per_s"]
+        lines.append(
+            f"| {workload} | {c} | {s_plain['total_tokens_per_s']:.1f} | "
+            f"{s_auto['total_tokens_per_s']:.1f} | **{ratio:.2f}x** | "
+            f"{s_plain['ttft_s']['median']:.2f}, {s_auto['ttft_s']['median']:.2f} |"
+        )
+    lines += ["", "A lone request (concurrency 1, greedy) against a `--batch 1` server:", ""]
+    lines += [f"| mode | --batch 1 tokens/s | --batch {B} tokens/s | {B} / 1 |"]
+    lines += ["|---|---|---|---|"]
+    for mode, big_mode in (("plain", "plain"), ("plain", "plain, --row-buckets off"),
+                           ("auto", "auto")):  # fmt: skip
+        one = got[(1, mode)][("greedy", 1)][0]["total_tokens_per_s"]
+        big = got[(B, big_mode)][("greedy", 1)][0]["total_tokens_per_s"]
+        lines.append(f"| {big_mode} | {one:.1f} | {big:.1f} | **{big / one:.2f}x** |")
+    lines += [
+        "",
+        f"Greedy answers identical between plain and auto at --batch {B}: {result['greedy_same']}.",
+        "",
+        f"Rounds of the --batch {B} auto server by row bucket and mode (its /metrics): "
+        f"`{json.dumps(result['server_rounds'][f'--batch {B} auto'])}`",
+    ]
+    write_results(args.out, result, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
