@@ -170,3 +170,16 @@ def test_seeded_tokens_equal_with_the_sorted_filter(monkeypatch, vocab):
     monkeypatch.setattr(sampling, "_top_k_top_p", sorted_top_k_top_p)
     np.testing.assert_array_equal(new, tokens())
     assert len(np.unique(new[1])) > 1  # a sampling row does sample
+
+
+def test_engine_keys_hashed_with_numpy_are_jax_fold_in():
+    """keys_for hashes the engine's seeds with numpy (no eager JAX op to compile in a
+    CLI call): the same bits as jax.random.fold_in(PRNGKey(seed), key), across the
+    uint32 range of seeds and keys."""
+    keys = np.array([0, 1, 7, 12345, 2**31 - 1, 2**31, 2**32 - 1], np.uint32)
+    for seed in (0, 3, 2**31 - 1, 2**31, 2**32 - 1):
+        base = jax.random.PRNGKey(seed)
+        want = jax.vmap(lambda k, base=base: jax.random.fold_in(base, k))(jnp.asarray(keys))
+        got = sampling.keys_for(seed, keys)
+        assert isinstance(got, np.ndarray)
+        np.testing.assert_array_equal(got, np.asarray(want))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -81,16 +80,25 @@ def _key(model, spec: DecodeSpec, new_positions: int, start_args):
 
 
 def _jitted(key, model, spec: DecodeSpec, new_positions: int, start_args):
-    """(decoding.Jitted, the state's shapes) of a program key, traced once: tracing the
-    prefill of a 30-layer model takes a second or more."""
+    """(decoding.Jitted, the state's shapes, `start` traced) of a program key, traced
+    once: tracing the prefill of a 30-layer model takes a second or more (SmolLM2 on a
+    2-core CPU: 0.8-2 s), so the trace that gives the state's shapes is the one `start`
+    is lowered from."""
     if key not in _JITTED:
         fns = decoding.jitted(spec, new_positions, model.mesh, start_args)
-        state = jax.eval_shape(
-            functools.partial(decoding.start, spec=spec, new_positions=new_positions),
-            *start_args,
-        )
-        _JITTED[key] = (fns, state)
+        with _precision(key):
+            traced = fns.start.trace(*start_args)
+        _JITTED[key] = (fns, traced.out_info, traced)
     return _JITTED[key]
+
+
+def _precision(key):
+    """The matmul precision a program key was asked with (matmul_precision, the
+    caller's), as a context, whichever thread traces."""
+    precision = key[-1]
+    return (
+        contextlib.nullcontext() if precision is None else jax.default_matmul_precision(precision)
+    )
 
 
 def state_shape(model, spec: DecodeSpec, new_positions: int, start_args):
@@ -162,15 +170,11 @@ def _settle() -> None:
 
 def _lowered(key, model, spec: DecodeSpec, new_positions: int, start_args, name: str):
     """Entry point `name` of the program `key`, traced and lowered (not compiled)."""
-    fns, state = _jitted(key, model, spec, new_positions, start_args)
-    lower_args = {
-        "start": start_args,
-        "run_loop": (model.params, state, jnp.int32(0), jnp.bool_(False)),
-        "run_plain": (model.params, state, jnp.int32(0), jnp.bool_(False)),
-    }[name]
-    precision = key[-1]  # the caller's (matmul_precision), whichever thread lowers
-    with contextlib.nullcontext() if precision is None else jax.default_matmul_precision(precision):
-        return getattr(fns, name).lower(*lower_args)  # with jitted's compiler options
+    fns, state, traced = _jitted(key, model, spec, new_positions, start_args)
+    with _precision(key):
+        if name == "start":
+            return traced.lower()  # with jitted's compiler options
+        return getattr(fns, name).lower(model.params, state, jnp.int32(0), jnp.bool_(False))
 
 
 def _forget_least_recent() -> None:

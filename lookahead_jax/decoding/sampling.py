@@ -119,17 +119,45 @@ class RowSampling:
         return (self.temperature == 0) | (self.top_k == 1)
 
 
-def row_keys(seed: int, batch: int) -> jax.Array:
+def row_keys(seed: int, batch: int) -> jax.Array | np.ndarray:
     """Raw uint32 keys [B, 2]: row b's key is fold_in(PRNGKey(seed), b)."""
     return keys_for(seed, jnp.arange(batch, dtype=jnp.uint32))
 
 
-def keys_for(seed: int, keys_b) -> jax.Array:
+def keys_for(seed: int, keys_b) -> jax.Array | np.ndarray:
     """Raw uint32 keys [B, 2]: fold_in(PRNGKey(seed), keys_b[b]) for uint32 keys_b [B]
-    (the engine keys a prompt by its id, so its slot never changes its noise)."""
+    (the engine keys a prompt by its id, so its slot never changes its noise).
+
+    A seed in 0 .. 2^32 - 1 (every seed the engine takes from a request) is hashed here
+    with numpy (`fold_in_np`, the same bits as JAX's threefry): JAX's own eager ops
+    compile on their first call, 0.4 s of every CLI call's first prefill."""
+    if isinstance(seed, int | np.integer) and 0 <= seed < 2**32:
+        return fold_in_np(np.array([0, seed], np.uint32), np.asarray(keys_b, np.uint32))
     base = jax.random.PRNGKey(seed)
     keys_b = jnp.asarray(keys_b, jnp.uint32)
     return jax.vmap(lambda k: jax.random.fold_in(base, k))(keys_b)
+
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def fold_in_np(key_2, data_b) -> np.ndarray:
+    """[B, 2] uint32: jax.random.fold_in(key_2, data_b[b]) for the default (threefry2x32)
+    PRNG, in numpy: the Threefry-2x32 hash (20 rounds, JAX's
+    _threefry2x32_lowering) of the count (0, data) under the key."""
+    k0, k1 = (np.uint32(k) for k in key_2)
+    ks = (k0, k1, k0 ^ k1 ^ np.uint32(0x1BD11BDA))
+    x0 = np.zeros(np.shape(data_b), np.uint32) + ks[0]
+    x1 = np.asarray(data_b, np.uint32) + ks[1]
+    with np.errstate(over="ignore"):
+        for i in range(5):  # 5 x 4 rounds, the key injected after each 4
+            for r in _ROTATIONS[i % 2]:
+                x0 = x0 + x1
+                x1 = (x1 << np.uint32(r)) | (x1 >> np.uint32(32 - r))
+                x1 = x0 ^ x1
+            x0 = x0 + ks[(i + 1) % 3]
+            x1 = x1 + ks[(i + 2) % 3] + np.uint32(i + 1)
+    return np.stack([x0, x1], axis=-1)
 
 
 def process_logits(logits_brv, rows: RowSampling):
