@@ -29,8 +29,9 @@ from lookahead_jax.models.llama_params import stack_layers
 PROMPT, CAP, BLOCK = 16, 64, 24  # S = 16 + 64 + E > 24: several attention blocks
 
 
-def decode_loop(model, lookahead, batch: int, sampled: bool = False):
-    """(the compiled decode loop, its spec, the start program's argument shapes)."""
+def decode_loop(model, lookahead, batch: int, sampled: bool = False, name: str = "run_loop"):
+    """(the compiled decode loop, its spec, the start program's argument shapes); name:
+    run_loop, or run_plain (plain steps over the lookahead state: auto's plain rounds)."""
     spec = DecodeSpec(
         lm=model.lm,
         eos_ids=tuple(model.eos_ids),
@@ -41,12 +42,12 @@ def decode_loop(model, lookahead, batch: int, sampled: bool = False):
     rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((batch, *shape), dtype)  # noqa: E731
     sampling = RowSampling.shaped(batch)
     args = (model.params, rows(PROMPT), rows(), rows(), rows(2, dtype=jnp.uint32), sampling)
-    exe, _ = programs.compiled(model, spec, CAP, args, "run_loop")
+    exe, _ = programs.compiled(model, spec, CAP, args, name)
     return exe, spec, args
 
 
-def copies(model, lookahead, batch: int, sampled: bool = False) -> list:
-    exe, spec, args = decode_loop(model, lookahead, batch, sampled)
+def copies(model, lookahead, batch: int, sampled: bool = False, name: str = "run_loop") -> list:
+    exe, spec, args = decode_loop(model, lookahead, batch, sampled, name)
     state = jax.eval_shape(functools.partial(decoding.start, spec=spec, new_positions=CAP), *args)
     assert state.cache.positions > BLOCK
     if model.mesh is not None:  # each device's shards too
@@ -83,16 +84,18 @@ def model(tiny_ckpts):
 
 
 @pytest.mark.parametrize(
-    "lookahead, batch, sampled",
+    "lookahead, batch, sampled, name",
     [
-        (None, 3, False),
-        (lj.LookaheadConfig.for_tokens(8), 1, False),
-        (lj.LookaheadConfig.for_tokens(16), 3, True),  # with per-row sampling
+        (None, 3, False, "run_loop"),
+        (lj.LookaheadConfig.for_tokens(8), 1, False, "run_loop"),
+        (lj.LookaheadConfig.for_tokens(16), 3, True, "run_loop"),  # with per-row sampling
+        # auto's plain rounds: the guess sources' buffers pass through, never copied
+        (lj.LookaheadConfig.for_tokens(8), 1, False, "run_plain"),
     ],
-    ids=["plain-b3", "tokens=8-b1", "tokens=16-b3-sampled"],
+    ids=["plain-b3", "tokens=8-b1", "tokens=16-b3-sampled", "plain-rounds-tokens=8-b1"],
 )
-def test_the_decode_loop_copies_no_weights_and_no_state(model, lookahead, batch, sampled):
-    found = copies(model, lookahead, batch, sampled)
+def test_the_decode_loop_copies_no_weights_and_no_state(model, lookahead, batch, sampled, name):
+    found = copies(model, lookahead, batch, sampled, name)
     assert not found, "\n".join(map(str, found))
 
 
