@@ -119,9 +119,9 @@ class RowSampling:
         return (self.temperature == 0) | (self.top_k == 1)
 
 
-def row_keys(seed: int, batch: int) -> jax.Array | np.ndarray:
+def row_keys(seed: int, batch: int) -> jax.Array:
     """Raw uint32 keys [B, 2]: row b's key is fold_in(PRNGKey(seed), b)."""
-    return keys_for(seed, jnp.arange(batch, dtype=jnp.uint32))
+    return jnp.asarray(keys_for(seed, np.arange(batch, dtype=np.uint32)))
 
 
 def keys_for(seed: int, keys_b) -> jax.Array | np.ndarray:
@@ -131,7 +131,8 @@ def keys_for(seed: int, keys_b) -> jax.Array | np.ndarray:
     A seed in 0 .. 2^32 - 1 (every seed the engine takes from a request) is hashed here
     with numpy (`fold_in_np`, the same bits as JAX's threefry): JAX's own eager ops
     compile on their first call, 0.4 s of every CLI call's first prefill."""
-    if isinstance(seed, int | np.integer) and 0 <= seed < 2**32:
+    traced = isinstance(keys_b, jax.core.Tracer)  # (inside a jitted function)
+    if not traced and isinstance(seed, int | np.integer) and 0 <= seed < 2**32:
         return fold_in_np(np.array([0, seed], np.uint32), np.asarray(keys_b, np.uint32))
     base = jax.random.PRNGKey(seed)
     keys_b = jnp.asarray(keys_b, jnp.uint32)
