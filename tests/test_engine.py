@@ -87,10 +87,10 @@ LONGEST = max(map(len, PROMPTS))
 CASES = [  # (lookahead, batch, temperature, max_prompt_tokens: None = the state grows,
     # row_buckets: True = every round at the smallest row bucket, its rows gathered)
     (None, 2, 0.0, None, "auto"),
-    (lj.LookaheadConfig.for_tokens(8), 3, 0.0, None, True),  # growing: a loop per bucket,
+    (lj.LookaheadConfig.for_tokens(8), 3, 0.0, None, "auto"),  # growing: a loop per bucket,
     # so the smaller tree (tokens=16, the CPU's default, at batches 1 and 4 below)
     (lj.LookaheadConfig.for_tokens(16), 1, 0.0, LONGEST, "auto"),
-    (lj.LookaheadConfig.for_tokens(16), 4, 0.9, LONGEST, "auto"),
+    (lj.LookaheadConfig.for_tokens(16), 4, 0.9, LONGEST, True),
 ]
 
 
