@@ -284,8 +284,9 @@ def test_online_requests_while_it_decodes(model64, monkeypatch, tmp_path):
     assert results[3].token_ids == ref_greedy[3][: len(results[3].token_ids)]
     assert engine.stats.accepted_tokens > 0  # guesses landed
     assert engine.stats.config["lookahead"]["name"] == config.name
-    per_round = engine.stats.per_round["3"]  # both kinds of round ran, at 3 rows
-    assert per_round["plain"]["rounds"] > 0 and per_round["lookahead"]["rounds"] > 0
+    per_round = engine.stats.per_round.values()  # both kinds of round ran
+    assert sum(modes.get("plain", {}).get("rounds", 0) for modes in per_round) > 0
+    assert sum(modes.get("lookahead", {}).get("rounds", 0) for modes in per_round) > 0
 
 
 def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64, monkeypatch):

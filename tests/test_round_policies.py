@@ -2,13 +2,10 @@
 (engine/row_buckets.py) and whether auto runs it with lookahead or plain steps
 (engine/round_choice.py). Their device side is tests/test_engine.py's."""
 
-import pytest
-
 from lookahead_jax.engine import row_buckets
 from lookahead_jax.engine.round_choice import (
     FIRST_INTERVAL,
     MARGIN,
-    MAX_INTERVAL,
     WINDOW,
     RoundChoice,
 )
@@ -42,8 +39,6 @@ def test_row_buckets_worked_example():
     assert RowBuckets(16, False).choose(1, compiled.__contains__, []) == 16
     assert RowBuckets(16, True).choose(3, compiled.__contains__, []) == 4
     assert RowBuckets(16, "auto").choose(3, lambda r: False, []) == 4  # nothing compiled
-    with pytest.raises(ValueError, match="row_buckets"):
-        RowBuckets(16, "yes")
 
 
 def measured(rule: RoundChoice, R: int, lookahead: float, plain: float) -> None:
@@ -77,7 +72,6 @@ def test_round_choice_runs_the_faster_mode_and_re_measures_the_other():
     described = rule.describe()
     assert described["2"]["lookahead"]["tokens_per_s_per_row"] == 30.0
     assert described["16"]["plain"]["rounds"] == 59
-    assert MAX_INTERVAL >= 16
 
 
 def test_round_choice_flips_when_the_rows_accept_less():

@@ -123,8 +123,9 @@ def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.Argume
         default="auto",
         choices=("auto", "on", "off"),
         help="a decode round steps only the live requests, gathered into the smallest of "
-        "1, 2, 4, ... rows (then --batch) that holds them: auto (default; every bucket's "
-        "loop compiled at start-up), on, or off (every round steps all --batch rows)",
+        "1, 2, 4, ... rows (then --batch) that holds them: auto (default) or on (either "
+        "way every bucket's loop is compiled at start-up), or off (every round steps all "
+        "--batch rows)",
     )
     p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
     p.add_argument("--weights", default="float", help="float (default), int8 or q8_0")

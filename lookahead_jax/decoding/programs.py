@@ -1,10 +1,11 @@
 """Compiled decoding programs, kept per process and shape.
 
 `compiled(model, spec, new_positions, start_args, name)` returns one entry point
-of a decode (`start` or `run_loop`) compiled ahead of time (`compile_soon` starts it in a
-background thread), once per (spec, new_positions, mesh, argument shapes) in this process — and,
-through JAX's persistent compilation cache, across processes; `state_shape` the shapes of
-the state they pass, traced once too.
+of a decode (`start`, `run_loop` or `run_plain`) compiled ahead of time (`compile_soon`
+traces, lowers and compiles it in a background thread), once per (spec, new_positions,
+mesh, argument shapes) in this process — and, through JAX's persistent compilation cache,
+across processes; `state_shape` the shapes of the state they pass, from the one trace of
+`start` (under a lock: both threads trace).
 
 At most `MAX_KEPT` executables are kept, the least recently used dropped first: each
 compiled XLA:CPU executable holds memory mappings of its JIT code (SmolLM2: ~160 for a
@@ -16,7 +17,9 @@ reaches Linux's vm.max_map_count (65530 by default), where the next compile segf
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,18 +31,22 @@ from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.decoding.loop import compiler_options  # noqa: F401  (re-exported)
 
 MAX_KEPT = 64  # compiled executables kept per process (assign to change)
-_JITTED: dict = {}  # program key -> (decoding.Jitted, state shape)
+_JITTED: dict = {}  # program key -> (decoding.Jitted, state shape, `start` traced)
+_TRACING = threading.Lock()  # held while _JITTED is read or filled (two threads trace)
 _COMPILED = collections.OrderedDict()  # (program key, entry point) -> executable, LRU first
 _PENDING: dict = {}  # (program key, entry point) -> Future of its executable (compile_soon)
 _COMPILER = ThreadPoolExecutor(1, thread_name_prefix="lookahead-jax-compile")
 
 
 def clear() -> None:
-    """Forget every compiled program (tests that patch the step use this)."""
+    """Forget every compiled program (tests that patch the step use this); a compilation
+    already running is waited for, so that it writes nothing back afterwards."""
     for pending in _PENDING.values():
-        pending.cancel()
+        if not pending.cancel():
+            concurrent.futures.wait([pending])
     _PENDING.clear()
-    _JITTED.clear()
+    with _TRACING:
+        _JITTED.clear()
     _COMPILED.clear()
 
 
@@ -60,7 +67,11 @@ def matmul_precision(dtype) -> str | None:
 
 def precision_scope(dtype):
     """A context in which to trace programs for a model of `dtype` (matmul_precision)."""
-    precision = matmul_precision(dtype)
+    return _scope(matmul_precision(dtype))
+
+
+def _scope(precision: str | None):
+    """A context with this default matmul precision (None: as it is)."""
     if precision is None:
         return contextlib.nullcontext()
     return jax.default_matmul_precision(precision)
@@ -83,22 +94,16 @@ def _jitted(key, model, spec: DecodeSpec, new_positions: int, start_args):
     """(decoding.Jitted, the state's shapes, `start` traced) of a program key, traced
     once: tracing the prefill of a 30-layer model takes a second or more (SmolLM2 on a
     2-core CPU: 0.8-2 s), so the trace that gives the state's shapes is the one `start`
-    is lowered from."""
-    if key not in _JITTED:
-        fns = decoding.jitted(spec, new_positions, model.mesh, start_args)
-        with _precision(key):
-            traced = fns.start.trace(*start_args)
-        _JITTED[key] = (fns, traced.out_info, traced)
-    return _JITTED[key]
-
-
-def _precision(key):
-    """The matmul precision a program key was asked with (matmul_precision, the
-    caller's), as a context, whichever thread traces."""
-    precision = key[-1]
-    return (
-        contextlib.nullcontext() if precision is None else jax.default_matmul_precision(precision)
-    )
+    is lowered from. Under _TRACING: the compile thread (compile_soon) and the caller may
+    ask for the same key at once, and one trace serves both. The key's matmul precision
+    is the caller's (matmul_precision), whichever thread traces."""
+    with _TRACING:
+        if key not in _JITTED:
+            fns = decoding.jitted(spec, new_positions, model.mesh, start_args)
+            with _scope(key[-1]):
+                traced = fns.start.trace(*start_args)
+            _JITTED[key] = (fns, traced.out_info, traced)
+        return _JITTED[key]
 
 
 def state_shape(model, spec: DecodeSpec, new_positions: int, start_args):
@@ -171,7 +176,7 @@ def _settle() -> None:
 def _lowered(key, model, spec: DecodeSpec, new_positions: int, start_args, name: str):
     """Entry point `name` of the program `key`, traced and lowered (not compiled)."""
     fns, state, traced = _jitted(key, model, spec, new_positions, start_args)
-    with _precision(key):
+    with _scope(key[-1]):
         if name == "start":
             return traced.lower()  # with jitted's compiler options
         return getattr(fns, name).lower(model.params, state, jnp.int32(0), jnp.bool_(False))
@@ -183,4 +188,5 @@ def _forget_least_recent() -> None:
     while len(_COMPILED) > max(MAX_KEPT, 2):  # a decode needs its start and its loop
         (key, _), _ = _COMPILED.popitem(last=False)
         if all(kept != key for kept, _ in _COMPILED):
-            _JITTED.pop(key, None)
+            with _TRACING:
+                _JITTED.pop(key, None)

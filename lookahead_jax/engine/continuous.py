@@ -345,10 +345,13 @@ class Engine:
         return scheduler
 
     def warm_up(self, request: Request) -> None:
-        """Decode `request` offline, then compile the decode loop of every row bucket at
-        the shapes it ran at (with max_prompt_tokens: the online rounds' own), so that
-        the first requests compile nothing whichever number of them is live. The stats
-        start afresh after it."""
+        """Decode `request` offline, then compile the decode loops of every row bucket at
+        the shapes it ran at (with max_prompt_tokens: the online rounds' own; with auto
+        its plain rounds' too), so that the first requests do not wait for a loop
+        whichever number of them is live. (Smaller programs still compile at their first
+        use: prefills of other row counts and prompt buckets, and the slot edits of
+        slot_state.py per row bucket, a fraction of a second each.) The stats start
+        afresh after it."""
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass

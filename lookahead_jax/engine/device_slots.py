@@ -1,23 +1,25 @@
-"""The engine's device side: the B-slot DecodeState and the three verbs of JetStream's
-engine interface that change it, each one compiled program (decoding.start /
-run_loop through programs.py; the edits of slot_state.py):
+"""The engine's device side: the DecodeState of the B slots (R rows of it: below) and the
+three verbs of JetStream's engine interface that change it, each one compiled program
+(decoding.start / run_loop / run_plain through programs.py; the edits of slot_state.py):
 
     prefill   `prefill(P, requests)`: decoding.start on n requests of prompt bucket P,
               [n, P] (n: slot_state.prefill_rows, padded with rows that are done at
               once): their K/V, first tokens and fresh guess sources
-    insert    `insert(fresh, slots)`: those n rows written over slots of the B-row state
+    insert    `insert(fresh, slots)`: those n rows written over slots of the R-row state
               in one scatter, every field (a slot's old K/V, tokens, counters and
               guesses all replaced)
-    generate  `generate(steps, waiting)`: run_loop over the B slots for at most `steps`
-              steps, or until a slot finishes while requests wait
+    generate  `generate(steps, waiting, plain)`: run_loop (or run_plain: plain steps over
+              a lookahead state) over the R rows for at most `steps` steps, or until a
+              slot finishes while requests wait
 
 and what goes around them: `read` (fields back to the host, every process's rows),
 `grow` (a longer prompt side: the S axis padded), `resize` (the state's rows: a row
 bucket, row_buckets.py), `retire_later` (rows the host ended, made done before the next
 generate), `to_plain` (auto's hand-over).
 
-Rows: the state holds R <= B rows (`rows`), the slots 0 .. R-1; the scheduler keeps every
-slot it uses below R. One loop program per R.
+Rows: the state holds R <= B rows (`rows`, a row bucket: row_buckets.py), the slots
+0 .. R-1; the scheduler keeps every slot it uses below R. Loop programs per R (run_loop,
+and with online auto run_plain). Arrays named `_b` here have the state's R rows.
 
 Shapes: S = P + new_positions + slack, where new_positions is the budget side (the
 largest max_new_tokens a request may have, rounded up to a power of two) and slack the
@@ -48,7 +50,7 @@ _STATIC = ("spec", "bucket")
 
 
 class DeviceSlots:
-    """The B slots on the device: their state, and the programs for its shapes."""
+    """The B slots on the device: their state (R rows), and the programs for its shapes."""
 
     def __init__(
         self, model, batch: int, spec: DecodeSpec, new_positions: int, P: int, stats, memory=None
@@ -318,8 +320,8 @@ class DeviceSlots:
 
     def read_logprobs(self, first_b: np.ndarray, width: int) -> list[np.ndarray]:
         """Each row's logprobs at positions first_b[b] .. + width - 1, every process's rows
-        on the host (token [B, W], top_ids and top [B, W, O]; logprobs.window): a round's
-        new ones, not the whole [B, S, O] buffers."""
+        on the host (token [R, W], top_ids and top [R, W, O]; logprobs.window): a round's
+        new ones, not the whole [R, S, O] buffers."""
         window = slot_state.program(logprobs.window, None, static_argnums=2)
         kept = window(self.state.logprobs, first_b, width)
         return [multihost.all_rows(x) for x in (kept.token, kept.top_ids, kept.top)]

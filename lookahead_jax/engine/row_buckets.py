@@ -47,9 +47,7 @@ class RowBuckets:
     """The rule above, for one run's B slots, with what it has spent."""
 
     def __init__(self, batch: int, mode: bool | str = "auto"):
-        if mode not in (True, False, "auto"):
-            raise ValueError(f'row_buckets must be True, False or "auto", got {mode!r}')
-        self.batch, self.mode = batch, mode
+        self.batch, self.mode = batch, mode  # (mode checked by the Engine)
         self.spent_s: dict[int, float] = {}  # bucket -> padding seconds run for it elsewhere
         self.rounds: dict[int, int] = {}  # rounds run at each row count
 

@@ -88,7 +88,7 @@ class RowCounts:
         if self.auto is None or not self.auto.watching:
             return
         hist = self._lookahead_hist(occupied)
-        steps = int(hist.sum()) // self.device.B  # the lookahead phase's device steps, about
+        steps = int(hist.sum()) // self.device.rows  # the lookahead phase's device steps, about
         if not self.auto.gives_up(hist, steps):
             return
         self.count(occupied)  # their lookahead phase, before the state loses it

@@ -28,6 +28,7 @@ import numpy as np
 
 from lookahead_jax.decoding import autotune
 from lookahead_jax.decoding.decode_state import DecodeSpec
+from lookahead_jax.distributed import multihost
 from lookahead_jax.engine import inputs, interrupts
 from lookahead_jax.engine.cached_prefill import CachedPrefill
 from lookahead_jax.engine.device_slots import DeviceSlots
@@ -100,11 +101,15 @@ class Scheduler:
         cache = engine.prefix_cache()
         self.prefix = None if cache is None else CachedPrefill(self, cache, engine.prefill_chunk)
         self.counts = RowCounts(self.device, auto, self.stats)
-        # row buckets need every state edit on one device (take_rows has no shardings)
-        self.buckets = RowBuckets(self.B, engine.row_buckets if model.mesh is None else False)
+        # row buckets need every state edit on one device (take_rows has no shardings);
+        # both rules time this process's rounds, so with several processes (which must
+        # run the same programs each round) they are off, as auto's guard is
+        multi = multihost.is_multiprocess()
+        one_device = model.mesh is None and not multi
+        self.buckets = RowBuckets(self.B, engine.row_buckets if one_device else False)
         self.stats.rounds_by_rows = self.buckets.rounds
         self.round_choice = None
-        if per_round and lookahead is not None and auto is not None:
+        if per_round and lookahead is not None and auto is not None and not multi:
             self.round_choice = RoundChoice()
         self.stats.config = {
             "lookahead": None if lookahead is None else lookahead.describe(),
@@ -154,8 +159,9 @@ class Scheduler:
             live = self._fit_rows()
             choice = self.round_choice
             plain = choice is not None and choice.plain(device.rows)
-            if choice is not None:
+            if choice is not None:  # (rows to retire stop before the loop runs)
                 done_b, n_out_b = device.read("done", "n_out")
+                decoding_b = ~done_b & ~device.to_retire_b
             t, compile_s = time.perf_counter(), stats.compile_s
             device.generate(self._steps_per_call(), waiting=bool(self.queue), plain=plain)
             jax.block_until_ready(device.state)
@@ -166,7 +172,7 @@ class Scheduler:
             if choice is not None:
                 (n_after_b,) = device.read("n_out")
                 tokens = int(n_after_b.sum() - n_out_b.sum())
-                choice.ran(device.rows, plain, seconds, tokens, int((~done_b).sum()))
+                choice.ran(device.rows, plain, seconds, tokens, int(decoding_b.sum()))
                 stats.per_round = choice.describe()
             self.counts.watch(self.occupied())
         finished += self._collect()
