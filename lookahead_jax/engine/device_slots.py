@@ -142,18 +142,17 @@ class DeviceSlots:
             self.model, self.spec, self.new_positions, args, "run_loop"
         )
 
-    def _loop_ready(self, name: str = "run_loop") -> float:
+    def _loop_ready(self, name: str = "run_loop") -> None:
         """The loop `name` for the state's rows, compiled (or waited for:
-        compile_loop_soon); returns the seconds that took. A prefill waits for it too, so
-        that it runs on quiet cores rather than beside the loop's compile (its seconds go
-        to compile_s, where they belong, not prefill_s)."""
+        compile_loop_soon), its seconds kept in loop_compile_s. A prefill waits for it
+        too, so that it runs on quiet cores rather than beside the loop's compile (its
+        seconds go to compile_s, where they belong, not prefill_s)."""
         if (self.rows, name) in self.loops:
-            return 0.0
+            return
         args = self.loop_args(self.rows)
         self.loops[(self.rows, name)], secs = self._compiled(self.new_positions, args, name)
         if secs > 0:
             self.loop_compile_s.append(secs)
-        return secs
 
     def _compiled(self, new_positions: int, args, name: str):
         """(executable, seconds spent compiling it now), those seconds added to the stats."""
