@@ -124,9 +124,9 @@ def run_loop(
     return state
 
 
-def compiler_options(platform: str | None = None) -> dict:
+def compiler_options(platform: str | None = None, weights: str = "float") -> dict:
     """XLA options the decode programs are compiled with on this platform (default: the
-    first device's).
+    first device's), for a model whose matrices are `weights` (LlamaLM.weights).
 
     Copy insertion by region analysis (CPU and GPU): the attention's loop over cache
     blocks (models/llama.py) reads each layer's K/V buffers, which the step then updates
@@ -134,16 +134,20 @@ def compiler_options(platform: str | None = None) -> dict:
     again before the update, two copies of the whole cache a step (the loop's HLO;
     tests/test_loop_copies.py).
 
-    NVIDIA GPUs: matmuls through cuBLAS, not Triton GEMM fusions. XLA fuses the slice of
-    one layer's weights out of the stacked [L, ...] weights (the scan over layers) into
-    Triton GEMMs, which then write each slice to a new buffer before reading it: a 7B
-    step moved its weights three times, 18 ms for a plain step against 10 ms through
-    cuBLAS on an H100 (benchmarks/gpu/layer_loop.md).
+    NVIDIA GPUs, float weights: matmuls through cuBLAS, not Triton GEMM fusions. Under the
+    old scan over stacked layers XLA fused each layer's weight slice into Triton GEMMs that
+    copied it first (18 ms for a 7B plain step against 10 ms through cuBLAS on an H100,
+    benchmarks/gpu/layer_loop.md); with the layers unrolled Triton read 0.90x cuBLAS's
+    step (llama2-7b shape, bf16, B = 1, H200: benchmarks/gpu/step_report_h200.md), not yet
+    measured at other batches or a 16-token step, so cuBLAS stays. Per-channel int8
+    weights: Triton GEMMs, which fuse the int8 -> bf16 convert into the matmul; through
+    cuBLAS the convert writes the whole matrix first (13.34 ms against 5.02, the same
+    report).
     """
     platform = platform or jax.devices()[0].platform
     if platform == "gpu":
         return {
-            "xla_gpu_enable_triton_gemm": False,
+            "xla_gpu_enable_triton_gemm": weights == "int8",
             "xla_gpu_copy_insertion_use_region_analysis": True,
         }
     if platform == "cpu":
@@ -169,7 +173,8 @@ def jitted(spec: DecodeSpec, new_positions: int, mesh, start_args) -> Jitted:
     step_fn = functools.partial(step, spec=spec)
     loop_fn = functools.partial(run_loop, spec=spec)
     plain_fn = functools.partial(run_loop, spec=spec, plain=True)
-    jit = functools.partial(jax.jit, compiler_options=compiler_options())
+    options = compiler_options(weights=getattr(spec.lm, "weights", "float"))
+    jit = functools.partial(jax.jit, compiler_options=options)
     if mesh is None:
         return Jitted(
             start=jit(start_fn),

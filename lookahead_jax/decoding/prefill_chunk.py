@@ -48,4 +48,5 @@ def program(lm, dtype: str):
     """prefill_chunk jitted for a model (one compilation per Mb and chunk length), the
     pool donated, with the decode programs' compiler options (loop.compiler_options)."""
     fn = functools.partial(prefill_chunk, lm=lm, dtype=dtype)
-    return jax.jit(fn, donate_argnums=1, compiler_options=compiler_options())
+    options = compiler_options(weights=getattr(lm, "weights", "float"))
+    return jax.jit(fn, donate_argnums=1, compiler_options=options)

@@ -147,7 +147,7 @@ def decode_loop(model, layout, batch: int, context: int, steps: int, options: di
     t = time.perf_counter()
     if key not in _LOOPS:
         fns = decoding.jitted(spec, cap, None, args)
-        opts = {**compiler_options(), **options}
+        opts = {**compiler_options(weights=model.lm.weights), **options}
         with programs.precision_scope(spec.cache_dtype):
             start = fns.start.lower(*args).compile(opts)
             state = jax.eval_shape(fns.start, *args)
@@ -233,8 +233,8 @@ def part_options(plan: Plan, report: dict, out: dict) -> None:
         ("command buffers with WHILE, CONDITIONAL", "float", None,
          {"xla_gpu_enable_command_buffer": COMMAND_BUFFERS}),
         ("Triton GEMMs allowed", "float", None, {"xla_gpu_enable_triton_gemm": True}),
-        ("int8 weights", "int8", None, {}),
-        ("int8 weights, Triton GEMMs allowed", "int8", None, {"xla_gpu_enable_triton_gemm": True}),
+        ("int8 weights (Triton GEMMs: the default)", "int8", None, {}),
+        ("int8 weights, cuBLAS", "int8", None, {"xla_gpu_enable_triton_gemm": False}),
     ]  # fmt: skip
     if plan.dry:  # compiler flags alone: checked on a small program (XLA:CPU ignores them)
         out["flags_checked"] = [
@@ -272,7 +272,7 @@ def part_profile(plan: Plan, report: dict, out: dict) -> None:
     model = bench_model(plan.main, plan.dtype)
     for layout in ("plain", "16"):
         state, loop, _ = decode_loop(model, layout, 1, plan.context, plan.steps, {})
-        step_ms(model, state, loop, plan.steps, 1)  # warm
+        out[f"{layout}_step_ms"] = step_ms(model, state, loop, plan.steps, 2)
         s = jax.block_until_ready(jax.tree.map(jnp.copy, state))
         with tempfile.TemporaryDirectory(prefix="step-report-") as logdir:
             with jax.profiler.trace(logdir, create_perfetto_trace=True):
@@ -542,12 +542,21 @@ def main() -> None:
     ap.add_argument("--smollm2", default=None, help="the SmolLM2-135M checkpoint (or skip)")
     ap.add_argument("--budget-s", type=float, default=450, help="no part starts after this")
     ap.add_argument("--parts", default="device,engine,options,profile,cost_curve,smollm2")
+    ap.add_argument(
+        "--main",
+        default=None,
+        help="the options', profile's and cost curve's "
+        "shape (cost_curve.SHAPES; default llama2-7b)",
+    )
+    ap.add_argument("--dtype", default=None, help="the random weights' dtype (bfloat16)")
     args = ap.parse_args()
     OUT = Path(args.out)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     plan, t0 = Plan(args.dry_run), time.perf_counter()
     report = {"command": " ".join(["python", *sys.argv]), "dry_run": args.dry_run, "parts": {}}
     plan.smollm2 = args.smollm2
+    plan.main = args.main or plan.main
+    plan.dtype = args.dtype or plan.dtype
     for name in args.parts.split(","):
         out = report["parts"][name] = {}
         elapsed = time.perf_counter() - t0
