@@ -26,10 +26,11 @@ def _weight(rng, K, N):
     return jnp.asarray((rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32))
 
 
-@pytest.mark.parametrize("M", [1, 5, 13])
+@pytest.mark.parametrize("M", [1, 5, 13, 25])
 def test_kernel_is_xlas_matmul(M):
-    """One row, a partial tile (5), full 6-row groups and a remainder (13 = 6 + 6 + 1),
-    K not a multiple of anything, N of several panels; float32 and per-channel int8."""
+    """One row, a partial tile (5), full 6-row groups and a remainder (13 = 6 + 6 + 1;
+    with AVX-512, 12-row groups: 25 = 12 + 12 + 1), K not a multiple of anything, N of
+    several panels; float32 and per-channel int8."""
     rng = np.random.default_rng(M)
     K, N = 37, 80
     w = _weight(rng, K, N)
@@ -51,6 +52,48 @@ def test_a_rows_result_does_not_depend_on_the_other_rows():
     for r in (0, 5, 6, 15):
         one = np.asarray(packed.einsum("mk,kn->mn", x[r : r + 1], w))
         np.testing.assert_array_equal(many[r : r + 1], one)
+
+
+_TILE_CHECK = """
+import sys
+import jax.numpy as jnp, numpy as np
+from lookahead_jax.models import packed, quantize
+rng = np.random.default_rng(7)
+w = jnp.asarray(rng.standard_normal((96, 48)).astype(np.float32))
+x = jnp.asarray(rng.standard_normal((29, 96)).astype(np.float32))
+f = packed.einsum("mk,kn->mn", x, packed.pack(w, (0,)))
+i = packed.einsum("mk,kn->mn", x, packed.pack(quantize.quantize(w, (0,)), (0,)))
+np.save(sys.argv[1], np.concatenate([np.asarray(f).ravel(), np.asarray(i).ravel()]))
+"""
+
+
+def _has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " avx512f" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_avx512(), reason="no AVX-512 here: only the AVX2 tile runs")
+def test_the_avx512_tile_gives_the_avx2_tiles_bits(tmp_path):
+    """small_m.cc's two tiles (AVX-512 where the CPU has it, AVX2 with
+    LOOKAHEAD_JAX_CPU_KERNEL=avx2: chosen once a process) compute the same FMA chains:
+    the same bits, float32 and int8, over full groups and remainders of both (29 rows)."""
+    import os
+    import subprocess
+    import sys
+
+    got = {}
+    for name, env in (("avx512", {}), ("avx2", {"LOOKAHEAD_JAX_CPU_KERNEL": "avx2"})):
+        out = tmp_path / f"{name}.npy"
+        subprocess.run(
+            [sys.executable, "-c", _TILE_CHECK, str(out)],
+            env={**os.environ, "JAX_PLATFORMS": "cpu", **env},
+            check=True,
+        )
+        got[name] = np.load(out)
+    np.testing.assert_array_equal(got["avx512"], got["avx2"])
 
 
 def _attention_inputs(rng, B, K, T, Q, S, Dh):

@@ -1,7 +1,7 @@
 """Two kernels for x86-64 CPUs, outside XLA, for a decode step's work:
 
 * `matmul` (small_m.cc): y[M, N] = x[M, K] @ W[K, N] reading W from memory once, for the
-  M = B x T rows of a step;
+  M = B x T rows of a step (AVX2, or AVX-512 where the CPU has it, chosen at run time);
 * `cache_attention` (cache_attention.cc): a step's queries over each row's K/V cache, as
   far as the row's length.
 
@@ -67,7 +67,9 @@ ATTENTION_TARGET = "lookahead_jax_cache_attention_f32"
 # AVX2 + FMA, not -march=native: a library in a shared cache directory may be loaded on
 # another machine, and lj_small_m_supported() checks the CPU before it is registered
 FLAGS = ("-mavx2", "-mfma", "-std=c++17", "-fPIC")
-ENV = "LOOKAHEAD_JAX_CPU_KERNEL"  # "0" turns the kernel off
+# "0" turns the kernel off; "avx2" keeps small_m.cc's AVX2 tile where the CPU has AVX-512
+# (its AVX-512 tile, compiled for it by a target attribute, gives the same bits faster)
+ENV = "LOOKAHEAD_JAX_CPU_KERNEL"
 
 
 def _library_path() -> Path:

@@ -13,6 +13,13 @@
 // group, thread or M the row comes in: a row's result does not depend on the other rows
 // (a lookahead step's rows get bit for bit what a one-token step computes).
 //
+// Where the CPU has AVX-512 (checked once, at run time) a panel's row of 16 outputs is one
+// 512-bit register, and up to 12 rows (groups of equal size: 16 rows go 8 + 8) go through
+// two panels at once (`tile512`), so that each broadcast of x[r, k] feeds two FMAs: the
+// same FMA chains, so the same bits, with fewer loads per FMA (the AVX2 tile's broadcast
+// feeds two 8-wide FMAs, the AVX-512 tile's with one panel a single 16-wide one, and
+// that one measured no faster than AVX2).
+//
 // Weights are float32, or int8 with one float32 scale per output column (per-channel
 // int8: the int8 values are summed in float32 and the sum is scaled, as quantize.py's
 // reference computes it).
@@ -20,6 +27,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "kernels.h"
 #include "parallel.h"
@@ -97,6 +107,89 @@ inline void tile(const float* x, int64_t K, const W* panel, const float* scale, 
 #undef LJ_STORE
 }
 
+// The AVX-512 tile: R <= kRows512 rows of x times one or two panels, one 512-bit
+// accumulator a row and panel; each output the same chain of FMAs over k as `tile`
+// computes.
+constexpr int kRows512 = 12;
+
+__attribute__((target("avx512f"))) inline __m512 load16x512(const float* w) {
+  return _mm512_loadu_ps(w);
+}
+
+__attribute__((target("avx512f"))) inline __m512 load16x512(const int8_t* w) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+}
+
+// xt: the group's rows of x transposed, [K, size] (xt[k * size + r] = x[r, k]), so
+// that one pointer reaches every row's x[k] at a constant offset (twelve row pointers
+// would not fit the general registers beside the loop's own). NP panels at once (1 or 2,
+// the second `panel_stride` floats after the first): with two, each broadcast of x[r, k]
+// feeds two FMAs, so loads (x's broadcasts and W's lines) are fewer than FMAs.
+template <int R, int NP, typename W>
+__attribute__((target("avx512f"))) inline void tile512(const float* xt, int64_t size, int64_t K,
+                                                       const W* panel, int64_t panel_stride,
+                                                       const float* scale, float* y, int64_t ldy,
+                                                       Prefetch pf) {
+  static_assert(R >= 1 && R <= kRows512 && (NP == 1 || NP == 2), "rows and panels per tile");
+#define LJ_ROWS(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11)
+#define LJ_INIT(r) __m512 a##r = _mm512_setzero_ps(), b##r = _mm512_setzero_ps();
+  LJ_ROWS(LJ_INIT)
+  for (int64_t k = 0; k < K; ++k, pf.pos += pf.step) {
+    _mm_prefetch(pf.next + (pf.pos >> 32) * 64, _MM_HINT_T1);
+    const __m512 w0 = load16x512(panel + k * kPanel);
+    const __m512 w1 = NP == 2 ? load16x512(panel + panel_stride + k * kPanel) : w0;
+    const float* xk = xt + k * size;
+#define LJ_FMA(r)                                  \
+  if constexpr (r < R) {                           \
+    const __m512 x = _mm512_set1_ps(xk[r]);        \
+    a##r = _mm512_fmadd_ps(x, w0, a##r);           \
+    if constexpr (NP == 2) b##r = _mm512_fmadd_ps(x, w1, b##r); \
+  }
+    LJ_ROWS(LJ_FMA)
+  }
+  const __m512 s0 = scale != nullptr ? load16x512(scale) : _mm512_set1_ps(1.0f);
+  const __m512 s1 = scale != nullptr && NP == 2 ? load16x512(scale + kPanel) : s0;
+#define LJ_STORE(r)                                                                     \
+  if constexpr (r < R) {                                                                \
+    _mm512_storeu_ps(y + r * ldy, scale ? _mm512_mul_ps(a##r, s0) : a##r);             \
+    if constexpr (NP == 2)                                                              \
+      _mm512_storeu_ps(y + r * ldy + kPanel, scale ? _mm512_mul_ps(b##r, s1) : b##r);  \
+  }
+  LJ_ROWS(LJ_STORE)
+#undef LJ_ROWS
+#undef LJ_INIT
+#undef LJ_FMA
+#undef LJ_STORE
+}
+
+// LOOKAHEAD_JAX_CPU_KERNEL=avx2 keeps the AVX2 tile (to compare the two on one machine).
+bool has_avx512() {
+  static const bool yes = [] {
+    const char* env = std::getenv("LOOKAHEAD_JAX_CPU_KERNEL");
+    if (env != nullptr && std::strcmp(env, "avx2") == 0) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return yes;
+}
+
+// Rows of x go through the AVX-512 tile in Groups512(M) groups of equal size.
+inline int64_t Groups512(int64_t M) { return (M + kRows512 - 1) / kRows512; }
+
+// x [M, K] -> xt: each group's rows transposed, [groups, K, size] (tile512's xt; the last
+// group's rows past M zero). One row is its own transpose: then xt is x, not copied.
+std::vector<float> Transpose512(const float* x, int64_t M, int64_t K) {
+  if (M == 1) return {};
+  const int64_t groups = Groups512(M), size = (M + groups - 1) / groups;
+  std::vector<float> xt(static_cast<size_t>(groups * K * size), 0.0f);
+  for (int64_t m = 0; m < M; ++m) {
+    float* g = xt.data() + (m / size) * K * size + m % size;
+    for (int64_t k = 0; k < K; ++k) g[k * size] = x[m * K + k];
+  }
+  return xt;
+}
+
 template <typename W>
 struct Matmul {
   const float* x;
@@ -105,6 +198,7 @@ struct Matmul {
   int64_t P;
   const float* scale;  // [P * 16] or nullptr
   float* y;
+  const float* xt = nullptr;  // x transposed for run512 (Transpose512), or nullptr
 
   // panels [p0, p1) for every row of x. Each panel meets every row of x while it is in
   // L2; a prefill's thousands of rows are then read from L3 once a panel (blocking the
@@ -136,6 +230,44 @@ struct Matmul {
       }
     }
   }
+
+  // run() with the AVX-512 tile (has_avx512()), over `xt`: x's rows transposed a group at
+  // a time (Transpose512), then every panel through every group.
+  __attribute__((target("avx512f"))) void run512(int64_t p0, int64_t p1) const {
+    const int64_t ldy = P * kPanel;
+    // groups of equal size (16 rows: 8 + 8, not 12 + 4, whose 4 FMA chains a k would
+    // wait on the FMA's latency)
+    const int64_t groups = Groups512(M), size = (M + groups - 1) / groups;
+    for (int64_t p = p0; p < p1; p += 2) {
+      const W* panel = panels + p * K * kPanel;
+      const bool two = p + 1 < p1;
+      const W* after = panel + (two ? 2 : 1) * K * kPanel;
+      const char* next = reinterpret_cast<const char*>(p + (two ? 2 : 1) < p1 ? after : panel);
+      const int64_t lines = (two ? 2 : 1) * K * kPanel * static_cast<int64_t>(sizeof(W)) / 64;
+      const float* s = scale ? scale + p * kPanel : nullptr;
+      float* yp = y + p * kPanel;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* xg = xt + g * K * size;
+        float* yg = yp + g * size * ldy;
+        const Prefetch pf = prefetch_share(next, lines, g, groups, K);
+        const int64_t stride = K * kPanel;
+#define LJ_CASE(r)                                                         \
+  case r:                                                                  \
+    if (two) {                                                             \
+      tile512<r, 2>(xg, size, K, panel, stride, s, yg, ldy, pf);                 \
+    } else {                                                               \
+      tile512<r, 1>(xg, size, K, panel, stride, s, yg, ldy, pf);                 \
+    }                                                                      \
+    break;
+        switch (std::min<int64_t>(size, M - g * size)) {
+          LJ_CASE(12) LJ_CASE(11) LJ_CASE(10) LJ_CASE(9) LJ_CASE(8) LJ_CASE(7)
+          LJ_CASE(6) LJ_CASE(5) LJ_CASE(4) LJ_CASE(3) LJ_CASE(2) LJ_CASE(1)
+          default: break;
+        }
+#undef LJ_CASE
+      }
+    }
+  }
 };
 
 // Two chunks of panels a thread (a chunk boundary leaves one panel unprefetched; more
@@ -146,8 +278,19 @@ void Run(lookahead_jax::Workers& pool, const Matmul<W>& mm) {
   if (mm.M == 0 || mm.P == 0) return;
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t chunk = std::max<int64_t>(1, (mm.P + 2 * threads - 1) / (2 * threads));
-  lookahead_jax::parallel_for(pool, (mm.P + chunk - 1) / chunk, [mm, chunk](int64_t c) {
-    mm.run(c * chunk, std::min(mm.P, (c + 1) * chunk));
+  const bool wide = has_avx512();
+  // x transposed once a call (on the calling thread: M x K floats, a small part of the
+  // M x K x N multiply), shared by every thread's panels
+  const std::vector<float> xt = wide ? Transpose512(mm.x, mm.M, mm.K) : std::vector<float>();
+  Matmul<W> with_xt = mm;
+  with_xt.xt = mm.M == 1 ? mm.x : xt.data();
+  lookahead_jax::parallel_for(pool, (mm.P + chunk - 1) / chunk, [mm = with_xt, chunk, wide](int64_t c) {
+    const int64_t p1 = std::min(mm.P, (c + 1) * chunk);
+    if (wide) {
+      mm.run512(c * chunk, p1);
+    } else {
+      mm.run(c * chunk, p1);
+    }
   });
 }
 
