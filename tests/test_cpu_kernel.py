@@ -1,11 +1,15 @@
-"""The CPU kernels (models/cpu_kernel/) and the packed weights (models/packed.py): the
-small-M matmul against XLA's matmul at every M the tile code has a path for, float32 and
-int8; a row's result independent of the other rows (what makes a lookahead step's logits
-those of a one-token step, bit for bit); the embedding lookup out of the panels; the cache
-attention against llama.attention's own (ragged and empty rows, lookahead masks, sliding
-windows, head dims of one and several tiles) and a query's result independent of the
-other queries; the packed model's forward against the unpacked one's; lookahead == plain
-on a packed model; and which weights `lj.load` packs."""
+"""The CPU kernels (models/cpu_kernel/) and the packed weights (models/packed.py): the small-M
+matmul against XLA's matmul at every M the tile code has a path for, float32 and int8; a
+row's result independent of the other rows (what makes a lookahead step's logits those of a
+one-token step, bit for bit); the AVX-512 tile's bits those of the AVX2 tile; the embedding
+lookup out of the panels; the cache attention against llama.attention's own (ragged and
+empty rows, lookahead masks, sliding windows, head dims of one and several tiles) and a
+query's result independent of the other queries; the packed model's forward against the
+unpacked one's; lookahead == plain on a packed model; and which weights `lj.load` packs."""
+
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +33,8 @@ def _weight(rng, K, N):
 @pytest.mark.parametrize("M", [1, 5, 13, 25])
 def test_kernel_is_xlas_matmul(M):
     """One row, a partial tile (5), full 6-row groups and a remainder (13 = 6 + 6 + 1;
-    with AVX-512, 12-row groups: 25 = 12 + 12 + 1), K not a multiple of anything, N of
-    several panels; float32 and per-channel int8."""
+    the AVX-512 tile's equal groups: 13 = 7 + 6, 25 = 9 + 9 + 7), K not a multiple of
+    anything, N of several panels; float32 and per-channel int8."""
     rng = np.random.default_rng(M)
     K, N = 37, 80
     w = _weight(rng, K, N)
@@ -55,15 +59,21 @@ def test_a_rows_result_does_not_depend_on_the_other_rows():
 
 
 _TILE_CHECK = """
-import sys
+import os, sys
 import jax.numpy as jnp, numpy as np
-from lookahead_jax.models import packed, quantize
+from lookahead_jax.models import cpu_kernel, packed, quantize
 rng = np.random.default_rng(7)
-w = jnp.asarray(rng.standard_normal((96, 48)).astype(np.float32))
-x = jnp.asarray(rng.standard_normal((29, 96)).astype(np.float32))
-f = packed.einsum("mk,kn->mn", x, packed.pack(w, (0,)))
-i = packed.einsum("mk,kn->mn", x, packed.pack(quantize.quantize(w, (0,)), (0,)))
-np.save(sys.argv[1], np.concatenate([np.asarray(f).ravel(), np.asarray(i).ravel()]))
+# 4 x cores + 3 panels: every thread's chunk holds a pair of panels and a single one
+n = 16 * (4 * os.cpu_count() + 3)
+w = jnp.asarray(rng.standard_normal((96, n)).astype(np.float32))
+f, i = [], []
+for m in (2, 13, 29):  # one group, a 7 + 6 split, groups of 10, 10, 9
+    x = jnp.asarray(rng.standard_normal((m, 96)).astype(np.float32))
+    f.append(np.asarray(packed.einsum("mk,kn->mn", x, packed.pack(w, (0,)))).ravel())
+    q = packed.pack(quantize.quantize(w, (0,)), (0,))
+    i.append(np.asarray(packed.einsum("mk,kn->mn", x, q)).ravel())
+np.save(sys.argv[1], np.concatenate(f + i))
+print(cpu_kernel._load().lj_small_m_tile_bits())
 """
 
 
@@ -79,21 +89,22 @@ def _has_avx512() -> bool:
 def test_the_avx512_tile_gives_the_avx2_tiles_bits(tmp_path):
     """small_m.cc's two tiles (AVX-512 where the CPU has it, AVX2 with
     LOOKAHEAD_JAX_CPU_KERNEL=avx2: chosen once a process) compute the same FMA chains:
-    the same bits, float32 and int8, over full groups and remainders of both (29 rows)."""
-    import os
-    import subprocess
-    import sys
-
+    the same bits, float32 and int8, through pairs of panels and single ones, one group
+    of rows and several; each process says which tile it ran."""
+    env = {k: v for k, v in os.environ.items() if k != "LOOKAHEAD_JAX_CPU_KERNEL"}
     got = {}
-    for name, env in (("avx512", {}), ("avx2", {"LOOKAHEAD_JAX_CPU_KERNEL": "avx2"})):
-        out = tmp_path / f"{name}.npy"
-        subprocess.run(
+    for bits, extra in ((512, {}), (256, {"LOOKAHEAD_JAX_CPU_KERNEL": "avx2"})):
+        out = tmp_path / f"{bits}.npy"
+        ran = subprocess.run(
             [sys.executable, "-c", _TILE_CHECK, str(out)],
-            env={**os.environ, "JAX_PLATFORMS": "cpu", **env},
+            env={**env, "JAX_PLATFORMS": "cpu", **extra},
             check=True,
+            capture_output=True,
+            text=True,
         )
-        got[name] = np.load(out)
-    np.testing.assert_array_equal(got["avx512"], got["avx2"])
+        assert ran.stdout.split()[-1] == str(bits), ran.stdout
+        got[bits] = np.load(out)
+    np.testing.assert_array_equal(got[512], got[256])
 
 
 def _attention_inputs(rng, B, K, T, Q, S, Dh):

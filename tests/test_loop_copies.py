@@ -69,7 +69,10 @@ def default_cpu_emitters():
     mp.setattr(
         loop,
         "compiler_options",
-        lambda platform=None: {**default(platform), "xla_cpu_use_fusion_emitters": True},
+        lambda platform=None, **kw: {
+            **default(platform, **kw),
+            "xla_cpu_use_fusion_emitters": True,
+        },
     )
     programs.clear()
     yield

@@ -138,7 +138,7 @@ def compiler_options(platform: str | None = None, weights: str = "float") -> dic
     old scan over stacked layers XLA fused each layer's weight slice into Triton GEMMs that
     copied it first (18 ms for a 7B plain step against 10 ms through cuBLAS on an H100,
     benchmarks/gpu/layer_loop.md); with the layers unrolled Triton read 0.90x cuBLAS's
-    step (llama2-7b shape, bf16, B = 1, H200: benchmarks/gpu/step_report_h200.md), not yet
+    step (llama2-7b shape, bf16, B = 1, H200: benchmarks/gpu/step_report_h200/), not yet
     measured at other batches or a 16-token step, so cuBLAS stays. Per-channel int8
     weights: Triton GEMMs, which fuse the int8 -> bf16 convert into the matmul; through
     cuBLAS the convert writes the whole matrix first (13.34 ms against 5.02, the same

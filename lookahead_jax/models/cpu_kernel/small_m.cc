@@ -13,12 +13,12 @@
 // group, thread or M the row comes in: a row's result does not depend on the other rows
 // (a lookahead step's rows get bit for bit what a one-token step computes).
 //
-// Where the CPU has AVX-512 (checked once, at run time) a panel's row of 16 outputs is one
-// 512-bit register, and up to 12 rows (groups of equal size: 16 rows go 8 + 8) go through
-// two panels at once (`tile512`), so that each broadcast of x[r, k] feeds two FMAs: the
-// same FMA chains, so the same bits, with fewer loads per FMA (the AVX2 tile's broadcast
-// feeds two 8-wide FMAs, the AVX-512 tile's with one panel a single 16-wide one, and
-// that one measured no faster than AVX2).
+// Where the CPU has AVX-512 (checked once, at run time) and x has at least 12 rows, a
+// panel's row of 16 outputs is one 512-bit register, and up to 12 rows (groups of equal
+// size: 16 rows go 8 + 8) go through two panels at once (`tile512`), so that each
+// broadcast of x[r, k] feeds two FMAs: the same FMA chains, so the same bits, with fewer
+// loads per FMA (the AVX2 tile's broadcast feeds two 8-wide FMAs, the AVX-512 tile's with
+// one panel a single 16-wide one, and that one measured no faster than AVX2).
 //
 // Weights are float32, or int8 with one float32 scale per output column (per-channel
 // int8: the int8 values are summed in float32 and the sum is scaled, as quantize.py's
@@ -29,7 +29,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
+#include <memory>
 
 #include "kernels.h"
 #include "parallel.h"
@@ -132,11 +132,15 @@ __attribute__((target("avx512f"))) inline void tile512(const float* xt, int64_t 
                                                        const float* scale, float* y, int64_t ldy,
                                                        Prefetch pf) {
   static_assert(R >= 1 && R <= kRows512 && (NP == 1 || NP == 2), "rows and panels per tile");
+  const bool two_lines = pf.step > (uint64_t{1} << 32);  // the loop is unswitched on it
 #define LJ_ROWS(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11)
 #define LJ_INIT(r) __m512 a##r = _mm512_setzero_ps(), b##r = _mm512_setzero_ps();
   LJ_ROWS(LJ_INIT)
   for (int64_t k = 0; k < K; ++k, pf.pos += pf.step) {
     _mm_prefetch(pf.next + (pf.pos >> 32) * 64, _MM_HINT_T1);
+    // a pair's share can be two lines a k (one group: 2K lines over K k's); a second
+    // prefetch every k only then (always, it measured 1.5-2x slower at M = 16..1024)
+    if (NP == 2 && two_lines) _mm_prefetch(pf.next + ((pf.pos >> 32) + 1) * 64, _MM_HINT_T1);
     const __m512 w0 = load16x512(panel + k * kPanel);
     const __m512 w1 = NP == 2 ? load16x512(panel + panel_stride + k * kPanel) : w0;
     const float* xk = xt + k * size;
@@ -178,13 +182,14 @@ bool has_avx512() {
 inline int64_t Groups512(int64_t M) { return (M + kRows512 - 1) / kRows512; }
 
 // x [M, K] -> xt: each group's rows transposed, [groups, K, size] (tile512's xt; the last
-// group's rows past M zero). One row is its own transpose: then xt is x, not copied.
-std::vector<float> Transpose512(const float* x, int64_t M, int64_t K) {
-  if (M == 1) return {};
+// group's unused). One row is its own transpose: then xt is x, not copied.
+// The last group's slots past M are left as they are: tile512 reads rows r < R only.
+std::unique_ptr<float[]> Transpose512(const float* x, int64_t M, int64_t K) {
+  if (M == 1) return nullptr;
   const int64_t groups = Groups512(M), size = (M + groups - 1) / groups;
-  std::vector<float> xt(static_cast<size_t>(groups * K * size), 0.0f);
+  std::unique_ptr<float[]> xt(new float[static_cast<size_t>(groups * K * size)]);
   for (int64_t m = 0; m < M; ++m) {
-    float* g = xt.data() + (m / size) * K * size + m % size;
+    float* g = xt.get() + (m / size) * K * size + m % size;
     for (int64_t k = 0; k < K; ++k) g[k * size] = x[m * K + k];
   }
   return xt;
@@ -238,12 +243,14 @@ struct Matmul {
     // groups of equal size (16 rows: 8 + 8, not 12 + 4, whose 4 FMA chains a k would
     // wait on the FMA's latency)
     const int64_t groups = Groups512(M), size = (M + groups - 1) / groups;
+    const int64_t panel_lines = K * kPanel * static_cast<int64_t>(sizeof(W)) / 64;
     for (int64_t p = p0; p < p1; p += 2) {
       const W* panel = panels + p * K * kPanel;
       const bool two = p + 1 < p1;
-      const W* after = panel + (two ? 2 : 1) * K * kPanel;
-      const char* next = reinterpret_cast<const char*>(p + (two ? 2 : 1) < p1 ? after : panel);
-      const int64_t lines = (two ? 2 : 1) * K * kPanel * static_cast<int64_t>(sizeof(W)) / 64;
+      // the next pair (or last single panel) of this chunk, prefetched while these run
+      const int64_t q = p + (two ? 2 : 1);
+      const char* next = reinterpret_cast<const char*>(q < p1 ? panels + q * K * kPanel : panel);
+      const int64_t lines = (q + 1 < p1 ? 2 : 1) * panel_lines;
       const float* s = scale ? scale + p * kPanel : nullptr;
       float* yp = y + p * kPanel;
       for (int64_t g = 0; g < groups; ++g) {
@@ -277,13 +284,18 @@ template <typename W>
 void Run(lookahead_jax::Workers& pool, const Matmul<W>& mm) {
   if (mm.M == 0 || mm.P == 0) return;
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  const int64_t chunk = std::max<int64_t>(1, (mm.P + 2 * threads - 1) / (2 * threads));
-  const bool wide = has_avx512();
+  // The AVX-512 tile from a full group of rows up: below, a step is bound by reading W, and
+  // the AVX-512 tile's steps measured slower (one token: 31.2 against 29.8 ms, 4 tokens
+  // 36.2 against 34.8; benchmarks/cpu/step_ratio_xeon_*.md), likely the lower clock
+  // Intel cores run AVX-512 at, which the step's other work pays too.
+  const bool wide = has_avx512() && mm.M >= kRows512;
+  int64_t chunk = std::max<int64_t>(1, (mm.P + 2 * threads - 1) / (2 * threads));
+  if (wide) chunk += chunk % 2;  // pairs of panels: an odd chunk leaves one alone
   // x transposed once a call (on the calling thread: M x K floats, a small part of the
   // M x K x N multiply), shared by every thread's panels
-  const std::vector<float> xt = wide ? Transpose512(mm.x, mm.M, mm.K) : std::vector<float>();
+  const std::unique_ptr<float[]> xt = wide ? Transpose512(mm.x, mm.M, mm.K) : nullptr;
   Matmul<W> with_xt = mm;
-  with_xt.xt = mm.M == 1 ? mm.x : xt.data();
+  with_xt.xt = mm.M == 1 ? mm.x : xt.get();
   lookahead_jax::parallel_for(pool, (mm.P + chunk - 1) / chunk, [mm = with_xt, chunk, wide](int64_t c) {
     const int64_t p1 = std::min(mm.P, (c + 1) * chunk);
     if (wide) {
@@ -309,6 +321,9 @@ void small_m_int8(Workers& pool, const float* x, int64_t M, int64_t K, const int
 }
 
 }  // namespace lookahead_jax
+
+// 512 where the matmul runs its AVX-512 tile (from 12 rows up), else 256: for the tests.
+extern "C" int lj_small_m_tile_bits() { return has_avx512() ? 512 : 256; }
 
 // 1 where this CPU runs the kernel (AVX2 and FMA), else 0: checked before registering.
 extern "C" int lj_small_m_supported() {
