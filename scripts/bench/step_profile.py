@@ -87,7 +87,8 @@ def main() -> None:
         "",
         f"`{result['command']}`: ms a step from a jax.profiler trace of {args.steps} steps "
         "of the compiled loop (ops summed by kind; the largest CPU-kernel call, the LM head, "
-        "also apart). Step times: min of 3 untraced runs.",
+        "also apart). Step times: min of 3 untraced runs (a traced run's sums can exceed "
+        "them: the profiler's own cost).",
         "",
         "| step | ms a step | CPU kernels (ffi_call) | of which the LM head "
         "| next kinds (ms, calls a step) |",
