@@ -104,9 +104,7 @@ def lowered_step(
     )
     with programs.precision_scope(dtype):  # as the decode programs are traced
         options = (
-            programs.compiler_options(weights=getattr(lm, "weights", "float"))
-            if compiler_options is None
-            else compiler_options
+            programs.compiler_options_for(lm) if compiler_options is None else compiler_options
         )
         lowered = jax.jit(lm.apply).lower(*args)
     return functools.partial(lowered.compile, options), args

@@ -155,6 +155,12 @@ def compiler_options(platform: str | None = None, weights: str = "float") -> dic
     return {}
 
 
+def compiler_options_for(lm) -> dict:
+    """compiler_options on this platform for a model's forward `lm` (its `weights`; a model
+    through the seam without them, e.g. NNX's, counts as float)."""
+    return compiler_options(weights=getattr(lm, "weights", "float"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Jitted:
     """The three entry points as jax.jit functions (not yet compiled)."""
@@ -173,8 +179,7 @@ def jitted(spec: DecodeSpec, new_positions: int, mesh, start_args) -> Jitted:
     step_fn = functools.partial(step, spec=spec)
     loop_fn = functools.partial(run_loop, spec=spec)
     plain_fn = functools.partial(run_loop, spec=spec, plain=True)
-    options = compiler_options(weights=getattr(spec.lm, "weights", "float"))
-    jit = functools.partial(jax.jit, compiler_options=options)
+    jit = functools.partial(jax.jit, compiler_options=compiler_options_for(spec.lm))
     if mesh is None:
         return Jitted(
             start=jit(start_fn),

@@ -61,7 +61,7 @@ from lookahead_jax import decoding  # noqa: E402
 from lookahead_jax.checkpoints.loading import Model  # noqa: E402
 from lookahead_jax.decoding import programs, sampling  # noqa: E402
 from lookahead_jax.decoding.decode_state import DecodeSpec  # noqa: E402
-from lookahead_jax.decoding.loop import compiler_options  # noqa: E402
+from lookahead_jax.decoding.loop import compiler_options, compiler_options_for  # noqa: E402
 from lookahead_jax.models import fused  # noqa: E402
 from lookahead_jax.models.config import LlamaConfig  # noqa: E402
 from lookahead_jax.models.llama import LlamaLM, attention_block_for  # noqa: E402
@@ -147,7 +147,7 @@ def decode_loop(model, layout, batch: int, context: int, steps: int, options: di
     t = time.perf_counter()
     if key not in _LOOPS:
         fns = decoding.jitted(spec, cap, None, args)
-        opts = {**compiler_options(weights=model.lm.weights), **options}
+        opts = {**compiler_options_for(model.lm), **options}
         with programs.precision_scope(spec.cache_dtype):
             start = fns.start.lower(*args).compile(opts)
             state = jax.eval_shape(fns.start, *args)

@@ -181,11 +181,9 @@ bool has_avx512() {
 // Rows of x go through the AVX-512 tile in Groups512(M) groups of equal size.
 inline int64_t Groups512(int64_t M) { return (M + kRows512 - 1) / kRows512; }
 
-// x [M, K] -> xt: each group's rows transposed, [groups, K, size] (tile512's xt; the last
-// group's unused). One row is its own transpose: then xt is x, not copied.
-// The last group's slots past M are left as they are: tile512 reads rows r < R only.
+// x [M, K] -> xt: each group's rows transposed, [groups, K, size] (tile512's xt). The last
+// group's slots past M are left as they are: tile512 reads rows r < R only.
 std::unique_ptr<float[]> Transpose512(const float* x, int64_t M, int64_t K) {
-  if (M == 1) return nullptr;
   const int64_t groups = Groups512(M), size = (M + groups - 1) / groups;
   std::unique_ptr<float[]> xt(new float[static_cast<size_t>(groups * K * size)]);
   for (int64_t m = 0; m < M; ++m) {
@@ -295,7 +293,7 @@ void Run(lookahead_jax::Workers& pool, const Matmul<W>& mm) {
   // M x K x N multiply), shared by every thread's panels
   const std::unique_ptr<float[]> xt = wide ? Transpose512(mm.x, mm.M, mm.K) : nullptr;
   Matmul<W> with_xt = mm;
-  with_xt.xt = mm.M == 1 ? mm.x : xt.get();
+  with_xt.xt = xt.get();
   lookahead_jax::parallel_for(pool, (mm.P + chunk - 1) / chunk, [mm = with_xt, chunk, wide](int64_t c) {
     const int64_t p1 = std::min(mm.P, (c + 1) * chunk);
     if (wide) {
