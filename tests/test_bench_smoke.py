@@ -88,7 +88,11 @@ def test_gpu_step_report_dry_run(tmp_path, tiny_text_ckpt):
     assert loops["attention in blocks (a loop per layer)"] == 1 + 2  # two layers
     assert parts["profile"]["plain"]["launches_per_step"] > 0
     assert [r["tokens"] for r in parts["cost_curve"]["rows"]] == [1, 4]
-    systems = parts["smollm2"]["systems"]
+    systems = parts["smollm2"]["float32"]["systems"]
     assert set(systems) == {"plain", "tokens=16"}
+    # the LM head padded to more rows gives the lone row's logits (float32 here)
+    assert all(r["max_abs_diff"] < 1e-5 for r in parts["head"]["alone"].values())
+    assert set(parts["head"]["step"]) == {"head_rows=1", "head_rows=2"}
+    assert [(r["layout"], r["batch"]) for r in parts["triton"]["rows"]] == [("16", 1), ("plain", 2)]
     assert all(s["equal_to_plain"] == 2 for s in systems.values())  # the dry run's 2 prompts
     assert out.with_suffix(".md").read_text().startswith("# GPU step report")

@@ -120,6 +120,23 @@ def test_attention_in_blocks_of_the_cache_gives_the_same_tokens(model64, plain64
         assert sum((int(k) - 1) * c for st in stats for k, c in st.accepted_hist.items())
 
 
+def test_a_lone_row_padded_for_the_lm_head_decodes_the_same(model64, plain64):
+    """head_rows = 2 (GPUs': models/llama.py head_rows_for) pads a lone row's LM head input
+    with a zero row, its logits dropped: at batch 1, plain and lookahead decode exactly
+    what batch 8 without padding decodes, and the logits of one row match."""
+    lm = dataclasses.replace(model64.lm, head_rows=2)
+    padded = dataclasses.replace(model64, lm=lm)
+    with jax.enable_x64(True):
+        ids = np.asarray([PROMPTS[3][:5]])
+        args = (ids, np.arange(5)[None], np.tril(np.ones((1, 5, 5), bool)), None)
+        one_row = np.asarray(lm.apply(model64.params, *args, np.asarray([[4]]))[0])
+        apart = np.asarray(model64.lm.apply(model64.params, *args, np.asarray([[4]]))[0])
+        assert one_row.shape == apart.shape == (1, 1, tiny.VOCAB)
+        np.testing.assert_allclose(one_row, apart, rtol=0, atol=1e-12)
+        for la in (None, LA.for_tokens(16)):
+            assert run(padded, PROMPTS[4:7], 1, lookahead=la)[0] == plain64[4:7], la
+
+
 def test_the_acceptance_record_weighs_the_merge_and_never_changes_the_output(
     model64, plain64, monkeypatch
 ):

@@ -18,7 +18,7 @@ from lookahead_jax.errors import UserInputError
 from lookahead_jax.models import fused, packed
 from lookahead_jax.models.bundle import Model
 from lookahead_jax.models.config import LlamaConfig
-from lookahead_jax.models.llama import LlamaLM, attention_block_for
+from lookahead_jax.models.llama import LlamaLM, attention_block_for, head_rows_for
 from lookahead_jax.models.llama_params import param_specs, quantize_params, split_layers
 from lookahead_jax.models.quantize import check_weights
 
@@ -105,7 +105,9 @@ def load(
     info = ckpt if isinstance(ckpt, ModelInfo) else inspect(ckpt)
     devices = jax.devices() if not isinstance(mesh, jax.sharding.Mesh) else mesh.devices.flat
     platform = next(iter(devices)).platform
-    lm = LlamaLM(info.cfg, weights, attention_block_for(platform))
+    lm = LlamaLM(
+        info.cfg, weights, attention_block_for(platform), head_rows=head_rows_for(platform)
+    )
     param_specs(info.cfg, weights)  # a shape the layout cannot take fails before reading
     if verify:
         checkpoint.check_files(info.path, info.cfg, info.manifest)

@@ -103,9 +103,7 @@ def lowered_step(
         jnp.asarray(np.broadcast_to(np.arange(rows, dtype=np.int32), (batch, rows))),
     )
     with programs.precision_scope(dtype):  # as the decode programs are traced
-        options = (
-            programs.compiler_options_for(lm) if compiler_options is None else compiler_options
-        )
+        options = programs.compiler_options() if compiler_options is None else compiler_options
         lowered = jax.jit(lm.apply).lower(*args)
     return functools.partial(lowered.compile, options), args
 

@@ -124,9 +124,9 @@ def run_loop(
     return state
 
 
-def compiler_options(platform: str | None = None, weights: str = "float") -> dict:
+def compiler_options(platform: str | None = None) -> dict:
     """XLA options the decode programs are compiled with on this platform (default: the
-    first device's), for a model whose matrices are `weights` (LlamaLM.weights).
+    first device's).
 
     Copy insertion by region analysis (CPU and GPU): the attention's loop over cache
     blocks (models/llama.py) reads each layer's K/V buffers, which the step then updates
@@ -134,31 +134,24 @@ def compiler_options(platform: str | None = None, weights: str = "float") -> dic
     again before the update, two copies of the whole cache a step (the loop's HLO;
     tests/test_loop_copies.py).
 
-    NVIDIA GPUs, float weights: matmuls through cuBLAS, not Triton GEMM fusions. Under the
-    old scan over stacked layers XLA fused each layer's weight slice into Triton GEMMs that
-    copied it first (18 ms for a 7B plain step against 10 ms through cuBLAS on an H100,
-    benchmarks/gpu/layer_loop.md); with the layers unrolled Triton read 0.90x cuBLAS's
-    step (llama2-7b shape, bf16, B = 1, H200: benchmarks/gpu/step_report_h200/), not yet
-    measured at other batches or a 16-token step, so cuBLAS stays. Per-channel int8
-    weights: Triton GEMMs, which fuse the int8 -> bf16 convert into the matmul; through
-    cuBLAS the convert writes the whole matrix first (13.34 ms against 5.02, the same
-    report).
+    NVIDIA GPUs: Triton GEMM fusions (XLA's default, said here because it was once off).
+    With the layers unrolled they beat cuBLAS for every shape measured on an H200
+    (benchmarks/gpu/step_report_h200/step_report_head.md, llama3-8b shape, bf16: 0.88x
+    for a 16-token step at B = 1, 0.87x / 0.72x / 0.67x for plain steps at B = 8 / 32 / 64;
+    llama2-7b at B = 1: 0.90x), and for per-channel int8 weights they fuse the int8 -> bf16
+    convert that cuBLAS's path writes out whole (5.02 ms against 13.34). Q8_0 weights are
+    unmeasured on a GPU. (Under the old scan over stacked layers Triton GEMMs copied each
+    layer's weight slice first: benchmarks/gpu/layer_loop.md.)
     """
     platform = platform or jax.devices()[0].platform
     if platform == "gpu":
         return {
-            "xla_gpu_enable_triton_gemm": weights == "int8",
+            "xla_gpu_enable_triton_gemm": True,
             "xla_gpu_copy_insertion_use_region_analysis": True,
         }
     if platform == "cpu":
         return {"xla_cpu_copy_insertion_use_region_analysis": True}
     return {}
-
-
-def compiler_options_for(lm) -> dict:
-    """compiler_options on this platform for a model's forward `lm` (its `weights`; a model
-    through the seam without them, e.g. NNX's, counts as float)."""
-    return compiler_options(weights=getattr(lm, "weights", "float"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +172,7 @@ def jitted(spec: DecodeSpec, new_positions: int, mesh, start_args) -> Jitted:
     step_fn = functools.partial(step, spec=spec)
     loop_fn = functools.partial(run_loop, spec=spec)
     plain_fn = functools.partial(run_loop, spec=spec, plain=True)
-    jit = functools.partial(jax.jit, compiler_options=compiler_options_for(spec.lm))
+    jit = functools.partial(jax.jit, compiler_options=compiler_options())
     if mesh is None:
         return Jitted(
             start=jit(start_fn),

@@ -21,7 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lookahead_jax.decoding.loop import compiler_options_for
+from lookahead_jax.decoding.loop import compiler_options
 from lookahead_jax.models import kv_cache, kv_pool, seam
 
 
@@ -48,4 +48,4 @@ def program(lm, dtype: str):
     """prefill_chunk jitted for a model (one compilation per Mb and chunk length), the
     pool donated, with the decode programs' compiler options (loop.compiler_options)."""
     fn = functools.partial(prefill_chunk, lm=lm, dtype=dtype)
-    return jax.jit(fn, donate_argnums=1, compiler_options=compiler_options_for(lm))
+    return jax.jit(fn, donate_argnums=1, compiler_options=compiler_options())

@@ -30,7 +30,6 @@ from lookahead_jax import decoding
 from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.decoding.loop import (  # noqa: F401  (re-exported)
     compiler_options,
-    compiler_options_for,
 )
 
 MAX_KEPT = 64  # compiled executables kept per process (assign to change)

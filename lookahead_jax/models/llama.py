@@ -73,6 +73,16 @@ def attention_block_for(platform: str) -> int:
     return ATTENTION_BLOCK if platform == "cpu" else 0
 
 
+def head_rows_for(platform: str) -> int:
+    """The fewest rows the LM head's matmul is given on `platform` (LlamaLM.head_rows): 2 on
+    GPUs, 1 elsewhere. For one row XLA:GPU turns the bf16 x bf16 -> float32 product into a
+    float32 copy of the whole head and a float32 gemv; two rows are a GEMM reading the bf16
+    head (H200, llama3-8b's [4096, 128256] head: 1.29 -> 0.26 ms; its B = 1 step 6.08 ->
+    5.12 ms: benchmarks/gpu/step_report_h200/step_report_head.md). The CPU's kernel reads
+    the head once for any row count up to its tile, so one row costs no more there."""
+    return 2 if platform == "gpu" else 1
+
+
 def in_window(q_pos, k_pos, window: int):
     """Whether keys at positions `k_pos` are inside the sliding window of queries at
     `q_pos` (broadcast together): q - window < k."""
@@ -201,6 +211,7 @@ def forward(
     logits_rows_br: jax.Array | None = None,
     attention_block: int = ATTENTION_BLOCK,
     layer_passes: int = 1,
+    head_rows: int = 1,
 ):
     """One pass over T new tokens per row.
 
@@ -211,6 +222,8 @@ def forward(
                        (None: all T). Skipping rows skips their share of the LM head.
     layer_passes       how many times the hidden state goes through the layers (1; more
                        only for autotune's probes, LlamaLM.first_layers)
+    head_rows          the fewest rows the LM head's matmul is given (head_rows_for): a
+                       lone row is padded with zero rows, their logits dropped
 
     Returns logits [B, R, V] (float32; float64 for float64 params) and the new tokens'
     K/V, each L arrays [B, K, T, Dh] (keys after RoPE; kv_cache.py's layout; of the last
@@ -231,12 +244,15 @@ def forward(
     if logits_rows_br is not None:
         x_btd = jnp.take_along_axis(x_btd, logits_rows_br[:, :, None], axis=1)  # [B, R, D]
     h = rms_norm(x_btd, params.final_norm, cfg.rms_norm_eps)
+    n_rows, R = h.shape[0] * h.shape[1], h.shape[1]
+    if n_rows < head_rows:  # a lone row (B = R = 1): [1, head_rows, D], zeros after it
+        h = jnp.pad(h, ((0, 0), (0, head_rows - R), (0, 0)))
     acc = accum_dtype(params.embed.dtype)
     if params.lm_head is None:
         logits = einsum("brd,vd->brv", h, params.embed, preferred_element_type=acc)
     else:
         logits = einsum("brd,dv->brv", h, params.lm_head, preferred_element_type=acc)
-    return logits, new_k, new_v
+    return logits[:, :R], new_k, new_v
 
 
 def _layers(params, cfg, positions_bt, self_mask_btu, cache, rope, attention_block, x_btd):
@@ -333,6 +349,7 @@ class LlamaLM:
     weights: str = "float"
     attention_block: int = ATTENTION_BLOCK
     layer_passes: int = 1  # > 1 only in autotune's probes (first_layers)
+    head_rows: int = 1  # the fewest rows the LM head's matmul is given (head_rows_for)
 
     @property
     def vocab_size(self) -> int:
@@ -353,6 +370,7 @@ class LlamaLM:
             logits_rows_br,
             self.attention_block,
             self.layer_passes,
+            self.head_rows,
         )
 
     def first_layers(self, params, n: int):

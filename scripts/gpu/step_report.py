@@ -61,10 +61,10 @@ from lookahead_jax import decoding  # noqa: E402
 from lookahead_jax.checkpoints.loading import Model  # noqa: E402
 from lookahead_jax.decoding import programs, sampling  # noqa: E402
 from lookahead_jax.decoding.decode_state import DecodeSpec  # noqa: E402
-from lookahead_jax.decoding.loop import compiler_options, compiler_options_for  # noqa: E402
+from lookahead_jax.decoding.loop import compiler_options  # noqa: E402
 from lookahead_jax.models import fused  # noqa: E402
 from lookahead_jax.models.config import LlamaConfig  # noqa: E402
-from lookahead_jax.models.llama import LlamaLM, attention_block_for  # noqa: E402
+from lookahead_jax.models.llama import LlamaLM, attention_block_for, head_rows_for  # noqa: E402
 
 PEAK_HBM = {"H100": 3.35e12, "H200": 4.8e12}  # bytes/s, SXM data sheets
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -92,6 +92,10 @@ class Plan:
         self.prompts = 2 if dry else 16
         self.new_tokens = 8 if dry else 128
         self.smollm2: str | None = None  # its checkpoint (--smollm2)
+        self.smollm2_dtypes = ["float32"]  # (--smollm2-dtypes)
+        # the SmolLM2 part's systems (the dry run: the same code for each, two check it)
+        everything = ["plain", "auto", "tokens=16", "tokens=64"]
+        self.systems = ["plain", "tokens=16"] if dry else everything
 
 
 def bench_model(name: str, dtype, weights: str = "float", fuse: bool | None = None) -> Model:
@@ -112,8 +116,9 @@ def _bench_model(name: str, dtype, weights: str, fuse: bool) -> Model:
     params = random_params(cfg, jnp.dtype(dtype), weights=weights)
     if fuse:
         params = fused.fuse_layers(params, free=True)
-    block = attention_block_for(jax.devices()[0].platform)
-    return Model(lm=LlamaLM(cfg, weights=weights, attention_block=block), params=params, eos_ids=())
+    platform = jax.devices()[0].platform
+    lm = LlamaLM(cfg, weights, attention_block_for(platform), head_rows=head_rows_for(platform))
+    return Model(lm=lm, params=params, eos_ids=())
 
 
 def float_dtype(params):
@@ -147,7 +152,7 @@ def decode_loop(model, layout, batch: int, context: int, steps: int, options: di
     t = time.perf_counter()
     if key not in _LOOPS:
         fns = decoding.jitted(spec, cap, None, args)
-        opts = {**compiler_options_for(model.lm), **options}
+        opts = {**compiler_options(), **options}
         with programs.precision_scope(spec.cache_dtype):
             start = fns.start.lower(*args).compile(opts)
             state = jax.eval_shape(fns.start, *args)
@@ -294,36 +299,116 @@ def part_cost_curve(plan: Plan, report: dict, out: dict) -> None:
     out.update(model=plan.main, rows=rows)
 
 
+def part_head(plan: Plan, report: dict, out: dict) -> None:
+    """The B = 1 plain step's LM head: the head alone four ways, then the whole step with
+    one row (XLA: a float32 copy of the head and a gemv) against two (head_rows = 2)."""
+    base = bench_model(plan.main, plan.dtype)
+    head = base.params.lm_head if base.params.lm_head is not None else base.params.embed.T
+    D = head.shape[0]
+    h = jax.random.normal(jax.random.key(0), (1, 1, D), jnp.float32).astype(head.dtype)
+    f32 = jnp.float32
+    variants = {
+        "one row, float32 out": lambda h, w: jnp.einsum(
+            "brd,dv->brv", h, w, preferred_element_type=f32),
+        "two rows (a zero row), float32 out": lambda h, w: jnp.einsum(
+            "brd,dv->brv", jnp.pad(h, ((0, 0), (0, 1), (0, 0))), w,
+            preferred_element_type=f32)[:, :1],
+        "eight rows (zeros), float32 out": lambda h, w: jnp.einsum(
+            "brd,dv->brv", jnp.pad(h, ((0, 0), (0, 7), (0, 0))), w,
+            preferred_element_type=f32)[:, :1],
+        "one row, bf16 out then float32 (HF's bf16)": lambda h, w: jnp.einsum(
+            "brd,dv->brv", h, w, preferred_element_type=w.dtype).astype(f32),
+    }  # fmt: skip
+    out.update(model=plan.main, head_shape=list(head.shape), alone={}, step={})
+    want = None
+    for label, fn in variants.items():
+        f = jax.jit(fn).lower(h, head).compile(compiler_options())
+        got = jax.block_until_ready(f(h, head))
+        times = []
+        for _ in range(plan.repeats):
+            t = time.perf_counter()
+            for _ in range(20):
+                got = f(h, head)
+            jax.block_until_ready(got)
+            times.append((time.perf_counter() - t) / 20 * 1000)
+        want = got if want is None else want
+        out["alone"][label] = {"ms": {"min": min(times), "median": float(np.median(times))},
+                               "max_abs_diff": float(jnp.max(jnp.abs(got - want)))}  # fmt: skip
+        print(f"head {label}: {np.median(times):.3f} ms", flush=True)
+    for rows in (1, 2):
+        model = Model(lm=dataclasses.replace(base.lm, head_rows=rows), params=base.params,
+                      eos_ids=())  # fmt: skip
+        state, loop, _ = decode_loop(model, "plain", 1, plan.context, plan.steps, {})
+        out["step"][f"head_rows={rows}"] = step_ms(model, state, loop, plan.steps, plan.repeats)
+        del state
+        print(f"head step head_rows={rows}: {out['step'][f'head_rows={rows}']}", flush=True)
+        write(report)
+
+
+def part_triton(plan: Plan, report: dict, out: dict) -> None:
+    """Triton GEMMs for float weights against cuBLAS, side by side: a 16-token step at
+    B = 1 and plain steps at B = 8, 64, 32 (B = 1 plain: step_report_h200's options)."""
+    model = bench_model(plan.main, plan.dtype)
+    runs = [("16", 1)] + [("plain", b) for b in ([8, 64, 32] if not plan.dry else [2])]
+    out.update(model=plan.main, rows=[])
+    options = {} if plan.dry else {"xla_gpu_enable_triton_gemm": True}  # XLA:CPU has none
+    for layout, batch in runs:
+        row = {"layout": layout, "batch": batch}
+        for label, opts in (("cublas", {}), ("triton", options)):
+            state, loop, _ = decode_loop(model, layout, batch, plan.context, plan.steps, opts)
+            row[label] = step_ms(model, state, loop, plan.steps, plan.repeats)
+            del state
+        row["triton_over_cublas"] = row["triton"]["median"] / row["cublas"]["median"]
+        out["rows"].append(row)
+        print(f"triton {layout} B={batch}: {row['triton_over_cublas']:.2f}x", flush=True)
+        write(report)
+
+
 def part_smollm2(plan: Plan, report: dict, out: dict) -> None:
     if plan.smollm2 is None:
         out["skipped"] = "no --smollm2 checkpoint"
         return
-    model = lj.load(plan.smollm2, dtype="float32")
+    for dtype in plan.smollm2_dtypes:
+        out[dtype] = {}
+        _smollm2(plan, report, out[dtype], dtype)
+
+
+def _smollm2(plan: Plan, report: dict, out: dict, dtype: str) -> None:
+    model = lj.load(plan.smollm2, dtype=dtype)
     state, loop, _ = decode_loop(model, "plain", 1, 64, plan.steps, {})
     out["plain_step_ms"] = step_ms(model, state, loop, plan.steps, plan.repeats)
+    state, loop, _ = decode_loop(model, "16", 1, 64, plan.steps, {})
+    out["tokens16_step_ms"] = step_ms(model, state, loop, plan.steps, plan.repeats)
+    del state
     prompts = mt_bench_prompts(model, plan.prompts)
     for16, for64 = (lj.LookaheadConfig.for_tokens(t) for t in (16, 64))
     systems = {"plain": None, "auto": "auto", "tokens=16": for16, "tokens=64": for64}
-    if plan.dry:  # the same code for each: two are enough to check it
-        systems = {k: systems[k] for k in ("plain", "tokens=16")}
+    systems = {k: systems[k] for k in plan.systems}
     out.update(prompts=len(prompts), systems={})
     want = None
     for label, la in systems.items():
         kw = dict(max_new_tokens=plan.new_tokens, lookahead=la)
         lj.generate(model, prompts[:1], **kw)  # compile
-        got, seconds, tokens = [], 0.0, 0
+        got, prefill, decode, tokens, steps, auto = [], 0.0, 0.0, 0, 0, None
         for p in prompts:  # one at a time, as bench.py measures a user's request
             r = lj.generate(model, [p], **kw)
             got.append(r.token_ids[0])
-            seconds += r.stats.prefill_s + r.stats.decode_s
+            prefill += r.stats.prefill_s
+            decode += r.stats.decode_s
             tokens += len(r.token_ids[0])
+            steps += r.stats.row_steps
+            auto = r.stats.config.get("lookahead_auto", auto)
         want = got if want is None else want
         same = sum(a == b for a, b in zip(got, want, strict=True))
-        out["systems"][label] = {"tokens_per_s": tokens / seconds, "tokens": tokens,
-                                 "equal_to_plain": same}  # fmt: skip
+        out["systems"][label] = {"tokens_per_s": tokens / (prefill + decode), "tokens": tokens,
+                                 "equal_to_plain": same, "prefill_s": prefill,
+                                 "decode_s": decode, "steps": steps,
+                                 "decode_ms_per_step": 1000 * decode / max(steps, 1),
+                                 "auto": auto}  # fmt: skip
         out["systems"][label]["speedup"] = (
-            tokens / seconds / out["systems"]["plain"]["tokens_per_s"]
+            tokens / (prefill + decode) / out["systems"]["plain"]["tokens_per_s"]
         )
+        print(f"smollm2 {dtype} {label}: {out['systems'][label]}", flush=True)
         write(report)
 
 
@@ -412,7 +497,7 @@ def pct(x: float | None) -> str:
 
 def markdown(report: dict) -> str:
     parts = report["parts"]
-    lines = ["# GPU step report (issue 49)", "", f"Command: `{report['command']}`", ""]
+    lines = ["# GPU step report", "", f"Command: `{report['command']}`", ""]
     dev = parts.get("device", {})
     if "copy_gbps" in dev:
         lines += [
@@ -491,25 +576,46 @@ def markdown(report: dict) -> str:
             ["T", *(r["tokens"] for r in rows)],
             [["/ plain", *(f"{r['ratio_to_plain']:.2f}" for r in rows)]],
         )
-    s = parts.get("smollm2", {})
-    if s.get("systems"):
+    for dtype, s in parts.get("smollm2", {}).items():
+        if not isinstance(s, dict) or not s.get("systems"):
+            continue
         lines += [
-            f"## SmolLM2-135M float32: plain step {s['plain_step_ms']['median']:.2f} ms; "
-            f"{s['prompts']} MT-bench prompts one at a time",
+            f"## SmolLM2-135M {dtype}: plain step {s['plain_step_ms']['median']:.2f} ms, "
+            f"16-token step {s['tokens16_step_ms']['median']:.2f} ms; {s['prompts']} MT-bench "
+            "prompts one at a time",
             "",
         ]
         lines += table(
-            ["system", "tokens/s", "speedup", "rows equal to plain"],
+            ["system", "tokens/s", "speedup", "prefill s", "decode s", "ms a step",
+             "rows equal to plain", "auto chose"],
             [
-                [
-                    k,
-                    f"{r['tokens_per_s']:.1f}",
-                    f"{r['speedup']:.2f}x",
-                    f"{r['equal_to_plain']}/{s['prompts']}",
-                ]
+                [k, f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['prefill_s']:.2f}",
+                 f"{r['decode_s']:.2f}", f"{r['decode_ms_per_step']:.2f}",
+                 f"{r['equal_to_plain']}/{s['prompts']}",
+                 "" if not r.get("auto") else str(r["auto"].get("chosen", r["auto"]))[:60]]
                 for k, r in s["systems"].items()
             ],
+        )  # fmt: skip
+    h = parts.get("head", {})
+    if h.get("alone"):
+        lines += [f"## The LM head at B = 1 ({h['model']}, head {h['head_shape']})", ""]
+        lines += table(
+            ["variant", "ms (median)", "max |logit - one row's|"],
+            [[k, f"{r['ms']['median']:.3f}", f"{r['max_abs_diff']:.3g}"]
+             for k, r in h["alone"].items()],
+        )  # fmt: skip
+        lines += table(
+            ["plain step, B = 1", "ms (median)"],
+            [[k, f"{r['median']:.2f}"] for k, r in h.get("step", {}).items()],
         )
+    if parts.get("triton", {}).get("rows"):
+        lines += [f"## Triton GEMMs for float weights ({parts['triton']['model']})", ""]
+        lines += table(
+            ["layout", "B", "cuBLAS ms", "Triton ms", "Triton / cuBLAS"],
+            [[r["layout"], r["batch"], f"{r['cublas']['median']:.2f}",
+              f"{r['triton']['median']:.2f}", f"{r['triton_over_cublas']:.2f}"]
+             for r in parts["triton"]["rows"]],
+        )  # fmt: skip
     return "\n".join(lines)
 
 
@@ -520,6 +626,8 @@ PARTS = {
     "profile": part_profile,
     "cost_curve": part_cost_curve,
     "smollm2": part_smollm2,
+    "head": part_head,
+    "triton": part_triton,
 }
 OUT: Path | None = None
 
@@ -530,7 +638,7 @@ def write(report: dict) -> None:
         md = markdown(report)
     except Exception:  # the JSON has the figures; the next part runs all the same
         failed = traceback.format_exc()
-        md = f"# GPU step report (issue 49)\n\nThe tables failed:\n\n```\n{failed}```\n"
+        md = f"# GPU step report\n\nThe tables failed:\n\n```\n{failed}```\n"
     OUT.with_suffix(".md").write_text(md)
 
 
@@ -541,7 +649,9 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes, for the CPU")
     ap.add_argument("--smollm2", default=None, help="the SmolLM2-135M checkpoint (or skip)")
     ap.add_argument("--budget-s", type=float, default=450, help="no part starts after this")
-    ap.add_argument("--parts", default="device,engine,options,profile,cost_curve,smollm2")
+    ap.add_argument(
+        "--parts", default="device,engine,options,profile,cost_curve,smollm2,head,triton"
+    )
     ap.add_argument(
         "--main",
         default=None,
@@ -549,6 +659,8 @@ def main() -> None:
         "shape (cost_curve.SHAPES; default llama2-7b)",
     )
     ap.add_argument("--dtype", default=None, help="the random weights' dtype (bfloat16)")
+    ap.add_argument("--smollm2-dtypes", default="float32", help="SmolLM2's dtypes, in order")
+    ap.add_argument("--systems", default=None, help="SmolLM2's systems (plain first)")
     args = ap.parse_args()
     OUT = Path(args.out)
     OUT.parent.mkdir(parents=True, exist_ok=True)
@@ -557,6 +669,8 @@ def main() -> None:
     plan.smollm2 = args.smollm2
     plan.main = args.main or plan.main
     plan.dtype = args.dtype or plan.dtype
+    plan.smollm2_dtypes = args.smollm2_dtypes.split(",")
+    plan.systems = args.systems.split(",") if args.systems else plan.systems
     for name in args.parts.split(","):
         out = report["parts"][name] = {}
         elapsed = time.perf_counter() - t0

@@ -8,6 +8,13 @@
 #   run(command="bash scripts/gpu/step_report.sh 1", carry=[".gpu/1", ".whl"], timeout_s=330)
 #   run(command="bash scripts/gpu/step_report.sh 2", carry=[".gpu/2", ".whl"], timeout_s=330)
 #
+# The follow-up the first report asked for (benchmarks/gpu/step_report_h200/README.md), in
+# two calls the same way: llama3-8b's LM head at B = 1 and Triton GEMMs for float
+# weights, then SmolLM2 end to end in bfloat16 and float32 with prefill and decode apart.
+#
+#   run(command="bash scripts/gpu/step_report.sh head", carry=[".gpu/1", ".whl"], timeout_s=320)
+#   run(command="bash scripts/gpu/step_report.sh smollm2", carry=[".gpu/2", ".whl"], timeout_s=320)
+#
 # Each call writes $OUT/step_report_N.{json,md}; a part that fails is recorded there and
 # the next one runs. The parts' order puts the issue's targets first.
 set -uo pipefail
@@ -31,6 +38,22 @@ prepare)
     timeout 300 python3 scripts/gpu/step_report.py --out "$OUT/step_report_1" --budget-s 230 \
         --parts device,engine,cost_curve 2>&1 | grep -v -i warning | tail -40
     ;;
+head)
+    source scripts/gpu/env.sh
+    mkdir -p /tmp/parts && cp .gpu/1/gguf.part-aa /tmp/parts/  # for the next call
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    timeout 300 python3 scripts/gpu/step_report.py --out "$OUT/step_report_head" --budget-s 240 \
+        --parts device,head,triton --main llama3-8b 2>&1 | grep -v -i warning | tail -40
+    ;;
+smollm2)
+    source scripts/gpu/env.sh
+    python3 scripts/gpu/smollm2_setup.py /tmp/site .gpu/2/tok .gpu/2/gguf.sha256 \
+        /tmp/parts/gguf.part-aa .gpu/2/gguf.part-ab || echo "no SmolLM2: its part is skipped"
+    ckpt=$(python3 -c "from lookahead_jax.checkpoints import default_model as d; print(d.resolve(None))" 2>/dev/null)
+    timeout 300 python3 scripts/gpu/step_report.py --out "$OUT/step_report_smollm2" \
+        --parts device,smollm2 --smollm2-dtypes bfloat16,float32 --systems plain,auto,tokens=16 \
+        ${ckpt:+--smollm2 "$ckpt"} 2>&1 | grep -v -i warning | tail -40
+    ;;
 2)
     source scripts/gpu/env.sh
     python3 scripts/gpu/smollm2_setup.py /tmp/site .gpu/2/tok .gpu/2/gguf.sha256 \
@@ -40,7 +63,7 @@ prepare)
         --parts device,options,profile,smollm2 ${ckpt:+--smollm2 "$ckpt"} 2>&1 | grep -v -i warning | tail -40
     ;;
 *)
-    echo "usage: bash scripts/gpu/step_report.sh prepare|1|2" >&2
+    echo "usage: bash scripts/gpu/step_report.sh prepare|1|2|head|smollm2" >&2
     exit 2
     ;;
 esac
