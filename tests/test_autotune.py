@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax.decoding import autotune, cost_curve
+from lookahead_jax.decoding import autotune, cost_curve, step_curve
 from lookahead_jax.decoding.autotune import PROBE_TOKENS
 from tests.helpers import random_prompts
 
@@ -74,6 +74,22 @@ def test_measured_curve_is_cached_and_stops_early(model, tmp_cache, monkeypatch)
     assert len(files) == 1
     assert {int(k) for k in json.loads(files[0].read_text())["curve"]} == {1, 2}
     assert cost_curve.cached_curve(model, PROBE_TOKENS) == curve  # read back, not measured again
+
+
+def test_on_an_accelerator_the_curve_times_whole_decode_steps(model, tmp_cache, monkeypatch):
+    """step_curve.py: each T's layout (the one auto runs at T tokens a step) prefilled and
+    stepped in the decode loop, plain at T = 1; stopped early as the forwards' curve is."""
+    for t in PROBE_TOKENS:
+        assert (
+            step_curve.layout_for(t) is None
+            if t == 1
+            else (step_curve.layout_for(t).tokens_per_step == t)
+        )
+    monkeypatch.setattr(cost_curve, "whole_steps", lambda: True)
+    monkeypatch.setattr(cost_curve, "measure_cost_curve", None)  # not the forwards'
+    monkeypatch.setattr(step_curve, "STEPS", 2)
+    curve = cost_curve.cached_curve(model, PROBE_TOKENS, stop_above=1e-9)
+    assert list(curve) == [1, 2] and all(s > 0 for s in curve.values())
 
 
 def test_a_deep_model_is_probed_through_a_loop_over_its_first_layers(model, monkeypatch):

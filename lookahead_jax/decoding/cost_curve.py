@@ -1,6 +1,8 @@
 """The cost curve `auto` chooses by: the latency of one forward step of T tokens per row
 (with logits for all of them) at the candidate step sizes, on this device, for this
-model, dtype and batch size; over the one-token step's, a layout's cost ratio r.
+model, dtype and batch size; over the one-token step's, a layout's cost ratio r. On
+accelerators the curve is of whole decode steps instead (step_curve.py: there the step's
+drafting and verification kernels cost more than a small model's forward).
 
 Measured once and cached per device kind, device count, model, dtype and weight format
 in the cache directory (on a CPU device, only if no other process kept the cores busy
@@ -313,7 +315,13 @@ def cached_curve(
         return _UNSAVED_CURVES[path]
     probe = probe_model(model)
     with OtherCpuUse() as others:
-        curve = measure_cost_curve(model, tokens, stop_above=stop_above, batch=batch, probe=probe)
+        kw = dict(stop_above=stop_above, batch=batch)
+        if not whole_steps():
+            curve = measure_cost_curve(model, tokens, probe=probe, **kw)
+        else:
+            from lookahead_jax.decoding.step_curve import measure_step_curve
+
+            curve = measure_step_curve(probe, tokens, **kw)
     busy = others.cores is not None and others.cores > BUSY_CORES
     if busy and jax.devices()[0].platform == "cpu":
         # measured beside other work: good for this process, not for the cache
@@ -323,6 +331,14 @@ def cached_curve(
     layers = f"{lm.cfg.num_layers} x {lm.layer_passes}" if lm is not model.lm else "all"
     save_cost_curve(model, curve, batch, other_cores=others.cores, probe_layers=layers)
     return curve
+
+
+def whole_steps() -> bool:
+    """Whether the curve times whole decode steps (step_curve.py: on accelerators, where
+    the step's own kernels cost more than a small model's forward) rather than forwards
+    (on a CPU, where they cost little beside the matmuls and the forwards compile in a
+    fraction of the time)."""
+    return jax.devices()[0].platform != "cpu"
 
 
 def cost_curve_path(model, batch: int = 1, devices: int | None = None) -> Path:
