@@ -102,6 +102,14 @@ def test_the_decode_loop_copies_no_weights_and_no_state(model, lookahead, batch,
     assert not found, "\n".join(map(str, found))
 
 
+def test_rope_angles_are_computed_once_a_step_on_the_cpu(model):
+    """models/rope.py: XLA:CPU would fuse cos and sin into each layer's RoPE multiplies (q
+    in two layouts, and k: 3 a layer, 6 here), evaluating them per head; computed once,
+    the loop holds one cos — and one more in the conditional's branch never taken."""
+    exe, _, _ = decode_loop(model, lj.LookaheadConfig.for_tokens(8), 1)
+    assert exe.as_text().count(" cosine(") == 2
+
+
 def test_nor_on_a_mesh(model):
     on_mesh = lj.load(model.path, mesh=lj.make_mesh(data=2, model=2))
     on_mesh = dataclasses.replace(on_mesh, lm=model.lm)
