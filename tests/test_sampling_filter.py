@@ -183,3 +183,18 @@ def test_engine_keys_hashed_with_numpy_are_jax_fold_in():
         got = sampling.keys_for(seed, keys)
         assert isinstance(got, np.ndarray)
         np.testing.assert_array_equal(got, np.asarray(want))
+
+
+def test_first_max_index_is_argmax():
+    """sampling.first_max_index (a max, then the smallest index holding it) gives
+    jnp.argmax's index: ties to the first, a NaN as the largest, all -inf, -0.0 == 0.0."""
+    nan, inf = np.nan, np.inf
+    rows = np.asarray(
+        [[1, 3, 3, 2], [nan, 1, nan, 5], [2, 7, nan, 1], [-inf] * 4, [0.0, -0.0, 0.0, 1e-45]],
+        np.float32,
+    )
+    rng = np.random.default_rng(0).standard_normal((3, 5, 257)).astype(np.float32)
+    for x in (rows, rng, rng.astype(jnp.bfloat16)):
+        want = np.asarray(jnp.argmax(x, axis=-1))
+        got = np.asarray(jax.jit(sampling.first_max_index)(x))
+        assert got.dtype == np.int32 and (got == want).all(), (got, want)

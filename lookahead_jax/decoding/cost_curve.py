@@ -29,6 +29,10 @@ from lookahead_jax.cache_dir import cache_root, write_atomic
 from lookahead_jax.models import fused, packed
 
 COMPILE_THREADS = 2  # probe sizes compiled at once (measure_cost_curve)
+# in the cached curves' names: raised when what a step costs changed enough that curves
+# measured before would mislead auto (2: RoPE's angles computed once and a faster argmax on
+# the CPU, 0.88x a 16-token step; whole decode steps timed on accelerators, step_curve.py)
+CURVE_VERSION = 2
 PROBE_LAYERS = 6  # a deep model's probes loop over this many layers or a few more (probe_model)
 
 
@@ -345,7 +349,7 @@ def cost_curve_path(model, batch: int = 1, devices: int | None = None) -> Path:
     """Where the cost curve of this device/model/dtype at `batch` rows is cached, for a
     process with `devices` devices (default: this one's)."""
     rows = "" if batch == 1 else f"-b{batch}"
-    return tune_dir() / f"cost-{_device_key(model, devices)}{rows}.json"
+    return tune_dir() / f"cost-v{CURVE_VERSION}-{_device_key(model, devices)}{rows}.json"
 
 
 def save_cost_curve(

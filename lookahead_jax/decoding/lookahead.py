@@ -55,7 +55,7 @@ from jaxtyping import Array, Int
 
 from lookahead_jax import shapes
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
-from lookahead_jax.decoding.sampling import choose_tokens, gumbel_noise
+from lookahead_jax.decoding.sampling import choose_tokens, first_max_index, gumbel_noise
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses import acceptance_record, draft_tree
 from lookahead_jax.guesses.guess_source import Prompt, Sampler, Text, Verified, WindowNGrams
@@ -261,7 +261,7 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     if config.window_sampling:  # the window's new level: the model's own token there
         new_level_bw = chosen_br[:, newest]
     else:
-        new_level_bw = jnp.argmax(logits_brv[:, newest], axis=-1).astype(jnp.int32)
+        new_level_bw = first_max_index(logits_brv[:, newest])
 
     # 5. verify: the draft tree, and with verify_window the window's paths as well. A
     #    verified node k is step token first_index + k in both cases.

@@ -275,13 +275,24 @@ def gumbel_noise(rng_b2, out_index_br, vocab: int):
     return jax.vmap(lambda rng, js: jax.vmap(lambda j: one(rng, j))(js))(rng_b2, out_index_br)
 
 
+def first_max_index(x):
+    """jnp.argmax over the last axis, int32: the first index of the largest value (a NaN
+    counts as the largest, as there). Computed as a max, then the smallest index holding
+    it: two single-output reductions, where argmax is one over (value, index) pairs,
+    which XLA:CPU runs unvectorized (over a 16-token step's [15, 49152] logits 1.44 ms
+    alone against 0.82 ms, Intel Xeon; 2.3 ms of the step in the loop)."""
+    top = jnp.max(x, axis=-1, keepdims=True)
+    index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where((x == top) | jnp.isnan(x), index, x.shape[-1]), axis=-1)
+
+
 def choose_tokens(logits_brv, rows: RowSampling, rng_b2, out_index_br, sampled: bool = True):
     """The token at each of R positions [B, R]; out_index_br is each one's new-token index.
 
     A greedy row takes the argmax, a sampling row the argmax of its processed logits plus
     the Gumbel noise of (its key, the index). `sampled` False (static): every row is
     greedy and no sampling code is compiled."""
-    argmax = jnp.argmax(logits_brv, axis=-1).astype(jnp.int32)
+    argmax = first_max_index(logits_brv)
     if not sampled:
         return argmax
     greedy_b = rows.greedy()
@@ -289,7 +300,7 @@ def choose_tokens(logits_brv, rows: RowSampling, rng_b2, out_index_br, sampled: 
     def sample():
         x = process_logits(logits_brv, rows)
         x = x + gumbel_noise(rng_b2, out_index_br, logits_brv.shape[-1])
-        chosen = jnp.argmax(x, axis=-1).astype(jnp.int32)
+        chosen = first_max_index(x)
         return jnp.where(greedy_b[:, None], argmax, chosen)
 
     return jax.lax.cond(jnp.all(greedy_b), lambda: argmax, sample)
