@@ -131,6 +131,33 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(model64):
     assert engine.stats.prefix_hit_tokens == 0  # its chunks' blocks were computed, not found
 
 
+def test_requests_admitted_together_are_not_chunked_behind_each_other(model64):
+    """Three requests sharing a prefix nobody holds, arriving together: none is chunked
+    (no other row decodes yet, though the rest of each prompt is longer than a chunk): the
+    first is prefilled, the others from its blocks, all in the first round (before: the
+    others were chunked, then admitted one a round)."""
+    kw = dict(batch=3, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
+    together = [lj.Request(p, id=i) for i, p in enumerate(PROMPTS[1:4])]
+    with jax.enable_x64(True):
+        cold = {r.id: r.token_ids for r in lj.Engine(model64, **kw).run(together)}
+        engine = lj.Engine(model64, prefix_cache_mb=1, prefill_chunk=16, **kw)
+        first, results = set(), {}
+
+        def listen(u):
+            first.add(u.id)
+            if u.result is not None:
+                results[u.id] = u.result.token_ids
+
+        for r in together:
+            engine.submit(r, listen)
+        engine.round()
+        assert first == {0, 1, 2} and engine.stats.prefill_chunks == 0
+        assert engine.stats.prefix_hit_tokens == 2 * cached_blocks(SHARED + [0]) * BLOCK
+        while engine.round():
+            pass
+    assert results == cold
+
+
 def test_a_request_cancelled_while_its_chunks_run_ends_and_frees_its_slot(model64):
     kw = dict(batch=2, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
     with jax.enable_x64(True):

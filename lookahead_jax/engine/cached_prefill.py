@@ -42,7 +42,8 @@ class CachedPrefill:
     def admit(self, placed: list) -> None:
         """Prefill [(slot, Encoded)] (their Active already in the scheduler's slots)."""
         cache, device, stats = self.cache, self.device, self.stats
-        placed = [(s, r) for s, r in placed if not self._to_chunk(s, r)]
+        admitting = {s for s, _ in placed}
+        placed = [(s, r) for s, r in placed if not self._to_chunk(s, r, admitting)]
         while placed:
             now = cache.split([r.ids for _, r in placed])
             placed, later = (
@@ -76,24 +77,30 @@ class CachedPrefill:
                 device.insert(state, [s for s, _, _ in g])
             placed = later
 
-    def _to_chunk(self, slot: int, request) -> bool:
+    def _to_chunk(self, slot: int, request, admitting: set[int]) -> bool:
         """Whether to prefill this request in chunks (and mark it so): its prompt past
-        its cached blocks is longer than a chunk, other rows decode meanwhile, and the
-        pool holds its blocks twice over (else its own chunks would evict each other)."""
-        if self.chunk_tokens is None or not self._others_decode(slot):
+        its cached blocks is longer than a chunk, other rows decode meanwhile (not the
+        ones admitted with it, `admitting`: sixteen chats arriving together that share a
+        new system prompt are prefilled together, the first alone and the rest from its
+        blocks, not one per round behind chunks), and the pool holds its blocks twice over
+        (else its own chunks would evict each other)."""
+        if self.chunk_tokens is None or not self._others_decode(slot, admitting):
             return False
         ids, block = request.ids, self.cache.block
-        rest = len(ids) - block * len(self.cache.hits(ids))
-        if rest <= self.chunk_size() or self.cache.blocks < 2 * len(ids) // block:
+        if self._rest(ids) <= self.chunk_size() or self.cache.blocks < 2 * len(ids) // block:
             return False
         self.scheduler.active[slot].chunking = True
         return True
 
-    def _others_decode(self, slot: int) -> bool:
+    def _others_decode(self, slot: int, admitting: set[int] = frozenset()) -> bool:
         return any(
-            a is not None and not a.chunking and s != slot
+            a is not None and not a.chunking and s != slot and s not in admitting
             for s, a in enumerate(self.scheduler.active)
         )
+
+    def _rest(self, ids) -> int:
+        """The prompt's positions past its cached blocks."""
+        return len(ids) - self.cache.block * len(self.cache.hits(ids))
 
     def chunk_size(self) -> int:
         """C: the tokens one chunk runs. "auto": as many as this machine prefills in half
@@ -114,14 +121,15 @@ class CachedPrefill:
     # ------------------------------------------------------------------ chunks
 
     def chunk(self) -> list:
-        """Run one chunk of the first request set to chunk; [(slot, Active)] of those
-        whose rest now fits one chunk (or whose rows stopped decoding beside them): the
-        caller admits them."""
+        """Run one chunk of the first request set to chunk that needs one; [(slot,
+        Active)] of those whose rest now fits one chunk (blocks another request stored
+        count: every such one, not one a round) or whose rows stopped decoding beside
+        them: the caller admits them."""
         ready, ran = [], False
         for s, a in enumerate(self.scheduler.active):
             if a is None or not a.chunking or s in self.scheduler.cancelled:
                 continue  # (a cancelled one ends at the round's read-back)
-            if self._others_decode(s):
+            if self._others_decode(s) and self._rest(a.request.ids) > self.chunk_size():
                 if ran:  # one chunk a round
                     continue
                 ran = True
