@@ -7,7 +7,8 @@ r). Both are estimated, never assumed:
 
 * r — a short cost curve measured on this device for this model: the latency of
   one forward step of T tokens (with logits for all of them) at each candidate's T
-  (cost_curve.py: measured once, cached).
+  (cost_curve.py: measured once, cached); on accelerators of a whole decode step of the
+  layout run at T tokens (step_curve.py).
 * c — a prior per config (measured on MT-bench and a code set with SmolLM2-135M,
   see benchmarks/), times this model's running acceptance factor: after each
   lookahead generation, observed / prior compression, averaged (EMA) and cached

@@ -9,7 +9,7 @@ launch — costs more than the forward: on an H200 the probe put a 64-token layo
 1.66x a plain step and the loop ran it at 3.3x, so `auto` chose it and decoded at 0.75x
 plain (benchmarks/gpu/step_report_h200/step_report_smollm2.md). There the curve is the
 decode loop's own step: for each T, the layout `auto` would run at T tokens a step
-(LookaheadConfig.for_tokens), prefilled once and stepped `steps` times, over `batch`
+(LookaheadConfig.for_tokens), prefilled once and stepped STEPS steps a loop call, over `batch`
 rows of random tokens (no EOS: every row steps every time), on the probe model
 (cost_curve.probe_model: the first layers looped, as the forwards are).
 """
@@ -33,11 +33,10 @@ def layout_for(tokens: int) -> LookaheadConfig | None:
     """The layout `auto` runs at `tokens` tokens a step (None: plain, T = 1)."""
     if tokens == 1:
         return None
-    for t in range(2, 2 * tokens + 1):
-        config = LookaheadConfig.for_tokens(t)
-        if config.tokens_per_step == tokens:
-            return config
-    raise ValueError(f"no LookaheadConfig.for_tokens layout runs {tokens} tokens a step")
+    config = LookaheadConfig.for_tokens(tokens)
+    if config.tokens_per_step != tokens:  # (autotune probes only sizes that some layout runs)
+        raise ValueError(f"no LookaheadConfig.for_tokens layout runs {tokens} tokens a step")
+    return config
 
 
 def loop_step_s(lm, params, tokens: int, context: int, batch: int, repeats: int) -> float:

@@ -5,10 +5,11 @@ when the cache is on, and what it adds.
                       cached blocks; requests of one admission that share blocks nobody
                       holds wait for the first of them (a second prefill runs only their
                       own parts); long prompts may be set to prefill in chunks instead
-    chunk()           one chunk of the first long prompt waiting (prefill_chunk.py): its
-                      next C positions' K/V into the pool, between decode rounds, so the
-                      streams in flight keep their pace; returns the requests whose rest
-                      now fits one chunk (admitted like any other, from their blocks)
+    chunk()           one chunk of the first long prompt waiting whose rest needs one
+                      (prefill_chunk.py): its next C positions' K/V into the pool, between
+                      decode rounds, so the streams in flight keep their pace; returns
+                      every request whose rest now fits one chunk (admitted like any
+                      other, from their blocks)
     keep(...)         ended rows' blocks (their answers) stored, for a next turn
 
 A chunked request holds its slot from the start (`Active.chunking`): its row on the
@@ -19,6 +20,7 @@ rows decode: alone, a prompt is prefilled in one piece, which is faster.
 from __future__ import annotations
 
 import time
+from collections.abc import Set as AbstractSet
 
 import jax
 import numpy as np
@@ -77,7 +79,7 @@ class CachedPrefill:
                 device.insert(state, [s for s, _, _ in g])
             placed = later
 
-    def _to_chunk(self, slot: int, request, admitting: set[int]) -> bool:
+    def _to_chunk(self, slot: int, request, admitting: AbstractSet[int]) -> bool:
         """Whether to prefill this request in chunks (and mark it so): its prompt past
         its cached blocks is longer than a chunk, other rows decode meanwhile (not the
         ones admitted with it, `admitting`: sixteen chats arriving together that share a
@@ -92,7 +94,7 @@ class CachedPrefill:
         self.scheduler.active[slot].chunking = True
         return True
 
-    def _others_decode(self, slot: int, admitting: set[int] = frozenset()) -> bool:
+    def _others_decode(self, slot: int, admitting: AbstractSet[int] = frozenset()) -> bool:
         return any(
             a is not None and not a.chunking and s != slot and s not in admitting
             for s, a in enumerate(self.scheduler.active)

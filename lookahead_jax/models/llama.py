@@ -74,7 +74,7 @@ def attention_block_for(platform: str) -> int:
 
 
 def head_rows_for(platform: str) -> int:
-    """The fewest rows the LM head's matmul is given on `platform` (LlamaLM.head_rows): 2 on
+    """The rows a lone row's LM head matmul is given on `platform` (LlamaLM.head_rows): 2 on
     GPUs, 1 elsewhere. For one row XLA:GPU turns the bf16 x bf16 -> float32 product into a
     float32 copy of the whole head and a float32 gemv; two rows are a GEMM reading the bf16
     head (H200, llama3-8b's [4096, 128256] head: 1.29 -> 0.26 ms; its B = 1 step 6.08 ->
@@ -222,8 +222,8 @@ def forward(
                        (None: all T). Skipping rows skips their share of the LM head.
     layer_passes       how many times the hidden state goes through the layers (1; more
                        only for autotune's probes, LlamaLM.first_layers)
-    head_rows          the fewest rows the LM head's matmul is given (head_rows_for): a
-                       lone row is padded with zero rows, their logits dropped
+    head_rows          the rows the LM head's matmul is given for a lone row (B = R = 1;
+                       head_rows_for): it is padded with zero rows, their logits dropped
 
     Returns logits [B, R, V] (float32; float64 for float64 params) and the new tokens'
     K/V, each L arrays [B, K, T, Dh] (keys after RoPE; kv_cache.py's layout; of the last
@@ -244,9 +244,9 @@ def forward(
     if logits_rows_br is not None:
         x_btd = jnp.take_along_axis(x_btd, logits_rows_br[:, :, None], axis=1)  # [B, R, D]
     h = rms_norm(x_btd, params.final_norm, cfg.rms_norm_eps)
-    n_rows, R = h.shape[0] * h.shape[1], h.shape[1]
-    if n_rows < head_rows:  # a lone row (B = R = 1): [1, head_rows, D], zeros after it
-        h = jnp.pad(h, ((0, 0), (0, head_rows - R), (0, 0)))
+    R = h.shape[1]
+    if h.shape[:2] == (1, 1) and head_rows > 1:  # a lone row: [1, head_rows, D], zeros after it
+        h = jnp.pad(h, ((0, 0), (0, head_rows - 1), (0, 0)))
     acc = accum_dtype(params.embed.dtype)
     if params.lm_head is None:
         logits = einsum("brd,vd->brv", h, params.embed, preferred_element_type=acc)
@@ -349,7 +349,7 @@ class LlamaLM:
     weights: str = "float"
     attention_block: int = ATTENTION_BLOCK
     layer_passes: int = 1  # > 1 only in autotune's probes (first_layers)
-    head_rows: int = 1  # the fewest rows the LM head's matmul is given (head_rows_for)
+    head_rows: int = 1  # the rows a lone row's LM head matmul is given (head_rows_for)
 
     @property
     def vocab_size(self) -> int:

@@ -37,7 +37,7 @@ def _computed_once(cos_sin):
     def once(positions_bt, emb):
         computed = cos_sin(emb)
         return jax.lax.cond(
-            positions_bt.reshape(-1)[0] >= 0,
+            jnp.min(positions_bt) >= 0,
             lambda cs, _: cs,
             lambda _, emb: cos_sin(emb),
             computed,

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("LOOKAHEAD_JAX_CACHE", tempfile.mkdtemp(prefix="auto-check-"))
@@ -25,18 +26,18 @@ import step_report  # noqa: E402  (its random-weight model shapes)
 from lookahead_jax.decoding import autotune, cost_curve  # noqa: E402
 
 
-def check(name: str, dtype: str, dry: bool) -> dict:
+def check(name: str, dtype: str) -> dict:
     model = step_report.bench_model(name, dtype)
     out = {"model": name, "dtype": dtype}
     for label, whole in (("forwards", False), ("steps", True)):
         for f in cost_curve.tune_dir().glob("cost-*.json"):
             f.unlink()  # each curve measured afresh
-        cost_curve.whole_steps = lambda whole=whole: whole
-        t = time.perf_counter()
-        choice = autotune.choose(model)
-        curve = cost_curve.cached_curve(model, autotune.PROBE_TOKENS)
+        t0 = time.perf_counter()
+        with mock.patch.object(cost_curve, "whole_steps", lambda whole=whole: whole):
+            choice = autotune.choose(model)
+            curve = cost_curve.cached_curve(model, autotune.PROBE_TOKENS)
         out[label] = {
-            "seconds": time.perf_counter() - t,
+            "seconds": time.perf_counter() - t0,
             "curve_ms": {t: 1000 * s for t, s in curve.items()},
             "ratios": {t: s / curve[1] for t, s in curve.items()},
             "choice": choice.summary(),
@@ -59,7 +60,7 @@ def main() -> None:
               "jax": jax.__version__, "rows": []}  # fmt: skip
     name = "tiny" if args.dry_run else args.model
     for dtype in ["float32"] if args.dry_run else args.dtypes.split(","):
-        report["rows"].append(check(name, dtype, args.dry_run))
+        report["rows"].append(check(name, dtype))
         Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=1))
 
 

@@ -1,4 +1,4 @@
-"""Issue 49's GPU measurements in one run: where a decoding step's time goes and what each
+"""The GPU measurements in one run: where a decoding step's time goes and what each
 option buys, on the card at hand. Every part writes OUT.json and OUT.md again when it
 ends, so a run cut short keeps what it measured; a part that fails is recorded with its
 error and the next one runs; a part that would start past `--budget-s` is skipped.
@@ -18,14 +18,19 @@ Parts, in the order they run (the targets' measurements first):
                 platform's default: Q/K/V and gate/up fused (the GPU's) and apart;
                 attention over the whole cache (the GPU's) and in
                 64-position blocks (a while loop per layer, the CPU's); command buffers
-                that take WHILE and CONDITIONAL; Triton GEMMs allowed; int8 weights with
-                Triton GEMMs off and on
+                that take WHILE and CONDITIONAL; float weights through cuBLAS (Triton
+                GEMMs off); int8 weights with Triton GEMMs on and off
     profile     per-kernel device time of a plain and a 16-token step (llama2-7b, B = 1),
                 from a jax.profiler trace: by kernel and by class (matmul, attention, ...)
     cost_curve  one forward step of T = 1..64 tokens over the plain step (llama2-7b, B = 1)
-    smollm2     the real SmolLM2-135M (`--smollm2 CKPT`, float32): its plain step; lj.generate
-                on 16 MT-bench prompts one at a time, plain, auto, tokens=16 and tokens=64,
-                tokens per second and every row equal to plain
+    smollm2     the real SmolLM2-135M (`--smollm2 CKPT`) in each of `--smollm2-dtypes`: its
+                plain and 16-token steps; lj.generate on 16 MT-bench prompts one at a
+                time, `--systems` (plain, auto, tokens=16, tokens=64): tokens per second,
+                prefill and decode seconds, rows equal to plain, auto's choice
+    head        the LM head at B = 1 (`--main`): alone with one, two and eight rows and
+                with bf16 logits; the plain step with head_rows 1 and 2
+    triton      Triton GEMMs against cuBLAS for float weights (`--main`): a 16-token step
+                at B = 1, plain steps at B = 8, 64, 32
 
 The dry run (tests/test_bench_smoke.py) runs every part on a two-layer model on the CPU
 in seconds, so that a typo never costs device time.
@@ -237,7 +242,7 @@ def part_options(plan: Plan, report: dict, out: dict) -> None:
         ("attention in blocks (a loop per layer)", "float", plan.block, {}),
         ("command buffers with WHILE, CONDITIONAL", "float", None,
          {"xla_gpu_enable_command_buffer": COMMAND_BUFFERS}),
-        ("Triton GEMMs allowed", "float", None, {"xla_gpu_enable_triton_gemm": True}),
+        ("float weights, cuBLAS", "float", None, {"xla_gpu_enable_triton_gemm": False}),
         ("int8 weights (Triton GEMMs: the default)", "int8", None, {}),
         ("int8 weights, cuBLAS", "int8", None, {"xla_gpu_enable_triton_gemm": False}),
     ]  # fmt: skip
@@ -346,15 +351,16 @@ def part_head(plan: Plan, report: dict, out: dict) -> None:
 
 
 def part_triton(plan: Plan, report: dict, out: dict) -> None:
-    """Triton GEMMs for float weights against cuBLAS, side by side: a 16-token step at
-    B = 1 and plain steps at B = 8, 64, 32 (B = 1 plain: step_report_h200's options)."""
+    """Triton GEMMs (the GPU default: compiler_options) for float weights against cuBLAS,
+    side by side: a 16-token step at B = 1 and plain steps at B = 8, 64, 32 (B = 1 plain:
+    the options part)."""
     model = bench_model(plan.main, plan.dtype)
     runs = [("16", 1)] + [("plain", b) for b in ([8, 64, 32] if not plan.dry else [2])]
     out.update(model=plan.main, rows=[])
-    options = {} if plan.dry else {"xla_gpu_enable_triton_gemm": True}  # XLA:CPU has none
+    cublas = {} if plan.dry else {"xla_gpu_enable_triton_gemm": False}  # XLA:CPU has none
     for layout, batch in runs:
         row = {"layout": layout, "batch": batch}
-        for label, opts in (("cublas", {}), ("triton", options)):
+        for label, opts in (("cublas", cublas), ("triton", {})):
             state, loop, _ = decode_loop(model, layout, batch, plan.context, plan.steps, opts)
             row[label] = step_ms(model, state, loop, plan.steps, plan.repeats)
             del state
