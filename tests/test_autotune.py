@@ -79,12 +79,9 @@ def test_measured_curve_is_cached_and_stops_early(model, tmp_cache, monkeypatch)
 def test_on_an_accelerator_the_curve_times_whole_decode_steps(model, tmp_cache, monkeypatch):
     """step_curve.py: each T's layout (the one auto runs at T tokens a step) prefilled and
     stepped in the decode loop, plain at T = 1; stopped early as the forwards' curve is."""
-    for t in PROBE_TOKENS:
-        assert (
-            step_curve.layout_for(t) is None
-            if t == 1
-            else (step_curve.layout_for(t).tokens_per_step == t)
-        )
+    assert step_curve.layout_for(1) is None
+    for t in PROBE_TOKENS[1:]:
+        assert step_curve.layout_for(t).tokens_per_step == t
     monkeypatch.setattr(cost_curve, "whole_steps", lambda: True)
     monkeypatch.setattr(cost_curve, "measure_cost_curve", None)  # not the forwards'
     monkeypatch.setattr(step_curve, "STEPS", 2)

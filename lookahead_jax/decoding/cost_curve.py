@@ -27,6 +27,7 @@ import numpy as np
 
 from lookahead_jax.cache_dir import cache_root, write_atomic
 from lookahead_jax.models import fused, packed
+from lookahead_jax.models.bundle import float_dtype
 
 COMPILE_THREADS = 2  # probe sizes compiled at once (measure_cost_curve)
 # in the cached curves' names: raised when what a step costs changed enough that curves
@@ -83,7 +84,7 @@ def lowered_step(
     giving its executable (XLA's part, which another thread may run)."""
     from lookahead_jax.decoding import programs
 
-    dtype = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)][0].dtype
+    dtype = float_dtype(params)
     # The inputs are made with numpy: an eager jax op compiles a program for each new
     # shape, and each probe has its own (SmolLM2-135M: 14 s of tracing 16 probes, 3 s now).
     rng = np.random.default_rng(2)

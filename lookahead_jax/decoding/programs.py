@@ -28,9 +28,7 @@ import jax.numpy as jnp
 
 from lookahead_jax import decoding
 from lookahead_jax.decoding.decode_state import DecodeSpec
-from lookahead_jax.decoding.loop import (  # noqa: F401  (re-exported)
-    compiler_options,
-)
+from lookahead_jax.decoding.loop import compiler_options  # noqa: F401  (re-exported)
 
 MAX_KEPT = 64  # compiled executables kept per process (assign to change)
 _JITTED: dict = {}  # program key -> (decoding.Jitted, state shape, `start` traced)

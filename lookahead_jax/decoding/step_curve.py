@@ -25,6 +25,7 @@ import numpy as np
 from lookahead_jax.decoding import loop, programs, sampling
 from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+from lookahead_jax.models.bundle import float_dtype
 
 STEPS = 16  # steps a timing runs (one loop call)
 
@@ -43,8 +44,7 @@ def loop_step_s(lm, params, tokens: int, context: int, batch: int, repeats: int)
     """Seconds of one decode step (the fastest of `repeats` loop calls of STEPS steps,
     after one untimed) of the layout running `tokens` tokens a step, `batch` rows,
     `context` prompt tokens each."""
-    floats = (x.dtype for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating))
-    dtype = str(next(floats))
+    dtype = str(float_dtype(params))
     spec = DecodeSpec(lm=lm, eos_ids=(), lookahead=layout_for(tokens), cache_dtype=dtype)
     new_positions = (repeats + 1) * STEPS * spec.max_emit + 8
     rng = np.random.default_rng(3)

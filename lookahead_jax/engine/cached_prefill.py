@@ -142,14 +142,12 @@ class CachedPrefill:
         return ready
 
     def _one_chunk(self, a) -> bool:
-        """Run the next chunk of Active `a`'s prompt; whether more than a chunk is left
-        after it."""
+        """Run the next chunk of Active `a`'s prompt (its rest is longer than a chunk:
+        chunk() asks); whether more than a chunk is left after it."""
         cache, device, C = self.cache, self.device, self.chunk_size()
         ids, block = a.request.ids, cache.block
         hits = cache.hits(ids)
         done = block * len(hits)
-        if len(ids) - done <= C:
-            return False
         dst = cache.claim_chunk(ids, len(hits), C // block)
         if len(dst) < C // block:  # the pool cannot take them: prefill the rest whole
             return False

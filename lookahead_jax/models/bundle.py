@@ -36,5 +36,9 @@ class Model:
 
     @property
     def dtype(self):
-        floats = [x for x in jax.tree.leaves(self.params) if jnp.issubdtype(x.dtype, jnp.floating)]
-        return floats[0].dtype
+        return float_dtype(self.params)
+
+
+def float_dtype(params):
+    """The dtype of the params' floating arrays (an int8 model's scales: its activations')."""
+    return next(x.dtype for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating))

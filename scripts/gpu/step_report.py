@@ -68,6 +68,7 @@ from lookahead_jax.decoding import programs, sampling  # noqa: E402
 from lookahead_jax.decoding.decode_state import DecodeSpec  # noqa: E402
 from lookahead_jax.decoding.loop import compiler_options  # noqa: E402
 from lookahead_jax.models import fused  # noqa: E402
+from lookahead_jax.models.bundle import float_dtype  # noqa: E402
 from lookahead_jax.models.config import LlamaConfig  # noqa: E402
 from lookahead_jax.models.llama import LlamaLM, attention_block_for, head_rows_for  # noqa: E402
 
@@ -124,11 +125,6 @@ def _bench_model(name: str, dtype, weights: str, fuse: bool) -> Model:
     platform = jax.devices()[0].platform
     lm = LlamaLM(cfg, weights, attention_block_for(platform), head_rows=head_rows_for(platform))
     return Model(lm=lm, params=params, eos_ids=())
-
-
-def float_dtype(params):
-    """The dtype of the params' floating arrays (an int8 model's scales: its activations')."""
-    return next(x.dtype for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating))
 
 
 _LOOPS: dict = {}  # (spec, params' structure, shapes, options) -> (start, run_loop)
