@@ -296,11 +296,11 @@ def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64,
 
     real, failed = DeviceSlots.prefill, []
 
-    def prefill_failing_once(self, P, requests):
+    def prefill_failing_once(self, requests):
         if not failed:
             failed.append(True)
             raise RuntimeError("device lost")
-        return real(self, P, requests)
+        return real(self, requests)
 
     monkeypatch.setattr(DeviceSlots, "prefill", prefill_failing_once)
     ends: dict = {}

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
+from lookahead_jax.engine import inputs
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import BLOCK, PrefixCache, block_keys
 from tests.helpers import random_prompts
@@ -206,8 +207,51 @@ def test_padding_to_a_compiled_shape_until_it_has_cost_a_compile():
     shapes.ran("suffix", 2, 32, compile_s=1.0)
     assert shapes.choose("suffix", 2, 32, 1000.0) == (2, 32) and shapes.compile_s == [3.0, 1.0]
     assert shapes.choose("suffix", 1, 16, 1000.0) == (2, 32)  # the smallest larger pair
-    shapes.reset()  # another prompt side: nothing compiled for it
+    shapes.at("another prompt side")  # nothing compiled for it
     assert shapes.choose("suffix", 1, 16, 1000.0) == (1, 16)
+    shapes.at(None)  # back: what was compiled there still is
+    assert shapes.choose("suffix", 1, 16, 1000.0) == (2, 32)
+
+
+def test_an_admission_is_cut_into_the_prefills_that_pad_least():
+    """prefill_shapes.py's example: 10 prompts of side 128 and 6 of side 64 run as one
+    [16, 128] (2,048 positions), not [16, 128] and [8, 64]; new shapes are compiled
+    only where they save more padding than a compile costs."""
+    sides = [64] * 6 + [128] * 10
+    shapes = PaddedShapes()
+    assert shapes.groups("prompt", sides, 16, 0.0) == [list(range(16))]  # nothing measured
+    shapes.ran("prompt", 16, 128, compile_s=3.0)
+    # 4 of side 128 and 12 of 64: [4, 128] + [4, 64] + [8, 64] (1,280) would save 768
+    # positions, 0.8 s at 1,000 positions/s, less than compiling three shapes (9 s)
+    mixed = [128] * 4 + [64] * 12
+    assert shapes.groups("prompt", mixed, 16, 1000.0) == [list(range(16))]
+    # compiled shapes cost only their positions; groups in slot order
+    ready = lambda rows, side: (rows, side) in {(4, 128), (16, 64)}  # noqa: E731
+    assert shapes.groups("prompt", mixed[::-1], 16, 1000.0, ready) == [
+        list(range(12, 16)),
+        list(range(12)),
+    ]
+    # ...until the padding spent for want of those three shapes (784 positions with the
+    # calls' own: 0.26 s each an admission) nears their compile
+    again = PaddedShapes()
+    again.ran("prompt", 16, 128, compile_s=3.0)
+    cuts = [again.groups("prompt", mixed, 16, 1000.0) for _ in range(13)]
+    assert cuts[:12] == [[list(range(16))]] * 12
+    assert cuts[12] == [[0, 1, 2, 3], [4, 5, 6, 7], list(range(8, 16))]
+    # 9 of one side: [16, 128] (2,048) against [8, 128] + [1, 128] (1,152 + a call)
+    shapes.ran("prompt", 8, 128, compile_s=3.0)
+    shapes.ran("prompt", 1, 128, compile_s=3.0)
+    assert sorted(map(len, shapes.groups("prompt", [128] * 9, 16, 1000.0))) == [1, 8]
+
+
+def test_prefill_sides_pad_a_quarter_octave_at_most():
+    assert [inputs.prefill_side(n) for n in (1, 17, 64, 65, 81, 128, 129, 300, 513)] == [
+        16, 32, 64, 80, 96, 128, 160, 320, 640,
+    ]  # fmt: skip
+    for n in range(1, 3000):
+        side = inputs.prefill_side(n)
+        assert n <= side <= inputs.bucket(n) and side % BLOCK == 0
+        assert n <= 64 or side - n < inputs.bucket(n) // 8
 
 
 def index(blocks: int) -> PrefixCache:

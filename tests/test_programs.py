@@ -80,8 +80,9 @@ def test_programs_beyond_max_kept_are_dropped_and_their_code_unmapped(monkeypatc
     programs.clear()
     model = Model(LlamaLM(CFG), init_params(CFG, jax.random.PRNGKey(0), jnp.float32), eos_ids=())
 
-    def decode_batch(b: int) -> int:  # new shapes: a start and a loop program
-        lj.generate(model, [[1, 2, 3]] * b, max_new_tokens=2, lookahead=None)
+    def decode_batch(b: int) -> int:  # new shapes: a start and a loop program (prompts
+        # of a new side each time: a compiled start of fewer rows could run them)
+        lj.generate(model, [[1, 2, 3] * 6 * b] * b, max_new_tokens=2, lookahead=None)
         gc.collect()
         return memory_maps()
 

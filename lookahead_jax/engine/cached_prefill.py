@@ -26,7 +26,6 @@ import jax
 import numpy as np
 
 from lookahead_jax.decoding import prefill_chunk, programs
-from lookahead_jax.engine import inputs
 from lookahead_jax.engine.prefix_cache import PrefixCache
 
 MAX_CHUNK = 1024  # tokens; auto's choice is at most this, at least two blocks
@@ -52,27 +51,32 @@ class CachedPrefill:
                 [x for x, go in zip(placed, now, strict=True) if go],
                 [x for x, go in zip(placed, now, strict=True) if not go],
             )
-            # (P, whether from cached blocks) -> [(slot, request, hits)]: the rows with
-            # hits in one prefill at the state's prompt side, whatever their buckets (one
-            # program per (rows, suffix bucket): prefill_shapes.py; each row gathers
-            # P / Sb blocks, its own and ignored ones), the others by bucket
-            groups: dict[tuple, list] = {}
+            # [(slot, request, hits)] lists, each one prefill: the rows with hits apart
+            # from those without (their suffixes run at the state's prompt side: each row
+            # gathers P / Sb blocks, its own and ignored ones), each kind cut into
+            # prefills by device.prefill_groups
+            with_hits: tuple[list, list] = ([], [])
             for s, r in placed:
                 hits = cache.hits(r.ids)
                 # a chunked prompt's own blocks were computed, not found
                 own = self.scheduler.active[s].chunked_tokens
                 stats.count_prefix(len(r.ids), max(len(hits) * cache.block - own, 0))
-                key = (device.P, True) if hits else (inputs.bucket(len(r.ids)), False)
-                groups.setdefault(key, []).append((s, r, hits))
+                with_hits[bool(hits)].append((s, r, hits))
+            groups = []
+            for cached, rows in enumerate(with_hits):
+                requests = [r for _, r, _ in rows]
+                hits = [h for _, _, h in rows] if cached else None
+                for group in device.prefill_groups(requests, hits, cache.pool) if rows else []:
+                    groups.append((cached, [rows[i] for i in group]))
             # every prefill first, then the stores: a store may evict a block that
             # another group's prefill reads (device calls run in order)
             fresh = [
                 device.prefill(
-                    P, [r for _, r, _ in g], [h for _, _, h in g] if cached else None, cache.pool
+                    [r for _, r, _ in g], [h for _, _, h in g] if cached else None, cache.pool
                 )
-                for (P, cached), g in groups.items()
+                for cached, g in groups
             ]
-            for state, g in zip(fresh, groups.values(), strict=True):
+            for state, (_, g) in zip(fresh, groups, strict=True):
                 entries = cache.claim([r.ids for _, r, _ in g])
                 if entries:
                     cache.pool = device.store_blocks(cache.pool, state, entries)

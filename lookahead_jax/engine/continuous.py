@@ -28,9 +28,11 @@ to a power of two; the widest step's emit). An offline run takes its prompts sho
 bucket first (stable within a bucket), starting with P = the first prompt's bucket; a
 request of a longer bucket first grows the state (the S axis padded, rows in flight
 untouched), so attention never spans positions sized for the longest prompt of the
-dataset while short ones decode. New programs: one prefill per prompt bucket and row
-count (the buckets met: `stats.prompt_buckets`; a shape not compiled yet may run padded
-to one that is: prefill_shapes.py), one loop and one insert per S
+dataset while short ones decode. New programs: one prefill per prompt side and row
+count (sides: inputs.prefill_side, finer than the buckets; the buckets met:
+`stats.prompt_buckets`; a shape not compiled yet may run padded to one that is, and an
+admission's requests are cut into prefills that pad least: prefill_shapes.py), one loop
+and one insert per S
 (`stats.cache_positions`). `max_prompt_tokens` fixes P (arrival order kept, no
 growth): what a server wants.
 
@@ -56,6 +58,7 @@ from lookahead_jax.decoding.guess_memory import GuessMemory
 from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs, requests, row_buckets
+from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import BLOCK, PrefixCache
 from lookahead_jax.engine.requests import Encoded, Listener, Request, Result, Update
 from lookahead_jax.engine.scheduler import Active, Scheduler
@@ -203,6 +206,7 @@ class Engine:
             raise UserInputError(f'row_buckets must be True, False or "auto", got {row_buckets!r}')
         self.row_buckets = row_buckets
         self.guess_memory = GuessMemory()  # kept across runs (used with shared_guesses)
+        self.prefill_shapes = PaddedShapes()  # kept across runs: prefill_shapes.py
         self._prefix_cache: PrefixCache | None = None  # made at the first run that uses it
         self.stats = Stats(batch=batch)  # online: since the start; offline: the last run
         self._scheduler: Scheduler | None = None  # the online slots (created at the first round)

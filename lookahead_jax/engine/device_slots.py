@@ -53,7 +53,15 @@ class DeviceSlots:
     """The B slots on the device: their state (R rows), and the programs for its shapes."""
 
     def __init__(
-        self, model, batch: int, spec: DecodeSpec, new_positions: int, P: int, stats, memory=None
+        self,
+        model,
+        batch: int,
+        spec: DecodeSpec,
+        new_positions: int,
+        P: int,
+        stats,
+        memory=None,
+        padded: PaddedShapes | None = None,
     ):
         self.model, self.B, self.spec = model, batch, spec
         self.rows = batch  # rows of the state: a row bucket (resize)
@@ -63,9 +71,9 @@ class DeviceSlots:
         self.memory = memory
         self.slack = spec.max_emit  # kept after auto's hand-over (to_plain's min_slack)
         self.new_positions = new_positions
-        self.stats: Stats = stats  # compile_s, prefill_calls, buckets, S
-        self.padded = PaddedShapes()  # the prefill shapes compiled, and padding spent
-        self.prefilled_positions = 0  # rows x (prompt or suffix) side of every prefill
+        self.stats: Stats = stats  # compile_s, prefill_calls and _positions, buckets, S
+        # the prefill shapes compiled, and padding spent (an engine's, kept across runs)
+        self.padded = PaddedShapes() if padded is None else padded
         self.state: DecodeState | None = None
         self.to_retire_b = np.zeros((batch,), bool)  # rows to make done before generate [R]
         self._set_shape(P)
@@ -77,7 +85,7 @@ class DeviceSlots:
         loop compiled at the next compile_loop_soon or generate, the insert at its first
         use)."""
         self.P = P
-        self.padded.reset()
+        self.padded.at((P, self.new_positions, self.spec))
         # (R, "run_loop" or "run_plain") -> its loop, compiled beside a prefill's program
         self.loops = {}  # (compile_loop_soon)
         shape = programs.state_shape(self.model, self.spec, self.new_positions, self.loop_args())
@@ -88,14 +96,14 @@ class DeviceSlots:
         self.positions_S = shape.tokens.shape[1]
         self.stats.cache_positions.append(self.positions_S)
 
-    def loop_args(self, rows: int | None = None) -> tuple:
+    def loop_args(self, rows: int | None = None, side: int | None = None) -> tuple:
         """The start program's argument shapes for a state of `rows` rows (default: B),
-        which key its loop (programs.py)."""
+        which key its loop (programs.py); side: its prompts' (default: the state's P)."""
         R = self.B if rows is None else rows
         rows_of = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((R, *shape), dtype)  # noqa: E731
         return (
             self.model.params,
-            rows_of(self.P),
+            rows_of(self.P if side is None else side),
             rows_of(),
             rows_of(),
             rows_of(2, dtype=jnp.uint32),
@@ -162,25 +170,38 @@ class DeviceSlots:
 
     # ------------------------------------------------------------------ the three verbs
 
+    def prefill_groups(
+        self,
+        requests: list[Encoded],
+        hits: list[list[int]] | None = None,
+        pool: kv_pool.KVPool | None = None,
+    ) -> list[list[int]]:
+        """The requests of one admission cut into prefills (prefill_shapes.groups): lists
+        of indices into `requests`, each list one `prefill` (hits and pool as there)."""
+        kind, sides = _sides(requests, hits, pool)
+
+        def ready(rows: int, side: int) -> bool:  # (a suffix's program: those it ran)
+            args = self.loop_args(rows, side)
+            room = self.P + self.new_positions - side
+            return kind == "prompt" and programs.ready(self.model, self.spec, room, args, "start")
+
+        return self.padded.groups(kind, sides, self.B, self._prefill_rate(), ready)
+
     def prefill(
         self,
-        P: int,
         requests: list[Encoded],
         hits: list[list[int]] | None = None,
         pool: kv_pool.KVPool | None = None,
     ) -> DecodeState:
-        """One prefill of the requests of bucket P, padded to `prefill_rows` rows (a padding
-        row has max_new_tokens 0: done at once). hits: each request's cached leading
-        blocks, pool ids into `pool` (prefix_cache.py): only the rest of its prompt runs.
-        Either may run at a larger shape already compiled, padded (prefill_shapes.py)."""
-        if hits is None:  # side: the prompt's bucket P, or the suffix's past the blocks T
-            kind, side = "prompt", P
-        else:
-            rest = (len(r.ids) - len(h) * pool.block for r, h in zip(requests, hits, strict=True))
-            kind, side = "suffix", inputs.bucket(max(rest))
+        """One prefill of the requests at their longest side (inputs.prefill_side), padded
+        to `prefill_rows` rows (a padding row has max_new_tokens 0: done at once). hits:
+        each request's cached leading blocks, pool ids into `pool` (prefix_cache.py): only
+        the rest of its prompt runs, at the state's prompt side P. Either may run at a
+        larger shape already compiled, padded (prefill_shapes.py)."""
+        kind, sides = _sides(requests, hits, pool)  # the prompts', or the suffixes' past the blocks
         n = slot_state.prefill_rows(len(requests), self.B)
-        n, side = self.padded.choose(kind, n, side, self._prefill_rate())
-        P = side if hits is None else P
+        n, side = self.padded.choose(kind, n, max(sides), self._prefill_rate())
+        P = side if hits is None else self.P
         pad = n - len(requests)
         prompt_np = np.zeros((n, P), np.int32)
         prompt_len_n, max_new_n = np.ones((n,), np.int32), np.zeros((n,), np.int32)
@@ -207,14 +228,15 @@ class DeviceSlots:
         if hits is not None:
             rows = (*rows, _cached_prefix(P, requests, hits, pool, n, side))
         args = (self.model.params, *rows)
-        buckets = self.stats.prompt_buckets  # the longest prompt's, whatever shape it ran at
-        if (asked := inputs.bucket(max(len(r.ids) for r in requests))) not in buckets:
-            buckets.append(asked)
+        buckets = self.stats.prompt_buckets  # each prompt's, whatever shape it ran at
+        buckets += sorted({inputs.bucket(len(r.ids)) for r in requests} - set(buckets))
         self.stats.prefill_calls += 1
         # room for the new positions that gives this prompt bucket's rows the state's S
         start, compile_s = self._compiled(self.P + self.new_positions - P, args, "start")
         self.padded.ran(kind, n, side, compile_s)
-        self.prefilled_positions += n * side
+        self.stats.prefill_positions += n * side
+        shape = f"{n}x{side}" + ("" if hits is None else " after cache")
+        self.stats.prefill_shapes[shape] = self.stats.prefill_shapes.get(shape, 0) + 1
         self._loop_ready()
         fresh = start(*args)
         if self.memory is not None and self.spec.lookahead is not None:
@@ -231,7 +253,7 @@ class DeviceSlots:
         seconds = self.stats.prefill_s
         if seconds <= 0 or multihost.is_multiprocess():
             return 0.0
-        return self.prefilled_positions / seconds
+        return self.stats.prefill_positions / seconds
 
     def remember(self, slots: list[int]) -> None:
         """Fold the rows `slots` (ended, not yet refilled) into the guess sources'
@@ -343,6 +365,15 @@ class DeviceSlots:
         self.state = autotune.to_plain(self.state)
         if self.state_sh is not None:
             self.state = jax.device_put(self.state, self.state_sh)
+
+
+def _sides(requests: list[Encoded], hits, pool) -> tuple[str, list[int]]:
+    """(kind, each request's prefill side): "prompt" and its prompt's, or with hits
+    "suffix" and its prompt's rest past its cached blocks'."""
+    if hits is None:
+        return "prompt", [inputs.prefill_side(len(r.ids)) for r in requests]
+    rest = [len(r.ids) - len(h) * pool.block for r, h in zip(requests, hits, strict=True)]
+    return "suffix", [inputs.prefill_side(n) for n in rest]
 
 
 def _cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int, T: int) -> CachedPrefix:

@@ -17,24 +17,45 @@ Worked example: compiles take 3 s, prefills run 1,000 positions/s, (8, 64) is co
 A prefill at (2, 32) pads to (8, 64): 512 - 64 = 448 extra positions, 0.45 s, spent on
 (2, 32) so far 0.45 s. The seventh would bring it to 3.1 s > 3 s: that one compiles
 (2, 32), and the later ones run at it.
+
+Which requests of an admission share a prefill (`groups`): a prefill of n prompts runs
+prefill_rows(n) rows (a power of two) at its longest prompt's side, so grouping by side
+alone pads rows: 10 prompts of side 128 and 6 of side 64 ran [16, 128] and [8, 64], 2,560
+positions for 16 prompts, where one [16, 128] runs all of them in 2,048. The requests,
+longest first, are cut into runs that minimize the positions run, a call's fixed cost
+and each shape's compile (in positions, at this run's rate: a shape not compiled yet is
+worth compiling only where it saves more padding than its compile costs; with nothing
+measured yet, as few new shapes as can be).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from lookahead_jax.engine.slot_state import prefill_rows
+
+CALL_POSITIONS = 16  # a prefill call's own cost beside its positions (the insert, a dispatch)
+UNMEASURED = 1e9  # a compile's cost in positions before one was measured: above any padding
+
 
 class PaddedShapes:
-    """The prefill shapes compiled at the current prompt side, by kind ("prompt":
-    (n, P), "suffix": (n, T)), and the padding spent on each pair run at a larger one."""
+    """The prefill shapes compiled for the state's current programs (`at`), by kind
+    ("prompt": (n, P), "suffix": (n, T)), and the padding spent on each pair for want of
+    it. An engine keeps one across its runs (and a server for its life), so that the
+    padding a traffic pattern keeps spending adds up to a compile."""
 
     def __init__(self):
-        self.compiled: set[tuple[str, int, int]] = set()
-        self.compile_s: list[float] = []  # each pair's compile, seconds (kept across sides)
-        self.spent_s: dict[tuple[str, int, int], float] = {}  # padding seconds so far
+        self._at: dict = {}  # program key -> (compiled, spent_s)
+        self.compiled: set[tuple[str, int, int]]  # (kind, rows, side) at the current key
+        self.spent_s: dict[tuple[str, int, int], float]  # padding seconds so far, there
+        self.compile_s: list[float] = []  # each pair's compile, seconds (kept across keys)
+        self.at(None)
 
-    def reset(self) -> None:
-        """A new prompt side: the programs compiled so far are for other shapes."""
-        self.compiled.clear()
-        self.spent_s.clear()
+    def at(self, key) -> None:
+        """The state's programs are those of `key` now (a prompt side, room for new
+        tokens, a decode spec): the shapes compiled and the padding spent there (kept
+        for when it comes back)."""
+        self.compiled, self.spent_s = self._at.setdefault(key, (set(), {}))
 
     def choose(self, kind: str, n: int, side: int, positions_per_s: float) -> tuple[int, int]:
         """The (rows, side) to run a prefill of shape (n, side) at; positions_per_s: this
@@ -53,6 +74,83 @@ class PaddedShapes:
             return n, side  # compile it: the padding has cost as much
         self.spent_s[key] = spent
         return n2, s2
+
+    def groups(
+        self,
+        kind: str,
+        sides: list[int],
+        batch: int,
+        positions_per_s: float,
+        ready: Callable[[int, int], bool] = lambda rows, side: False,
+    ) -> list[list[int]]:
+        """The requests of one admission cut into prefills: lists of indices into `sides`
+        (each request's side: inputs.prefill_side; each list ascending), each list to run
+        as one prefill at its longest side. ready(rows, side): whether a shape's program
+        is compiled already (programs.py keeps them across runs; this object knows those
+        it ran). A shape not compiled costs what is left of a compile after the padding
+        already spent for want of it (as in `choose`); the padding this cut spends, beside
+        the cut that would compile every shape it wants, is spent on those shapes."""
+        order = sorted(range(len(sides)), key=lambda i: -sides[i])
+        rate = positions_per_s
+        compile_s = sum(self.compile_s) / len(self.compile_s) if self.compile_s else 0.0
+        measured = compile_s > 0 and rate > 0
+
+        known: dict[tuple[int, int], bool] = {}  # (rows, side) -> compiled (ready is slow)
+
+        def cost(n: int, side: int, buy: bool) -> tuple[float, int, tuple | None]:
+            """(cost in positions, positions run, the shape wanted if not compiled)."""
+            rows = prefill_rows(n, batch)
+            key, own = (kind, rows, side), rows * side + CALL_POSITIONS
+            if (rows, side) not in known:
+                known[(rows, side)] = key in self.compiled or ready(rows, side)
+            if known[(rows, side)]:
+                return own, own, None
+            larger = [
+                n2 * s2 + CALL_POSITIONS
+                for k, n2, s2 in self.compiled
+                if k == kind and n2 >= rows and s2 >= side
+            ]
+            rest = UNMEASURED
+            if measured:
+                rest = max(compile_s - self.spent_s.get(key, 0.0), 0.0) * rate
+            padded = min(larger, default=float("inf"))
+            if padded <= own + (rest if buy else 0.0):
+                return padded, padded, None
+            return own + (rest if buy else 0.0), own, key
+
+        # Runs of a power of two requests (or of the batch), but the last: a run padded
+        # with rows could take the next (shorter) requests at no cost, leaving the runs
+        # after it no larger (what they ran at still holds them). So the cut looks at
+        # O(N log N) runs, not all O(N^2) (an lj.generate of thousands of rows).
+        N = len(order)
+        lengths = sorted({1 << k for k in range(N.bit_length())} | {min(batch, N)})
+
+        def cut(buy: bool) -> tuple[list[list[int]], int, list]:
+            """(runs, positions they run, shapes they compile): the least cost."""
+            best: list[tuple[float, int, list]] = [(0.0, 0, [])]
+            starts = [0]
+            for i in range(1, N + 1):
+                options = []
+                for j in {i - n for n in lengths if n <= i} | (set(range(i)) if i == N else set()):
+                    c, ran, want = cost(i - j, sides[order[j]], buy)
+                    b = best[j]
+                    options.append((b[0] + c, b[1] + ran, b[2] + [want] * (want is not None), j))
+                c, ran, wanted, j = min(options, key=lambda o: (o[0], o[3]))
+                best.append((c, ran, wanted))
+                starts.append(j)
+            runs, i = [], N
+            while i > 0:
+                runs.append(sorted(order[starts[i] : i]))  # in slot order
+                i = starts[i]
+            return runs[::-1], best[-1][1], best[-1][2]
+
+        runs, ran, _ = cut(buy=True)
+        if measured:  # the padding spent for want of the shapes the free cut compiles
+            _, ran_free, wanted = cut(buy=False)
+            for key in wanted if ran > ran_free else []:
+                share = (ran - ran_free) / rate / len(wanted)
+                self.spent_s[key] = self.spent_s.get(key, 0.0) + share
+        return runs
 
     def ran(self, kind: str, n: int, side: int, compile_s: float) -> None:
         """A prefill ran at (n, side), after compile_s seconds compiling it (0: it was;

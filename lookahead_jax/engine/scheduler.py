@@ -1,7 +1,7 @@
 """The engine's host side: which request sits in which slot, and a round of the slots.
 
-A round (`advance`) admits waiting requests into free slots (one prefill per prompt
-bucket among them, then one insert of its rows: device_slots.py), runs the decode loop
+A round (`advance`) admits waiting requests into free slots (a prefill and an insert per
+group of them, groups cut to pad least: prefill_shapes.py), runs the decode loop
 once over the state's rows (a row bucket that holds the live slots, gathered into the
 first rows when it shrinks: row_buckets.py) — online with auto, its layout or plain
 steps, whichever the live rows decode faster (round_choice.py) — then reads every slot
@@ -97,7 +97,9 @@ class Scheduler:
             logprobs=logprobs,
         )
         memory = engine.guess_memory if engine.shared_guesses else None
-        self.device = DeviceSlots(model, self.B, spec, new_positions, P, self.stats, memory)
+        self.device = DeviceSlots(
+            model, self.B, spec, new_positions, P, self.stats, memory, engine.prefill_shapes
+        )
         cache = engine.prefix_cache()
         self.prefix = None if cache is None else CachedPrefill(self, cache, engine.prefill_chunk)
         self.counts = RowCounts(self.device, auto, self.stats)
@@ -209,8 +211,8 @@ class Scheduler:
         return self.device.new_positions + 1
 
     def _fill(self) -> list[Active]:
-        """Prefill the queue's next requests into the free slots: one prefill per prompt
-        bucket among them, then one insert of its rows."""
+        """Prefill the queue's next requests into the free slots: a prefill and an insert
+        per group of them (device_slots.prefill_groups)."""
         device = self.device
         free = [s for s in range(self.B) if self.active[s] is None]
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
@@ -237,15 +239,9 @@ class Scheduler:
             placed = [(s, a.request) for s, a in ready] + list(zip(free, taken, strict=False))
             self.prefix.admit(placed)
             return [a for a in admitted if not a.chunking] + [a for _, a in ready]
-        if device.state is None and len(taken) == self.B:  # one prefill at the state's P
-            device.insert(device.prefill(device.P, taken), list(range(self.B)))
-            return admitted
-        by_bucket: dict[int, list] = {}
-        for s, r in zip(free, taken, strict=False):  # the first len(taken) free slots
-            by_bucket.setdefault(inputs.bucket(len(r.ids)), []).append((s, r))
-        for P, placed in by_bucket.items():
-            fresh = device.prefill(P, [r for _, r in placed])
-            device.insert(fresh, [s for s, _ in placed])
+        for group in device.prefill_groups(taken):  # (a group of all B rows into no state
+            fresh = device.prefill([taken[i] for i in group])  # is the state: no insert)
+            device.insert(fresh, [free[i] for i in group])  # the first len(taken) free slots
         return admitted
 
     def cancel(self, request_id) -> Result | None:

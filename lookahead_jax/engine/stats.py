@@ -40,9 +40,13 @@ class Stats:
     per_round: dict[str, dict] = dataclasses.field(default_factory=dict)  # online auto:
     # by row bucket, each mode's ("lookahead", "plain") rate and rounds (round_choice.py)
     prefill_calls: int = 0
-    prompt_buckets: list[int] = dataclasses.field(default_factory=list)  # each prefill's
-    # longest prompt's bucket, the first time met (not the shape it ran at: that may be
-    # a larger one, padded; engine/prefill_shapes.py), in order
+    prefill_positions: int = 0  # rows x side of every prefill: the prompt (or suffix past
+    # cached blocks) positions it ran, padding included (engine/prefill_shapes.py)
+    prefill_shapes: dict[str, int] = dataclasses.field(default_factory=dict)  # prefills
+    # by the shape they ran at, "rows x side" (a suffix's: "rows x side after cache")
+    prompt_buckets: list[int] = dataclasses.field(default_factory=list)  # the prompts'
+    # buckets (inputs.bucket), each the first time met (not the shape its prefill ran
+    # at: a longer prompt's side, or a larger shape padded; engine/prefill_shapes.py)
     cache_positions: list[int] = dataclasses.field(default_factory=list)  # cache sizes S the
     # loop was compiled for, in order
     prefix_lookups: int = 0  # requests prefilled while the prefix cache was on
