@@ -244,6 +244,19 @@ def test_an_admission_is_cut_into_the_prefills_that_pad_least():
     assert sorted(map(len, shapes.groups("prompt", [128] * 9, 16, 1000.0))) == [1, 8]
 
 
+def test_a_side_with_nothing_compiled_to_hold_it_compiles_its_octave_first():
+    """One program for 65..128 (later prompts of the octave run at it), a side's own only
+    once its padding has paid for it: 48 positions a prefill, 0.048 s at 1,000/s, against
+    a 3 s compile."""
+    shapes = PaddedShapes()
+    assert shapes.choose("prompt", 1, 80, 0.0) == (1, 128)  # nothing measured
+    shapes.ran("prompt", 1, 128, compile_s=3.0)
+    runs = [shapes.choose("prompt", 1, 80, 1000.0) for _ in range(64)]
+    assert runs[:62] == [(1, 128)] * 62 and runs[62] == (1, 80)
+    assert shapes.groups("prompt", [80], 16, 1000.0) == [[0]]
+    assert shapes.choose("prompt", 1, 112, 1000.0, ready=lambda rows, side: side == 112) == (1, 112)
+
+
 def test_prefill_sides_pad_a_quarter_octave_at_most():
     assert [inputs.prefill_side(n) for n in (1, 17, 64, 65, 81, 128, 129, 300, 513)] == [
         16, 32, 64, 80, 96, 128, 160, 320, 640,

@@ -179,13 +179,18 @@ class DeviceSlots:
         """The requests of one admission cut into prefills (prefill_shapes.groups): lists
         of indices into `requests`, each list one `prefill` (hits and pool as there)."""
         kind, sides = _sides(requests, hits, pool)
+        return self.padded.groups(kind, sides, self.B, self._prefill_rate(), self._ready(kind))
 
-        def ready(rows: int, side: int) -> bool:  # (a suffix's program: those it ran)
+    def _ready(self, kind: str):
+        """ready(rows, side): whether the start program of a prefill of this kind and
+        shape is compiled (programs.py; a suffix's: only those prefill_shapes.py ran)."""
+
+        def ready(rows: int, side: int) -> bool:
             args = self.loop_args(rows, side)
             room = self.P + self.new_positions - side
             return kind == "prompt" and programs.ready(self.model, self.spec, room, args, "start")
 
-        return self.padded.groups(kind, sides, self.B, self._prefill_rate(), ready)
+        return ready
 
     def prefill(
         self,
@@ -200,7 +205,7 @@ class DeviceSlots:
         larger shape already compiled, padded (prefill_shapes.py)."""
         kind, sides = _sides(requests, hits, pool)  # the prompts', or the suffixes' past the blocks
         n = slot_state.prefill_rows(len(requests), self.B)
-        n, side = self.padded.choose(kind, n, max(sides), self._prefill_rate())
+        n, side = self.padded.choose(kind, n, max(sides), self._prefill_rate(), self._ready(kind))
         P = side if hits is None else self.P
         pad = n - len(requests)
         prompt_np = np.zeros((n, P), np.int32)

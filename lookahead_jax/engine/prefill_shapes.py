@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from lookahead_jax.engine import inputs
 from lookahead_jax.engine.slot_state import prefill_rows
 
 CALL_POSITIONS = 16  # a prefill call's own cost beside its positions (the insert, a dispatch)
@@ -57,17 +58,28 @@ class PaddedShapes:
         for when it comes back)."""
         self.compiled, self.spent_s = self._at.setdefault(key, (set(), {}))
 
-    def choose(self, kind: str, n: int, side: int, positions_per_s: float) -> tuple[int, int]:
-        """The (rows, side) to run a prefill of shape (n, side) at; positions_per_s: this
-        run's prefill rate (0: none measured yet, so no padding)."""
+    def choose(
+        self,
+        kind: str,
+        n: int,
+        side: int,
+        positions_per_s: float,
+        ready: Callable[[int, int], bool] = lambda rows, side: False,
+    ) -> tuple[int, int]:
+        """The (rows, side) to run a prefill of shape (n, side) at: its own when compiled
+        (or `ready`: programs.py has it); else a larger one compiled, padded, while the
+        padding spent for want of its own stays within a compile (then its own); with
+        none larger, or nothing measured yet (positions_per_s 0), its side's power of two
+        (inputs.bucket) is compiled: one program for the octave, which later prefills of
+        sides below it run at until theirs have paid for their own."""
         key = (kind, n, side)
-        if key in self.compiled or not self.compile_s or positions_per_s <= 0:
+        if key in self.compiled or ready(n, side):
             return n, side
         larger = [
             (n2 * s2, n2, s2) for k, n2, s2 in self.compiled if k == kind and n2 >= n and s2 >= side
         ]
-        if not larger:
-            return n, side
+        if not larger or not self.compile_s or positions_per_s <= 0:
+            return n, inputs.bucket(side)
         size, n2, s2 = min(larger)
         spent = self.spent_s.get(key, 0.0) + (size - n * side) / positions_per_s
         if spent > sum(self.compile_s) / len(self.compile_s):
@@ -87,9 +99,11 @@ class PaddedShapes:
         (each request's side: inputs.prefill_side; each list ascending), each list to run
         as one prefill at its longest side. ready(rows, side): whether a shape's program
         is compiled already (programs.py keeps them across runs; this object knows those
-        it ran). A shape not compiled costs what is left of a compile after the padding
-        already spent for want of it (as in `choose`); the padding this cut spends, beside
-        the cut that would compile every shape it wants, is spent on those shapes."""
+        it ran). A run is costed as `choose` will run it: at its own shape when compiled,
+        else at a larger one compiled, padded, or at its side's power of two, compiled (its
+        cost: what is left of a compile after the padding spent for want of it); the
+        padding this cut spends, beside the cut that would compile every shape it wants,
+        is spent on those shapes, which are compiled once it has paid for them."""
         order = sorted(range(len(sides)), key=lambda i: -sides[i])
         rate = positions_per_s
         compile_s = sum(self.compile_s) / len(self.compile_s) if self.compile_s else 0.0
@@ -97,26 +111,40 @@ class PaddedShapes:
 
         known: dict[tuple[int, int], bool] = {}  # (rows, side) -> compiled (ready is slow)
 
+        def compiled(rows: int, side: int) -> bool:
+            if (rows, side) not in known:
+                known[(rows, side)] = (kind, rows, side) in self.compiled or ready(rows, side)
+            return known[(rows, side)]
+
         def cost(n: int, side: int, buy: bool) -> tuple[float, int, tuple | None]:
-            """(cost in positions, positions run, the shape wanted if not compiled)."""
+            """(cost in positions, positions run, the shape compiled for it or None), as
+            `choose` would run it (buy) or with every compile free (not buy)."""
             rows = prefill_rows(n, batch)
             key, own = (kind, rows, side), rows * side + CALL_POSITIONS
-            if (rows, side) not in known:
-                known[(rows, side)] = key in self.compiled or ready(rows, side)
-            if known[(rows, side)]:
+            if compiled(rows, side):
                 return own, own, None
-            larger = [
-                n2 * s2 + CALL_POSITIONS
-                for k, n2, s2 in self.compiled
-                if k == kind and n2 >= rows and s2 >= side
-            ]
+            padded = min(
+                (
+                    n2 * s2 + CALL_POSITIONS
+                    for k, n2, s2 in self.compiled
+                    if k == kind and n2 >= rows and s2 >= side
+                ),
+                default=float("inf"),
+            )
+            if not buy:
+                return (own, own, key) if own < padded else (padded, padded, None)
+            if measured and padded < float("inf") and self.spent_s.get(key, 0.0) >= compile_s:
+                return own, own, key  # (choose compiles it: its padding has paid)
+            coarse = inputs.bucket(side)  # what choose compiles with nothing larger
             rest = UNMEASURED
-            if measured:
-                rest = max(compile_s - self.spent_s.get(key, 0.0), 0.0) * rate
-            padded = min(larger, default=float("inf"))
-            if padded <= own + (rest if buy else 0.0):
+            if compiled(rows, coarse):
+                rest = 0.0
+            elif measured:
+                rest = max(compile_s - self.spent_s.get((kind, rows, coarse), 0.0), 0.0) * rate
+            fresh = rows * coarse + CALL_POSITIONS
+            if padded <= fresh + rest:
                 return padded, padded, None
-            return own + (rest if buy else 0.0), own, key
+            return fresh + rest, fresh, (kind, rows, coarse)
 
         # Runs of a power of two requests (or of the batch), but the last: a run padded
         # with rows could take the next (shorter) requests at no cost, leaving the runs

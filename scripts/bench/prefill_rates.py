@@ -4,11 +4,13 @@ XLA's own matmuls (lj.load(cpu_kernel=False)), and offline lj.Engine runs (16 sl
 plain, 32 chat prompts: the 20 code prompts and 12 MT-bench ones, 128 new tokens) with
 their prefill seconds, the positions their prefills ran and their padding: the engine's
 rule (admissions cut into the prefills that pad least, at quarter-octave sides:
-engine/prefill_shapes.py) beside the rule before it (one prefill per power-of-two
-bucket, emulated here: `--rules`), in one process, alternating, each rule's engine kept
-across its runs (as a server keeps its own).
+engine/prefill_shapes.py), the same with compiles taken as free (the cut it converges
+to once the padding has paid for every shape it wants) and the rule before it (one
+prefill per power-of-two bucket, emulated here): `--rules`, in one process, alternating,
+each rule's engine kept across its runs (as a server keeps its own).
 
     python scripts/bench/prefill_rates.py --out benchmarks/cpu/prefill_rates
+    python scripts/bench/prefill_rates.py --engine-only --runs 4 --out benchmarks/cpu/prefill_groups
 """
 
 from __future__ import annotations
@@ -88,6 +90,22 @@ class ByBucket:
         return mock.patch.object(device_slots, "inputs", sides)
 
 
+def free_compiles(engine) -> None:
+    """The engine's rule with every compile taken as free (the cut it converges to once
+    its traffic has paid for every shape it wants), the compile seconds still counted."""
+    from lookahead_jax.engine.prefill_shapes import PaddedShapes
+
+    class Free(PaddedShapes):
+        def __init__(self):
+            super().__init__()
+            self.compile_s = [1e-9]
+
+        def ran(self, kind, n, side, compile_s):
+            super().ran(kind, n, side, 0.0)
+
+    engine.prefill_shapes = Free()
+
+
 def engine_runs(model, rules: list[str], runs: int) -> dict:
     """`runs` offline runs of one engine per rule (its prefill shapes and the padding
     spent kept across them, as a server keeps them), the rules alternating."""
@@ -102,6 +120,8 @@ def engine_runs(model, rules: list[str], runs: int) -> dict:
         rule: lj.Engine(model, batch=16, max_new_tokens=128, steps_per_call=64) for rule in rules
     }
     patches = {rule: ByBucket(engines[rule]) for rule in rules if rule == "bucket"}
+    if "free-compiles" in engines:
+        free_compiles(engines["free-compiles"])
     out: dict[str, list[dict]] = {rule: [] for rule in rules}
     for i in range(runs):
         for rule, engine in engines.items():
@@ -128,14 +148,18 @@ def engine_runs(model, rules: list[str], runs: int) -> dict:
     return out
 
 
-RULES = {"least-padding": "the engine's (least padding)", "bucket": "by bucket (before)"}
+RULES = {
+    "least-padding": "the engine's (least padding)",
+    "free-compiles": "the engine's, compiles taken as free",
+    "bucket": "by bucket (before)",
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/cpu/prefill_rates")
     ap.add_argument("--engine-only", action="store_true", help="no forward table")
-    ap.add_argument("--rules", default="least-padding,bucket", help="engine rules, in turn")
+    ap.add_argument("--rules", default=",".join(RULES), help="engine rules, in turn")
     ap.add_argument("--runs", type=int, default=6, help="engine runs a rule")
     args = ap.parse_args()
     import lookahead_jax as lj
@@ -195,6 +219,12 @@ def main() -> None:
                 f"{e['prompt_tokens'] / e['prefill_s']:.0f} | {e['decode_s']:.1f} | "
                 f"{e['wall_s']:.1f} | {shapes} |"
             )
+    lines += [
+        "",
+        "The engines share the process's compiled programs (decoding/programs.py): a shape "
+        "one engine compiled runs free for the others, so once the free-compiles engine has "
+        "compiled the shapes its cut wants, the engine's own rule runs them too.",
+    ]
     write_results(args.out, result, "\n".join(lines) + "\n")
 
 
