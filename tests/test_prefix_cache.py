@@ -193,19 +193,30 @@ def test_a_request_cancelled_while_its_chunks_run_ends_and_frees_its_slot(model6
 # ---------------------------------------------------------------------- the index alone
 
 
+def admit(shapes: PaddedShapes, kind: str, sides: list[int], rate: float, batch: int = 16):
+    """One admission as the engine runs it: the cut, then each run's shape (and the
+    shape's program compiled, 1 s, where it was not)."""
+    shapes_run = []
+    for run in shapes.groups(kind, sides, batch, rate):
+        n, side = len(run), max(sides[i] for i in run)
+        rows, side = shapes.choose(kind, 1 << (n - 1).bit_length(), side, rate)
+        if (kind, rows, side) not in shapes.compiled:
+            shapes.ran(kind, rows, side, compile_s=1.0)
+        shapes_run.append((rows, side))
+    return shapes_run
+
+
 def test_padding_to_a_compiled_shape_until_it_has_cost_a_compile():
     """prefill_shapes.py's worked example: compiles take 3 s, 1,000 positions/s."""
     shapes = PaddedShapes()
     assert shapes.choose("suffix", 2, 32, 1000.0) == (2, 32)  # nothing compiled or timed
     shapes.ran("suffix", 8, 64, compile_s=3.0)
+    shapes.compile_s = [3.0]
     assert shapes.choose("suffix", 16, 16, 1000.0) == (16, 16)  # nothing larger in both
     assert shapes.choose("prompt", 2, 32, 1000.0) == (2, 32)  # another kind
-    assert shapes.choose("suffix", 2, 32, 0.0) == (2, 32)  # no rate measured
-    runs = [shapes.choose("suffix", 2, 32, 1000.0) for _ in range(7)]
-    assert runs == [(8, 64)] * 6 + [(2, 32)]
-    assert shapes.spent_s[("suffix", 2, 32)] == pytest.approx(6 * 0.448)
-    shapes.ran("suffix", 2, 32, compile_s=1.0)
-    assert shapes.choose("suffix", 2, 32, 1000.0) == (2, 32) and shapes.compile_s == [3.0, 1.0]
+    runs = [admit(shapes, "suffix", [32, 32], 1000.0) for _ in range(9)]
+    assert runs == [[(8, 64)]] * 6 + [[(2, 32)]] * 3  # the seventh's padding paid for it
+    assert shapes.spent_s[("suffix", 2, 32)] == pytest.approx(7 * 0.448)
     assert shapes.choose("suffix", 1, 16, 1000.0) == (2, 32)  # the smallest larger pair
     shapes.at("another prompt side")  # nothing compiled for it
     assert shapes.choose("suffix", 1, 16, 1000.0) == (1, 16)
@@ -216,28 +227,26 @@ def test_padding_to_a_compiled_shape_until_it_has_cost_a_compile():
 def test_an_admission_is_cut_into_the_prefills_that_pad_least():
     """prefill_shapes.py's example: 10 prompts of side 128 and 6 of side 64 run as one
     [16, 128] (2,048 positions), not [16, 128] and [8, 64]; new shapes are compiled
-    only where they save more padding than a compile costs."""
+    only once the padding spent for want of them has cost their compiles."""
     sides = [64] * 6 + [128] * 10
     shapes = PaddedShapes()
     assert shapes.groups("prompt", sides, 16, 0.0) == [list(range(16))]  # nothing measured
     shapes.ran("prompt", 16, 128, compile_s=3.0)
-    # 4 of side 128 and 12 of 64: [4, 128] + [4, 64] + [8, 64] (1,280) would save 768
-    # positions, 0.8 s at 1,000 positions/s, less than compiling three shapes (9 s)
-    mixed = [128] * 4 + [64] * 12
-    assert shapes.groups("prompt", mixed, 16, 1000.0) == [list(range(16))]
     # compiled shapes cost only their positions; groups in slot order
+    mixed = [128] * 4 + [64] * 12
     ready = lambda rows, side: (rows, side) in {(4, 128), (16, 64)}  # noqa: E731
     assert shapes.groups("prompt", mixed[::-1], 16, 1000.0, ready) == [
         list(range(12, 16)),
         list(range(12)),
     ]
-    # ...until the padding spent for want of those three shapes (784 positions with the
-    # calls' own: 0.26 s each an admission) nears their compile
+    # 4 of side 128 and 12 of 64, only [16, 128] compiled: [4, 128] + [4, 64] + [8, 64]
+    # (1,280 + 3 calls) would save 736 positions, 0.25 s for each of the three shapes
+    # an admission: they are compiled once that has reached a compile (3 s)
     again = PaddedShapes()
     again.ran("prompt", 16, 128, compile_s=3.0)
-    cuts = [again.groups("prompt", mixed, 16, 1000.0) for _ in range(13)]
-    assert cuts[:12] == [[list(range(16))]] * 12
-    assert cuts[12] == [[0, 1, 2, 3], [4, 5, 6, 7], list(range(8, 16))]
+    cuts = [admit(again, "prompt", mixed, 1000.0) for _ in range(14)]
+    assert cuts[:13] == [[(16, 128)]] * 13
+    assert cuts[13] == [(4, 128), (4, 64), (8, 64)]
     # 9 of one side: [16, 128] (2,048) against [8, 128] + [1, 128] (1,152 + a call)
     shapes.ran("prompt", 8, 128, compile_s=3.0)
     shapes.ran("prompt", 1, 128, compile_s=3.0)
@@ -246,14 +255,13 @@ def test_an_admission_is_cut_into_the_prefills_that_pad_least():
 
 def test_a_side_with_nothing_compiled_to_hold_it_compiles_its_octave_first():
     """One program for 65..128 (later prompts of the octave run at it), a side's own only
-    once its padding has paid for it: 48 positions a prefill, 0.048 s at 1,000/s, against
-    a 3 s compile."""
+    once its padding has paid for it: 48 positions an admission, 0.048 s at 1,000/s,
+    against a 3 s compile."""
     shapes = PaddedShapes()
     assert shapes.choose("prompt", 1, 80, 0.0) == (1, 128)  # nothing measured
     shapes.ran("prompt", 1, 128, compile_s=3.0)
-    runs = [shapes.choose("prompt", 1, 80, 1000.0) for _ in range(64)]
-    assert runs[:62] == [(1, 128)] * 62 and runs[62] == (1, 80)
-    assert shapes.groups("prompt", [80], 16, 1000.0) == [[0]]
+    runs = [admit(shapes, "prompt", [80], 1000.0) for _ in range(64)]
+    assert runs[:62] == [[(1, 128)]] * 62 and runs[62:] == [[(1, 80)]] * 2
     assert shapes.choose("prompt", 1, 112, 1000.0, ready=lambda rows, side: side == 112) == (1, 112)
 
 

@@ -2,9 +2,10 @@
 three verbs of JetStream's engine interface that change it, each one compiled program
 (decoding.start / run_loop / run_plain through programs.py; the edits of slot_state.py):
 
-    prefill   `prefill(P, requests)`: decoding.start on n requests of prompt bucket P,
-              [n, P] (n: slot_state.prefill_rows, padded with rows that are done at
-              once): their K/V, first tokens and fresh guess sources
+    prefill   `prefill(requests)`: decoding.start on n requests at their longest side
+              P' (inputs.prefill_side), [n, P'] (n: slot_state.prefill_rows, padded with
+              rows that are done at once; `prefill_groups` cuts an admission into
+              prefills): their K/V, first tokens and fresh guess sources
     insert    `insert(fresh, slots)`: those n rows written over slots of the R-row state
               in one scatter, every field (a slot's old K/V, tokens, counters and
               guesses all replaced)
@@ -23,7 +24,7 @@ and with online auto run_plain). Arrays named `_b` here have the state's R rows.
 
 Shapes: S = P + new_positions + slack, where new_positions is the budget side (the
 largest max_new_tokens a request may have, rounded up to a power of two) and slack the
-widest step's emit. A prompt of bucket P' <= P is prefilled with room for
+widest step's emit. A prompt of side P' <= P is prefilled with room for
 S - P' - slack new positions, so its rows have the state's S. Which requests go into
 which slots, and when, is the host's (scheduler.py).
 """
@@ -183,7 +184,8 @@ class DeviceSlots:
 
     def _ready(self, kind: str):
         """ready(rows, side): whether the start program of a prefill of this kind and
-        shape is compiled (programs.py; a suffix's: only those prefill_shapes.py ran)."""
+        shape is compiled (programs.py; a suffix's, or any under a mesh, whose arguments
+        are sharded: False, only those prefill_shapes.py ran count)."""
 
         def ready(rows: int, side: int) -> bool:
             args = self.loop_args(rows, side)
@@ -236,7 +238,7 @@ class DeviceSlots:
         buckets = self.stats.prompt_buckets  # each prompt's, whatever shape it ran at
         buckets += sorted({inputs.bucket(len(r.ids)) for r in requests} - set(buckets))
         self.stats.prefill_calls += 1
-        # room for the new positions that gives this prompt bucket's rows the state's S
+        # room for the new positions that gives rows of this prompt side the state's S
         start, compile_s = self._compiled(self.P + self.new_positions - P, args, "start")
         self.padded.ran(kind, n, side, compile_s)
         self.stats.prefill_positions += n * side

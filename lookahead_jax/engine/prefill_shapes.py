@@ -1,31 +1,35 @@
-"""Which shape a prefill runs at: its own, or a larger one already compiled, padded —
-whichever has cost less so far (ski rental).
+"""Which shape a prefill runs at, and which requests of an admission share one: runs
+cut to pad least, each at its own shape, or a larger one already compiled, padded, until
+the padding spent for want of its own has cost a compile (ski rental).
 
-A prefill is one program per shape: (rows n, prompt bucket P) from scratch, (rows n,
-suffix bucket T) after cached blocks (device_slots.py; its prompt side is the state's).
-Traffic meets many such pairs (how many requests an admission brings, how long each
-prompt is, how much of it was cached), and each pair's first prefill compiles, seconds
-on a CPU, inside some request's time to first token. A pair of the same kind already
-compiled, n' >= n and side' >= side, runs the same rows padded (padding rows are done at
-once; prompts and suffixes padded past their ends are not read) at the price of its
-extra positions, n' side' - n side, at this run's prefill rate. The rule: pad while the
-padding spent on a pair stays within what compiling it costs (the mean of this
-engine's prefill compiles), then compile it — at most twice the better of the two in
-hindsight.
+A prefill is one program per shape: (rows n, prompt side P) from scratch, (rows n,
+suffix side T) after cached blocks (device_slots.py; its prompt side is the state's);
+sides are inputs.prefill_side's (quarter octaves above 64). Traffic meets many such
+pairs (how many requests an admission brings, how long each prompt is, how much of it
+was cached), and each pair's first prefill compiles, seconds on a CPU, inside some
+request's time to first token. A pair of the same kind already compiled, n' >= n and
+side' >= side, runs the same rows padded (padding rows are done at once; prompts and
+suffixes padded past their ends are not read) at the price of its extra positions,
+n' side' - n side, at this run's prefill rate. The rule (`choose`): a compiled pair runs
+as it is; else it pads to the smallest larger one compiled while the padding spent for
+want of it stays below what compiling it costs (the mean of this engine's prefill
+compiles), then compiles — at most twice the better of the two in hindsight; with no
+larger one compiled it compiles its side's power of two (one program for the octave,
+which the octave's other sides then pad to).
 
 Worked example: compiles take 3 s, prefills run 1,000 positions/s, (8, 64) is compiled.
-A prefill at (2, 32) pads to (8, 64): 512 - 64 = 448 extra positions, 0.45 s, spent on
-(2, 32) so far 0.45 s. The seventh would bring it to 3.1 s > 3 s: that one compiles
-(2, 32), and the later ones run at it.
+Admissions of 2 prompts of side 32 run at (8, 64): 512 - 64 = 448 extra positions,
+0.45 s spent for want of (2, 32) each time. The seventh brings it to 3.1 s >= 3 s: it
+compiles (2, 32) instead, and the later ones run at it.
 
 Which requests of an admission share a prefill (`groups`): a prefill of n prompts runs
 prefill_rows(n) rows (a power of two) at its longest prompt's side, so grouping by side
 alone pads rows: 10 prompts of side 128 and 6 of side 64 ran [16, 128] and [8, 64], 2,560
 positions for 16 prompts, where one [16, 128] runs all of them in 2,048. The requests,
-longest first, are cut into runs that minimize the positions run, a call's fixed cost
-and each shape's compile (in positions, at this run's rate: a shape not compiled yet is
-worth compiling only where it saves more padding than its compile costs; with nothing
-measured yet, as few new shapes as can be).
+longest first, are cut into runs that cost least as `choose` will run them (positions,
+a call's fixed cost, a compile where one is due), and the padding that cut spends beside
+the cut that would run every run at its own shape is what is spent for want of those
+shapes (the only place padding is counted).
 """
 
 from __future__ import annotations
@@ -66,26 +70,30 @@ class PaddedShapes:
         positions_per_s: float,
         ready: Callable[[int, int], bool] = lambda rows, side: False,
     ) -> tuple[int, int]:
-        """The (rows, side) to run a prefill of shape (n, side) at: its own when compiled
-        (or `ready`: programs.py has it); else a larger one compiled, padded, while the
-        padding spent for want of its own stays within a compile (then its own); with
-        none larger, or nothing measured yet (positions_per_s 0), its side's power of two
-        (inputs.bucket) is compiled: one program for the octave, which later prefills of
-        sides below it run at until theirs have paid for their own."""
+        """The (rows, side) to run a prefill of shape (n, side) at (the rule above): its own
+        when compiled (or `ready`: programs.py has it) or once the padding spent for want
+        of it (`groups`) has cost a compile; else the smallest larger one compiled; else
+        its side's power of two. positions_per_s: this run's prefill rate (0: none yet)."""
         key = (kind, n, side)
-        if key in self.compiled or ready(n, side):
+        if self._known(key, ready) or self._paid(key, positions_per_s):
             return n, side
-        larger = [
-            (n2 * s2, n2, s2) for k, n2, s2 in self.compiled if k == kind and n2 >= n and s2 >= side
-        ]
-        if not larger or not self.compile_s or positions_per_s <= 0:
-            return n, inputs.bucket(side)
-        size, n2, s2 = min(larger)
-        spent = self.spent_s.get(key, 0.0) + (size - n * side) / positions_per_s
-        if spent > sum(self.compile_s) / len(self.compile_s):
-            return n, side  # compile it: the padding has cost as much
-        self.spent_s[key] = spent
-        return n2, s2
+        self._known((kind, n, inputs.bucket(side)), ready)  # (a larger one, if compiled)
+        larger = self._larger(kind, n, side)
+        if larger is not None:
+            return larger
+        return n, inputs.bucket(side)
+
+    def _paid(self, key: tuple[str, int, int], positions_per_s: float) -> bool:
+        """Whether the padding spent for want of `key` has cost a compile (measured)."""
+        if not self.compile_s or positions_per_s <= 0:
+            return False
+        return self.spent_s.get(key, 0.0) >= sum(self.compile_s) / len(self.compile_s)
+
+    def _larger(self, kind: str, n: int, side: int) -> tuple[int, int] | None:
+        """The smallest compiled (rows, side) of this kind that holds (n, side), or None."""
+        larger = [(n2 * s2, n2, s2) for k, n2, s2 in self.compiled if k == kind]
+        larger = [x for x in larger if x[1] >= n and x[2] >= side]
+        return min(larger)[1:] if larger else None
 
     def groups(
         self,
@@ -96,55 +104,23 @@ class PaddedShapes:
         ready: Callable[[int, int], bool] = lambda rows, side: False,
     ) -> list[list[int]]:
         """The requests of one admission cut into prefills: lists of indices into `sides`
-        (each request's side: inputs.prefill_side; each list ascending), each list to run
-        as one prefill at its longest side. ready(rows, side): whether a shape's program
-        is compiled already (programs.py keeps them across runs; this object knows those
-        it ran). A run is costed as `choose` will run it: at its own shape when compiled,
-        else at a larger one compiled, padded, or at its side's power of two, compiled (its
-        cost: what is left of a compile after the padding spent for want of it); the
-        padding this cut spends, beside the cut that would compile every shape it wants,
-        is spent on those shapes, which are compiled once it has paid for them."""
+        (one side a request: inputs.prefill_side), each list ascending, each to run as one
+        prefill at its longest side (`choose` says at which shape). ready(rows, side):
+        whether a shape's program is compiled already (programs.py keeps them across
+        runs; this object knows those it ran). The padding the cut spends beside the cut
+        with every compile free is spent for want of that cut's new shapes."""
         order = sorted(range(len(sides)), key=lambda i: -sides[i])
         rate = positions_per_s
         compile_s = sum(self.compile_s) / len(self.compile_s) if self.compile_s else 0.0
         measured = compile_s > 0 and rate > 0
+        # rows, side, whether compiles are free -> (cost, positions run, a shape wanted)
+        costs: dict[tuple[int, int, bool], tuple[float, int, tuple | None]] = {}
 
-        known: dict[tuple[int, int], bool] = {}  # (rows, side) -> compiled (ready is slow)
-
-        def compiled(rows: int, side: int) -> bool:
-            if (rows, side) not in known:
-                known[(rows, side)] = (kind, rows, side) in self.compiled or ready(rows, side)
-            return known[(rows, side)]
-
-        def cost(n: int, side: int, buy: bool) -> tuple[float, int, tuple | None]:
-            """(cost in positions, positions run, the shape compiled for it or None), as
-            `choose` would run it (buy) or with every compile free (not buy)."""
+        def cost(n: int, side: int, free: bool) -> tuple[float, int, tuple | None]:
             rows = prefill_rows(n, batch)
-            key, own = (kind, rows, side), rows * side + CALL_POSITIONS
-            if compiled(rows, side):
-                return own, own, None
-            padded = min(
-                (
-                    n2 * s2 + CALL_POSITIONS
-                    for k, n2, s2 in self.compiled
-                    if k == kind and n2 >= rows and s2 >= side
-                ),
-                default=float("inf"),
-            )
-            if not buy:
-                return (own, own, key) if own < padded else (padded, padded, None)
-            if measured and padded < float("inf") and self.spent_s.get(key, 0.0) >= compile_s:
-                return own, own, key  # (choose compiles it: its padding has paid)
-            coarse = inputs.bucket(side)  # what choose compiles with nothing larger
-            rest = UNMEASURED
-            if compiled(rows, coarse):
-                rest = 0.0
-            elif measured:
-                rest = max(compile_s - self.spent_s.get((kind, rows, coarse), 0.0), 0.0) * rate
-            fresh = rows * coarse + CALL_POSITIONS
-            if padded <= fresh + rest:
-                return padded, padded, None
-            return fresh + rest, fresh, (kind, rows, coarse)
+            if (rows, side, free) not in costs:
+                costs[(rows, side, free)] = self._cost(kind, rows, side, free, ready, rate)
+            return costs[(rows, side, free)]
 
         # Runs of a power of two requests (or of the batch), but the last: a run padded
         # with rows could take the next (shorter) requests at no cost, leaving the runs
@@ -153,14 +129,14 @@ class PaddedShapes:
         N = len(order)
         lengths = sorted({1 << k for k in range(N.bit_length())} | {min(batch, N)})
 
-        def cut(buy: bool) -> tuple[list[list[int]], int, list]:
-            """(runs, positions they run, shapes they compile): the least cost."""
+        def cut(free: bool) -> tuple[list[list[int]], int, list]:
+            """(runs, positions they run, the shapes they want): the least cost."""
             best: list[tuple[float, int, list]] = [(0.0, 0, [])]
             starts = [0]
             for i in range(1, N + 1):
                 options = []
                 for j in {i - n for n in lengths if n <= i} | (set(range(i)) if i == N else set()):
-                    c, ran, want = cost(i - j, sides[order[j]], buy)
+                    c, ran, want = cost(i - j, sides[order[j]], free)
                     b = best[j]
                     options.append((b[0] + c, b[1] + ran, b[2] + [want] * (want is not None), j))
                 c, ran, wanted, j = min(options, key=lambda o: (o[0], o[3]))
@@ -172,13 +148,40 @@ class PaddedShapes:
                 i = starts[i]
             return runs[::-1], best[-1][1], best[-1][2]
 
-        runs, ran, _ = cut(buy=True)
-        if measured:  # the padding spent for want of the shapes the free cut compiles
-            _, ran_free, wanted = cut(buy=False)
-            for key in wanted if ran > ran_free else []:
-                share = (ran - ran_free) / rate / len(wanted)
+        runs, ran, _ = cut(free=False)
+        if measured:  # the padding spent for want of the shapes the free cut runs at
+            _, ran_free, wanted = cut(free=True)
+            for key in set(wanted) if ran > ran_free else ():
+                share = (ran - ran_free) / rate / len(set(wanted))
                 self.spent_s[key] = self.spent_s.get(key, 0.0) + share
         return runs
+
+    def _cost(self, kind, rows, side, free, ready, rate) -> tuple[float, int, tuple | None]:
+        """A run of `rows` rows at `side` as `choose` will run it (free: with every
+        compile free, at its own shape): (cost in positions, positions run, the shape it
+        wants compiled, or None)."""
+        key, own = (kind, rows, side), rows * side + CALL_POSITIONS
+        if self._known(key, ready):
+            return own, own, None
+        if free or self._paid(key, rate):
+            return own, own, key  # (compiled at its run; the free cut's: wanted)
+        coarse = (kind, rows, inputs.bucket(side))
+        self._known(coarse, ready)
+        larger = self._larger(kind, rows, side)
+        if larger is not None:
+            padded = larger[0] * larger[1] + CALL_POSITIONS
+            return padded, padded, None
+        fresh = rows * coarse[2] + CALL_POSITIONS
+        compile_s = sum(self.compile_s) / len(self.compile_s) if self.compile_s else 0.0
+        rest = compile_s * rate if compile_s > 0 and rate > 0 else UNMEASURED
+        return fresh + rest, fresh, None
+
+    def _known(self, key: tuple[str, int, int], ready: Callable[[int, int], bool]) -> bool:
+        """Whether the shape `key` is compiled: run here, or `ready` (compiled by another
+        engine of the process: then kept in `compiled`, a larger shape to pad to)."""
+        if key not in self.compiled and ready(*key[1:]):
+            self.compiled.add(key)
+        return key in self.compiled
 
     def ran(self, kind: str, n: int, side: int, compile_s: float) -> None:
         """A prefill ran at (n, side), after compile_s seconds compiling it (0: it was;

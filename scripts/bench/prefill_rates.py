@@ -133,7 +133,7 @@ def engine_runs(model, rules: list[str], runs: int) -> dict:
             run = {
                 "prompts": len(ids),
                 "prompt_tokens": prompt_tokens,
-                "prefilled_positions": s.prefill_positions,
+                "prefill_positions": s.prefill_positions,
                 "padding": 1 - prompt_tokens / s.prefill_positions,
                 "prefill_calls": s.prefill_calls,
                 "prefill_s": s.prefill_s,
@@ -214,8 +214,8 @@ def main() -> None:
             shapes = ", ".join(f"{k}: {v}" for k, v in e["prefill_shapes"].items())
             lines.append(
                 f"| {RULES.get(rule, rule)} | {i + 1} | {e['prefill_s']:.2f} | "
-                f"{e['compile_s']:.1f} | {e['prefill_calls']} | {e['prefilled_positions']} | "
-                f"{e['padding']:.0%} | {e['prefilled_positions'] / e['prefill_s']:.0f} | "
+                f"{e['compile_s']:.1f} | {e['prefill_calls']} | {e['prefill_positions']} | "
+                f"{e['padding']:.0%} | {e['prefill_positions'] / e['prefill_s']:.0f} | "
                 f"{e['prompt_tokens'] / e['prefill_s']:.0f} | {e['decode_s']:.1f} | "
                 f"{e['wall_s']:.1f} | {shapes} |"
             )
