@@ -1,5 +1,6 @@
 """The generate CLI: the --json contract, streaming, and that it equals the Python API."""
 
+import io
 import json
 import os
 import re
@@ -94,13 +95,24 @@ def test_stream_plain_equals_lookahead_text(tiny_text_ckpt):
     # a chat template it ends its answer after a few tokens, one a step)
     common = ("--ckpt", str(tiny_text_ckpt), "--prompt", "abcabcabc", "--max-new-tokens", "40")
     a = run_cli(*common, "--stream", "--no-lookahead")
-    b = run_cli(*common, "--stream", "--lookahead", "4,4,4")
-    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    b = run_cli(*common, "--stream", "--lookahead", "4,4,4", "--color")  # into a pipe:
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr  # no escape codes
     assert a.stdout == b.stdout and len(a.stdout.strip()) >= 20
     assert "[plain]" in a.stderr and "[lookahead 4,4,4]" in b.stderr
     # not vacuous: fewer steps than tokens after the prefill's, so guesses were accepted
     tokens, steps = map(int, re.search(r"\] (\d+) tokens in .*?, (\d+) steps", b.stderr).groups())
     assert steps < tokens - 1, b.stderr
+
+
+def test_color_only_where_asked_or_on_a_terminal(monkeypatch):
+    from lookahead_jax.cli.generate import wants_color
+
+    tty, pipe = type("T", (), {"isatty": lambda self: True})(), io.StringIO()
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert wants_color("auto", tty) and not wants_color("auto", pipe)
+    assert wants_color("always", pipe) and not wants_color("never", tty)
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not wants_color("auto", tty)
 
 
 def test_bad_flags_exit_2_before_loading_anything():

@@ -146,11 +146,26 @@ def build_parser(prog: str = "python -m lookahead_jax.generate") -> argparse.Arg
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated")
     p.add_argument(
         "--color",
-        action="store_true",
-        help="show tokens that came from verified guesses (2nd+ token of a step) in green",
+        nargs="?",
+        const="auto",
+        default="never",
+        choices=("auto", "always", "never"),
+        help="show tokens that came from verified guesses (2nd+ token of a step) in green: "
+        "auto (a bare --color) only when stdout is a terminal and NO_COLOR is unset, "
+        "always, or never (the default)",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
+
+
+def wants_color(mode: str, stdout=None) -> bool:
+    """Whether --color `mode` colours this run's output: "always", or "auto" where stdout
+    is a terminal and NO_COLOR (no-color.org) is unset — escape codes in a file or a
+    pipe are noise."""
+    stdout = sys.stdout if stdout is None else stdout
+    if mode == "auto":
+        return stdout.isatty() and not os.environ.get("NO_COLOR")
+    return mode == "always"
 
 
 def stats_line(out, total_s: float) -> str:
@@ -233,7 +248,7 @@ def _validate(args):
         raise UserInputError("--stream and --json cannot be combined; choose one")
     if args.prompts is not None:
         for flag in ("stream", "json", "color", "distributed"):
-            if getattr(args, flag):
+            if getattr(args, flag) not in (False, None, "never"):
                 raise UserInputError(f"--{flag} does not apply to --prompts (dataset mode)")
         if args.batch is None:
             args.batch = DEFAULT_BATCH
@@ -296,6 +311,7 @@ def _check_against_checkpoint(args, prompt: str, lookahead):
 
 def _run(args, t_start: float) -> int:
     prompt, lookahead = _validate(args)
+    args.color = wants_color(args.color)
     from lookahead_jax.distributed.sharding import check_batch, parse_mesh
 
     mesh_sizes = parse_mesh(args.mesh) if args.mesh else None
