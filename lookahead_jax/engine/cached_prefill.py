@@ -66,7 +66,7 @@ class CachedPrefill:
             for cached, rows in enumerate(with_hits):
                 requests = [r for _, r, _ in rows]
                 hits = [h for _, _, h in rows] if cached else None
-                for group in device.prefill_groups(requests, hits, cache.pool) if rows else []:
+                for group in device.prefill_groups(requests, hits, cache.pool):
                     groups.append((cached, [rows[i] for i in group]))
             # every prefill first, then the stores: a store may evict a block that
             # another group's prefill reads (device calls run in order)

@@ -188,9 +188,11 @@ class DeviceSlots:
         are sharded: False, only those prefill_shapes.py ran count)."""
 
         def ready(rows: int, side: int) -> bool:
-            args = self.loop_args(rows, side)
+            if kind != "prompt":
+                return False
             room = self.P + self.new_positions - side
-            return kind == "prompt" and programs.ready(self.model, self.spec, room, args, "start")
+            args = self.loop_args(rows, side)
+            return programs.ready(self.model, self.spec, room, args, "start")
 
         return ready
 

@@ -83,9 +83,16 @@ class PaddedShapes:
             return larger
         return n, inputs.bucket(side)
 
+    def _compile_positions(self, positions_per_s: float) -> float | None:
+        """A compile's cost in positions at this rate (this engine's mean prefill
+        compile), or None before one was measured."""
+        if not self.compile_s or positions_per_s <= 0:
+            return None
+        return sum(self.compile_s) / len(self.compile_s) * positions_per_s
+
     def _paid(self, key: tuple[str, int, int], positions_per_s: float) -> bool:
         """Whether the padding spent for want of `key` has cost a compile (measured)."""
-        if not self.compile_s or positions_per_s <= 0:
+        if self._compile_positions(positions_per_s) is None:
             return False
         return self.spent_s.get(key, 0.0) >= sum(self.compile_s) / len(self.compile_s)
 
@@ -111,8 +118,6 @@ class PaddedShapes:
         with every compile free is spent for want of that cut's new shapes."""
         order = sorted(range(len(sides)), key=lambda i: -sides[i])
         rate = positions_per_s
-        compile_s = sum(self.compile_s) / len(self.compile_s) if self.compile_s else 0.0
-        measured = compile_s > 0 and rate > 0
         # rows, side, whether compiles are free -> (cost, positions run, a shape wanted)
         costs: dict[tuple[int, int, bool], tuple[float, int, tuple | None]] = {}
 
@@ -149,9 +154,9 @@ class PaddedShapes:
             return runs[::-1], best[-1][1], best[-1][2]
 
         runs, ran, _ = cut(free=False)
-        if measured:  # the padding spent for want of the shapes the free cut runs at
+        if self._compile_positions(rate) is not None:  # (measured) the padding spent
             _, ran_free, wanted = cut(free=True)
-            for key in set(wanted) if ran > ran_free else ():
+            for key in set(wanted) if ran > ran_free else ():  # for want of these
                 share = (ran - ran_free) / rate / len(set(wanted))
                 self.spent_s[key] = self.spent_s.get(key, 0.0) + share
         return runs
@@ -172,8 +177,8 @@ class PaddedShapes:
             padded = larger[0] * larger[1] + CALL_POSITIONS
             return padded, padded, None
         fresh = rows * coarse[2] + CALL_POSITIONS
-        compile_s = sum(self.compile_s) / len(self.compile_s) if self.compile_s else 0.0
-        rest = compile_s * rate if compile_s > 0 and rate > 0 else UNMEASURED
+        compile_positions = self._compile_positions(rate)
+        rest = UNMEASURED if compile_positions is None else compile_positions
         return fresh + rest, fresh, None
 
     def _known(self, key: tuple[str, int, int], ready: Callable[[int, int], bool]) -> bool:

@@ -239,9 +239,10 @@ class Scheduler:
             placed = [(s, a.request) for s, a in ready] + list(zip(free, taken, strict=False))
             self.prefix.admit(placed)
             return [a for a in admitted if not a.chunking] + [a for _, a in ready]
-        for group in device.prefill_groups(taken):  # (a group of all B rows into no state
-            fresh = device.prefill([taken[i] for i in group])  # is the state: no insert)
-            device.insert(fresh, [free[i] for i in group])  # the first len(taken) free slots
+        # taken[i] goes to free[i]; a group of all B rows into no state is the state
+        for group in device.prefill_groups(taken):
+            fresh = device.prefill([taken[i] for i in group])
+            device.insert(fresh, [free[i] for i in group])
         return admitted
 
     def cancel(self, request_id) -> Result | None:
