@@ -247,7 +247,7 @@ def test_online_requests_while_it_decodes(model64, monkeypatch, tmp_path):
     choice = autotune.Choice(config, 2.0, 1.0, 2.0, {})
     monkeypatch.setattr(autotune, "choose", lambda *a, **k: choice)
     modes = itertools.cycle([False, True])  # lookahead, plain, lookahead, ...
-    monkeypatch.setattr(RoundChoice, "plain", lambda self, R: next(modes))
+    monkeypatch.setattr(RoundChoice, "choose", lambda self, R, rows: (next(modes), False))
 
     def listener(update):
         updates.setdefault(update.id, []).append(update)

@@ -110,3 +110,26 @@ def test_a_separator_before_a_segment_does_not_lengthen_a_short_texts_match():
     tokens = jnp.array([memory + [5, 6]], jnp.int32)  # the text: 5 6
     cont, length, key_len = sm.propose(tokens, jnp.array([12]), key_max=3, span=4, count=1)
     assert key_len[0, 0] == 2 and length[0, 0] == 2 and cont[0, 0, :2].tolist() == [9, 9]
+
+
+def test_recall_takes_the_prefilled_state_donated(tiny_ckpts):
+    """A prefill's new rows start from the memory (recall) in a program that takes the
+    fresh state donated: every buffer it does not replace, the cache above all, is the
+    output's own (aliased in the compiled HLO), not a copy."""
+    from lookahead_jax.decoding import guess_memory, programs
+    from lookahead_jax.decoding.decode_state import DecodeSpec
+    from lookahead_jax.decoding.sampling import RowSampling
+    from lookahead_jax.engine.device_slots import recall_program
+
+    model = lj.load(tiny_ckpts["gqa"][1])
+    config = lj.LookaheadConfig.for_tokens(16)
+    spec = DecodeSpec(model.lm, tuple(model.eos_ids), False, config, cache_dtype="float32")
+    rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((2, *shape), dtype)  # noqa: E731
+    sampling = RowSampling.shaped(2)
+    args = (model.params, rows(16), rows(), rows(), rows(2, dtype=jnp.uint32), sampling)
+    state = programs.state_shape(model, spec, 32, args)
+    memories = jax.eval_shape(lambda: guess_memory.memories(spec))
+    hlo = recall_program().lower(state, memories, spec=spec, bucket=16).compile().as_text()
+    header = hlo.splitlines()[0]
+    aliased = header.count("alias)")
+    assert aliased >= len(jax.tree.leaves(state.cache)), header[:300]

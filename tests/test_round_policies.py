@@ -4,10 +4,11 @@
 
 from lookahead_jax.engine import row_buckets
 from lookahead_jax.engine.round_choice import (
-    FIRST_INTERVAL,
-    MARGIN,
+    HOPELESS_INTERVAL,
     WINDOW,
     RoundChoice,
+    RowAcceptance,
+    RowRound,
 )
 from lookahead_jax.engine.row_buckets import RowBuckets
 
@@ -41,54 +42,80 @@ def test_row_buckets_worked_example():
     assert RowBuckets(16, "auto").choose(3, lambda r: False, []) == 4  # nothing compiled
 
 
-def measured(rule: RoundChoice, R: int, lookahead: float, plain: float) -> None:
-    """The bucket's first rounds: two lookahead (the first is not measured: a program's
-    first run), then two plain, at these rates (tokens/s per live row)."""
-    for _ in range(2):
-        assert rule.plain(R) is False
-        rule.ran(R, False, 1.0, int(R * lookahead), R)
-    for _ in range(2):
-        assert rule.plain(R) is True
-        rule.ran(R, True, 1.0, int(R * plain), R)
+def run(
+    rule: RoundChoice,
+    R: int,
+    step_ms: dict,
+    rows: list[RowRound],
+    accept: list[float],
+    steps: int = 4,
+) -> tuple[bool, bool]:
+    """One round as the scheduler runs it: choose, then `ran` with each row emitting
+    accept[i] tokens a lookahead step (one a plain step) at these step costs (ms)."""
+    plain, probe = rule.choose(R, rows)
+    n = 1 if probe else steps
+    for r, a in zip(rows, accept, strict=True):
+        r.tokens, r.steps = (n if plain else round(a * n)), n
+    rule.ran(R, plain, n * step_ms["plain" if plain else "lookahead"] / 1e3, rows)
+    return plain, probe
 
 
-def test_round_choice_runs_the_faster_mode_and_re_measures_the_other():
-    rule = RoundChoice()
-    measured(rule, 16, lookahead=5, plain=8)
-    runs = []
-    for _ in range(60):  # plain wins: lookahead again after 4 rounds, then 8, 16, 32
-        plain = rule.plain(16)
-        runs.append(plain)
-        rule.ran(16, plain, 1.0, 16 * (8 if plain else 5), 16)
-    lookahead_rounds = [i for i, plain in enumerate(runs) if not plain]
-    assert lookahead_rounds == [FIRST_INTERVAL, 13, 30]  # 4 rounds, 8 more, 16 more
-    assert rule.rounds[(16, "plain")] == 2 + 57
-    # another bucket is judged on its own: 2 rows where lookahead wins
-    measured(rule, 2, lookahead=30, plain=20)
-    for _ in range(FIRST_INTERVAL):  # lookahead wins there, plain re-measured after 4
-        assert rule.plain(2) is False
-        rule.ran(2, False, 1.0, 2 * 30, 2)
-    assert rule.plain(2) is True
+def fresh(n: int, greedy: bool = True) -> list[RowRound]:
+    return [RowRound(greedy, RowAcceptance()) for _ in range(n)]
+
+
+def test_round_choice_probes_a_new_bucket_then_measures_plain():
+    """A new R: two one-step lookahead probes (the first untimed), then two plain rounds
+    (the first untimed); then the rows' acceptance over the costs decides."""
+    rule = RoundChoice(prior=2.0)
+    cost, rows = {"plain": 30.0, "lookahead": 36.0}, fresh(1)
+    seen = [run(rule, 1, cost, rows, [2.0]) for _ in range(4)]
+    assert seen == [(False, True), (False, True), (True, False), (True, False)]
+    assert rule.step_s(1, "lookahead") == 0.036 and rule.step_s(1, "plain") == 0.030
+    assert rows[0].acceptance.estimate == 2.0
+    assert run(rule, 1, cost, rows, [2.0]) == (False, False)  # 2 / 36 > 1.03 / 30
+
+
+def test_round_choice_worked_example():
+    """The module docstring's: at R = 16 lookahead is hopeless (11x a plain step, the best
+    row accepted 3.25): plain, and a one-step probe every HOPELESS_INTERVAL rounds; at
+    R = 1 a new greedy row counts as recent greedy rows (2.25 tokens a step), runs
+    lookahead, then plain once its own rounds of 1 token a step have drawn its figure
+    under the break-even, lookahead again after 4."""
+    rule = RoundChoice(prior=2.0)
+    small, big = {"plain": 30.0, "lookahead": 36.0}, {"plain": 70.0, "lookahead": 780.0}
+    earlier = fresh(1)
+    while rule.rounds.get((1, "lookahead"), 0) < 3 + WINDOW:  # a greedy row at R = 1
+        run(rule, 1, small, earlier, [3.25 if rule.rounds.get((1, "lookahead"), 0) < 3 else 2.25])
+    rows = fresh(16, greedy=False)
+    runs = [run(rule, 16, big, rows, [1.3] * 16) for _ in range(6 + 2 * HOPELESS_INTERVAL)]
+    assert runs[:4] == [(False, True), (False, True), (True, False), (True, False)]
+    assert rule.hopeless(16)
+    probes = [i for i, (plain, probe) in enumerate(runs) if not plain]
+    assert probes[2:] == [4 + HOPELESS_INTERVAL, 5 + 2 * HOPELESS_INTERVAL]
+    assert all(probe for plain, probe in runs if not plain)  # one step each
+    assert rule.kind_acceptance(True) == 2.25  # the last WINDOW greedy rounds
+    row = fresh(1)  # a new greedy row at R = 1: lookahead on its kind's figure
+    modes = [run(rule, 1, small, row, [1.0])[0] for _ in range(10)]
+    assert modes[:3] == [False] * 3  # its figure falls from its kind's 2.25 ...
+    assert rule.row_acceptance(row[0]) < 1.03 * 36 / 30  # ... under the break-even:
+    assert modes[5:] == [True] * 4 + [False]  # plain, lookahead re-measured after 4
     described = rule.describe()
-    assert described["2"]["lookahead"]["tokens_per_s_per_row"] == 30.0
-    assert described["16"]["plain"]["rounds"] == 59
+    assert described["16"]["lookahead"]["hopeless"] is True
+    assert described["16"]["plain"]["step_ms"] == 70.0
+    assert described["1"]["lookahead"]["tokens_per_s_per_row"] > 0
 
 
-def test_round_choice_flips_when_the_rows_accept_less():
-    """The rate is the last WINDOW rounds' tokens over their row-seconds: as the rows
-    live accept less, lookahead's rate falls under plain's and plain runs."""
-    rule = RoundChoice()
-    measured(rule, 4, lookahead=10, plain=8)
-    rates = []
-    for _ in range(WINDOW):  # lookahead runs; the rows now accept little: 4 tokens/s
-        assert rule.plain(4) is False
-        rule.ran(4, False, 1.0, 4 * 4, 4)
-        rates.append(rule.rate[(4, "lookahead")])
-        if rates[-1] * MARGIN < 8:
-            break
-    assert rates == [7.0]  # (10 + 4) / 2: under plain's 8 at once
-    runs = []
-    for _ in range(4):
-        runs.append(rule.plain(4))
-        rule.ran(4, runs[-1], 1.0, 4 * 8, 4)
-    assert runs == [True, True, True, False]  # lookahead re-measured 4 rounds after it last ran
+def test_round_choice_sums_each_rows_own_acceptance():
+    """Rows of different kinds share a round: a sampled row counts as sampled rows did,
+    a greedy one that repeats its prompt as itself; lookahead runs when their sum pays."""
+    rule = RoundChoice(prior=1.5)
+    cost = {"plain": 40.0, "lookahead": 90.0}  # 2.25x
+    greedy, sampled = fresh(1), fresh(1, greedy=False)
+    rows = [greedy[0], sampled[0]]
+    while rule.rounds.get((2, "lookahead"), 0) < 2 + WINDOW:  # (two one-step probes first)
+        run(rule, 2, cost, rows, [4.0, 1.25])
+    assert rule.kind_acceptance(False) == 1.25
+    assert run(rule, 2, cost, rows, [4.0, 1.25])[0] is False  # 5.25 / 90 > 2.06 / 40
+    newcomer = fresh(1, greedy=False)  # the greedy row left, a sampled one came
+    assert run(rule, 2, cost, [sampled[0], newcomer[0]], [1.25, 1.25])[0] is True  # 2.5 / 90

@@ -32,6 +32,7 @@ which slots, and when, is the host's (scheduler.py).
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +49,14 @@ from lookahead_jax.engine.stats import Stats
 from lookahead_jax.models import kv_pool
 
 _STATIC = ("spec", "bucket")
+
+
+def recall_program():
+    """guess_memory.recall jitted with the prefilled state donated, so that its other
+    buffers (the cache) pass through rather than being copied: a copy of 16 rows' cache
+    cost ~0.5 s an admission on a 2-core CPU (tests/test_guess_memory.py reads the
+    aliasing in its HLO)."""
+    return slot_state.program(guess_memory.recall, None, static_argnames=_STATIC, donate_argnums=0)
 
 
 class DeviceSlots:
@@ -249,7 +258,7 @@ class DeviceSlots:
         self._loop_ready()
         fresh = start(*args)
         if self.memory is not None and self.spec.lookahead is not None:
-            recall = slot_state.program(guess_memory.recall, None, static_argnames=_STATIC)
+            recall = recall_program()
             fresh = recall(fresh, self.memory.of(self.spec), spec=self.spec, bucket=P)
         return fresh
 
@@ -307,11 +316,13 @@ class DeviceSlots:
         self.state = self._insert(self.state, fresh, slots_n)
         self.to_retire_b[list(slots)] = False
 
-    def generate(self, steps_per_call: int, waiting: bool, plain: bool = False) -> None:
+    def generate(self, steps_per_call: int, waiting: bool, plain: bool = False) -> float:
         """Run the decode loop on every slot not done, for at most `steps_per_call` steps,
         or until a slot finishes if `waiting` (requests wait for a slot); rows the host
         ended are made done first. plain: plain steps over the lookahead state (auto's
-        choice for this round: round_choice.py)."""
+        choice for this round: round_choice.py). Returns the loop's own seconds (waited
+        for): not the retire before it, nor a compile of either (a step's cost, as
+        round_choice measures it)."""
         if self.to_retire_b.any():
             self.state = self._retire(self.state, self.to_retire_b)
             self.to_retire_b[:] = False
@@ -319,7 +330,11 @@ class DeviceSlots:
         self._loop_ready(name)
         steps = jnp.int32(steps_per_call)
         loop = self.loops[(self.rows, name)]
+        jax.block_until_ready(self.state)
+        t = time.perf_counter()
         self.state = loop(self.model.params, self.state, steps, jnp.bool_(waiting))
+        jax.block_until_ready(self.state)
+        return time.perf_counter() - t
 
     def resize(self, order: list[int], rows: int) -> None:
         """The state's rows become the slots `order` (rows of the current state, in their

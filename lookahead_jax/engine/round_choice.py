@@ -1,90 +1,209 @@
 """`auto`'s choice for each online decode round: the lookahead layout, or plain steps over
-the same state (decoding.run_loop's `plain`), whichever the rows live now decode faster
-at the round's row bucket.
+the same state (decoding.run_loop's `plain`), whichever the rows live now would decode
+faster at the round's row bucket R.
 
-A lookahead step of T tokens costs more than a plain step, and more so with more rows
-(a 16-row step on a CPU is compute-bound), while what it gains is what the live rows
-accept — greedy code far more than chat sampled at t = 1. Neither is known at start-up,
-and both move with the traffic, so they are measured as the rounds run: per row bucket R
-and mode, new tokens a second per live row over its last WINDOW rounds (their tokens
-over their row-seconds, so a short round weighs little; the first round of each is left
-out: it may carry a program's first-run costs). A round runs the faster mode at its R
-(lookahead must win by MARGIN); the other is run again now and then to keep its figure
-fresh: after 4 rounds, then 8, 16 up to 32 while the choice holds, back to 4 when it
-flips. A bucket starts with two lookahead rounds, then two plain ones. A round's rate
-is noisy (a shared CPU's speed moves by 20 % between runs; rows finish mid-round), so a
-small difference decides little either way; a large one (lookahead at twice plain's
-rate for one greedy row) is seen within a few rounds.
+A round's speed is what its rows accept over what its steps cost, and the two are
+measured apart, because they move for different reasons:
 
-Worked example (R = 16): lookahead rounds measure 5.1 tokens/s a row, plain 7.9: plain
-runs, and every 4th, then 8th, 16th ... round is a lookahead one. Load falls to 2 rows
-(R = 2): lookahead 31 tokens/s a row, plain 27: lookahead runs there, plain every so
-often. Tokens are the same whichever mode runs (every guess is verified).
+* cost: seconds per step at (R, mode), over the last WINDOW rounds of each. It belongs to
+  the programs and the machine: a lookahead step of T tokens at R rows computes R * T
+  positions, so on a 2-core CPU with T = 12 it costs ~1.2x a plain step at R = 1 and
+  ~11x at R = 16, where the arithmetic, not the weights, sets a step's time.
+* acceptance: each live row's own tokens per lookahead step, over its lookahead rounds
+  (the earlier ones decayed: a request's text grows more repetitive as it goes), drawn
+  toward what the recent rows of its kind accepted (greedy or sampled: sampling accepts
+  far less) by PRIOR_STEPS steps' weight — a new row counts as its kind, a row after a
+  few rounds as itself; before any lookahead round, as autotune expects of the layout
+  (`prior`).
+
+A round runs lookahead when its rows' summed acceptance over lookahead's step cost beats
+their count over plain's by MARGIN; so a greedy row that repeats its prompt runs
+lookahead at R = 1 while a server full of sampled chats runs plain, and a row's choice
+changes as its own acceptance does, not the average of whoever came before.
+
+The mode not chosen runs again now and then to keep its figures fresh: after 4 rounds,
+then 8, 16 up to 32 while the choice holds, back to 4 when it flips. Lookahead is
+*hopeless* at R when its cost ratio there is above the best acceptance any row showed in
+the last WINDOW lookahead rounds (even rows like that one could not pay for its steps):
+then it is re-measured only every HOPELESS_INTERVAL rounds, and by a probe of one step.
+A new R starts with two one-step lookahead probes (the first unmeasured: a program's first
+run may carry one-time costs), then plain rounds.
+
+Worked example (T = 12, a 2-core CPU): at R = 16 plain steps take 70 ms and lookahead
+steps 780 ms, 11x; the best row lately accepted 3.25 tokens a step: hopeless, so plain
+runs, and a one-step lookahead probe (0.8 s) every 128 rounds (~9 s) costs ~9 % of a
+round's time once in 128 rounds (<1 %). Load falls to one greedy row (R = 1): plain 30 ms,
+lookahead 36 ms (1.2x); the row is new and recent greedy rows accepted 2.25 tokens a
+step: 2.25 / 36 > 1.03 / 30, lookahead runs; its own rounds then read 1 token a step
+(none of its guesses land: a prose answer), and after a few its figure (1.18: its own
+drawn toward its kind's) is under the break-even 1.03 * 36 / 30 = 1.24: plain runs, and
+lookahead is tried again after 4 rounds. Tokens are the same whichever mode runs
+(every guess is verified).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 
-MARGIN = 1.03  # lookahead's rate over plain's needed to run it (as autotune.MARGIN)
-WINDOW = 8  # rounds a mode's rate is measured over
+MARGIN = 1.03  # lookahead's expected rate over plain's needed to run it (as autotune.MARGIN)
+WINDOW = 8  # rounds a cost (and the pooled acceptance) is measured over
 FIRST_INTERVAL, MAX_INTERVAL = 4, 32  # rounds between runs of the mode not chosen
+HOPELESS_INTERVAL = 128  # ... where lookahead cannot pay (then a one-step probe)
+ROW_DECAY = 0.7  # a row's earlier lookahead rounds' weight, per newer round
+PRIOR_STEPS = 4  # the weight, in steps, of a row's kind's acceptance in its own figure
+
+
+class RowAcceptance:
+    """One row's tokens per lookahead step, over its lookahead rounds (decayed)."""
+
+    def __init__(self):
+        self.tokens = self.steps = 0.0
+
+    def add(self, tokens: int, steps: int) -> None:
+        self.tokens = self.tokens * ROW_DECAY + tokens
+        self.steps = self.steps * ROW_DECAY + steps
+
+    @property
+    def estimate(self) -> float | None:
+        """Tokens per step, None before any lookahead step."""
+        return self.tokens / self.steps if self.steps > 0 else None
+
+
+@dataclasses.dataclass
+class RowRound:
+    """A live row as a round sees it: its kind, its acceptance so far, and (after the
+    round) the tokens it emitted and the steps it ran."""
+
+    greedy: bool
+    acceptance: RowAcceptance
+    tokens: int = 0
+    steps: int = 0
 
 
 class RoundChoice:
-    """The rule above: measured rates per (R, mode), and when to re-measure."""
+    """The rule above: measured costs per (R, mode), acceptance per row and per kind, and
+    when to re-measure. `prior`: tokens per lookahead step expected before any measured."""
 
-    def __init__(self):
-        self.rate: dict[tuple[int, str], float] = {}  # (R, mode) -> tokens/s per live row
+    def __init__(self, prior: float):
+        self.prior = prior
         self.rounds: dict[tuple[int, str], int] = {}  # (R, mode) -> rounds run
-        self._window: dict[tuple[int, str], collections.deque] = {}  # (tokens, row-seconds)
+        self._cost: dict[tuple[int, str], collections.deque] = {}  # (seconds, steps)
+        self._rate: dict[tuple[int, str], collections.deque] = {}  # (tokens, row-seconds)
+        # greedy? -> (tokens, row-steps) of its rows in the last lookahead rounds
+        self._kind = {k: collections.deque(maxlen=WINDOW) for k in (True, False)}
+        self._best: collections.deque = collections.deque(maxlen=WINDOW)  # a round's best row
         self._since: dict[int, int] = {}  # R -> rounds since the mode not chosen ran
         self._interval: dict[int, int] = {}  # R -> rounds between its runs
-        # R -> (plain chosen, exploring) at the last choice; None: a first measurement
+        # R -> (plain chosen, exploring) at the last choice; None: still measuring
         self._last: dict[int, tuple[bool, bool] | None] = {}
 
-    def _best_is_plain(self, R: int) -> bool:
-        return self.rate[(R, "plain")] * MARGIN > self.rate[(R, "lookahead")]
+    def step_s(self, R: int, mode: str) -> float | None:
+        """Seconds per step at R rows in `mode` ("plain" or "lookahead"), None unmeasured."""
+        window = self._cost.get((R, mode))
+        if not window:
+            return None
+        return sum(s for s, _ in window) / sum(n for _, n in window)
 
-    def plain(self, R: int) -> bool:
-        """Whether the next round at R rows runs plain steps."""
-        if (R, "lookahead") not in self.rate or (R, "plain") not in self.rate:
+    def kind_acceptance(self, greedy: bool) -> float:
+        """Tokens per lookahead step of recent rows of this kind (else the prior)."""
+        window = self._kind[greedy]
+        steps = sum(n for _, n in window)
+        return sum(t for t, _ in window) / steps if steps else self.prior
+
+    def row_acceptance(self, row: RowRound) -> float:
+        """A row's expected tokens per lookahead step: its own, drawn toward its kind's by
+        PRIOR_STEPS steps' weight (one probe step is a noisy figure; a few rounds are not)."""
+        own = row.acceptance
+        kind = self.kind_acceptance(row.greedy)
+        return (own.tokens + PRIOR_STEPS * kind) / (own.steps + PRIOR_STEPS)
+
+    def _expected(self, rows: list[RowRound]) -> float:
+        """Tokens a lookahead step is expected to emit for these rows."""
+        return sum(self.row_acceptance(r) for r in rows)
+
+    def hopeless(self, R: int) -> bool:
+        """Whether lookahead's step at R costs more, over plain's, than the best row seen
+        lately accepted a step (both costs measured)."""
+        la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
+        best = max(self._best, default=self.prior)
+        return la is not None and pl is not None and la / pl > max(best, 1.0)
+
+    def choose(self, R: int, rows: list[RowRound]) -> tuple[bool, bool]:
+        """(plain, probe) for the next round at R rows with these live rows: whether it
+        runs plain steps, and whether it is a lookahead probe of one step."""
+        la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
+        if la is None or pl is None:
             self._last[R] = None
-            return (R, "lookahead") in self.rate
-        best = self._best_is_plain(R)
-        explore = self._since.get(R, 0) >= self._interval.get(R, FIRST_INTERVAL)
+            return la is not None, la is None
+        best = len(rows) / pl * MARGIN >= self._expected(rows) / la
+        last = self._last.get(R)
+        if last is not None and last[0] != best:  # the rows now choose the other mode
+            self._since[R], self._interval[R] = 0, FIRST_INTERVAL
+        hopeless = self.hopeless(R)
+        interval = HOPELESS_INTERVAL if hopeless else self._interval.get(R, FIRST_INTERVAL)
+        explore = self._since.get(R, 0) >= interval
         self._last[R] = (best, explore)
-        return best != explore
+        plain = best != explore
+        return plain, not plain and hopeless
 
-    def ran(self, R: int, plain: bool, seconds: float, tokens: int, live: int) -> None:
-        """A round at R rows ran (plain or not) for `seconds`, its `live` rows emitting
-        `tokens` new tokens."""
+    def ran(self, R: int, plain: bool, seconds: float, rows: list[RowRound]) -> None:
+        """A round at R rows ran (plain or not) for `seconds`; `rows`: its live rows, with
+        the tokens each emitted and the steps each ran."""
         key = (R, "plain" if plain else "lookahead")
         self.rounds[key] = self.rounds.get(key, 0) + 1
-        if seconds <= 0 or live <= 0 or self.rounds[key] == 1:
-            return  # nothing to measure, or a first round
-        window = self._window.setdefault(key, collections.deque(maxlen=WINDOW))
-        window.append((tokens, seconds * live))
-        self.rate[key] = sum(t for t, _ in window) / sum(s for _, s in window)
+        if not plain:  # every row's acceptance counts, a first round's too
+            for r in rows:
+                if r.steps > 0:
+                    r.acceptance.add(r.tokens, r.steps)
+            for greedy in (True, False):
+                kind = [r for r in rows if r.greedy == greedy and r.steps > 0]
+                if kind:
+                    self._kind[greedy].append(
+                        (sum(r.tokens for r in kind), sum(r.steps for r in kind))
+                    )
+            measured = [self.row_acceptance(r) for r in rows if r.steps > 0]
+            if measured:
+                self._best.append(max(measured))
+        steps = max((r.steps for r in rows), default=0)
+        if seconds <= 0 or steps <= 0 or self.rounds[key] == 1:
+            return  # nothing to time, or a program's first run
+        self._cost.setdefault(key, collections.deque(maxlen=WINDOW)).append((seconds, steps))
+        self._rate.setdefault(key, collections.deque(maxlen=WINDOW)).append(
+            (sum(r.tokens for r in rows), seconds * len(rows))
+        )
         last = self._last.get(R)
-        if last is None:  # a first measurement
+        if last is None:  # still measuring
             self._since[R] = 0
             return
         chosen, explored = last
         if not explored:
             self._since[R] = self._since.get(R, 0) + 1
             return
-        flipped = self._best_is_plain(R) != chosen
+        flipped = (self.step_s(R, "lookahead") is not None) and self._flipped(R, chosen, rows)
         interval = self._interval.get(R, FIRST_INTERVAL)
         self._interval[R] = FIRST_INTERVAL if flipped else min(2 * interval, MAX_INTERVAL)
         self._since[R] = 0
 
+    def _flipped(self, R: int, chosen_plain: bool, rows: list[RowRound]) -> bool:
+        """Whether the rows just measured would now choose the other mode."""
+        la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
+        if la is None or pl is None or not rows:
+            return False
+        return (len(rows) / pl * MARGIN >= self._expected(rows) / la) != chosen_plain
+
     def describe(self) -> dict:
-        """Per row bucket: each mode's rate (tokens/s per live row) and rounds so far."""
+        """Per row bucket and mode: rounds, milliseconds a step, tokens/s per live row;
+        for lookahead, whether it is hopeless there."""
         out: dict[str, dict] = {}
-        for (R, mode), rate in sorted(self.rate.items()):
-            out.setdefault(str(R), {})[mode] = {
-                "tokens_per_s_per_row": round(rate, 2),
-                "rounds": self.rounds.get((R, mode), 0),
-            }
+        for (R, mode), n in sorted(self.rounds.items()):
+            seen: dict = {"rounds": n}
+            step = self.step_s(R, mode)
+            if step is not None:
+                tokens, row_s = (sum(x) for x in zip(*self._rate[(R, mode)], strict=True))
+                seen["step_ms"] = round(1e3 * step, 2)
+                seen["tokens_per_s_per_row"] = round(tokens / row_s, 2) if row_s else 0.0
+            if mode == "lookahead":
+                seen["hopeless"] = self.hopeless(R)
+            out.setdefault(str(R), {})[mode] = seen
         return out

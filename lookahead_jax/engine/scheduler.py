@@ -33,7 +33,7 @@ from lookahead_jax.engine import inputs, interrupts
 from lookahead_jax.engine.cached_prefill import CachedPrefill
 from lookahead_jax.engine.device_slots import DeviceSlots
 from lookahead_jax.engine.requests import Encoded, Result, TokenLogprob, Update
-from lookahead_jax.engine.round_choice import RoundChoice
+from lookahead_jax.engine.round_choice import RoundChoice, RowAcceptance, RowRound
 from lookahead_jax.engine.row_buckets import RowBuckets
 from lookahead_jax.engine.row_counts import RowCounts
 from lookahead_jax.engine.stats import Stats
@@ -53,6 +53,8 @@ class Active:
     chunked_tokens: int = 0  # ... of which this many so far
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # of its first tokens
     prompt_logprobs: list[TokenLogprob | None] | None = None  # read at its first collect
+    # its tokens per lookahead step so far (online auto's choice: round_choice.py)
+    acceptance: RowAcceptance = dataclasses.field(default_factory=RowAcceptance)
 
 
 class Scheduler:
@@ -112,7 +114,7 @@ class Scheduler:
         self.stats.rounds_by_rows = self.buckets.rounds
         self.round_choice = None
         if per_round and lookahead is not None and auto is not None and not multi:
-            self.round_choice = RoundChoice()
+            self.round_choice = RoundChoice(prior=auto.choice.expected_compression)
         self.stats.config = {
             "lookahead": None if lookahead is None else lookahead.describe(),
             "dtype": spec.cache_dtype,
@@ -159,26 +161,34 @@ class Scheduler:
             return finished
         if device.has_work():
             live = self._fit_rows()
-            choice = self.round_choice
-            plain = choice is not None and choice.plain(device.rows)
+            choice, plain, steps = self.round_choice, False, self._steps_per_call()
             if choice is not None:  # (rows to retire stop before the loop runs)
-                done_b, n_out_b = device.read("done", "n_out")
-                decoding_b = ~done_b & ~device.to_retire_b
+                done_b, n_out_b, steps_b = device.read("done", "n_out", "steps")
+                decoding = np.flatnonzero(~done_b & ~device.to_retire_b)
+                rows = [self._row_round(s) for s in decoding]
+                plain, probe = choice.choose(device.rows, rows)
+                steps = 1 if probe else steps
             t, compile_s = time.perf_counter(), stats.compile_s
-            device.generate(self._steps_per_call(), waiting=bool(self.queue), plain=plain)
-            jax.block_until_ready(device.state)
+            loop_s = device.generate(steps, waiting=bool(self.queue), plain=plain)
             seconds = time.perf_counter() - t - (stats.compile_s - compile_s)
             stats.decode_s += seconds
             stats.rounds += 1
             self.buckets.ran(live, device.rows, seconds)
             if choice is not None:
-                (n_after_b,) = device.read("n_out")
-                tokens = int(n_after_b.sum() - n_out_b.sum())
-                choice.ran(device.rows, plain, seconds, tokens, int(decoding_b.sum()))
+                n_after_b, steps_after_b = device.read("n_out", "steps")
+                for r, s in zip(rows, decoding, strict=True):
+                    r.tokens = int(n_after_b[s] - n_out_b[s])
+                    r.steps = int(steps_after_b[s] - steps_b[s])
+                choice.ran(device.rows, plain, loop_s, rows)
                 stats.per_round = choice.describe()
             self.counts.watch(self.occupied())
         finished += self._collect()
         return finished
+
+    def _row_round(self, s: int) -> RowRound:
+        """Slot s as auto's per-round choice sees it (round_choice.py)."""
+        a = self.active[s]
+        return RowRound(a.request.sampling.greedy, a.acceptance)
 
     def _rows_for(self, n: int) -> int:
         """The row bucket to hold slots 0 .. n-1 at (row_buckets.py)."""

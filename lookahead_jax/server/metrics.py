@@ -80,7 +80,14 @@ class Metrics:
         self.auto_rate = Gauge(
             "lookahead_auto_tokens_per_second_per_row",
             "What auto measured of each mode at each row bucket: new tokens a second per "
-            "live row (recent rounds weighted most); it runs the faster",
+            "live row over its last rounds",
+            ["rows", "mode"],
+            registry=r,
+        )
+        self.auto_step = Gauge(
+            "lookahead_auto_step_milliseconds",
+            "What a step costs at each row bucket in each mode, over its last rounds: auto "
+            "runs lookahead where the live rows' acceptance pays for its cost over plain's",
             ["rows", "mode"],
             registry=r,
         )
@@ -107,5 +114,8 @@ class Metrics:
         for rows, modes in dict(stats.per_round).items():
             for mode, seen in modes.items():
                 self.auto_rounds.labels(rows=rows, mode=mode).set(seen["rounds"])
-                self.auto_rate.labels(rows=rows, mode=mode).set(seen["tokens_per_s_per_row"])
+                if "step_ms" in seen:  # (a first round is not timed)
+                    self.auto_step.labels(rows=rows, mode=mode).set(seen["step_ms"])
+                    rate = seen["tokens_per_s_per_row"]
+                    self.auto_rate.labels(rows=rows, mode=mode).set(rate)
         return generate_latest(self.registry)
