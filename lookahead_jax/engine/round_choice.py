@@ -26,18 +26,19 @@ then 8, 16 up to 32 while the choice holds, back to 4 when it flips. Lookahead i
 *hopeless* at R when its cost ratio there is above the best acceptance any row showed in
 the last WINDOW lookahead rounds (even rows like that one could not pay for its steps):
 then it is re-measured only every HOPELESS_INTERVAL rounds, and by a probe of one step.
-A new R starts with two one-step lookahead probes (the first unmeasured: a program's first
-run may carry one-time costs), then plain rounds.
+A new R starts with three one-step lookahead probes (the first unmeasured: a program's
+first run may carry one-time costs), then plain rounds (the first unmeasured too).
 
 Worked example (T = 12, a 2-core CPU): at R = 16 plain steps take 70 ms and lookahead
 steps 780 ms, 11x; the best row lately accepted 3.25 tokens a step: hopeless, so plain
-runs, and a one-step lookahead probe (0.8 s) every 128 rounds (~9 s) costs ~9 % of a
-round's time once in 128 rounds (<1 %). Load falls to one greedy row (R = 1): plain 30 ms,
+runs, and a one-step lookahead probe (0.8 s) every 128 rounds (of 4 steps: ~36 s) costs
+~2 %. Load falls to one greedy row (R = 1): plain 30 ms,
 lookahead 36 ms (1.2x); the row is new and recent greedy rows accepted 2.25 tokens a
 step: 2.25 / 36 > 1.03 / 30, lookahead runs; its own rounds then read 1 token a step
-(none of its guesses land: a prose answer), and after a few its figure (1.18: its own
-drawn toward its kind's) is under the break-even 1.03 * 36 / 30 = 1.24: plain runs, and
-lookahead is tried again after 4 rounds. Tokens are the same whichever mode runs
+(none of its guesses land: a prose answer), and after a few (of 4 steps) its figure,
+1.18, is under the break-even 1.03 * 36 / 30 = 1.24 (its own 1.0, drawn toward its
+kind's, which its rounds have pulled down from 2.25 to 1.6): plain runs, and lookahead
+is tried again after 4 rounds. Tokens are the same whichever mode runs
 (every guess is verified).
 """
 
@@ -124,27 +125,38 @@ class RoundChoice:
 
     def hopeless(self, R: int) -> bool:
         """Whether lookahead's step at R costs more, over plain's, than the best row seen
-        lately accepted a step (both costs measured)."""
+        lately accepted a step (both costs measured, lookahead's by two rounds at least:
+        one noisy probe must not shut it out for HOPELESS_INTERVAL rounds)."""
         la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
-        best = max(self._best, default=self.prior)
-        return la is not None and pl is not None and la / pl > max(best, 1.0)
+        if la is None or pl is None or len(self._cost[(R, "lookahead")]) < 2:
+            return False
+        return la / pl > max(max(self._best, default=self.prior), 1.0)
+
+    def _plain_wins(self, R: int, rows: list[RowRound]) -> bool:
+        """Whether plain steps would emit these rows' tokens faster at R (both costs
+        measured): their number over plain's step cost, with MARGIN, against their
+        summed acceptance over lookahead's."""
+        la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
+        return len(rows) / pl * MARGIN >= self._expected(rows) / la
 
     def choose(self, R: int, rows: list[RowRound]) -> tuple[bool, bool]:
         """(plain, probe) for the next round at R rows with these live rows: whether it
         runs plain steps, and whether it is a lookahead probe of one step."""
-        la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
-        if la is None or pl is None:
+        if len(self._cost.get((R, "lookahead"), ())) < 2:  # probes first
             self._last[R] = None
-            return la is not None, la is None
-        best = len(rows) / pl * MARGIN >= self._expected(rows) / la
+            return False, True
+        if self.step_s(R, "plain") is None:
+            self._last[R] = None
+            return True, False
+        plain_wins = self._plain_wins(R, rows)
         last = self._last.get(R)
-        if last is not None and last[0] != best:  # the rows now choose the other mode
+        if last is not None and last[0] != plain_wins:  # the rows now choose the other mode
             self._since[R], self._interval[R] = 0, FIRST_INTERVAL
         hopeless = self.hopeless(R)
         interval = HOPELESS_INTERVAL if hopeless else self._interval.get(R, FIRST_INTERVAL)
         explore = self._since.get(R, 0) >= interval
-        self._last[R] = (best, explore)
-        plain = best != explore
+        self._last[R] = (plain_wins, explore)
+        plain = plain_wins != explore
         return plain, not plain and hopeless
 
     def ran(self, R: int, plain: bool, seconds: float, rows: list[RowRound]) -> None:
@@ -180,17 +192,10 @@ class RoundChoice:
         if not explored:
             self._since[R] = self._since.get(R, 0) + 1
             return
-        flipped = (self.step_s(R, "lookahead") is not None) and self._flipped(R, chosen, rows)
+        flipped = bool(rows) and self._plain_wins(R, rows) != chosen
         interval = self._interval.get(R, FIRST_INTERVAL)
         self._interval[R] = FIRST_INTERVAL if flipped else min(2 * interval, MAX_INTERVAL)
         self._since[R] = 0
-
-    def _flipped(self, R: int, chosen_plain: bool, rows: list[RowRound]) -> bool:
-        """Whether the rows just measured would now choose the other mode."""
-        la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
-        if la is None or pl is None or not rows:
-            return False
-        return (len(rows) / pl * MARGIN >= self._expected(rows) / la) != chosen_plain
 
     def describe(self) -> dict:
         """Per row bucket and mode: rounds, milliseconds a step, tokens/s per live row;
