@@ -265,6 +265,30 @@ def test_a_side_with_nothing_compiled_to_hold_it_compiles_its_octave_first():
     assert shapes.choose("prompt", 1, 112, 1000.0, ready=lambda rows, side: side == 112) == (1, 112)
 
 
+def test_a_paid_shape_compiles_in_the_background_while_a_larger_one_runs():
+    """With compile_soon (the engine's prompt prefills), a shape paid for is compiled
+    beside the rounds, the larger one running until it is ready; with nothing larger
+    compiled it is compiled at once."""
+    shapes = PaddedShapes()
+    shapes.ran("prompt", 1, 128, compile_s=3.0)
+    asked, compiled = [], set()
+    ready = lambda rows, side: (rows, side) in compiled  # noqa: E731
+    soon = lambda rows, side: asked.append((rows, side))  # noqa: E731
+    runs = []
+    for _ in range(66):
+        for run in shapes.groups("prompt", [80], 16, 1000.0, ready, background=True):
+            runs.append(shapes.choose("prompt", len(run), 80, 1000.0, ready, soon))
+            shapes.ran("prompt", *runs[-1], compile_s=0.0)
+        if len(asked) == 2:
+            compiled.add((1, 80))  # the background compile finished
+    assert runs[:62] == [(1, 128)] * 62  # as without compile_soon: 62 admissions of padding
+    assert runs[62:64] == [(1, 128)] * 2 and asked == [(1, 80)] * 2  # paid: compiling
+    assert runs[64:] == [(1, 80)] * 2  # ready
+    assert shapes.choose("prompt", 2, 96, 1000.0, ready, soon) == (2, 128)  # its octave's
+    shapes.spent_s[("prompt", 4, 80)] = 10.0  # paid, nothing larger: compiled now
+    assert shapes.choose("prompt", 4, 80, 1000.0, ready, soon) == (4, 80) and len(asked) == 2
+
+
 def test_prefill_sides_pad_a_quarter_octave_at_most():
     assert [inputs.prefill_side(n) for n in (1, 17, 64, 65, 81, 128, 129, 300, 513)] == [
         16, 32, 64, 80, 96, 128, 160, 320, 640,

@@ -189,7 +189,9 @@ class DeviceSlots:
         """The requests of one admission cut into prefills (prefill_shapes.groups): lists
         of indices into `requests`, each list one `prefill` (hits and pool as there)."""
         kind, sides = _sides(requests, hits, pool)
-        return self.padded.groups(kind, sides, self.B, self._prefill_rate(), self._ready(kind))
+        background = self._compile_soon(kind) is not None
+        rate = self._prefill_rate()
+        return self.padded.groups(kind, sides, self.B, rate, self._ready(kind), background)
 
     def _ready(self, kind: str):
         """ready(rows, side): whether the start program of a prefill of this kind and
@@ -205,6 +207,20 @@ class DeviceSlots:
 
         return ready
 
+    def _compile_soon(self, kind: str):
+        """compile_soon(rows, side): start compiling a prompt prefill's program of that
+        shape in the background (programs.compile_soon; `_ready` then tells when it is),
+        or None where readiness is not known that way (suffixes, a mesh)."""
+        if kind != "prompt" or self.model.mesh is not None:
+            return None
+
+        def compile_soon(rows: int, side: int) -> None:
+            room = self.P + self.new_positions - side
+            args = self.loop_args(rows, side)
+            programs.compile_soon(self.model, self.spec, room, args, "start")
+
+        return compile_soon
+
     def prefill(
         self,
         requests: list[Encoded],
@@ -218,7 +234,9 @@ class DeviceSlots:
         larger shape already compiled, padded (prefill_shapes.py)."""
         kind, sides = _sides(requests, hits, pool)  # the prompts', or the suffixes' past the blocks
         n = slot_state.prefill_rows(len(requests), self.B)
-        n, side = self.padded.choose(kind, n, max(sides), self._prefill_rate(), self._ready(kind))
+        n, side = self.padded.choose(
+            kind, n, max(sides), self._prefill_rate(), self._ready(kind), self._compile_soon(kind)
+        )
         P = side if hits is None else self.P
         pad = n - len(requests)
         prompt_np = np.zeros((n, P), np.int32)

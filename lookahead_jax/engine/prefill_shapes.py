@@ -13,9 +13,11 @@ suffixes padded past their ends are not read) at the price of its extra position
 n' side' - n side, at this run's prefill rate. The rule (`choose`): a compiled pair runs
 as it is; else it pads to the smallest larger one compiled while the padding spent for
 want of it stays below what compiling it costs (the mean of this engine's prefill
-compiles), then compiles — at most twice the better of the two in hindsight; with no
-larger one compiled it compiles its side's power of two (one program for the octave,
-which the octave's other sides then pad to).
+compiles), then compiles — at most twice the better of the two in hindsight; the
+engine's prompt prefills compile it in the background (`compile_soon`), padded to the
+larger one until it is ready, so that no request's time to first token holds a compile
+it did not need; with no larger one compiled it compiles its side's power of two (one
+program for the octave, which the octave's other sides then pad to).
 
 Worked example: compiles take 3 s, prefills run 1,000 positions/s, (8, 64) is compiled.
 Admissions of 2 prompts of side 32 run at (8, 64): 512 - 64 = 448 extra positions,
@@ -69,16 +71,24 @@ class PaddedShapes:
         side: int,
         positions_per_s: float,
         ready: Callable[[int, int], bool] = lambda rows, side: False,
+        compile_soon: Callable[[int, int], None] | None = None,
     ) -> tuple[int, int]:
         """The (rows, side) to run a prefill of shape (n, side) at (the rule above): its own
         when compiled (or `ready`: programs.py has it) or once the padding spent for want
         of it (`groups`) has cost a compile; else the smallest larger one compiled; else
-        its side's power of two. positions_per_s: this run's prefill rate (0: none yet)."""
+        its side's power of two. positions_per_s: this run's prefill rate (0: none yet).
+        compile_soon(rows, side): where given, a shape paid for while a larger one is
+        compiled is compiled in the background (the larger one runs until it is ready),
+        not inside some request's time to first token."""
         key = (kind, n, side)
-        if self._known(key, ready) or self._paid(key, positions_per_s):
+        if self._known(key, ready):
             return n, side
         self._known((kind, n, inputs.bucket(side)), ready)  # (a larger one, if compiled)
         larger = self._larger(kind, n, side)
+        if self._paid(key, positions_per_s):
+            if larger is None or compile_soon is None:
+                return n, side  # compiled now
+            compile_soon(n, side)  # beside the decode rounds, the prefills padded meanwhile
         if larger is not None:
             return larger
         return n, inputs.bucket(side)
@@ -109,13 +119,15 @@ class PaddedShapes:
         batch: int,
         positions_per_s: float,
         ready: Callable[[int, int], bool] = lambda rows, side: False,
+        background: bool = False,
     ) -> list[list[int]]:
         """The requests of one admission cut into prefills: lists of indices into `sides`
         (one side a request: inputs.prefill_side), each list ascending, each to run as one
         prefill at its longest side (`choose` says at which shape). ready(rows, side):
         whether a shape's program is compiled already (programs.py keeps them across
-        runs; this object knows those it ran). The padding the cut spends beside the cut
-        with every compile free is spent for want of that cut's new shapes."""
+        runs; this object knows those it ran); background: as `choose`'s compile_soon
+        is given. The padding the cut spends beside the cut with every compile free is
+        spent for want of that cut's new shapes."""
         order = sorted(range(len(sides)), key=lambda i: -sides[i])
         rate = positions_per_s
         # rows, side, whether compiles are free -> (cost, positions run, a shape wanted)
@@ -124,7 +136,9 @@ class PaddedShapes:
         def cost(n: int, side: int, free: bool) -> tuple[float, int, tuple | None]:
             rows = prefill_rows(n, batch)
             if (rows, side, free) not in costs:
-                costs[(rows, side, free)] = self._cost(kind, rows, side, free, ready, rate)
+                costs[(rows, side, free)] = self._cost(
+                    kind, rows, side, free, ready, rate, background
+                )
             return costs[(rows, side, free)]
 
         # Runs of a power of two requests (or of the batch), but the last: a run padded
@@ -161,19 +175,22 @@ class PaddedShapes:
                 self.spent_s[key] = self.spent_s.get(key, 0.0) + share
         return runs
 
-    def _cost(self, kind, rows, side, free, ready, rate) -> tuple[float, int, tuple | None]:
+    def _cost(
+        self, kind, rows, side, free, ready, rate, background
+    ) -> tuple[float, int, tuple | None]:
         """A run of `rows` rows at `side` as `choose` will run it (free: with every
-        compile free, at its own shape): (cost in positions, positions run, the shape it
-        wants compiled, or None)."""
+        compile free, at its own shape; background: whether choose compiles a paid shape
+        in the background): (cost in positions, positions run, the shape it wants
+        compiled, or None)."""
         key, own = (kind, rows, side), rows * side + CALL_POSITIONS
         if self._known(key, ready):
             return own, own, None
-        if free or self._paid(key, rate):
-            return own, own, key  # (compiled at its run; the free cut's: wanted)
         coarse = (kind, rows, inputs.bucket(side))
         self._known(coarse, ready)
         larger = self._larger(kind, rows, side)
-        if larger is not None:
+        if free or (self._paid(key, rate) and (larger is None or not background)):
+            return own, own, key  # (compiled at its run; the free cut's: wanted)
+        if larger is not None:  # (a paid one compiling in the background meanwhile)
             padded = larger[0] * larger[1] + CALL_POSITIONS
             return padded, padded, None
         fresh = rows * coarse[2] + CALL_POSITIONS
