@@ -11,10 +11,10 @@ measured apart, because they move for different reasons:
   ~11x at R = 16, where the arithmetic, not the weights, sets a step's time.
 * acceptance: each live row's own tokens per lookahead step, over its lookahead rounds
   (the earlier ones decayed: a request's text grows more repetitive as it goes), drawn
-  toward what the recent rows of its kind accepted (greedy or sampled: sampling accepts
-  far less) by PRIOR_STEPS steps' weight — a new row counts as its kind, a row after a
-  few rounds as itself; before any lookahead round, as autotune expects of the layout
-  (`prior`).
+  toward what the last KIND_ROWS rows of its kind accepted (greedy or sampled: sampling
+  accepts far less; each row once) by PRIOR_STEPS steps' weight — a new row counts as
+  its kind, a row after a few rounds as itself; before any lookahead round, as autotune
+  expects of the layout (`prior`).
 
 A round runs lookahead when its rows' summed acceptance over lookahead's step cost beats
 their count over plain's by MARGIN; so a greedy row that repeats its prompt runs
@@ -35,10 +35,10 @@ runs, and a one-step lookahead probe (0.8 s) every 128 rounds (of 4 steps: ~36 s
 ~2 %. Load falls to one greedy row (R = 1): plain 30 ms,
 lookahead 36 ms (1.2x); the row is new and recent greedy rows accepted 2.25 tokens a
 step: 2.25 / 36 > 1.03 / 30, lookahead runs; its own rounds then read 1 token a step
-(none of its guesses land: a prose answer), and after a few (of 4 steps) its figure,
-1.18, is under the break-even 1.03 * 36 / 30 = 1.24 (its own 1.0, drawn toward its
-kind's, which its rounds have pulled down from 2.25 to 1.6): plain runs, and lookahead
-is tried again after 4 rounds. Tokens are the same whichever mode runs
+(none of its guesses land: a prose answer), and after two (of 4 steps) its figure, 1.23,
+is under the break-even 1.03 * 36 / 30 = 1.24 (its own 1.0, drawn toward its kind's,
+now 1.63: the mean of the earlier row's 2.25 and its own): plain runs, and lookahead is
+tried again after 4 rounds. Tokens are the same whichever mode runs
 (every guess is verified).
 """
 
@@ -48,11 +48,12 @@ import collections
 import dataclasses
 
 MARGIN = 1.03  # lookahead's expected rate over plain's needed to run it (as autotune.MARGIN)
-WINDOW = 8  # rounds a cost (and the pooled acceptance) is measured over
+WINDOW = 8  # rounds a cost is measured over
 FIRST_INTERVAL, MAX_INTERVAL = 4, 32  # rounds between runs of the mode not chosen
 HOPELESS_INTERVAL = 128  # ... where lookahead cannot pay (then a one-step probe)
 ROW_DECAY = 0.7  # a row's earlier lookahead rounds' weight, per newer round
 PRIOR_STEPS = 4  # the weight, in steps, of a row's kind's acceptance in its own figure
+KIND_ROWS = 16  # the recent rows a kind's acceptance is the mean of
 
 
 class RowAcceptance:
@@ -91,8 +92,8 @@ class RoundChoice:
         self.rounds: dict[tuple[int, str], int] = {}  # (R, mode) -> rounds run
         self._cost: dict[tuple[int, str], collections.deque] = {}  # (seconds, steps)
         self._rate: dict[tuple[int, str], collections.deque] = {}  # (tokens, row-seconds)
-        # greedy? -> (tokens, row-steps) of its rows in the last lookahead rounds
-        self._kind = {k: collections.deque(maxlen=WINDOW) for k in (True, False)}
+        # greedy? -> the last KIND_ROWS rows of that kind to run lookahead, each once
+        self._kind: dict[bool, dict[RowAcceptance, None]] = {True: {}, False: {}}
         self._best: collections.deque = collections.deque(maxlen=WINDOW)  # a round's best row
         self._since: dict[int, int] = {}  # R -> rounds since the mode not chosen ran
         self._interval: dict[int, int] = {}  # R -> rounds between its runs
@@ -107,10 +108,11 @@ class RoundChoice:
         return sum(s for s, _ in window) / sum(n for _, n in window)
 
     def kind_acceptance(self, greedy: bool) -> float:
-        """Tokens per lookahead step of recent rows of this kind (else the prior)."""
-        window = self._kind[greedy]
-        steps = sum(n for _, n in window)
-        return sum(t for t, _ in window) / steps if steps else self.prior
+        """Tokens per lookahead step of the recent rows of this kind, each row's own
+        figure weighing once (not each round's: rows that accept well run lookahead more
+        rounds, and would lift the figure a new row starts from); else the prior."""
+        rows = [r.estimate for r in self._kind[greedy]]
+        return sum(rows) / len(rows) if rows else self.prior
 
     def row_acceptance(self, row: RowRound) -> float:
         """A row's expected tokens per lookahead step: its own, drawn toward its kind's by
@@ -168,12 +170,13 @@ class RoundChoice:
             for r in rows:
                 if r.steps > 0:
                     r.acceptance.add(r.tokens, r.steps)
-            for greedy in (True, False):
-                kind = [r for r in rows if r.greedy == greedy and r.steps > 0]
-                if kind:
-                    self._kind[greedy].append(
-                        (sum(r.tokens for r in kind), sum(r.steps for r in kind))
-                    )
+            for r in rows:
+                if r.steps > 0:
+                    kind = self._kind[r.greedy]
+                    kind.pop(r.acceptance, None)
+                    kind[r.acceptance] = None  # (the newest last)
+                    if len(kind) > KIND_ROWS:
+                        del kind[next(iter(kind))]
             measured = [self.row_acceptance(r) for r in rows if r.steps > 0]
             if measured:
                 self._best.append(max(measured))
