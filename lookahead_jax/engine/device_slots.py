@@ -193,31 +193,32 @@ class DeviceSlots:
         rate = self._prefill_rate()
         return self.padded.groups(kind, sides, self.B, rate, self._ready(kind), background)
 
+    def _start_key(self, rows: int, side: int) -> tuple:
+        """programs.py's (room for new positions, start arguments) of a prompt prefill of
+        this shape."""
+        return self.P + self.new_positions - side, self.loop_args(rows, side)
+
     def _ready(self, kind: str):
         """ready(rows, side): whether the start program of a prefill of this kind and
-        shape is compiled (programs.py; a suffix's, or any under a mesh, whose arguments
-        are sharded: False, only those prefill_shapes.py ran count)."""
+        shape is compiled (programs.py; a suffix's: False, only those prefill_shapes.py
+        ran count)."""
 
         def ready(rows: int, side: int) -> bool:
             if kind != "prompt":
                 return False
-            room = self.P + self.new_positions - side
-            args = self.loop_args(rows, side)
-            return programs.ready(self.model, self.spec, room, args, "start")
+            return programs.ready(self.model, self.spec, *self._start_key(rows, side), "start")
 
         return ready
 
     def _compile_soon(self, kind: str):
         """compile_soon(rows, side): start compiling a prompt prefill's program of that
         shape in the background (programs.compile_soon; `_ready` then tells when it is),
-        or None where readiness is not known that way (suffixes, a mesh)."""
+        or None where that is not done (suffixes, a mesh)."""
         if kind != "prompt" or self.model.mesh is not None:
             return None
 
         def compile_soon(rows: int, side: int) -> None:
-            room = self.P + self.new_positions - side
-            args = self.loop_args(rows, side)
-            programs.compile_soon(self.model, self.spec, room, args, "start")
+            programs.compile_soon(self.model, self.spec, *self._start_key(rows, side), "start")
 
         return compile_soon
 

@@ -80,18 +80,27 @@ class PaddedShapes:
         compile_soon(rows, side): where given, a shape paid for while a larger one is
         compiled is compiled in the background (the larger one runs until it is ready),
         not inside some request's time to first token."""
+        shape, how = self._plan(kind, n, side, positions_per_s, ready, compile_soon is not None)
+        if how == "soon":  # beside the decode rounds, the prefills padded meanwhile
+            compile_soon(n, side)
+        return shape
+
+    def _plan(self, kind, n, side, rate, ready, background) -> tuple[tuple[int, int], str]:
+        """How `choose` runs a prefill of shape (n, side): the shape, and why —
+        "compiled" (its own); "paid" (its own, compiled now: its padding paid for it);
+        "soon" (paid, but a larger compiled one runs while its own compiles in the
+        background); "padded" (the smallest larger one compiled); "octave" (its side's
+        power of two, compiled now)."""
         key = (kind, n, side)
         if self._known(key, ready):
-            return n, side
+            return (n, side), "compiled"
         self._known((kind, n, inputs.bucket(side)), ready)  # (a larger one, if compiled)
         larger = self._larger(kind, n, side)
-        if self._paid(key, positions_per_s):
-            if larger is None or compile_soon is None:
-                return n, side  # compiled now
-            compile_soon(n, side)  # beside the decode rounds, the prefills padded meanwhile
+        if self._paid(key, rate):
+            return ((n, side), "paid") if larger is None or not background else (larger, "soon")
         if larger is not None:
-            return larger
-        return n, inputs.bucket(side)
+            return larger, "padded"
+        return (n, inputs.bucket(side)), "octave"
 
     def _compile_positions(self, positions_per_s: float) -> float | None:
         """A compile's cost in positions at this rate (this engine's mean prefill
@@ -182,21 +191,17 @@ class PaddedShapes:
         compile free, at its own shape; background: whether choose compiles a paid shape
         in the background): (cost in positions, positions run, the shape it wants
         compiled, or None)."""
-        key, own = (kind, rows, side), rows * side + CALL_POSITIONS
-        if self._known(key, ready):
+        own = rows * side + CALL_POSITIONS
+        (n, side_run), how = self._plan(kind, rows, side, rate, ready, background)
+        if how == "compiled":
             return own, own, None
-        coarse = (kind, rows, inputs.bucket(side))
-        self._known(coarse, ready)
-        larger = self._larger(kind, rows, side)
-        if free or (self._paid(key, rate) and (larger is None or not background)):
-            return own, own, key  # (compiled at its run; the free cut's: wanted)
-        if larger is not None:  # (a paid one compiling in the background meanwhile)
-            padded = larger[0] * larger[1] + CALL_POSITIONS
-            return padded, padded, None
-        fresh = rows * coarse[2] + CALL_POSITIONS
-        compile_positions = self._compile_positions(rate)
-        rest = UNMEASURED if compile_positions is None else compile_positions
-        return fresh + rest, fresh, None
+        if free or how == "paid":
+            return own, own, (kind, rows, side)  # (compiled at its run; the free cut's: wanted)
+        ran = n * side_run + CALL_POSITIONS
+        if how == "octave":  # a compile too
+            compile_positions = self._compile_positions(rate)
+            return ran + (UNMEASURED if compile_positions is None else compile_positions), ran, None
+        return ran, ran, None  # padded (its own compiling in the background, if "soon")
 
     def _known(self, key: tuple[str, int, int], ready: Callable[[int, int], bool]) -> bool:
         """Whether the shape `key` is compiled: run here, or `ready` (compiled by another

@@ -32,14 +32,13 @@ first run may carry one-time costs), then plain rounds (the first unmeasured too
 Worked example (T = 12, a 2-core CPU): at R = 16 plain steps take 70 ms and lookahead
 steps 780 ms, 11x; the best row lately accepted 3.25 tokens a step: hopeless, so plain
 runs, and a one-step lookahead probe (0.8 s) every 128 rounds (of 4 steps: ~36 s) costs
-~2 %. Load falls to one greedy row (R = 1): plain 30 ms,
-lookahead 36 ms (1.2x); the row is new and recent greedy rows accepted 2.25 tokens a
-step: 2.25 / 36 > 1.03 / 30, lookahead runs; its own rounds then read 1 token a step
-(none of its guesses land: a prose answer), and after two (of 4 steps) its figure, 1.23,
-is under the break-even 1.03 * 36 / 30 = 1.24 (its own 1.0, drawn toward its kind's,
-now 1.63: the mean of the earlier row's 2.25 and its own): plain runs, and lookahead is
-tried again after 4 rounds. Tokens are the same whichever mode runs
-(every guess is verified).
+~2 %. Load falls to one greedy row (R = 1): plain 30 ms, lookahead 36 ms (1.2x); the row
+is new and recent greedy rows accepted 2.25 tokens a step: 2.25 / 36 > 1.03 / 30,
+lookahead runs; its own rounds then read 1 token a step (none of its guesses land: a
+prose answer), and after two (of 4 steps) its figure, 1.23, is under the break-even
+1.03 * 36 / 30 = 1.24 (its own 1.0, drawn toward its kind's, now 1.63: the mean of the
+earlier row's 2.25 and its own): plain runs, and lookahead is tried again after 4
+rounds. Tokens are the same whichever mode runs (every guess is verified).
 """
 
 from __future__ import annotations
@@ -90,8 +89,8 @@ class RoundChoice:
     def __init__(self, prior: float):
         self.prior = prior
         self.rounds: dict[tuple[int, str], int] = {}  # (R, mode) -> rounds run
-        self._cost: dict[tuple[int, str], collections.deque] = {}  # (seconds, steps)
-        self._rate: dict[tuple[int, str], collections.deque] = {}  # (tokens, row-seconds)
+        # (R, mode) -> its last WINDOW timed rounds: (seconds, steps, tokens, row-seconds)
+        self._timed: dict[tuple[int, str], collections.deque] = {}
         # greedy? -> the last KIND_ROWS rows of that kind to run lookahead, each once
         self._kind: dict[bool, dict[RowAcceptance, None]] = {True: {}, False: {}}
         self._best: collections.deque = collections.deque(maxlen=WINDOW)  # a round's best row
@@ -102,10 +101,10 @@ class RoundChoice:
 
     def step_s(self, R: int, mode: str) -> float | None:
         """Seconds per step at R rows in `mode` ("plain" or "lookahead"), None unmeasured."""
-        window = self._cost.get((R, mode))
+        window = self._timed.get((R, mode))
         if not window:
             return None
-        return sum(s for s, _ in window) / sum(n for _, n in window)
+        return sum(r[0] for r in window) / sum(r[1] for r in window)
 
     def kind_acceptance(self, greedy: bool) -> float:
         """Tokens per lookahead step of the recent rows of this kind, each row's own
@@ -130,7 +129,7 @@ class RoundChoice:
         lately accepted a step (both costs measured, lookahead's by two rounds at least:
         one noisy probe must not shut it out for HOPELESS_INTERVAL rounds)."""
         la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
-        if la is None or pl is None or len(self._cost[(R, "lookahead")]) < 2:
+        if la is None or pl is None or len(self._timed[(R, "lookahead")]) < 2:
             return False
         return la / pl > max(max(self._best, default=self.prior), 1.0)
 
@@ -144,7 +143,7 @@ class RoundChoice:
     def choose(self, R: int, rows: list[RowRound]) -> tuple[bool, bool]:
         """(plain, probe) for the next round at R rows with these live rows: whether it
         runs plain steps, and whether it is a lookahead probe of one step."""
-        if len(self._cost.get((R, "lookahead"), ())) < 2:  # probes first
+        if len(self._timed.get((R, "lookahead"), ())) < 2:  # probes first
             self._last[R] = None
             return False, True
         if self.step_s(R, "plain") is None:
@@ -183,10 +182,8 @@ class RoundChoice:
         steps = max((r.steps for r in rows), default=0)
         if seconds <= 0 or steps <= 0 or self.rounds[key] == 1:
             return  # nothing to time, or a program's first run
-        self._cost.setdefault(key, collections.deque(maxlen=WINDOW)).append((seconds, steps))
-        self._rate.setdefault(key, collections.deque(maxlen=WINDOW)).append(
-            (sum(r.tokens for r in rows), seconds * len(rows))
-        )
+        timed = (seconds, steps, sum(r.tokens for r in rows), seconds * len(rows))
+        self._timed.setdefault(key, collections.deque(maxlen=WINDOW)).append(timed)
         last = self._last.get(R)
         if last is None:  # still measuring
             self._since[R] = 0
@@ -208,7 +205,7 @@ class RoundChoice:
             seen: dict = {"rounds": n}
             step = self.step_s(R, mode)
             if step is not None:
-                tokens, row_s = (sum(x) for x in zip(*self._rate[(R, mode)], strict=True))
+                tokens, row_s = (sum(r[i] for r in self._timed[(R, mode)]) for i in (2, 3))
                 seen["step_ms"] = round(1e3 * step, 2)
                 seen["tokens_per_s_per_row"] = round(tokens / row_s, 2) if row_s else 0.0
             if mode == "lookahead":
