@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import re
 import signal
 import threading
 from collections import Counter
@@ -292,9 +293,14 @@ def test_online_requests_while_it_decodes(model64, monkeypatch, tmp_path):
     assert sum(modes.get("lookahead", {}).get("rounds", 0) for modes in per_round) > 0
 
 
-def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64, monkeypatch):
+def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(
+    model64, monkeypatch, caplog
+):
     """A prefill that raises (a device fault) ends the requests being admitted and those
-    waiting with finish "error", their listeners told; the next round serves afresh."""
+    waiting with finish "error", their listeners told; the next round serves afresh
+    (through `serve`, the server's loop, which logs a round slower than SLOW_ROUND_S with
+    where its seconds went: every round, at 0)."""
+    from lookahead_jax.engine import continuous
     from lookahead_jax.engine.device_slots import DeviceSlots
 
     real, failed = DeviceSlots.prefill, []
@@ -307,10 +313,12 @@ def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64,
 
     monkeypatch.setattr(DeviceSlots, "prefill", prefill_failing_once)
     ends: dict = {}
+    served = threading.Event()
 
     def listener(update):
         if update.result is not None:
             ends[update.id] = update.result
+            served.set()
 
     with jax.enable_x64(True):
         engine = lj.Engine(
@@ -322,10 +330,13 @@ def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64,
             engine.round()
         assert sorted(ends) == [0, 1, 2, 3] and {r.finish for r in ends.values()} == {"error"}
         assert engine.queued == 0 and engine.slots_in_use == 0
+        served.clear()
         engine.submit(lj.Request(PROMPTS[5], id=5), listener)
-        while engine.round():
-            pass
+        monkeypatch.setattr(continuous, "SLOW_ROUND_S", 0.0)
+        with caplog.at_level("WARNING", logger="lookahead_jax.engine"):
+            engine.serve(served)  # until request 5 ends
     assert ends[5].finish != "error"
+    assert re.search(r"a round took [\d.]+ s: .* decode calls at \d+ rows", caplog.text)
     assert ends[5].token_ids == reference(model64, 0.0)[5]
 
 

@@ -2,6 +2,8 @@
 (engine/row_buckets.py) and whether auto runs it with lookahead or plain steps
 (engine/round_choice.py). Their device side is tests/test_engine.py's."""
 
+import collections
+
 import pytest
 
 from lookahead_jax.engine import row_buckets
@@ -83,7 +85,8 @@ def test_round_choice_worked_example():
     row accepted 3.25): plain, and a one-step probe every HOPELESS_INTERVAL rounds; at
     R = 1 a new greedy row counts as recent greedy rows (2.25 tokens a step), runs
     lookahead, then plain once its own rounds of 1 token a step have drawn its figure
-    under the break-even, lookahead again after 4."""
+    under the break-even (calibrated: R = 1's rounds emitted less than predicted),
+    lookahead again after 4."""
     rule = RoundChoice(prior=2.0)
     small, big = {"plain": 30.0, "lookahead": 36.0}, {"plain": 70.0, "lookahead": 780.0}
     earlier = fresh(1)
@@ -98,9 +101,12 @@ def test_round_choice_worked_example():
     assert all(probe for plain, probe in runs if not plain)  # one step each
     assert rule.kind_acceptance(True) == pytest.approx(2.25, abs=0.01)  # (3.25 decayed)
     row = fresh(1)  # a new greedy row at R = 1: lookahead on its kind's figure
-    modes = [run(rule, 1, small, row, [1.0])[0] for _ in range(10)]
-    assert modes[:2] == [False] * 2  # its figure falls from its kind's 2.25 ...
-    assert rule.row_acceptance(row[0]) < 1.03 * 36 / 30  # ... under the break-even:
+    modes = [run(rule, 1, small, row, [1.0])[0]]
+    assert modes[0] is False  # its figure falls from its kind's 2.25 ...
+    calibrated = rule.calibration(1) * rule.row_acceptance(row[0])
+    assert calibrated == pytest.approx(1.17, abs=0.01)  # ... under the break-even:
+    assert calibrated < 1.03 * 36 / 30
+    modes += [run(rule, 1, small, row, [1.0])[0] for _ in range(9)]
     first = modes.index(True)  # plain, lookahead re-measured after 4 rounds
     assert first <= 5 and modes[first : first + 5] == [True] * 4 + [False]
     described = rule.describe()
@@ -136,3 +142,25 @@ def test_a_kinds_figure_weighs_each_row_once():
         rule.ran(1, False, 0.1, [RowRound(True, good, tokens=12, steps=4)])
     assert rule.kind_acceptance(True) == pytest.approx((1.0 + 3.0) / 2)
     assert rule.kind_acceptance(False) == 2.0  # no sampled row yet: the prior
+
+
+def test_a_buckets_calibration_scales_what_its_rows_figures_predict():
+    """The module docstring's calibrated example: at R = 16 (break-even 3.38 tokens a
+    step) rows whose records say 3.5 run lookahead and emit 2.8 a step; their own
+    figures barely move (3.46), but the bucket's calibration falls to 0.81, and plain
+    runs. Another bucket keeps its own (1.0)."""
+    rule = RoundChoice(prior=3.5)
+    cost = {"plain": 70.0, "lookahead": 230.0}
+    for key, step_s in (("lookahead", 0.23), ("plain", 0.07)):  # both measured already
+        rule.rounds[(16, key)] = 3
+        rule._timed[(16, key)] = collections.deque([(4 * step_s, 4, 0, 0)] * 2)
+    rows = [RowRound(True, RowAcceptance()) for _ in range(16)]
+    for r in rows:  # a long record of 3.5 a step (no decay left to speak of)
+        r.acceptance.tokens, r.acceptance.steps = 350.0, 100.0
+    assert rule.calibration(16) == 1.0
+    assert run(rule, 16, cost, rows, [2.8] * 16) == (False, False)  # 16 * 3.5 / 230 ms wins
+    assert rule.row_acceptance(rows[0]) == pytest.approx(3.46, abs=0.01)
+    assert rule.calibration(16) == pytest.approx((16 * 11 + 16) / (16 * 14 + 16))  # 0.8
+    assert run(rule, 16, cost, rows, [2.8] * 16)[0] is True  # 0.8 * 3.46 < 3.38: plain
+    assert rule.calibration(1) == 1.0
+    assert rule.describe()["16"]["lookahead"]["calibration"] == 0.8

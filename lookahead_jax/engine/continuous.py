@@ -45,6 +45,7 @@ in and whatever else runs.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import queue
 import threading
@@ -65,6 +66,9 @@ from lookahead_jax.engine.scheduler import Active, Scheduler
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+
+log = logging.getLogger("lookahead_jax.engine")
+SLOW_ROUND_S = 5.0  # a serving round longer than this is logged, with where its time went
 
 
 class _CtrlC(KeyboardInterrupt):
@@ -500,11 +504,38 @@ class Engine:
         (True) or stop, and without `on_error` the exception is raised."""
         while not stop.is_set():
             self._wake.clear()
+            t, before = time.perf_counter(), self._round_figures()
             try:
                 worked = self.round()
             except Exception as e:
                 if on_error is None or not on_error(e):
                     raise
                 continue
+            self._log_if_slow(time.perf_counter() - t, before)
             if not worked:
                 self._wake.wait(idle_wait_s)
+
+    def _round_figures(self) -> tuple[float, ...]:
+        """(compile_s, prefill_s, decode_s, prefill calls, loop rounds) of the online
+        stats so far (zeros before the first round)."""
+        if self._scheduler is None:
+            return (0.0,) * 5
+        st = self._scheduler.stats
+        return st.compile_s, st.prefill_s, st.decode_s, st.prefill_calls, st.rounds
+
+    def _log_if_slow(self, seconds: float, before: tuple[float, ...]) -> None:
+        """Log a round slower than SLOW_ROUND_S, with where its seconds went (a stall a
+        client sees as a late token: a program compiled while serving shows as compile
+        seconds; seconds no part claims are host work around the device calls)."""
+        if seconds < SLOW_ROUND_S or self._scheduler is None:
+            return
+        compile_s, prefill_s, decode_s, prefills, rounds = (
+            a - b for a, b in zip(self._round_figures(), before, strict=True)
+        )
+        other = seconds - compile_s - prefill_s - decode_s
+        log.warning(
+            "a round took %.1f s: %.1f s compiling, %.1f s in %d prefills, %.1f s in %d "
+            "decode calls at %d rows, %.1f s other",
+            seconds, compile_s, prefill_s, prefills, decode_s, rounds,
+            self._scheduler.device.rows, other,
+        )  # fmt: skip

@@ -16,10 +16,21 @@ measured apart, because they move for different reasons:
   its kind, a row after a few rounds as itself; before any lookahead round, as autotune
   expects of the layout (`prior`).
 
-A round runs lookahead when its rows' summed acceptance over lookahead's step cost beats
-their count over plain's by MARGIN; so a greedy row that repeats its prompt runs
-lookahead at R = 1 while a server full of sampled chats runs plain, and a row's choice
-changes as its own acceptance does, not the average of whoever came before.
+A round runs lookahead when its rows' summed acceptance, times the bucket's calibration
+(below), over lookahead's step cost beats their count over plain's by MARGIN; so a greedy
+row that repeats its prompt runs lookahead at R = 1 while a server full of sampled chats
+runs plain, and a row's choice changes as its own acceptance does, not the average of
+whoever came before.
+
+Calibration: per R, the tokens lookahead rounds emitted over what the rows' figures
+predicted for them (decayed by CAL_DECAY a round, from CAL_PRIOR predicted tokens at 1.0).
+A row's figure follows its recent rounds, and a greedy row's acceptance comes in bursts
+(a recalled span accepts 12 tokens a step, the next sentence 1): rounds chosen because
+the figures were high tend to come when a burst is ending. The dearer lookahead's step at
+R, the higher the figures must be, and the more the chosen rounds are such: at R = 16 on
+a 2-core CPU, with lookahead chosen only where it was expected to beat plain by 3 %, its
+rounds ran at 0.91x plain's rate (11.9 against 13.1 tokens/s a row,
+benchmarks/cpu/load_levels_32_rows), until the bucket's own record corrected them.
 
 The mode not chosen runs again now and then to keep its figures fresh: after 4 rounds,
 then 8, 16 up to 32 while the choice holds, back to 4 when it flips. Lookahead is
@@ -34,11 +45,19 @@ steps 780 ms, 11x; the best row lately accepted 3.25 tokens a step: hopeless, so
 runs, and a one-step lookahead probe (0.8 s) every 128 rounds (of 4 steps: ~36 s) costs
 ~2 %. Load falls to one greedy row (R = 1): plain 30 ms, lookahead 36 ms (1.2x); the row
 is new and recent greedy rows accepted 2.25 tokens a step: 2.25 / 36 > 1.03 / 30,
-lookahead runs; its own rounds then read 1 token a step (none of its guesses land: a
-prose answer), and after two (of 4 steps) its figure, 1.23, is under the break-even
-1.03 * 36 / 30 = 1.24 (its own 1.0, drawn toward its kind's, now 1.63: the mean of the
-earlier row's 2.25 and its own): plain runs, and lookahead is tried again after 4
+lookahead runs; its round then reads 1 token a step (none of its guesses land: a prose
+answer), and after it the row's figure is 1.31 (its own 1.0, drawn toward its kind's,
+now 1.63: the mean of the earlier row's 2.25 and its own), times R = 1's calibration,
+now 0.89 (the round emitted 4 tokens where 9 were predicted), 1.17: under the
+break-even 1.03 * 36 / 30 = 1.24, so plain runs, and lookahead is tried again after 4
 rounds. Tokens are the same whichever mode runs (every guess is verified).
+
+Calibrated: at R = 16, plain 70 ms and lookahead 230 ms a step (3.3x; break-even
+1.03 * 230 / 70 = 3.38 tokens a step), sixteen rows whose long records say 3.5 tokens a
+step run lookahead, and emit 2.8 a step for 4 steps. Their own figures barely move (3.46:
+a long record), but the bucket's calibration becomes (179 + 16) / (224 + 16) = 0.81
+(179 tokens emitted, 224 predicted), and 0.81 * 3.46 = 2.8 < 3.38: plain runs, and
+lookahead is re-measured after 4 rounds, which keeps the calibration fresh.
 """
 
 from __future__ import annotations
@@ -53,6 +72,8 @@ HOPELESS_INTERVAL = 128  # ... where lookahead cannot pay (then a one-step probe
 ROW_DECAY = 0.7  # a row's earlier lookahead rounds' weight, per newer round
 PRIOR_STEPS = 4  # the weight, in steps, of a row's kind's acceptance in its own figure
 KIND_ROWS = 16  # the recent rows a kind's acceptance is the mean of
+CAL_DECAY = 0.8  # a bucket's earlier lookahead rounds' weight in its calibration, per round
+CAL_PRIOR = 16.0  # predicted tokens at calibration 1.0 it starts from
 
 
 class RowAcceptance:
@@ -98,6 +119,8 @@ class RoundChoice:
         self._interval: dict[int, int] = {}  # R -> rounds between its runs
         # R -> (plain chosen, exploring) at the last choice; None: still measuring
         self._last: dict[int, tuple[bool, bool] | None] = {}
+        # R -> [tokens emitted, tokens predicted] by its lookahead rounds, decayed
+        self._calibrated: dict[int, list[float]] = {}
 
     def step_s(self, R: int, mode: str) -> float | None:
         """Seconds per step at R rows in `mode` ("plain" or "lookahead"), None unmeasured."""
@@ -120,9 +143,15 @@ class RoundChoice:
         kind = self.kind_acceptance(row.greedy)
         return (own.tokens + PRIOR_STEPS * kind) / (own.steps + PRIOR_STEPS)
 
-    def _expected(self, rows: list[RowRound]) -> float:
-        """Tokens a lookahead step is expected to emit for these rows."""
-        return sum(self.row_acceptance(r) for r in rows)
+    def calibration(self, R: int) -> float:
+        """What lookahead rounds at R emitted over what their rows' figures predicted
+        (decayed; from CAL_PRIOR predicted tokens at 1.0)."""
+        emitted, predicted = self._calibrated.get(R, (0.0, 0.0))
+        return (emitted + CAL_PRIOR) / (predicted + CAL_PRIOR)
+
+    def _expected(self, R: int, rows: list[RowRound]) -> float:
+        """Tokens a lookahead step at R is expected to emit for these rows, calibrated."""
+        return self.calibration(R) * sum(self.row_acceptance(r) for r in rows)
 
     def hopeless(self, R: int) -> bool:
         """Whether lookahead's step at R costs more, over plain's, than the best row seen
@@ -138,7 +167,7 @@ class RoundChoice:
         measured): their number over plain's step cost, with MARGIN, against their
         summed acceptance over lookahead's."""
         la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
-        return len(rows) / pl * MARGIN >= self._expected(rows) / la
+        return len(rows) / pl * MARGIN >= self._expected(R, rows) / la
 
     def choose(self, R: int, rows: list[RowRound]) -> tuple[bool, bool]:
         """(plain, probe) for the next round at R rows with these live rows: whether it
@@ -166,6 +195,11 @@ class RoundChoice:
         key = (R, "plain" if plain else "lookahead")
         self.rounds[key] = self.rounds.get(key, 0) + 1
         if not plain:  # every row's acceptance counts, a first round's too
+            ran = [r for r in rows if r.steps > 0]
+            predicted = sum(self.row_acceptance(r) * r.steps for r in ran)  # (before: as chosen)
+            calibrated = self._calibrated.setdefault(R, [0.0, 0.0])
+            calibrated[0] = calibrated[0] * CAL_DECAY + sum(r.tokens for r in ran)
+            calibrated[1] = calibrated[1] * CAL_DECAY + predicted
             for r in rows:
                 if r.steps > 0:
                     r.acceptance.add(r.tokens, r.steps)
@@ -210,5 +244,6 @@ class RoundChoice:
                 seen["tokens_per_s_per_row"] = round(tokens / row_s, 2) if row_s else 0.0
             if mode == "lookahead":
                 seen["hopeless"] = self.hopeless(R)
+                seen["calibration"] = round(self.calibration(R), 3)
             out.setdefault(str(R), {})[mode] = seen
         return out

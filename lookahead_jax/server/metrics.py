@@ -91,6 +91,13 @@ class Metrics:
             ["rows", "mode"],
             registry=r,
         )
+        self.auto_calibration = Gauge(
+            "lookahead_auto_calibration",
+            "At each row bucket, the tokens lookahead rounds emitted over what the rows' "
+            "acceptance predicted (decayed): auto scales its prediction by it",
+            ["rows"],
+            registry=r,
+        )
         self.compile_s = Gauge(
             "lookahead_compile_seconds",
             "Seconds spent compiling programs for new shapes, since the server started",
@@ -118,4 +125,6 @@ class Metrics:
                     self.auto_step.labels(rows=rows, mode=mode).set(seen["step_ms"])
                     rate = seen["tokens_per_s_per_row"]
                     self.auto_rate.labels(rows=rows, mode=mode).set(rate)
+                if "calibration" in seen:
+                    self.auto_calibration.labels(rows=rows).set(seen["calibration"])
         return generate_latest(self.registry)

@@ -7,7 +7,10 @@ a mix with every other request sampled at temperature 1.0 (seeded).
 
 Each (server, workload, concurrency) pass sends `--requests` requests (default: 4 at
 concurrency 1, else 2x the concurrency, cycling through the prompts), after a warm-up
-pass of every prompt with max_tokens 1 at each concurrency. A lone request's rate is also
+pass of every prompt with max_tokens `--warm-tokens` (8) at each concurrency: every
+prefill shape and row bucket the passes use has its programs compiled, and auto has
+opened each bucket (three one-step lookahead probes: ~3 s at 16 rows on a 2-core CPU),
+before anything is timed — a server's start-up, not its pace. A lone request's rate is also
 measured on a `--batch 16 --row-buckets off` plain server (every round steps all rows:
 the engine before row buckets). Reported per pass: total
 output tokens/s (completion tokens / the pass's wall time), the median request's
@@ -34,11 +37,13 @@ from serve_bench import drive, start_server, summarize  # noqa: E402
 WORKLOADS = ("greedy", "mix t=1.0")
 
 
-def passes(url: str, prompts: list[str], levels: list[int], max_tokens: int, requests: int):
+def passes(
+    url: str, prompts: list[str], levels: list[int], max_tokens: int, requests: int, warm: int
+):
     """{(workload, concurrency): (summary, texts)} on one running server."""
     out = {}
-    for c in levels:  # warm-up: every prompt's prefill shape at each concurrency
-        asyncio.run(drive(url, prompts, c, 1))
+    for c in levels:  # warm-up: every prompt's prefill shape, each row bucket's rounds
+        asyncio.run(drive(url, prompts, c, warm))
     for workload in WORKLOADS:
         for c in levels:
             n = requests or (4 if c == 1 else 2 * c)
@@ -72,6 +77,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=0, help="per pass (0: by concurrency)")
+    ap.add_argument("--warm-tokens", type=int, default=8, help="max_tokens of the warm-up")
     ap.add_argument("--out", default="benchmarks/cpu/load_levels")
     args = ap.parse_args()
 
@@ -90,7 +96,9 @@ def main() -> None:
         flags = ["--row-buckets", "off"] if "off" in mode else []
         proc, url = start_server(args.ckpt, batch, mode.split(",")[0], args.max_tokens, *flags)
         try:
-            got[(batch, mode)] = passes(url, prompts, lv, args.max_tokens, args.requests)
+            got[(batch, mode)] = passes(
+                url, prompts, lv, args.max_tokens, args.requests, args.warm_tokens
+            )
             rounds[(batch, mode)] = server_rounds(url)
         finally:
             proc.send_signal(signal.SIGTERM)
