@@ -31,6 +31,12 @@ def model64(tiny_ckpts):
         yield lj.load(tiny_ckpts["gqa"][1], dtype="float64")
 
 
+def FROM_THE_CACHE(*args, **kwargs):  # noqa: N802
+    """PaddedShapes.instead for tests of the cache's hits: a suffix whose shape would
+    compile never runs from scratch instead (the rule's own test: below)."""
+    return None
+
+
 def cached_blocks(prompt: list[int]) -> int:
     """The blocks a prompt may take from the cache: every full one before its last token."""
     return (len(prompt) - 1) // BLOCK
@@ -39,7 +45,8 @@ def cached_blocks(prompt: list[int]) -> int:
 # (lookahead rows starting from cached blocks: tests/test_server.py, whose server decodes
 # with tokens=16 and the cache on, each answer against a lone decode)
 @pytest.mark.parametrize("lookahead,temperature", [(None, 0.9)], ids=["plain-sampled"])
-def test_prefix_hits_decode_to_the_cold_tokens(model64, lookahead, temperature):
+def test_prefix_hits_decode_to_the_cold_tokens(model64, lookahead, temperature, monkeypatch):
+    monkeypatch.setattr(PaddedShapes, "instead", FROM_THE_CACHE)
     la = None if lookahead is None else lj.LookaheadConfig.parse(lookahead)
     kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=la, temperature=temperature, seed=3)
     with jax.enable_x64(True):
@@ -57,7 +64,8 @@ def test_prefix_hits_decode_to_the_cold_tokens(model64, lookahead, temperature):
     assert again == cold
 
 
-def test_a_next_turn_takes_the_answer_from_the_cache(model64):
+def test_a_next_turn_takes_the_answer_from_the_cache(model64, monkeypatch):
+    monkeypatch.setattr(PaddedShapes, "instead", FROM_THE_CACHE)
     kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=None)
     with jax.enable_x64(True):
         engine = lj.Engine(model64, prefix_cache_mb=1, **kw)
@@ -111,6 +119,31 @@ def test_prefills_padded_to_compiled_shapes_keep_the_tokens(model64):
     assert {i: results[i].token_ids for i in (4, 5)} == cold
     assert set(padded.spent_s) == {("suffix", 1, 32), ("prompt", 1, 32)}
     assert padded.compiled == {("prompt", 1, 64), ("suffix", 4, 32)}
+
+
+def test_a_suffix_that_would_compile_runs_from_scratch_meanwhile(model64):
+    """A request whose suffix shape has no compiled program to run at prefills from
+    scratch at a prompt shape compiled (recomputing two blocks costs less than a
+    compile), its suffix shape compiling in the background; the next one runs from the
+    cache at it. The tokens are a cold decode's."""
+    from lookahead_jax.decoding import programs
+
+    with jax.enable_x64(True):
+        kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=None)
+        cold = {r.id: r.token_ids for r in lj.Engine(model64, **kw).run(PROMPTS)}
+        # 32 new positions: programs of its own (no other test's suffix shapes ready)
+        engine = lj.Engine(model64, **{**kw, "max_new_tokens": 2 * MAX_NEW}, prefix_cache_mb=1)
+        results = {}
+        listen = lambda u: u.result and results.setdefault(u.result.id, u.result)  # noqa: E731
+        for i in (0, 1, 2):  # one at a time: [1, 64]; then suffixes of 17 and 28 tokens
+            engine.submit(lj.Request(PROMPTS[i], id=i, max_new_tokens=MAX_NEW), listen)
+            while engine.round():
+                pass
+            for pending in list(programs._PENDING.values()):
+                pending.result()  # (the background compile, finished before the next)
+    assert {i: results[i].token_ids for i in (0, 1, 2)} == {i: cold[i] for i in (0, 1, 2)}
+    assert engine.stats.prefill_shapes == {"1x64": 2, "1x32 after cache": 1}
+    assert engine.stats.prefix_hits == 1  # (the second's blocks were computed, not found)
 
 
 LONG = [

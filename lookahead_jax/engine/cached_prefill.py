@@ -58,16 +58,20 @@ class CachedPrefill:
             with_hits: tuple[list, list] = ([], [])
             for s, r in placed:
                 hits = cache.hits(r.ids)
-                # a chunked prompt's own blocks were computed, not found
-                own = self.scheduler.active[s].chunked_tokens
-                stats.count_prefix(len(r.ids), max(len(hits) * cache.block - own, 0))
                 with_hits[bool(hits)].append((s, r, hits))
             groups = []
             for cached, rows in enumerate(with_hits):
                 requests = [r for _, r, _ in rows]
                 hits = [h for _, _, h in rows] if cached else None
                 for group in device.prefill_groups(requests, hits, cache.pool):
-                    groups.append((cached, [rows[i] for i in group]))
+                    groups.append(
+                        (cached and not self._from_scratch(rows, group), [rows[i] for i in group])
+                    )
+            for cached, g in groups:
+                for s, r, hits in g:  # a chunked prompt's own blocks were computed, not found
+                    own = self.scheduler.active[s].chunked_tokens
+                    found = len(hits) * cache.block - own if cached else 0
+                    stats.count_prefix(len(r.ids), max(found, 0))
             # every prefill first, then the stores: a store may evict a block that
             # another group's prefill reads (device calls run in order)
             fresh = [
@@ -82,6 +86,17 @@ class CachedPrefill:
                     cache.pool = device.store_blocks(cache.pool, state, entries)
                 device.insert(state, [s for s, _, _ in g])
             placed = later
+
+    def _from_scratch(self, rows: list, group: list[int]) -> bool:
+        """Whether the rows `group` of `rows` [(slot, request, hits)], which have cached
+        blocks, prefill from scratch instead, their suffix shape compiling in the
+        background (device_slots.prompt_instead) — not a chunked prompt's: its rest is
+        long, and computing its chunks again is what chunking avoids."""
+        g = [rows[i] for i in group]
+        if any(self.scheduler.active[s].chunked_tokens for s, _, _ in g):
+            return False
+        requests, hits = [r for _, r, _ in g], [h for _, _, h in g]
+        return self.device.prompt_instead(requests, hits, self.cache.pool)
 
     def _to_chunk(self, slot: int, request, admitting: AbstractSet[int]) -> bool:
         """Whether to prefill this request in chunks (and mark it so): its prompt past

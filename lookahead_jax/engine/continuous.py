@@ -356,7 +356,8 @@ class Engine:
         """Decode `request` offline, then compile the decode loops of every row bucket at
         the shapes it ran at (with max_prompt_tokens: the online rounds' own; with auto
         its plain rounds' too), so that the first requests do not wait for a loop
-        whichever number of them is live. (Smaller programs still compile at their first
+        whichever number of them is live; with the prefix cache, the prefill of one row's
+        short rest after cached blocks too. (Smaller programs still compile at their first
         use: prefills of other row counts and prompt buckets, and the slot edits of
         slot_state.py per row bucket, a fraction of a second each.) The stats start
         afresh after it."""
@@ -364,8 +365,16 @@ class Engine:
         for _ in self._drive(scheduler, end_interrupted=False):
             pass
         rows = row_buckets.buckets(self.batch) if scheduler.buckets.mode is not False else []
-        names = scheduler.device.loop_names(scheduler.round_choice is not None)
-        scheduler.device.compile_loops(rows or [self.batch], names)
+        device = scheduler.device
+        names = device.loop_names(scheduler.round_choice is not None)
+        # with the prefix cache, one row after cached blocks (the smallest side: a next
+        # turn's short message, or a chat past the template's cached system prompt)
+        pool = None if scheduler.prefix is None else scheduler.prefix.cache.pool
+        if pool is not None:
+            device.compile_prefill(1, inputs.prefill_side(1), pool, wait=False)
+        device.compile_loops(rows or [self.batch], names)
+        if pool is not None:
+            device.compile_prefill(1, inputs.prefill_side(1), pool)
         self.stats = Stats(batch=self.batch)
 
     # ------------------------------------------------------------------ online

@@ -189,36 +189,75 @@ class DeviceSlots:
         """The requests of one admission cut into prefills (prefill_shapes.groups): lists
         of indices into `requests`, each list one `prefill` (hits and pool as there)."""
         kind, sides = _sides(requests, hits, pool)
-        background = self._compile_soon(kind) is not None
+        pool = None if hits is None else pool  # (its programs: a prompt prefill's)
+        background = self._compile_soon(pool) is not None
         rate = self._prefill_rate()
-        return self.padded.groups(kind, sides, self.B, rate, self._ready(kind), background)
+        return self.padded.groups(kind, sides, self.B, rate, self._ready(pool), background)
 
-    def _start_key(self, rows: int, side: int) -> tuple:
-        """programs.py's (room for new positions, start arguments) of a prompt prefill of
-        this shape."""
-        return self.P + self.new_positions - side, self.loop_args(rows, side)
+    def prompt_instead(self, requests: list[Encoded], hits: list[list[int]], pool) -> bool:
+        """Whether these requests, which have cached blocks, prefill from scratch (as
+        prompts, hits ignored) because their suffix shape would compile now and a prompt
+        shape compiled runs them for fewer positions than a compile costs
+        (prefill_shapes.instead); their suffix shape then compiles in the background."""
+        soon = self._compile_soon(pool)
+        if soon is None or multihost.is_multiprocess():  # (processes must run alike)
+            return False
+        n = slot_state.prefill_rows(len(requests), self.B)
+        _, suffix_sides = _sides(requests, hits, pool)
+        _, prompt_sides = _sides(requests, None, None)
+        if max(prompt_sides) > self.P:
+            return False
+        shape = self.padded.instead(
+            n, max(suffix_sides), max(prompt_sides), self._prefill_rate(),
+            self._ready(pool), self._ready(None),
+        )  # fmt: skip
+        if shape is not None:
+            soon(*shape)
+        return shape is not None
 
-    def _ready(self, kind: str):
-        """ready(rows, side): whether the start program of a prefill of this kind and
-        shape is compiled (programs.py; a suffix's: False, only those prefill_shapes.py
-        ran count)."""
+    def compile_prefill(self, rows: int, side: int, pool=None, wait: bool = True) -> None:
+        """Compile the start program of a prefill of (rows, side) — a prompt's, or with
+        `pool` one after cached blocks — or with `wait` False start compiling it in the
+        background (prefill_shapes.py then finds it compiled: `_ready`)."""
+        if not wait and self._compile_soon(pool) is not None:
+            self._compile_soon(pool)(rows, side)
+            return
+        self._compiled(*self._start_key(rows, side, pool), "start")
+
+    def _start_key(self, rows: int, side: int, pool: kv_pool.KVPool | None = None) -> tuple:
+        """programs.py's (room for new positions, start arguments) of a prefill of this
+        shape: a prompt prefill's (side: its prompt side); with `pool`, a prefill after
+        cached blocks (side: the suffixes'; the prompt side is the state's P)."""
+        if pool is None:
+            return self.P + self.new_positions - side, self.loop_args(rows, side)
+        like = lambda *shape: jax.ShapeDtypeStruct((rows, *shape), jnp.int32)  # noqa: E731
+        pool_like = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), pool
+        )
+        prefix = CachedPrefix(pool_like, like(self.P // pool.block), like(), like(side))
+        return self.new_positions, (*self.loop_args(rows), prefix)
+
+    def _ready(self, pool: kv_pool.KVPool | None):
+        """ready(rows, side): whether the start program of a prefill of that shape is
+        compiled (programs.py): a prompt prefill's, or with `pool` one after cached
+        blocks."""
 
         def ready(rows: int, side: int) -> bool:
-            if kind != "prompt":
-                return False
-            return programs.ready(self.model, self.spec, *self._start_key(rows, side), "start")
+            key = self._start_key(rows, side, pool)
+            return programs.ready(self.model, self.spec, *key, "start")
 
         return ready
 
-    def _compile_soon(self, kind: str):
-        """compile_soon(rows, side): start compiling a prompt prefill's program of that
-        shape in the background (programs.compile_soon; `_ready` then tells when it is),
-        or None where that is not done (suffixes, a mesh)."""
-        if kind != "prompt" or self.model.mesh is not None:
+    def _compile_soon(self, pool: kv_pool.KVPool | None):
+        """compile_soon(rows, side): start compiling the start program of a prefill of
+        that shape (as `_ready`'s) in the background (programs.compile_soon; `_ready` then
+        tells when it is), or None where that is not done (a mesh)."""
+        if self.model.mesh is not None:
             return None
 
         def compile_soon(rows: int, side: int) -> None:
-            programs.compile_soon(self.model, self.spec, *self._start_key(rows, side), "start")
+            key = self._start_key(rows, side, pool)
+            programs.compile_soon(self.model, self.spec, *key, "start")
 
         return compile_soon
 
@@ -235,9 +274,11 @@ class DeviceSlots:
         larger shape already compiled, padded (prefill_shapes.py)."""
         kind, sides = _sides(requests, hits, pool)  # the prompts', or the suffixes' past the blocks
         n = slot_state.prefill_rows(len(requests), self.B)
+        pool_key = None if hits is None else pool  # (its programs: a prompt prefill's)
         n, side = self.padded.choose(
-            kind, n, max(sides), self._prefill_rate(), self._ready(kind), self._compile_soon(kind)
-        )
+            kind, n, max(sides), self._prefill_rate(), self._ready(pool_key),
+            self._compile_soon(pool_key),
+        )  # fmt: skip
         P = side if hits is None else self.P
         pad = n - len(requests)
         prompt_np = np.zeros((n, P), np.int32)

@@ -24,6 +24,14 @@ Admissions of 2 prompts of side 32 run at (8, 64): 512 - 64 = 448 extra position
 0.45 s spent for want of (2, 32) each time. The seventh brings it to 3.1 s >= 3 s: it
 compiles (2, 32) instead, and the later ones run at it.
 
+A suffix whose shape would compile now (no larger suffix shape compiled, or its padding
+paid) may run instead as a prompt prefill of its rows from scratch, at a prompt shape
+compiled (`instead`), while its own compiles in the background: when that costs fewer
+extra positions (the cached blocks computed again, the prompt shape's padding) than the
+compile. A server's chat prompts share the template's system prompt, so after the first
+request every prompt is a suffix, of any length: each new suffix octave compiled in the
+foreground held 4-6 s of some request's time to first token (a 2-core Intel Xeon).
+
 Which requests of an admission share a prefill (`groups`): a prefill of n prompts runs
 prefill_rows(n) rows (a power of two) at its longest prompt's side, so grouping by side
 alone pads rows: 10 prompts of side 128 and 6 of side 64 ran [16, 128] and [8, 64], 2,560
@@ -80,12 +88,12 @@ class PaddedShapes:
         compile_soon(rows, side): where given, a shape paid for while a larger one is
         compiled is compiled in the background (the larger one runs until it is ready),
         not inside some request's time to first token."""
-        shape, how = self._plan(kind, n, side, positions_per_s, ready, compile_soon is not None)
+        shape, how = self.plan(kind, n, side, positions_per_s, ready, compile_soon is not None)
         if how == "soon":  # beside the decode rounds, the prefills padded meanwhile
             compile_soon(n, side)
         return shape
 
-    def _plan(self, kind, n, side, rate, ready, background) -> tuple[tuple[int, int], str]:
+    def plan(self, kind, n, side, rate, ready, background) -> tuple[tuple[int, int], str]:
         """How `choose` runs a prefill of shape (n, side): the shape, and why —
         "compiled" (its own); "paid" (its own, compiled now: its padding paid for it);
         "soon" (paid, but a larger compiled one runs while its own compiles in the
@@ -101,6 +109,33 @@ class PaddedShapes:
         if larger is not None:
             return larger, "padded"
         return (n, inputs.bucket(side)), "octave"
+
+    def instead(
+        self,
+        n: int,
+        suffix_side: int,
+        prompt_side: int,
+        positions_per_s: float,
+        ready_suffix: Callable[[int, int], bool],
+        ready_prompt: Callable[[int, int], bool],
+    ) -> tuple[int, int] | None:
+        """The suffix shape to compile in the background when a suffix prefill of (n,
+        suffix_side) would compile now and its rows run instead from scratch (prompts of
+        side prompt_side) at a prompt shape compiled: that costs fewer extra positions than
+        a compile (before one was measured: always); None: as `plan` says."""
+        shape, how = self.plan("suffix", n, suffix_side, positions_per_s, ready_suffix, True)
+        if how not in ("paid", "octave"):
+            return None
+        (rows, side), prompt_how = self.plan(
+            "prompt", n, prompt_side, positions_per_s, ready_prompt, True
+        )
+        if prompt_how not in ("compiled", "padded", "soon"):
+            return None
+        extra = rows * side - n * suffix_side
+        compile_positions = self._compile_positions(positions_per_s)
+        if compile_positions is not None and extra >= compile_positions:
+            return None
+        return shape
 
     def _compile_positions(self, positions_per_s: float) -> float | None:
         """A compile's cost in positions at this rate (this engine's mean prefill
@@ -192,7 +227,7 @@ class PaddedShapes:
         in the background): (cost in positions, positions run, the shape it wants
         compiled, or None)."""
         own = rows * side + CALL_POSITIONS
-        (n, side_run), how = self._plan(kind, rows, side, rate, ready, background)
+        (n, side_run), how = self.plan(kind, rows, side, rate, ready, background)
         if how == "compiled":
             return own, own, None
         if free or how == "paid":
