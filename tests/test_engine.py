@@ -293,14 +293,9 @@ def test_online_requests_while_it_decodes(model64, monkeypatch, tmp_path):
     assert sum(modes.get("lookahead", {}).get("rounds", 0) for modes in per_round) > 0
 
 
-def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(
-    model64, monkeypatch, caplog
-):
+def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64, monkeypatch):
     """A prefill that raises (a device fault) ends the requests being admitted and those
-    waiting with finish "error", their listeners told; the next round serves afresh
-    (through `serve`, the server's loop, which logs a round slower than SLOW_ROUND_S with
-    where its seconds went: every round, at 0)."""
-    from lookahead_jax.engine import continuous
+    waiting with finish "error", their listeners told; the next round serves afresh."""
     from lookahead_jax.engine.device_slots import DeviceSlots
 
     real, failed = DeviceSlots.prefill, []
@@ -313,12 +308,10 @@ def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(
 
     monkeypatch.setattr(DeviceSlots, "prefill", prefill_failing_once)
     ends: dict = {}
-    served = threading.Event()
 
     def listener(update):
         if update.result is not None:
             ends[update.id] = update.result
-            served.set()
 
     with jax.enable_x64(True):
         engine = lj.Engine(
@@ -330,14 +323,29 @@ def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(
             engine.round()
         assert sorted(ends) == [0, 1, 2, 3] and {r.finish for r in ends.values()} == {"error"}
         assert engine.queued == 0 and engine.slots_in_use == 0
-        served.clear()
         engine.submit(lj.Request(PROMPTS[5], id=5), listener)
-        monkeypatch.setattr(continuous, "SLOW_ROUND_S", 0.0)
-        with caplog.at_level("WARNING", logger="lookahead_jax.engine"):
-            engine.serve(served)  # until request 5 ends
+        while engine.round():
+            pass
     assert ends[5].finish != "error"
-    assert re.search(r"a round took [\d.]+ s: .* decode calls at \d+ rows", caplog.text)
     assert ends[5].token_ids == reference(model64, 0.0)[5]
+
+
+def test_serve_logs_a_slow_round_with_where_its_seconds_went(model64, monkeypatch, caplog):
+    """`serve` (the server's loop) logs a round slower than SLOW_ROUND_S (every round, at
+    0) with its seconds by part; it runs until `stop` is set (here by the result)."""
+    from lookahead_jax.engine import continuous
+
+    monkeypatch.setattr(continuous, "SLOW_ROUND_S", 0.0)
+    served = threading.Event()
+    with jax.enable_x64(True):  # (the shapes of the test above: its programs)
+        engine = lj.Engine(
+            model64, batch=3, max_new_tokens=MAX_NEW, lookahead=None, max_prompt_tokens=LONGEST
+        )
+        engine.submit(lj.Request(PROMPTS[5], id=5), lambda u: u.result and served.set())
+        with caplog.at_level("WARNING", logger="lookahead_jax.engine"):
+            engine.serve(served)
+    pattern = r"a round took [\d.]+ s: [\d.]+ s compiling, [\d.]+ s in \d+ prefills, "
+    assert re.search(pattern + r"[\d.]+ s in \d+ decode calls at \d+ rows", caplog.text)
 
 
 def test_string_ids_key_the_noise_not_the_slot(model64):

@@ -31,9 +31,10 @@ def model64(tiny_ckpts):
         yield lj.load(tiny_ckpts["gqa"][1], dtype="float64")
 
 
-def FROM_THE_CACHE(*args, **kwargs):  # noqa: N802
+def never_from_scratch(*args, **kwargs):
     """PaddedShapes.instead for tests of the cache's hits: a suffix whose shape would
-    compile never runs from scratch instead (the rule's own test: below)."""
+    compile never runs from scratch instead (whether it would depends on which programs
+    earlier tests left compiled; the rule's own test: below)."""
     return None
 
 
@@ -46,7 +47,7 @@ def cached_blocks(prompt: list[int]) -> int:
 # with tokens=16 and the cache on, each answer against a lone decode)
 @pytest.mark.parametrize("lookahead,temperature", [(None, 0.9)], ids=["plain-sampled"])
 def test_prefix_hits_decode_to_the_cold_tokens(model64, lookahead, temperature, monkeypatch):
-    monkeypatch.setattr(PaddedShapes, "instead", FROM_THE_CACHE)
+    monkeypatch.setattr(PaddedShapes, "instead", never_from_scratch)
     la = None if lookahead is None else lj.LookaheadConfig.parse(lookahead)
     kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=la, temperature=temperature, seed=3)
     with jax.enable_x64(True):
@@ -65,7 +66,7 @@ def test_prefix_hits_decode_to_the_cold_tokens(model64, lookahead, temperature, 
 
 
 def test_a_next_turn_takes_the_answer_from_the_cache(model64, monkeypatch):
-    monkeypatch.setattr(PaddedShapes, "instead", FROM_THE_CACHE)
+    monkeypatch.setattr(PaddedShapes, "instead", never_from_scratch)
     kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=None)
     with jax.enable_x64(True):
         engine = lj.Engine(model64, prefix_cache_mb=1, **kw)
@@ -81,7 +82,8 @@ def test_a_next_turn_takes_the_answer_from_the_cache(model64, monkeypatch):
     assert engine.stats.prefix_hit_tokens > BLOCK * cached_blocks(PROMPTS[1])
 
 
-def test_a_budget_of_a_few_blocks_evicts_and_keeps_the_tokens(model64):
+def test_a_budget_of_a_few_blocks_evicts_and_keeps_the_tokens(model64, monkeypatch):
+    monkeypatch.setattr(PaddedShapes, "instead", never_from_scratch)
     kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=None)
     with jax.enable_x64(True):
         cold = {r.id: r.token_ids for r in lj.Engine(model64, **kw).run(PROMPTS)}
@@ -135,15 +137,20 @@ def test_a_suffix_that_would_compile_runs_from_scratch_meanwhile(model64):
         engine = lj.Engine(model64, **{**kw, "max_new_tokens": 2 * MAX_NEW}, prefix_cache_mb=1)
         results = {}
         listen = lambda u: u.result and results.setdefault(u.result.id, u.result)  # noqa: E731
+        compile_s = []
         for i in (0, 1, 2):  # one at a time: [1, 64]; then suffixes of 17 and 28 tokens
             engine.submit(lj.Request(PROMPTS[i], id=i, max_new_tokens=MAX_NEW), listen)
             while engine.round():
                 pass
             for pending in list(programs._PENDING.values()):
                 pending.result()  # (the background compile, finished before the next)
+            compile_s.append(engine.stats.compile_s)
     assert {i: results[i].token_ids for i in (0, 1, 2)} == {i: cold[i] for i in (0, 1, 2)}
     assert engine.stats.prefill_shapes == {"1x64": 2, "1x32 after cache": 1}
     assert engine.stats.prefix_hits == 1  # (the second's blocks were computed, not found)
+    # the third ran the very program compiled in the background (its key, device_slots'
+    # _start_key, is the real call's): no second compiled for it
+    assert compile_s[2] == compile_s[1]
 
 
 LONG = [
@@ -165,11 +172,12 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(model64):
     assert engine.stats.prefix_hit_tokens == 0  # its chunks' blocks were computed, not found
 
 
-def test_requests_admitted_together_are_not_chunked_behind_each_other(model64):
+def test_requests_admitted_together_are_not_chunked_behind_each_other(model64, monkeypatch):
     """Three requests sharing a prefix nobody holds, arriving together: none is chunked
     (no other row decodes yet, though the rest of each prompt is longer than a chunk): the
     first is prefilled, the others from its blocks, all in the first round (before: the
     others were chunked, then admitted one a round)."""
+    monkeypatch.setattr(PaddedShapes, "instead", never_from_scratch)
     kw = dict(batch=3, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
     together = [lj.Request(p, id=i) for i, p in enumerate(PROMPTS[1:4])]
     with jax.enable_x64(True):

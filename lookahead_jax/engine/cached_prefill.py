@@ -54,7 +54,8 @@ class CachedPrefill:
             # [(slot, request, hits)] lists, each one prefill: the rows with hits apart
             # from those without (their suffixes run at the state's prompt side: each row
             # gathers P / Sb blocks, its own and ignored ones), each kind cut into
-            # prefills by device.prefill_groups
+            # prefills by device.prefill_groups; a group with hits may run from scratch
+            # (_from_scratch), and is counted so
             with_hits: tuple[list, list] = ([], [])
             for s, r in placed:
                 hits = cache.hits(r.ids)
@@ -65,7 +66,10 @@ class CachedPrefill:
                 hits = [h for _, _, h in rows] if cached else None
                 for group in device.prefill_groups(requests, hits, cache.pool):
                     groups.append(
-                        (cached and not self._from_scratch(rows, group), [rows[i] for i in group])
+                        (
+                            bool(cached) and not self._from_scratch(rows, group),
+                            [rows[i] for i in group],
+                        )
                     )
             for cached, g in groups:
                 for s, r, hits in g:  # a chunked prompt's own blocks were computed, not found

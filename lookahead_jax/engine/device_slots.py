@@ -189,7 +189,7 @@ class DeviceSlots:
         """The requests of one admission cut into prefills (prefill_shapes.groups): lists
         of indices into `requests`, each list one `prefill` (hits and pool as there)."""
         kind, sides = _sides(requests, hits, pool)
-        pool = None if hits is None else pool  # (its programs: a prompt prefill's)
+        pool = _program_pool(hits, pool)
         background = self._compile_soon(pool) is not None
         rate = self._prefill_rate()
         return self.padded.groups(kind, sides, self.B, rate, self._ready(pool), background)
@@ -200,13 +200,11 @@ class DeviceSlots:
         shape compiled runs them for fewer positions than a compile costs
         (prefill_shapes.instead); their suffix shape then compiles in the background."""
         soon = self._compile_soon(pool)
-        if soon is None or multihost.is_multiprocess():  # (processes must run alike)
+        if soon is None:
             return False
         n = slot_state.prefill_rows(len(requests), self.B)
         _, suffix_sides = _sides(requests, hits, pool)
-        _, prompt_sides = _sides(requests, None, None)
-        if max(prompt_sides) > self.P:
-            return False
+        _, prompt_sides = _sides(requests, None, None)  # (<= P: _fill grew the state)
         shape = self.padded.instead(
             n, max(suffix_sides), max(prompt_sides), self._prefill_rate(),
             self._ready(pool), self._ready(None),
@@ -215,14 +213,17 @@ class DeviceSlots:
             soon(*shape)
         return shape is not None
 
-    def compile_prefill(self, rows: int, side: int, pool=None, wait: bool = True) -> None:
+    def compile_prefill(
+        self, rows: int, side: int, pool: kv_pool.KVPool | None = None, wait: bool = True
+    ) -> None:
         """Compile the start program of a prefill of (rows, side) — a prompt's, or with
         `pool` one after cached blocks — or with `wait` False start compiling it in the
-        background (prefill_shapes.py then finds it compiled: `_ready`)."""
-        if not wait and self._compile_soon(pool) is not None:
-            self._compile_soon(pool)(rows, side)
-            return
-        self._compiled(*self._start_key(rows, side, pool), "start")
+        background where that is done (prefill_shapes.py then finds it: `_ready`)."""
+        soon = None if wait else self._compile_soon(pool)
+        if soon is not None:
+            soon(rows, side)
+        else:
+            self._compiled(*self._start_key(rows, side, pool), "start")
 
     def _start_key(self, rows: int, side: int, pool: kv_pool.KVPool | None = None) -> tuple:
         """programs.py's (room for new positions, start arguments) of a prefill of this
@@ -274,10 +275,10 @@ class DeviceSlots:
         larger shape already compiled, padded (prefill_shapes.py)."""
         kind, sides = _sides(requests, hits, pool)  # the prompts', or the suffixes' past the blocks
         n = slot_state.prefill_rows(len(requests), self.B)
-        pool_key = None if hits is None else pool  # (its programs: a prompt prefill's)
+        key_pool = _program_pool(hits, pool)
         n, side = self.padded.choose(
-            kind, n, max(sides), self._prefill_rate(), self._ready(pool_key),
-            self._compile_soon(pool_key),
+            kind, n, max(sides), self._prefill_rate(), self._ready(key_pool),
+            self._compile_soon(key_pool),
         )  # fmt: skip
         P = side if hits is None else self.P
         pad = n - len(requests)
@@ -458,6 +459,12 @@ def _sides(requests: list[Encoded], hits, pool) -> tuple[str, list[int]]:
         return "prompt", [inputs.prefill_side(len(r.ids)) for r in requests]
     rest = [len(r.ids) - len(h) * pool.block for r, h in zip(requests, hits, strict=True)]
     return "suffix", [inputs.prefill_side(n) for n in rest]
+
+
+def _program_pool(hits, pool) -> kv_pool.KVPool | None:
+    """The pool that keys a prefill's program (`_start_key`): `pool` for requests with
+    hits, None (a prompt prefill's program) without, whether or not a cache is on."""
+    return None if hits is None else pool
 
 
 def _cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int, T: int) -> CachedPrefix:

@@ -14,8 +14,8 @@ n' side' - n side, at this run's prefill rate. The rule (`choose`): a compiled p
 as it is; else it pads to the smallest larger one compiled while the padding spent for
 want of it stays below what compiling it costs (the mean of this engine's prefill
 compiles), then compiles — at most twice the better of the two in hindsight; the
-engine's prompt prefills compile it in the background (`compile_soon`), padded to the
-larger one until it is ready, so that no request's time to first token holds a compile
+engine's prefills compile it in the background (`compile_soon`), padded to the larger
+one until it is ready, so that no request's time to first token holds a compile
 it did not need; with no larger one compiled it compiles its side's power of two (one
 program for the octave, which the octave's other sides then pad to).
 

@@ -23,7 +23,9 @@ runs plain, and a row's choice changes as its own acceptance does, not the avera
 whoever came before.
 
 Calibration: per R, the tokens lookahead rounds emitted over what the rows' figures
-predicted for them (decayed by CAL_DECAY a round, from CAL_PRIOR predicted tokens at 1.0).
+predicted for them (the opening probes left out; decayed by CAL_DECAY every CAL_STEPS
+steps, so a one-step probe weighs a quarter of a 4-step round; from CAL_PRIOR predicted
+tokens a row at 1.0).
 A row's figure follows its recent rounds, and a greedy row's acceptance comes in bursts
 (a recalled span accepts 12 tokens a step, the next sentence 1): rounds chosen because
 the figures were high tend to come when a burst is ending. The dearer lookahead's step at
@@ -48,16 +50,17 @@ is new and recent greedy rows accepted 2.25 tokens a step: 2.25 / 36 > 1.03 / 30
 lookahead runs; its round then reads 1 token a step (none of its guesses land: a prose
 answer), and after it the row's figure is 1.31 (its own 1.0, drawn toward its kind's,
 now 1.63: the mean of the earlier row's 2.25 and its own), times R = 1's calibration,
-now 0.89 (the round emitted 4 tokens where 9 were predicted), 1.17: under the
+now 0.86 (the round emitted 4 tokens where 9 were predicted), 1.13: under the
 break-even 1.03 * 36 / 30 = 1.24, so plain runs, and lookahead is tried again after 4
 rounds. Tokens are the same whichever mode runs (every guess is verified).
 
 Calibrated: at R = 16, plain 70 ms and lookahead 230 ms a step (3.3x; break-even
 1.03 * 230 / 70 = 3.38 tokens a step), sixteen rows whose long records say 3.5 tokens a
-step run lookahead, and emit 2.8 a step for 4 steps. Their own figures barely move (3.46:
-a long record), but the bucket's calibration becomes (179 + 16) / (224 + 16) = 0.81
-(179 tokens emitted, 224 predicted), and 0.81 * 3.46 = 2.8 < 3.38: plain runs, and
-lookahead is re-measured after 4 rounds, which keeps the calibration fresh.
+step run lookahead, and emit 2.75 a step for 4 steps. Their own figures barely move
+(3.46: a long record), but the bucket's calibration becomes (176 + 64) / (224 + 64) =
+0.83 (176 tokens emitted, 224 predicted, 64 the prior's), and 0.83 * 3.46 = 2.88 < 3.38:
+plain runs, and lookahead is re-measured after 4 rounds, which keeps the calibration
+fresh.
 """
 
 from __future__ import annotations
@@ -72,8 +75,8 @@ HOPELESS_INTERVAL = 128  # ... where lookahead cannot pay (then a one-step probe
 ROW_DECAY = 0.7  # a row's earlier lookahead rounds' weight, per newer round
 PRIOR_STEPS = 4  # the weight, in steps, of a row's kind's acceptance in its own figure
 KIND_ROWS = 16  # the recent rows a kind's acceptance is the mean of
-CAL_DECAY = 0.8  # a bucket's earlier lookahead rounds' weight in its calibration, per round
-CAL_PRIOR = 16.0  # predicted tokens at calibration 1.0 it starts from
+CAL_DECAY, CAL_STEPS = 0.8, 4  # earlier rounds' weight in a calibration, per 4 steps
+CAL_PRIOR = 4.0  # predicted tokens a row at calibration 1.0 a bucket starts from
 
 
 class RowAcceptance:
@@ -145,9 +148,9 @@ class RoundChoice:
 
     def calibration(self, R: int) -> float:
         """What lookahead rounds at R emitted over what their rows' figures predicted
-        (decayed; from CAL_PRIOR predicted tokens at 1.0)."""
+        (decayed; from CAL_PRIOR predicted tokens a row at 1.0)."""
         emitted, predicted = self._calibrated.get(R, (0.0, 0.0))
-        return (emitted + CAL_PRIOR) / (predicted + CAL_PRIOR)
+        return (emitted + CAL_PRIOR * R) / (predicted + CAL_PRIOR * R)
 
     def _expected(self, R: int, rows: list[RowRound]) -> float:
         """Tokens a lookahead step at R is expected to emit for these rows, calibrated."""
@@ -194,12 +197,9 @@ class RoundChoice:
         the tokens each emitted and the steps each ran."""
         key = (R, "plain" if plain else "lookahead")
         self.rounds[key] = self.rounds.get(key, 0) + 1
+        if not plain and self._last.get(R) is not None:  # (not the opening probes)
+            self._calibrate(R, [r for r in rows if r.steps > 0])
         if not plain:  # every row's acceptance counts, a first round's too
-            ran = [r for r in rows if r.steps > 0]
-            predicted = sum(self.row_acceptance(r) * r.steps for r in ran)  # (before: as chosen)
-            calibrated = self._calibrated.setdefault(R, [0.0, 0.0])
-            calibrated[0] = calibrated[0] * CAL_DECAY + sum(r.tokens for r in ran)
-            calibrated[1] = calibrated[1] * CAL_DECAY + predicted
             for r in rows:
                 if r.steps > 0:
                     r.acceptance.add(r.tokens, r.steps)
@@ -230,6 +230,17 @@ class RoundChoice:
         interval = self._interval.get(R, FIRST_INTERVAL)
         self._interval[R] = FIRST_INTERVAL if flipped else min(2 * interval, MAX_INTERVAL)
         self._since[R] = 0
+
+    def _calibrate(self, R: int, ran: list[RowRound]) -> None:
+        """Fold a lookahead round's rows into R's calibration: the tokens they emitted,
+        and what their figures predicted (before this round's own are added: as the
+        choice saw them), the earlier rounds decayed by CAL_DECAY per CAL_STEPS steps."""
+        if not ran:
+            return
+        decay = CAL_DECAY ** (max(r.steps for r in ran) / CAL_STEPS)
+        calibrated = self._calibrated.setdefault(R, [0.0, 0.0])
+        calibrated[0] = calibrated[0] * decay + sum(r.tokens for r in ran)
+        calibrated[1] = calibrated[1] * decay + sum(self.row_acceptance(r) * r.steps for r in ran)
 
     def describe(self) -> dict:
         """Per row bucket and mode: rounds, milliseconds a step, tokens/s per live row;
