@@ -28,11 +28,10 @@ steps, so a one-step probe weighs a quarter of a 4-step round; from CAL_PRIOR pr
 tokens a row at 1.0).
 A row's figure follows its recent rounds, and a greedy row's acceptance comes in bursts
 (a recalled span accepts 12 tokens a step, the next sentence 1): rounds chosen because
-the figures were high tend to come when a burst is ending. The dearer lookahead's step at
-R, the higher the figures must be, and the more the chosen rounds are such: at R = 16 on
-a 2-core CPU, with lookahead chosen only where it was expected to beat plain by 3 %, its
-rounds ran at 0.91x plain's rate (11.9 against 13.1 tokens/s a row,
-benchmarks/cpu/load_levels_32_rows), until the bucket's own record corrected them.
+the figures were high may come as a burst ends, and a new row's kind figure may not be
+its own; the calibration corrects whatever the figures get wrong at R, measured. Over
+one run of benchmarks/cpu/load_levels_suffixes (a 2-core Intel Xeon, greedy and sampled
+code chats) it ended at 0.87 at one row, 1.00-1.05 at 2 to 16 rows.
 
 The mode not chosen runs again now and then to keep its figures fresh: after 4 rounds,
 then 8, 16 up to 32 while the choice holds, back to 4 when it flips. Lookahead is
