@@ -125,3 +125,20 @@ def test_bad_flags_exit_2_before_loading_anything():
         assert r.returncode == 2, (args, r.stderr)
         assert needle in r.stderr and "Traceback" not in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_single_prompt_turns_off_ynn_dot_fusions_unless_the_user_chose(monkeypatch):
+    """The command's one-shot XLA flag (cli/generate.py: a program's first run packs its
+    weights with them) goes into XLA_FLAGS beside the user's, not over their choice."""
+    from lookahead_jax.cli import generate as cli
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    cli._one_shot_xla_flags()
+    assert (
+        os.environ["XLA_FLAGS"]
+        == f"--xla_force_host_platform_device_count=1 {cli.ONE_SHOT_XLA_FLAG}"
+    )
+    chosen = "--xla_cpu_experimental_ynn_fusion_type=dot"
+    monkeypatch.setenv("XLA_FLAGS", chosen)
+    cli._one_shot_xla_flags()
+    assert os.environ["XLA_FLAGS"] == chosen
