@@ -4,6 +4,7 @@ ratios to a plain step and the choice made from each (random weights, a fresh ca
 the acceptance priors as they are).
 
     python3 scripts/gpu/auto_check.py --out $OUT/auto_check --dtypes float32,bfloat16
+    python3 scripts/gpu/auto_check.py --out $OUT/auto_check --curves steps   # steps alone
     python3 scripts/gpu/auto_check.py --out /tmp/auto_check --dry-run   # on the CPU
 """
 
@@ -26,10 +27,12 @@ import step_report  # noqa: E402  (its random-weight model shapes)
 from lookahead_jax.decoding import autotune, cost_curve  # noqa: E402
 
 
-def check(name: str, dtype: str) -> dict:
+def check(name: str, dtype: str, curves: list[str]) -> dict:
     model = step_report.bench_model(name, dtype)
     out = {"model": name, "dtype": dtype}
     for label, whole in (("forwards", False), ("steps", True)):
+        if label not in curves:
+            continue
         for f in cost_curve.tune_dir().glob("cost-*.json"):
             f.unlink()  # each curve measured afresh
         t0 = time.perf_counter()
@@ -52,6 +55,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--curves", default="forwards,steps", help="which curves: forwards,steps")
     ap.add_argument("--dry-run", action="store_true", help="the tiny shape, float32")
     args = ap.parse_args()
     import jax
@@ -60,7 +64,7 @@ def main() -> None:
               "jax": jax.__version__, "rows": []}  # fmt: skip
     name = "tiny" if args.dry_run else args.model
     for dtype in ["float32"] if args.dry_run else args.dtypes.split(","):
-        report["rows"].append(check(name, dtype))
+        report["rows"].append(check(name, dtype, args.curves.split(",")))
         Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=1))
 
 

@@ -15,6 +15,12 @@
 #   run(command="bash scripts/gpu/step_report.sh head", carry=[".gpu/1", ".whl"], timeout_s=320)
 #   run(command="bash scripts/gpu/step_report.sh smollm2", carry=[".gpu/2", ".whl"], timeout_s=320)
 #
+# The check of auto's curve of whole decode steps on the card (step_report_h200/README.md),
+# then SmolLM2 end to end with it, in two calls the same way (the first parks half the GGUF):
+#
+#   run(command="bash scripts/gpu/step_report.sh auto", carry=[".gpu/1", ".whl"], timeout_s=300)
+#   run(command="bash scripts/gpu/step_report.sh smollm2", carry=[".gpu/2", ".whl"], timeout_s=320)
+#
 # Each call writes $OUT/step_report_N.{json,md}; a part that fails is recorded there and
 # the next one runs. The parts' order puts the issue's targets first.
 set -uo pipefail
@@ -45,13 +51,20 @@ head)
     timeout 300 python3 scripts/gpu/step_report.py --out "$OUT/step_report_head" --budget-s 240 \
         --parts device,head,triton --main llama3-8b 2>&1 | grep -v -i warning | tail -40
     ;;
+auto)
+    source scripts/gpu/env.sh
+    mkdir -p /tmp/parts && cp .gpu/1/gguf.part-aa /tmp/parts/  # for the next call
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    timeout 270 python3 scripts/gpu/auto_check.py --out "$OUT/auto_check" --curves steps \
+        --dtypes float32,bfloat16 2>&1 | grep -v -i warning | tail -40
+    ;;
 smollm2)
     source scripts/gpu/env.sh
     python3 scripts/gpu/smollm2_setup.py /tmp/site .gpu/2/tok .gpu/2/gguf.sha256 \
         /tmp/parts/gguf.part-aa .gpu/2/gguf.part-ab || echo "no SmolLM2: its part is skipped"
     ckpt=$(python3 -c "from lookahead_jax.checkpoints import default_model as d; print(d.resolve(None))" 2>/dev/null)
     timeout 300 python3 scripts/gpu/step_report.py --out "$OUT/step_report_smollm2" \
-        --parts device,smollm2 --smollm2-dtypes bfloat16,float32 --systems plain,auto,tokens=16 \
+        --parts device,smollm2 --smollm2-dtypes float32 --systems plain,auto,tokens=16 \
         ${ckpt:+--smollm2 "$ckpt"} 2>&1 | grep -v -i warning | tail -40
     ;;
 2)
@@ -63,7 +76,7 @@ smollm2)
         --parts device,options,profile,smollm2 ${ckpt:+--smollm2 "$ckpt"} 2>&1 | grep -v -i warning | tail -40
     ;;
 *)
-    echo "usage: bash scripts/gpu/step_report.sh prepare|1|2|head|smollm2" >&2
+    echo "usage: bash scripts/gpu/step_report.sh prepare|1|2|head|auto|smollm2" >&2
     exit 2
     ;;
 esac
