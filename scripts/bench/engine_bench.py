@@ -57,10 +57,11 @@ LOOKAHEAD = {
 }
 
 
-def pick_prompts(per_category: int) -> list[dict]:
+def pick_prompts(per_category: int, sets: str = "mt_bench,code") -> list[dict]:
     from prompts import category_ranks, code, mt_bench
 
     rows = [dict(r, set="mt_bench") for r in mt_bench()] + [dict(r, set="code") for r in code()]
+    rows = [r for r in rows if r["set"] in sets.split(",")]
     if per_category:
         keep_code = max(1, per_category - 1)
         rows = [
@@ -123,6 +124,10 @@ def run_engine(model, ids, batch, lookahead, max_new):
         "rounds": stats["rounds"],
         "compression": stats["compression"],
         "compile_s_in_timing": stats["compile_s"],
+        "prefill_s": stats["prefill_s"],
+        "decode_s": stats["decode_s"],
+        "prompt_tokens": sum(map(len, ids)),
+        "prefill_positions": stats["prefill_positions"],  # padding included
         "lookahead": config["lookahead"] and config["lookahead"]["name"],
         "auto": config.get("lookahead_auto"),
         "switched_to_plain_after_steps": (config.get("lookahead_auto") or {}).get(
@@ -268,6 +273,19 @@ def markdown(results: dict) -> str:
                     f"| {B} | {k} | {r['compression']:.2f} | {r['rounds']} | "
                     f"{r['lookahead'] or 'plain'} | {r['switched_to_plain_after_steps'] or '–'} |"
                 )
+    lines += ["", "Engine prefill (prompt tokens against the positions run, padding included):", ""]
+    lines += ["| B | system | prefill s | decode s | prompt tokens | positions run | padding "
+              "| prompt tokens / prefill s |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for B, row in s.items():
+        for k in SYSTEMS:
+            r = row.get(k, {})
+            if k.startswith("engine") and "prefill_positions" in r:
+                pad = 1 - r["prompt_tokens"] / max(1, r["prefill_positions"])
+                lines.append(
+                    f"| {B} | {k} | {r['prefill_s']:.2f} | {r['decode_s']:.2f} | "
+                    f"{r['prompt_tokens']} | {r['prefill_positions']} | {pad:.0%} | "
+                    f"{r['prompt_tokens'] / max(r['prefill_s'], 1e-9):.0f} |"
+                )
     lines += [
         "",
         "Exactness (engine rows against a plain decode of each prompt alone: the static "
@@ -310,6 +328,7 @@ def main() -> None:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--per-category", type=int, default=3, help="0: every prompt")
     ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--sets", default="mt_bench,code", help="prompt sets: mt_bench,code")
     ap.add_argument("--cache-dir", default=None, help="default: a new temporary directory")
     ap.add_argument("--out", required=True)
     ap.add_argument(
@@ -346,7 +365,7 @@ def main() -> None:
     import lookahead_jax as lj
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.helpers
-    rows = pick_prompts(args.per_category)
+    rows = pick_prompts(args.per_category, args.sets)
     model = lj.load("smollm2-135m")
     ids = [model.tokenizer.encode_prompt(r["prompt"], chat=True) for r in rows]
     systems = args.systems.split(",")
