@@ -37,7 +37,7 @@ from lookahead_jax.engine.round_choice import RoundChoice, RowAcceptance, RowRou
 from lookahead_jax.engine.row_buckets import RowBuckets
 from lookahead_jax.engine.row_counts import RowCounts
 from lookahead_jax.engine.stats import Stats
-from lookahead_jax.engine.stop_strings import find_stop
+from lookahead_jax.engine.stop_strings import before_stop, find_stop
 from lookahead_jax.guesses.lookahead_config import max_step_tokens
 
 
@@ -382,7 +382,7 @@ class Scheduler:
         tokenizer = self.model.tokenizer
         text = None if tokenizer is None else tokenizer.decode(cut)
         if finish == "stop":
-            text = text[: min(i for i in (text.find(s) for s in a.request.stop) if i >= 0)]
+            text = before_stop(text, a.request.stop)
         stats = self.stats
         stats.prompts += 1
         stats.new_tokens += len(cut)

@@ -10,6 +10,13 @@ string holds). Per round the work is then the new tokens', not the whole answer'
 
     tokens   [... checked ...][new]
     window          [ back  ][new]     back = MAX_TOKENS_PER_CHAR * longest stop + MARGIN
+
+A stop string seen in the window is confirmed in the text of every token up to it (one
+whole decode, once a request): a window that starts inside a character decodes to text
+the answer does not hold (U+FFFD), so a window alone could end an answer at a stop string
+that is not there. Every reader of stop strings goes through this module: the engine
+(`find_stop`, then `before_stop` for the result's text) and the server's stream, which
+holds back what could start one (`held_back`).
 """
 
 from __future__ import annotations
@@ -33,10 +40,33 @@ def find_stop(
     None if none does. `tokens[:checked]` must hold none (checked by an earlier call)."""
     start = window_start(checked, stops)
     window = tokens[start:]
-    if not any(s in decode(window) for s in stops):
+    if not holds(decode(window), stops):
         return None
     # the shortest window prefix that holds one; it ends after `checked`
     for end in range(max(1, checked - start), len(window) + 1):
-        if any(s in decode(window[:end]) for s in stops):
+        # confirmed in the whole text: a window's start inside a character can make one
+        if holds(decode(window[:end]), stops) and holds(decode(tokens[: start + end]), stops):
             return start + end
-    return None  # unreachable: the whole window holds one
+    return None
+
+
+def holds(text: str, stops: Sequence[str]) -> bool:
+    return any(s in text for s in stops)
+
+
+def before_stop(text: str, stops: Sequence[str]) -> str:
+    """`text` up to the first stop string in it (the whole text when it holds none)."""
+    at = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[: min(at)] if at else text
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """How many characters at the end of `text` could be the start of a stop string (a
+    stream holds them back until the next tokens tell)."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

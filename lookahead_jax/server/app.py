@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lookahead_jax.engine import inputs
 from lookahead_jax.engine.requests import Request as EngineRequest
+from lookahead_jax.engine.stop_strings import held_back
 from lookahead_jax.engine.streaming import StreamDetokenizer
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.server import protocol
@@ -376,7 +377,7 @@ class _StreamedChoice:
             logprobs = self.logprobs.add(ids, lps) if lps else None
         result, chunks = update.result, []
         if result is None:
-            keep = _stop_prefix(self.sent + self.pending, stops)  # might start a stop string
+            keep = held_back(self.sent + self.pending, stops)  # might start a stop string
             cut = len(self.pending) - keep
             out, self.pending = self.pending[:cut], self.pending[cut:]
             if out or self.first or logprobs:
@@ -440,15 +441,3 @@ def _listed(prompt_ids, prompt_logprobs, token_ids, logprobs, eos):
 
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
-
-
-def _stop_prefix(text: str, stops) -> int:
-    """How many characters at the end of `text` could be the start of a stop string (held
-    back from a stream until the next tokens tell)."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
