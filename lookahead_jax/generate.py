@@ -1,21 +1,28 @@
 """`python -m lookahead_jax.generate`: the generate command under the name the design card
 gives it; the same command as `lookahead-jax generate` (code in cli/generate.py).
 
-Run, never imported. Python binds an imported submodule to its package's attribute, so
-`import lookahead_jax.generate` would hide the library function `lj.generate`
-(engine/generate.py) behind this module; `python -m` runs the file without importing it
-under this name, and an import is refused with a pointer to the right module.
+Imported (an indexer, autodoc, `importlib.import_module` over the package's modules), it
+must not hide the library function: Python binds an imported submodule to its package's
+attribute, so after `import lookahead_jax.generate`, `lj.generate` is this module. So
+the module, once imported, calls the library function (engine/generate.py) with whatever
+it is given: `lj.generate(model, prompts, ...)` works the same either way, and
+`inspect.signature` reads the function's (`__wrapped__`).
 """
 
 import sys
+import types
 
-if __name__ != "__main__":
-    raise ImportError(
-        "lookahead_jax.generate is the command line (python -m lookahead_jax.generate); "
-        "its main() is in lookahead_jax.cli.generate, and the library function is "
-        "lj.generate after `import lookahead_jax as lj`"
-    )
+if __name__ == "__main__":
+    from lookahead_jax.cli.generate import main
 
-from lookahead_jax.cli.generate import main  # noqa: E402  (after the guard)
+    sys.exit(main())
 
-sys.exit(main())
+from lookahead_jax.engine.generate import generate as __wrapped__  # noqa: E402
+
+
+class _CallsTheLibraryFunction(types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        return __wrapped__(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallsTheLibraryFunction

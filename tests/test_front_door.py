@@ -1,6 +1,6 @@
 """The front door: `lookahead-jax COMMAND ...` (lookahead_jax/__main__.py) hands the rest of
-its arguments to each command, and `python -m lookahead_jax.generate` is a command only,
-never a module that hides the library function `lj.generate`."""
+its arguments to each command, and `python -m lookahead_jax.generate` is the command, whose
+module, imported, does not hide the library function `lj.generate`."""
 
 import subprocess
 import sys
@@ -71,11 +71,24 @@ def test_the_console_script_is_installed_and_runs():
     assert r.returncode == 0 and "generate" in r.stdout, r.stderr
 
 
-def test_the_generate_command_is_not_importable_and_lj_generate_stays_the_function():
-    with pytest.raises(ImportError, match="is the command line"):
-        import lookahead_jax.generate  # noqa: F401
-    assert lj.generate is api.generate
-    assert "lookahead_jax.generate" not in sys.modules
+def test_every_module_imports_and_lj_generate_stays_the_library_function():
+    """An indexer or autodoc imports every module, the command's too: lj.generate then
+    still calls the library function, and says its signature."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    for m in pkgutil.walk_packages(lj.__path__, "lookahead_jax."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)
+    assert "lookahead_jax.generate" in sys.modules
+    assert inspect.signature(lj.generate) == inspect.signature(api.generate)
+    errors = []
+    for generate in (lj.generate, api.generate):  # the module forwards what it is given
+        with pytest.raises(Exception) as e:
+            generate("not a model", ["a prompt"], max_new_tokens=0)
+        errors.append((type(e.value), str(e.value)))
+    assert errors[0] == errors[1]
 
 
 ROOT_DOCS = sorted((Path(__file__).resolve().parent.parent / "docs").glob("*.md"))

@@ -141,7 +141,7 @@ def compiler_options(platform: str | None = None) -> dict:
     llama2-7b at B = 1: 0.90x), and for per-channel int8 weights they fuse the int8 -> bf16
     convert that cuBLAS's path writes out whole (5.02 ms against 13.34). Q8_0 weights are
     unmeasured on a GPU. (Under the old scan over stacked layers Triton GEMMs copied each
-    layer's weight slice first: benchmarks/gpu/layer_loop.md.)
+    layer's weight slice first: benchmarks/gpu/layer_loop_llama2_7b.json.)
     """
     platform = platform or jax.devices()[0].platform
     if platform == "gpu":
