@@ -41,7 +41,14 @@ for name, (sizes, la, temp) in RUNS.items():
         "local": len(jax.local_devices()),
         "stats": {
             k: out_.stats.as_dict()[k]
-            for k in ("new_tokens", "process_new_tokens", "tokens_per_s", "prefill_s", "decode_s")
+            for k in (
+                "new_tokens",
+                "process_new_tokens",
+                "tokens_per_s",
+                "prefill_s",
+                "decode_s",
+                "accepted_tokens",
+            )  # fmt: skip
         },
     }
 # the engine: both processes run the same rounds over all prompts, 2 slots over data=2

@@ -427,7 +427,7 @@ CASES = [
         "prompt-plus-max-new-tokens-beyond-context",
         GEN,
         (*CORRUPT, "--prompt-file", "{long_prompt}", "--max-new-tokens", "100"),
-        (f"prompt ({LONG_PROMPT_TOKENS} tokens)", "max_new_tokens (100)", "at most 24"),
+        (f"prompt ({LONG_PROMPT_TOKENS} tokens)", "--max-new-tokens) = 100", "at most 24"),
         lambda p, a: gen(p, p["long_prompt"].read_text(), max_new_tokens=100),
     ),
     # ---------------- generate: sampling

@@ -251,3 +251,15 @@ def test_a_failing_build_says_why_and_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="no such luck"):
         cpu_kernel._build(out)
     assert list(tmp_path.iterdir()) == [fake]
+
+
+def test_the_librarys_key_holds_the_compiler(monkeypatch, tmp_path):
+    """A library another compiler built is not reused (the build cache's key)."""
+    fake = tmp_path / "other-c++"
+    fake.write_text("#!/bin/sh\necho 'other-c++ (Fake) 99.1'\n")
+    fake.chmod(0o755)
+    monkeypatch.delenv("CXX", raising=False)
+    default = cpu_kernel._library_path()
+    monkeypatch.setenv("CXX", str(fake))
+    assert cpu_kernel._compiler_id(str(fake)) == f"{fake} other-c++ (Fake) 99.1"
+    assert cpu_kernel._library_path() != default

@@ -330,6 +330,26 @@ def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64,
     assert ends[5].token_ids == reference(model64, 0.0)[5]
 
 
+def test_an_offline_run_leaves_the_online_stats_alone(model64):
+    """The online rounds count in `online_stats` (what /metrics reads): an offline run on
+    a serving engine counts in its own `stats`, and the online counts go on after it."""
+    with jax.enable_x64(True):  # (the shapes of the test above; offline sampled as online)
+        engine = lj.Engine(
+            model64, batch=3, max_new_tokens=MAX_NEW, lookahead=None, max_prompt_tokens=LONGEST,
+            sampled=True,
+        )  # fmt: skip
+        online = engine.online_stats
+        engine.submit(lj.Request(PROMPTS[5], id=5))
+        while engine.round():
+            pass
+        assert [r.token_ids for r in engine.run([PROMPTS[4]])] == [reference(model64, 0.0)[4]]
+        assert engine.stats is not online and engine.stats.prompts == 1
+        engine.submit(lj.Request(PROMPTS[4], id=4))
+        while engine.round():
+            pass
+    assert engine.online_stats is online and online.prompts == 2
+
+
 def test_serve_logs_a_slow_round_with_where_its_seconds_went(model64, monkeypatch, caplog):
     """`serve` (the server's loop) logs a round slower than SLOW_ROUND_S (every round, at
     0) with its seconds by part; it runs until `stop` is set (here by the result)."""
@@ -372,7 +392,7 @@ def test_string_ids_key_the_noise_not_the_slot(model64):
     [
         ({"batch": 0}, [[5, 6]], "batch"),
         ({"steps_per_call": 0}, [[5, 6]], "steps_per_call"),
-        ({"max_prompt_tokens": 4}, [[5] * 5], "max_prompt_tokens"),
+        ({"max_prompt_tokens": 4}, [[5] * 5], r"max_prompt_tokens\) \(4\); raise it to 5"),
         ({}, [lj.Request([5, 6], id="x"), lj.Request([7], id="x")], "used twice"),
         ({}, [[5] * 1020], "exceeds the model's context"),
         ({}, [lj.Request([5, 6], max_new_tokens=0)], "max_new_tokens"),
@@ -381,6 +401,9 @@ def test_string_ids_key_the_noise_not_the_slot(model64):
     ],
 )
 def test_bad_requests_are_refused_before_decoding(model64, kwargs, requests_, needle):
-    with pytest.raises(lj.UserInputError, match=needle):
+    with pytest.raises(lj.UserInputError, match=needle) as e:
         engine = lj.Engine(model64, **{"max_new_tokens": MAX_NEW, "lookahead": None, **kwargs})
         list(engine.run(requests_))
+    assert "${" not in str(e.value)  # every slot in the library's words (errors.py)
+    if e.value.field in ("prompt", "id", "max_new_tokens"):  # a request's: it names it
+        assert str(e.value).startswith("prompt ")

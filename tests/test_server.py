@@ -386,6 +386,29 @@ def test_bad_requests_get_an_openai_error_naming_the_field(server, body, status,
     assert "Value error" not in error["message"]  # pydantic's prefix, not the API's words
 
 
+@pytest.mark.parametrize(
+    "endpoint,body,words",
+    [
+        ("completions", {"prompt": "hi", "max_tokens": 99},
+         ["max_tokens = 99", "the server's --max-new-tokens (16)", "at most 16", "raise it to 99"]),
+        ("chat/completions",
+         {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 99},
+         ["max_completion_tokens = 99", "the server's --max-new-tokens (16)"]),
+        ("completions", {"prompt": "x" * 1020, "max_tokens": 8},
+         ["the prompt has", "the server's --max-prompt-tokens", "raise it to"]),
+    ],
+)  # fmt: skip
+def test_a_limit_error_names_the_server_flag_and_the_value_to_raise_it_to(
+    server, endpoint, body, words
+):
+    r = httpx.post(f"{server}/v1/{endpoint}", json={"model": MODEL, **body},
+                   headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert all(w in message for w in words), message
+    assert "${" not in message and "engine" not in message
+
+
 def test_bad_json_auth_models_health_and_the_server_keeps_serving(server, reference):
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     r = httpx.post(f"{server}/v1/completions", content=b"{not json", headers=headers)

@@ -212,7 +212,9 @@ class Engine:
         self.guess_memory = GuessMemory()  # kept across runs (used with shared_guesses)
         self.prefill_shapes = PaddedShapes()  # kept across runs: prefill_shapes.py
         self._prefix_cache: PrefixCache | None = None  # made at the first run that uses it
-        self.stats = Stats(batch=batch)  # online: since the start; offline: the last run
+        # the online rounds' counts since the start (or warm_up), which /metrics reads and
+        # no offline run replaces; `stats`: the last offline run's, else those same ones
+        self.online_stats = self.stats = Stats(batch=batch)
         self._scheduler: Scheduler | None = None  # the online slots (created at the first round)
         self._inbox: queue.Queue = queue.Queue()  # ("submit", Encoded) | ("cancel", id)
         self._known: set = set()  # ids submitted and not yet finished (online)
@@ -375,7 +377,7 @@ class Engine:
         device.compile_loops(rows or [self.batch], names)
         if pool is not None:
             device.compile_prefill(1, inputs.prefill_side(1), pool)
-        self.stats = Stats(batch=self.batch)
+        self.online_stats = self.stats = Stats(batch=self.batch)
 
     # ------------------------------------------------------------------ online
 
@@ -399,13 +401,17 @@ class Engine:
                     pid = next(self._counter)
             streams = listener is not None if stream is None else stream
             encoded = self._encode_one(r, pid, listener, streams)
+            name = f"prompt {encoded.id!r}"  # the errors' ${request} (errors.py)
             if encoded.id in self._known:
-                raise UserInputError(f"prompt {encoded.id!r}: the id is already in flight", "id")
-            if encoded.max_new_tokens > self.max_new_tokens:
+                raise UserInputError("${request}: the id is already in flight", "id", request=name)
+            n, limit = encoded.max_new_tokens, self.max_new_tokens
+            if n > limit:
                 raise UserInputError(
-                    f"prompt {encoded.id!r}: max_new_tokens {encoded.max_new_tokens} is more than "
-                    f"this engine's {self.max_new_tokens}",
+                    f"${{request}}: ${{max_new_tokens}} = {n} is more than "
+                    f"${{engine_max_new_tokens}} ({limit}); ask for at most {limit}, or raise it "
+                    f"to {n}",
                     "max_new_tokens",
+                    request=name,
                 )
             self._known.add(encoded.id)
             self._submitted += 1
@@ -450,6 +456,7 @@ class Engine:
                     inputs.bucket(self.max_new_tokens),
                     P,
                     per_round=True,  # (auto's choice each round)
+                    stats=self.online_stats,
                 )
             scheduler = self._scheduler
             self._drain(scheduler)

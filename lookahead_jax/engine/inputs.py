@@ -61,7 +61,7 @@ def check_lookahead(lookahead, max_context: int) -> None:
 def check_max_new_tokens(max_new_tokens, least: int = 1) -> None:
     """An integer >= least (0: a request that asks only its prompt's logprobs)."""
     bound = "> 0" if least == 1 else f">= {least}"
-    what = f"max_new_tokens (--max-new-tokens) must be an integer {bound}"
+    what = f"${{max_new_tokens}} must be an integer {bound}"
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
         raise UserInputError(f"{what}, got {max_new_tokens!r}")
     if max_new_tokens < least:
@@ -73,8 +73,8 @@ def check_budget(max_context: int, max_new_tokens: int) -> None:
     before any prompt is tokenized; `check_context` is the full check)."""
     if max_new_tokens >= max_context:
         raise UserInputError(
-            f"max_new_tokens ({max_new_tokens}) does not fit the model's context of "
-            f"{max_context} tokens with any prompt; max_new_tokens can be at most "
+            f"${{max_new_tokens}} = {max_new_tokens} does not fit the model's context of "
+            f"{max_context} tokens with any prompt; it can be at most "
             f"{max_context - 1} (less the prompt's length)"
         )
 
@@ -84,12 +84,12 @@ def check_context(max_context: int, prompt_tokens: int, max_new_tokens: int) -> 
     if prompt_tokens + max_new_tokens > max_context:
         room = max_context - prompt_tokens
         hint = (
-            f"max_new_tokens can be at most {room} for this prompt"
+            f"${{max_new_tokens}} can be at most {room} for this prompt"
             if room > 0
             else "the prompt alone fills it; shorten the prompt"
         )
         raise UserInputError(
-            f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"prompt ({prompt_tokens} tokens) + ${{max_new_tokens}} = {max_new_tokens} exceeds the "
             f"model's context of {max_context} tokens; {hint}"
         )
 

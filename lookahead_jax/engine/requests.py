@@ -135,13 +135,16 @@ def prompt_key(prompt_id) -> int:
 
 
 @contextlib.contextmanager
-def _about(field: str):
-    """Name `field` on a UserInputError raised inside (unless it names one already)."""
+def _about(field: str | None, request: str | None = None):
+    """Name `field` on a UserInputError raised inside (unless it names one already), and
+    `request` in its ${request} slot (errors.py)."""
     try:
         yield
     except UserInputError as e:
         if e.field is None:
             e.field = field
+        if request is not None:
+            e.values.setdefault("request", request)
         raise
 
 
@@ -151,7 +154,12 @@ def encode(model, defaults: Defaults, r: Request, pid, listener=None, stream=Fal
     prompt (within the engine's max_prompt_tokens); prompt + max_new_tokens within the
     model's context; seed; stop strings; logprobs. Bad input raises UserInputError naming the
     prompt, with `field` set to the request field it is about."""
-    what = f"prompt {pid!r}"
+    with _about(None, request=f"prompt {pid!r}"):  # the ${request} of every error below
+        return _encode(model, defaults, r, pid, listener, stream)
+
+
+def _encode(model, defaults: Defaults, r: Request, pid, listener, stream) -> Encoded:
+    what = "${request}"
     if isinstance(pid, np.integer):
         pid = int(pid)
     if not isinstance(pid, int | str) or isinstance(pid, bool):
@@ -163,7 +171,8 @@ def encode(model, defaults: Defaults, r: Request, pid, listener=None, stream=Fal
     limit = defaults.max_prompt_tokens
     if limit is not None and len(ids) > limit:
         raise UserInputError(
-            f"{what} has {len(ids)} tokens, more than the engine's max_prompt_tokens ({limit})",
+            f"{what} has {len(ids)} tokens, more than ${{max_prompt_tokens}} ({limit}); "
+            f"raise it to {len(ids)}, or shorten the prompt",
             "prompt",
         )
     max_new_tokens = defaults.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
@@ -227,7 +236,9 @@ def encode_all(model, defaults: Defaults, prompts: Iterable) -> list[Encoded]:
         r = p if isinstance(p, Request) else Request(p)
         pid = i if r.id is None else r.id
         if pid in seen:
-            raise UserInputError(f"prompt {pid!r}: the id is used twice", "id")
+            raise UserInputError(
+                "${request}: the id is used twice", "id", request=f"prompt {pid!r}"
+            )
         seen.add(pid)
         out.append(encode(model, defaults, r, pid))
     if not out:

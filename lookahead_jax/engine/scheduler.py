@@ -69,14 +69,16 @@ class Scheduler:
         new_positions: int,
         P: int,
         per_round: bool = False,
+        stats: Stats | None = None,
     ):
         """per_round: auto chooses lookahead or plain steps each round (round_choice.py;
         online), with the layout chosen for one row at the engine's temperature; else
-        once, for the batch, handing over to plain mid-run if it does not pay."""
+        once, for the batch, handing over to plain mid-run if it does not pay. stats:
+        where the rounds count (default: engine.stats, the offline run's)."""
         self.started = time.perf_counter()
         model = engine.model
         self.engine, self.model, self.B = engine, model, engine.batch
-        self.stats: Stats = engine.stats
+        self.stats: Stats = engine.stats if stats is None else stats
         self.queue: collections.deque[Encoded] = collections.deque()
         self.dequeued = 0  # requests that left `queue`: admitted or cancelled
         self.active: list[Active | None] = [None] * self.B

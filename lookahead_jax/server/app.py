@@ -137,7 +137,8 @@ class Answers:
                 self.tokenizer, vocab, prompt, False, field, allow_blank=True
             )
         except (ValueError, UserInputError) as e:  # a non-text content part, a bad id, ...
-            raise ApiError(400, str(e), field) from None
+            message = e.render(WORDS) if isinstance(e, UserInputError) else str(e)
+            raise ApiError(400, message, field) from None
 
     def engine_requests(self, body, chat: bool) -> list[EngineRequest]:
         """The body as engine requests, one a choice: prompt i // n, seed + i (a fresh
@@ -206,10 +207,9 @@ class Answers:
                 "logprobs": "top_logprobs" if chat else "logprobs",
                 "prompt_logprobs": "logprobs",  # echo's
             }.get(e.field, e.field)
-            message = str(e)
-            if e.field == "max_new_tokens":
-                message = message.replace("max_new_tokens", tokens_field)
-            raise ApiError(400, message, param) from None
+            raise ApiError(
+                400, e.render({**WORDS, "max_new_tokens": tokens_field}), param
+            ) from None
         return rids
 
     async def answer(self, http: Request, body, chat: bool):
@@ -397,6 +397,16 @@ class _StreamedChoice:
     def _lead(self, text: str) -> str:
         """The text of a chunk: the first one's after the echoed prompt."""
         return (self.echo or "") + text if self.first else text
+
+
+# The server's words for the engine's errors' slots (errors.py): its client never saw the
+# engine's request id, and sets the engine's limits with the server's flags
+WORDS = {
+    "request": "the prompt",
+    "max_new_tokens": "max_tokens",
+    "engine_max_new_tokens": "the server's --max-new-tokens",
+    "max_prompt_tokens": "the server's --max-prompt-tokens",
+}
 
 
 class ApiKeyCheck:

@@ -105,7 +105,7 @@ class Metrics:
         )
 
     def scrape(self) -> bytes:
-        stats = self.engine.stats
+        stats = self.engine.online_stats  # (an offline run on this engine has its own)
         self.queue.set(self.engine.queued)
         self.slots.set(self.engine.slots_in_use)
         self.batch.set(self.engine.batch)

@@ -24,7 +24,6 @@ import threading
 
 from lookahead_jax.engine.continuous import Engine
 from lookahead_jax.engine.requests import Request, Update
-from lookahead_jax.errors import UserInputError
 
 log = logging.getLogger("lookahead_jax.server")
 
@@ -106,13 +105,10 @@ class EngineRunner:
             self._open[rid] = (loop, updates)
         try:
             self.engine.submit(dataclasses.replace(request, id=rid), listener, stream=stream)
-        except Exception as e:
+        except Exception:
             with self._lock:
                 self._open.pop(rid, None)
-            if isinstance(e, UserInputError):  # the client never saw this id
-                message = str(e).replace(f"prompt {rid!r}", "the prompt")
-                raise UserInputError(message, e.field) from None
-            raise
+            raise  # a UserInputError names the request in a slot the server fills (app.py)
         return rid
 
     def cancel(self, request_id) -> None:

@@ -15,11 +15,11 @@ lookahead's T-token step and the engine's B-row step threw away most of what the
 guesses won.
 
 The kernels are built on first use with the machine's C++ compiler (g++ or $CXX) into
-one library in the cache directory, keyed by their sources and jaxlib's version, and
-registered as XLA FFI targets (their handlers in ffi_bindings.cc, the kernels themselves
-compiled without XLA's header: kernels.h). `available()` is False where it cannot be:
-not x86-64, no AVX2 + FMA, no compiler, or `LOOKAHEAD_JAX_CPU_KERNEL=0`; the model then
-keeps XLA's matmuls. The weights it reads are packed in panels (packed.py).
+one library in the cache directory, keyed by their sources, jaxlib's version and the
+compiler, and registered as XLA FFI targets (their handlers in ffi_bindings.cc, the
+kernels themselves compiled without XLA's header: kernels.h). `available()` is False
+where it cannot be: not x86-64, no AVX2 + FMA, no compiler, or `LOOKAHEAD_JAX_CPU_KERNEL=0`;
+the model then keeps XLA's matmuls. The weights it reads are packed in panels (packed.py).
 
 Why the attention (benchmarks/cpu/cache_attention.md): XLA:CPU runs llama.attention's
 loop over 64-position blocks as a while loop of small YNNPACK dots: for SmolLM2-135M's 30
@@ -72,11 +72,31 @@ FLAGS = ("-mavx2", "-mfma", "-std=c++17", "-fPIC")
 ENV = "LOOKAHEAD_JAX_CPU_KERNEL"
 
 
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+@functools.cache
+def _compiler_id(cxx: str | None) -> str:
+    """The compiler's path and the first line of its --version (in the key: a library
+    another compiler built, or one built before a compiler upgrade, is not reused)."""
+    if cxx is None:
+        return "none"
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        return f"{cxx} {(version.stdout.splitlines() or [''])[0]}"
+    except (OSError, subprocess.SubprocessError):
+        return cxx
+
+
 def _library_path() -> Path:
+    """The library's path in the cache: keyed by the sources and headers, the flags,
+    jaxlib's version and the compiler."""
     import jaxlib
 
     key = hashlib.sha256(b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS)))
-    key.update(" ".join((jaxlib.__version__, *FLAGS, *SOURCES.values())).encode())
+    parts = (jaxlib.__version__, *FLAGS, *SOURCES.values(), _compiler_id(_compiler()))
+    key.update(" ".join(parts).encode())
     return cache_root() / "cpu_kernel" / f"kernels-{key.hexdigest()[:16]}.so"
 
 
@@ -85,7 +105,7 @@ def _build(out: Path) -> None:
     as many compiler processes at once as there are cores, the longest (the FFI handlers)
     first, then link them. On 2 cores: the handlers beside the two kernels one after the
     other, 4.5 s; the three at once took 7.5 s."""
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    cxx = _compiler()
     if cxx is None:
         raise OSError("no C++ compiler (g++, c++ or $CXX)")
     with tempfile.TemporaryDirectory(dir=out.parent) as work:
