@@ -392,7 +392,7 @@ def test_string_ids_key_the_noise_not_the_slot(model64):
     [
         ({"batch": 0}, [[5, 6]], "batch"),
         ({"steps_per_call": 0}, [[5, 6]], "steps_per_call"),
-        ({"max_prompt_tokens": 4}, [[5] * 5], r"max_prompt_tokens\) \(4\); raise it to 5"),
+        ({"max_prompt_tokens": 4}, [[5] * 5], r"max-prompt-tokens\) \(4\); raise it to 5"),
         ({}, [lj.Request([5, 6], id="x"), lj.Request([7], id="x")], "used twice"),
         ({}, [[5] * 1020], "exceeds the model's context"),
         ({}, [lj.Request([5, 6], max_new_tokens=0)], "max_new_tokens"),
@@ -405,5 +405,5 @@ def test_bad_requests_are_refused_before_decoding(model64, kwargs, requests_, ne
         engine = lj.Engine(model64, **{"max_new_tokens": MAX_NEW, "lookahead": None, **kwargs})
         list(engine.run(requests_))
     assert "${" not in str(e.value)  # every slot in the library's words (errors.py)
-    if e.value.field in ("prompt", "id", "max_new_tokens"):  # a request's: it names it
+    if e.value.field in ("prompt", "id"):  # a request's prompt or id: it names the request
         assert str(e.value).startswith("prompt ")
