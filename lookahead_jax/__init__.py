@@ -5,6 +5,7 @@ from lookahead_jax.checkpoints.loading import ModelInfo, inspect, load
 from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed.sharding import make_mesh
 from lookahead_jax.engine import testing
+from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.continuous import Engine
 from lookahead_jax.engine.generate import (
     GenerationInterrupted,
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_LOOKAHEAD",
     "CheckpointError",
     "Engine",
+    "EngineConfig",
     "GenerationInterrupted",
     "GenerationOutput",
     "LlamaConfig",

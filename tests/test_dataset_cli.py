@@ -68,7 +68,7 @@ def test_dataset_flags_are_checked_before_anything_loads(tmp_path, capsys):
         (["--prompt", "x", "--batch", "2"], "--batch is for dataset mode"),
         (["--prompt", "x", "--output", "o.jsonl"], "--output is for dataset mode"),
         (["--prompts", str(prompts), "--stream"], "--stream does not apply"),
-        (["--prompts", str(prompts), "--batch", "0"], "--batch must be >= 1"),
+        (["--prompts", str(prompts), "--batch", "0"], "batch (--batch) must be an integer >= 1"),
         (["--prompts", str(prompts), "--prefix-cache-mb", "inf"], "finite number >= 0"),
         (["--prompt", "x", "--prefix-cache-mb", "64"], "--prefix-cache-mb is for dataset mode"),
     ]:

@@ -489,6 +489,6 @@ def test_auto_chooses_its_layout_for_greedy_rows_unless_told():
 
     parser = build_parser()
     assert parser.parse_args([]).auto_temperature == 0.0  # rounds that lose run plain
-    assert _validate(parser.parse_args(["--auto-temperature", "0"])) == "auto"
+    assert _validate(parser.parse_args(["--auto-temperature", "0"])).lookahead == "auto"
     with pytest.raises(lj.UserInputError, match="--auto-temperature must be in 0..2"):
         _validate(parser.parse_args(["--auto-temperature", "2.5"]))

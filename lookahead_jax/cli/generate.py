@@ -21,12 +21,8 @@ from lookahead_jax.cli.exits import (
     read_user_file,
     run_cli,
 )
+from lookahead_jax.engine.config import DEFAULT_BATCH, DEFAULT_PREFIX_CACHE_MB
 from lookahead_jax.errors import UserInputError
-
-DEFAULT_BATCH = 8  # --batch: the engine's slots in dataset mode
-# --prefix-cache-mb (dataset mode and the server): SmolLM2-135M float32 keeps 46 KB a
-# token, so 256 MB hold ~5,700 prompt tokens (a 7B model in bfloat16: ~500)
-DEFAULT_PREFIX_CACHE_MB = 256
 
 
 def parse_lookahead(text: str):
@@ -237,11 +233,11 @@ def _sampling(args) -> dict:
 
 
 def _validate(args):
-    """Everything checkable from the flags alone, so bad flags fail fast. Returns the
-    prompt text (None in dataset mode) and the lookahead setting."""
+    """Everything checkable from the flags alone, so bad flags fail fast: the command's
+    own here, the engine's by the one set of rules (EngineConfig). Returns the prompt text
+    (None in dataset mode) and the engine's settings (a single prompt: one row)."""
     from lookahead_jax.checkpoints.loading import resolve_dtype
-    from lookahead_jax.decoding.sampling import SamplingConfig
-    from lookahead_jax.engine.inputs import check_max_new_tokens
+    from lookahead_jax.engine.config import EngineConfig
     from lookahead_jax.models.quantize import check_weights
 
     if args.stream and args.json:
@@ -252,16 +248,10 @@ def _validate(args):
                 raise UserInputError(f"--{flag} does not apply to --prompts (dataset mode)")
         if args.batch is None:
             args.batch = DEFAULT_BATCH
-        if args.batch < 1:
-            raise UserInputError(f"--batch must be >= 1, got {args.batch}")
         if args.prefix_cache_mb is None:
             args.prefix_cache_mb = DEFAULT_PREFIX_CACHE_MB
         if args.shared_guesses is None:
             args.shared_guesses = True
-        if not 0 <= args.prefix_cache_mb < float("inf"):
-            raise UserInputError(
-                f"--prefix-cache-mb must be a finite number >= 0, got {args.prefix_cache_mb}"
-            )
         if args.output != "-" and os.path.abspath(args.output) == os.path.abspath(args.prompts):
             raise UserInputError("--output must not be the --prompts file")
     else:
@@ -274,8 +264,6 @@ def _validate(args):
         for flag, value in dataset_only:
             if value:
                 raise UserInputError(f"--{flag} is for dataset mode: give --prompts IN.jsonl too")
-    check_max_new_tokens(args.max_new_tokens)
-    SamplingConfig(args.temperature, args.top_k, args.top_p)
     resolve_dtype(args.dtype)
     check_weights(args.weights)
     if args.no_lookahead:
@@ -284,10 +272,18 @@ def _validate(args):
         lookahead = "auto"
     else:
         lookahead = parse_lookahead(args.lookahead)
-    return (None if args.prompts is not None else _read_prompt(args)), lookahead
+    config = EngineConfig(
+        batch=1 if args.prompts is None else args.batch,
+        max_new_tokens=args.max_new_tokens,
+        lookahead=lookahead,
+        prefix_cache_mb=args.prefix_cache_mb,
+        shared_guesses=bool(args.shared_guesses),
+        **_sampling(args),
+    )
+    return (None if args.prompts is not None else _read_prompt(args)), config
 
 
-def _check_against_checkpoint(args, prompt: str, lookahead):
+def _check_against_checkpoint(args, prompt: str, config):
     """What needs the checkpoint's config and tokenizer but not its weights: the lookahead
     size and prompt + budget against the context. Runs before the weights are loaded.
     Returns the checkpoint's ModelInfo and the prompt's token ids."""
@@ -296,8 +292,7 @@ def _check_against_checkpoint(args, prompt: str, lookahead):
 
     info = lj.inspect(args.ckpt)  # lj.load verifies the checksums
     context = info.cfg.max_position_embeddings
-    if lookahead not in ("auto", None):
-        lookahead.check_fits(context)
+    config.check_context(context)
     check_budget(context, args.max_new_tokens)
     if info.tokenizer is None:
         raise UserInputError(
@@ -333,7 +328,7 @@ def _one_shot_xla_flags() -> None:
 
 
 def _run(args, t_start: float) -> int:
-    prompt, lookahead = _validate(args)
+    prompt, config = _validate(args)
     args.color = wants_color(args.color)
     from lookahead_jax.distributed.sharding import check_batch, parse_mesh
 
@@ -347,7 +342,7 @@ def _run(args, t_start: float) -> int:
     from lookahead_jax.engine.streaming import StreamDetokenizer, steps_of
 
     if args.prompts is not None:
-        return _run_dataset(args, lookahead, mesh_sizes, t_start)
+        return _run_dataset(args, config, mesh_sizes, t_start)
     if args.distributed or os.environ.get("LOOKAHEAD_JAX_DISTRIBUTED") == "1":
         from lookahead_jax.distributed import multihost
 
@@ -355,7 +350,7 @@ def _run(args, t_start: float) -> int:
     mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else "auto"
     if mesh_sizes is not None:
         check_batch(mesh, jax.process_count())  # one prompt per process
-    info, ids = _check_against_checkpoint(args, prompt, lookahead)
+    info, ids = _check_against_checkpoint(args, prompt, config)
     t = time.perf_counter()
     model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
     load_s = time.perf_counter() - t
@@ -366,7 +361,7 @@ def _run(args, t_start: float) -> int:
         sys.stdout.write(printer.add_step(new_rows[0]))
         sys.stdout.flush()
 
-    kwargs = dict(max_new_tokens=args.max_new_tokens, lookahead=lookahead, **_sampling(args))
+    kwargs = dict(max_new_tokens=args.max_new_tokens, lookahead=config.lookahead, **_sampling(args))
     interrupted = False
     try:
         if printer is not None:
@@ -393,7 +388,7 @@ def _run(args, t_start: float) -> int:
     return EXIT_INTERRUPTED if interrupted else 0
 
 
-def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
+def _run_dataset(args, config, mesh_sizes, t_start: float) -> int:
     """--prompts: check every line, skip what the output already holds, decode the rest
     through the engine, one flushed line per result."""
     from tqdm import tqdm
@@ -404,8 +399,7 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
 
     info = lj.inspect(args.ckpt)
     context = info.cfg.max_position_embeddings
-    if lookahead not in ("auto", None):
-        lookahead.check_fits(context)
+    config.check_context(context)
     check_budget(context, args.max_new_tokens)
     if info.tokenizer is None:
         raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; --prompts needs one")
@@ -426,15 +420,7 @@ def _run_dataset(args, lookahead, mesh_sizes, t_start: float) -> int:
         )
     mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else "auto"
     model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
-    engine = lj.Engine(
-        model,
-        batch=args.batch,
-        max_new_tokens=args.max_new_tokens,
-        lookahead=lookahead,
-        prefix_cache_mb=args.prefix_cache_mb,
-        shared_guesses=args.shared_guesses,
-        **_sampling(args),
-    )
+    engine = lj.Engine(model, config)
     requests = [
         lj.Request(
             line.token_ids, line.id, line.max_new_tokens, line.temperature, line.top_k, line.top_p

@@ -11,16 +11,16 @@ stderr, exit 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
 from pathlib import Path
 
 from lookahead_jax.cli.exits import OneLineArgumentParser, run_cli
-from lookahead_jax.cli.generate import DEFAULT_PREFIX_CACHE_MB
+from lookahead_jax.engine.config import DEFAULT_BATCH, DEFAULT_PREFIX_CACHE_MB
 from lookahead_jax.errors import UserInputError
 
-DEFAULT_BATCH = 8
 DEFAULT_MAX_PROMPT = 1024
 GRACE_S = 10  # seconds a shutdown waits for handlers still running
 
@@ -158,37 +158,51 @@ def main(argv=None, prog: str = "python -m lookahead_jax.serve") -> int:
 
 
 def _validate(args):
+    """Everything checkable from the flags alone, before the model loads: the server's own
+    flags here, the engine's by the one set of rules (EngineConfig). Returns the engine's
+    settings (max_prompt_tokens as given: _run sizes a default from the context)."""
     from lookahead_jax.checkpoints.loading import resolve_dtype
     from lookahead_jax.cli.generate import parse_lookahead
-    from lookahead_jax.engine.inputs import check_max_new_tokens
+    from lookahead_jax.engine.config import EngineConfig
     from lookahead_jax.models.quantize import check_weights
+    from lookahead_jax.server.protocol import MAX_LOGPROBS
 
-    check_max_new_tokens(args.max_new_tokens)
-    for flag in ("batch", "max_queue", "max_prompt_tokens", "steps_per_call", "stream_steps"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise UserInputError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
-    if args.prefill_chunk != "auto":
-        chunk = args.prefill_chunk
-        if not chunk.isdigit() or int(chunk) % 16:
-            raise UserInputError(
-                f"--prefill-chunk must be auto, 0 or a multiple of 16 tokens, got {chunk!r}"
-            )
-        args.prefill_chunk = int(chunk) or None
-    if not 0 <= args.prefix_cache_mb < float("inf"):
-        raise UserInputError(
-            f"--prefix-cache-mb must be a finite number >= 0, got {args.prefix_cache_mb}"
-        )
+    if args.max_queue is not None and args.max_queue < 1:
+        raise UserInputError(f"--max-queue must be >= 1, got {args.max_queue}")
+    chunk = args.prefill_chunk
+    if chunk != "auto":  # "auto", 0 (None: in one piece) or a number of tokens
+        if not chunk.isdigit():
+            raise UserInputError(f"--prefill-chunk must be auto, 0 or a number, got {chunk!r}")
+        chunk = int(chunk) or None
     if not 0 < args.port < 65536:
         raise UserInputError(f"--port must be in 1..65535, got {args.port}")
-    _check_port_free(args.host, args.port)
     if not 0.0 <= args.auto_temperature <= 2.0:  # the API's range of temperatures
         raise UserInputError(f"--auto-temperature must be in 0..2, got {args.auto_temperature}")
     resolve_dtype(args.dtype)
     check_weights(args.weights)
     if args.no_lookahead:
-        return None
-    return "auto" if args.lookahead is None else parse_lookahead(args.lookahead)
+        lookahead = None
+    else:
+        lookahead = "auto" if args.lookahead is None else parse_lookahead(args.lookahead)
+    config = EngineConfig(
+        batch=args.batch,
+        max_new_tokens=args.max_new_tokens,
+        lookahead=lookahead,
+        steps_per_call=args.steps_per_call,
+        stream_steps=args.stream_steps,
+        max_prompt_tokens=args.max_prompt_tokens,
+        sampled=True,
+        prefix_cache_mb=args.prefix_cache_mb,
+        shared_guesses=args.shared_guesses,
+        prefill_chunk=chunk,
+        row_buckets={"auto": "auto", "on": True, "off": False}[args.row_buckets],
+        max_logprobs=MAX_LOGPROBS,  # what the API lets a request ask (server/protocol.py)
+        # requests bring their own settings (server/app.py): the engine's default
+        # temperature is only what auto tunes for
+        temperature=args.auto_temperature,
+    )
+    _check_port_free(args.host, args.port)  # last: the cheap checks first
+    return config
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -214,46 +228,26 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 def _run(args) -> int:
-    lookahead = _validate(args)
+    config = _validate(args)
     import uvicorn
 
     import lookahead_jax as lj
     from lookahead_jax.distributed.sharding import parse_mesh
+    from lookahead_jax.engine.inputs import check_budget
     from lookahead_jax.server.app import create_app
-    from lookahead_jax.server.protocol import MAX_LOGPROBS
     from lookahead_jax.server.runner import EngineRunner
 
     mesh = lj.make_mesh(**parse_mesh(args.mesh)) if args.mesh else "auto"
     info = lj.inspect(args.ckpt)
     context = info.cfg.max_position_embeddings
-    if args.max_new_tokens >= context:
-        raise UserInputError(
-            f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the "
-            f"model's context of {context} tokens"
-        )
-    max_prompt = args.max_prompt_tokens or min(DEFAULT_MAX_PROMPT, context - args.max_new_tokens)
-    if lookahead not in ("auto", None):
-        lookahead.check_fits(context)
+    check_budget(context, config.max_new_tokens)
+    if config.max_prompt_tokens is None:
+        max_prompt = min(DEFAULT_MAX_PROMPT, context - config.max_new_tokens)
+        config = dataclasses.replace(config, max_prompt_tokens=max_prompt)
+    config.check_context(context)  # before the weights load
     t = time.perf_counter()
     model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
-    engine = lj.Engine(
-        model,
-        batch=args.batch,
-        max_new_tokens=args.max_new_tokens,
-        lookahead=lookahead,
-        steps_per_call=args.steps_per_call,
-        stream_steps=args.stream_steps,
-        max_prompt_tokens=max_prompt,
-        sampled=True,
-        prefix_cache_mb=args.prefix_cache_mb,
-        shared_guesses=args.shared_guesses,
-        prefill_chunk=args.prefill_chunk,
-        row_buckets={"auto": "auto", "on": True, "off": False}[args.row_buckets],
-        max_logprobs=MAX_LOGPROBS,  # what the API lets a request ask (server/protocol.py)
-        # requests bring their own settings (server/app.py): the engine's default
-        # temperature is only what auto tunes for
-        temperature=args.auto_temperature,
-    )
+    engine = lj.Engine(model, config)
     if not args.no_warmup:
         # with logprobs asked: an offline run compiles the logprob code only when some
         # request asks, and the server's programs (online) always have it

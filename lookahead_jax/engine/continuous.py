@@ -44,9 +44,9 @@ in and whatever else runs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
-import math
 import queue
 import threading
 import time
@@ -56,16 +56,15 @@ import jax
 import jax.numpy as jnp
 
 from lookahead_jax.decoding.guess_memory import GuessMemory
-from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs, requests, row_buckets
+from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
-from lookahead_jax.engine.prefix_cache import BLOCK, PrefixCache
+from lookahead_jax.engine.prefix_cache import PrefixCache
 from lookahead_jax.engine.requests import Encoded, Listener, Request, Result, Update
 from lookahead_jax.engine.scheduler import Active, Scheduler
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 
 log = logging.getLogger("lookahead_jax.engine")
 SLOW_ROUND_S = 5.0  # a serving round longer than this is logged, with where its time went
@@ -73,11 +72,6 @@ SLOW_ROUND_S = 5.0  # a serving round longer than this is logged, with where its
 
 class _CtrlC(KeyboardInterrupt):
     """The offline driver's Ctrl-C, raised after the round it came in (Engine._drive)."""
-
-
-def _positive(name: str, value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise UserInputError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 class Engine:
@@ -140,81 +134,29 @@ class Engine:
     offline when some request asks.
     """
 
-    def __init__(
-        self,
-        model,
-        batch: int = 8,
-        max_new_tokens: int = 256,
-        lookahead: LookaheadConfig | str | None = "auto",
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int = 0,
-        chat: bool = False,
-        steps_per_call: int | None = 64,
-        max_prompt_tokens: int | None = None,
-        stream_steps: int = 4,
-        sampled: bool | None = None,
-        max_logprobs: int | None = 20,
-        prefix_cache_mb: float | None = None,
-        prefill_chunk: int | str | None = "auto",
-        shared_guesses: bool = False,
-        row_buckets: bool | str = "auto",
-    ):
+    def __init__(self, model, config: EngineConfig | None = None, **settings):
+        """config: the settings (engine/config.py), or give them as keywords (the
+        docstring's): `lj.Engine(model, batch=16)` is `lj.Engine(model,
+        EngineConfig(batch=16))`; keywords beside a config replace its fields."""
         inputs.check_model(model)
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise UserInputError(f"batch (--batch) must be an integer >= 1, got {batch!r}")
-        sharding.check_batch(model.mesh, batch)
-        inputs.check_max_new_tokens(max_new_tokens)
-        _positive("steps_per_call", steps_per_call)
-        _positive("stream_steps", stream_steps)
-        _positive("max_prompt_tokens", max_prompt_tokens)
-        inputs.check_lookahead(lookahead, model.lm.max_context)
-        self.model, self.batch, self.lookahead = model, batch, lookahead
-        self.max_new_tokens, self.seed, self.chat = max_new_tokens, seed, chat
-        self.sampling = SamplingConfig(float(temperature), top_k, top_p)
-        self.steps_per_call, self.stream_steps = steps_per_call, stream_steps
-        if max_prompt_tokens is not None:
-            inputs.check_context(model.lm.max_context, max_prompt_tokens, max_new_tokens)
-        self.max_prompt_tokens = max_prompt_tokens
-        self.sampled = sampled
-        if max_logprobs is not None and (
-            isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or max_logprobs < 0
-        ):
-            raise UserInputError(f"max_logprobs must be an integer >= 0, got {max_logprobs!r}")
-        self.max_logprobs = max_logprobs
-        if prefix_cache_mb is not None and (
-            isinstance(prefix_cache_mb, bool)
-            or not isinstance(prefix_cache_mb, int | float)
-            or not 0 <= prefix_cache_mb < math.inf
-        ):
+        if config is None:
+            config = EngineConfig(**settings)
+        elif not isinstance(config, EngineConfig):
             raise UserInputError(
-                f"prefix_cache_mb must be a finite number >= 0, got {prefix_cache_mb!r}"
+                f"config must be an lj.EngineConfig (or give the settings as keywords), "
+                f"got {type(config).__name__}"
             )
-        self.prefix_cache_mb = prefix_cache_mb
-        if prefill_chunk not in ("auto", None) and (
-            isinstance(prefill_chunk, bool)
-            or not isinstance(prefill_chunk, int)
-            or prefill_chunk < BLOCK
-            or prefill_chunk % BLOCK
-        ):
-            raise UserInputError(
-                f'prefill_chunk must be "auto", None or a multiple of {BLOCK} tokens (a '
-                f"block), got {prefill_chunk!r}"
-            )
-        self.prefill_chunk = prefill_chunk
-        if not isinstance(shared_guesses, bool):
-            raise UserInputError(f"shared_guesses must be True or False, got {shared_guesses!r}")
-        self.shared_guesses = shared_guesses
-        if row_buckets not in (True, False, "auto") or not isinstance(row_buckets, bool | str):
-            raise UserInputError(f'row_buckets must be True, False or "auto", got {row_buckets!r}')
-        self.row_buckets = row_buckets
+        elif settings:
+            config = dataclasses.replace(config, **settings)
+        sharding.check_batch(model.mesh, config.batch)
+        config.check_context(model.lm.max_context)
+        self.model, self.config = model, config
         self.guess_memory = GuessMemory()  # kept across runs (used with shared_guesses)
         self.prefill_shapes = PaddedShapes()  # kept across runs: prefill_shapes.py
         self._prefix_cache: PrefixCache | None = None  # made at the first run that uses it
         # the online rounds' counts since the start (or warm_up), which /metrics reads and
         # no offline run replaces; `stats`: the last offline run's, else those same ones
-        self.online_stats = self.stats = Stats(batch=batch)
+        self.online_stats = self.stats = Stats(batch=config.batch)
         self._scheduler: Scheduler | None = None  # the online slots (created at the first round)
         self._inbox: queue.Queue = queue.Queue()  # ("submit", Encoded) | ("cancel", id)
         self._known: set = set()  # ids submitted and not yet finished (online)
@@ -225,6 +167,23 @@ class Engine:
         # whichever thread asks, where the inbox and the slots' queue hand items over
         self._submitted = self._dequeued_before = 0
         self._wake = threading.Event()  # set by submit and cancel: serve() stops waiting
+
+    # the settings, read-only (self.config's; an engine's settings do not change)
+    batch = property(lambda self: self.config.batch)
+    max_new_tokens = property(lambda self: self.config.max_new_tokens)
+    lookahead = property(lambda self: self.config.lookahead)
+    seed = property(lambda self: self.config.seed)
+    chat = property(lambda self: self.config.chat)
+    sampling = property(lambda self: self.config.sampling)
+    steps_per_call = property(lambda self: self.config.steps_per_call)
+    stream_steps = property(lambda self: self.config.stream_steps)
+    max_prompt_tokens = property(lambda self: self.config.max_prompt_tokens)
+    sampled = property(lambda self: self.config.sampled)
+    max_logprobs = property(lambda self: self.config.max_logprobs)
+    prefix_cache_mb = property(lambda self: self.config.prefix_cache_mb)
+    prefill_chunk = property(lambda self: self.config.prefill_chunk)
+    shared_guesses = property(lambda self: self.config.shared_guesses)
+    row_buckets = property(lambda self: self.config.row_buckets)
 
     # ------------------------------------------------------------------ requests
 

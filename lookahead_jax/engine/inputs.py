@@ -47,14 +47,15 @@ def check_model(model) -> None:
     seam.check_model(model.lm)
 
 
-def check_lookahead(lookahead, max_context: int) -> None:
-    """A LookaheadConfig whose step fits the model's context, "auto" or None."""
+def check_lookahead(lookahead, max_context: int | None) -> None:
+    """A LookaheadConfig whose step fits the model's context (None: not checked), "auto"
+    or None."""
     if lookahead not in (None, "auto") and not isinstance(lookahead, LookaheadConfig):
         raise UserInputError(
             "lookahead must be a LookaheadConfig (e.g. LookaheadConfig.for_tokens(16)), "
             f"'auto' or None, got {lookahead!r}"
         )
-    if isinstance(lookahead, LookaheadConfig):
+    if isinstance(lookahead, LookaheadConfig) and max_context is not None:
         lookahead.check_fits(max_context)
 
 

@@ -1,0 +1,121 @@
+"""The engine's settings, checked once: `lj.Engine(model, **settings)` builds one, and the
+command line builds the same from its flags before any weights load (cli/generate.py,
+cli/serve.py), so a bad value gets the same refusal from the library, the dataset command
+and the server, from one rule here.
+
+    config = EngineConfig(batch=16, max_new_tokens=128, prefix_cache_mb=256)
+    config.check_context(info.cfg.max_position_embeddings)   # what needs the checkpoint
+    engine = lj.Engine(model, config)                         # or lj.Engine(model, batch=16, ...)
+
+What each setting does: lj.Engine's docstring (engine/continuous.py). Errors name the
+keyword and its command-line flag (`batch (--batch) must be ...`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from lookahead_jax.decoding.sampling import SamplingConfig
+from lookahead_jax.engine import inputs
+from lookahead_jax.engine.prefix_cache import BLOCK
+from lookahead_jax.errors import UserInputError
+from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+
+DEFAULT_BATCH = 8  # slots (the server's and the dataset command's --batch default too)
+# --prefix-cache-mb of the server and the dataset command (the library: off): SmolLM2-135M
+# float32 keeps 46 KB a token, so 256 MB hold ~5,700 prompt tokens (a 7B model in
+# bfloat16: ~500)
+DEFAULT_PREFIX_CACHE_MB = 256
+
+
+# the settings the command line sets by a flag of the same name (--batch, ...)
+FLAGGED = {
+    "batch", "max_new_tokens", "steps_per_call", "stream_steps", "max_prompt_tokens",
+    "prefix_cache_mb", "prefill_chunk", "shared_guesses", "row_buckets",
+}  # fmt: skip
+
+
+def _named(name: str) -> str:
+    """A setting as its messages name it: the keyword, and its flag where it has one."""
+    return f"{name} (--{name.replace('_', '-')})" if name in FLAGGED else name
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _at_least(name: str, value, least: int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not _integer(value) or value < least:
+        raise UserInputError(f"{_named(name)} must be an integer >= {least}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """lj.Engine's settings (its docstring says what each does), validated on creation;
+    `check_context` adds what needs the model's context length."""
+
+    batch: int = DEFAULT_BATCH
+    max_new_tokens: int = 256
+    lookahead: LookaheadConfig | str | None = "auto"
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    chat: bool = False
+    steps_per_call: int | None = 64
+    max_prompt_tokens: int | None = None
+    stream_steps: int = 4
+    sampled: bool | None = None
+    max_logprobs: int | None = 20
+    prefix_cache_mb: float | None = None
+    prefill_chunk: int | str | None = "auto"
+    shared_guesses: bool = False
+    row_buckets: bool | str = "auto"
+
+    def __post_init__(self):
+        _at_least("batch", self.batch, 1)
+        inputs.check_max_new_tokens(self.max_new_tokens)
+        inputs.check_lookahead(self.lookahead, max_context=None)
+        self.sampling  # noqa: B018  (SamplingConfig checks temperature, top_k, top_p)
+        _at_least("steps_per_call", self.steps_per_call, 1, optional=True)
+        _at_least("max_prompt_tokens", self.max_prompt_tokens, 1, optional=True)
+        _at_least("stream_steps", self.stream_steps, 1)
+        _at_least("max_logprobs", self.max_logprobs, 0, optional=True)
+        mb = self.prefix_cache_mb
+        if mb is not None and (
+            isinstance(mb, bool) or not isinstance(mb, int | float) or not 0 <= mb < math.inf
+        ):
+            raise UserInputError(
+                f"{_named('prefix_cache_mb')} must be a finite number >= 0, got {mb!r}"
+            )
+        chunk = self.prefill_chunk
+        if chunk not in ("auto", None) and (not _integer(chunk) or chunk < BLOCK or chunk % BLOCK):
+            raise UserInputError(
+                f'{_named("prefill_chunk")} must be "auto", None (0 on the command line) or '
+                f"a multiple of {BLOCK} tokens (a block), got {chunk!r}"
+            )
+        if not isinstance(self.shared_guesses, bool):
+            raise UserInputError(
+                f"{_named('shared_guesses')} must be True or False, got {self.shared_guesses!r}"
+            )
+        buckets = self.row_buckets
+        if buckets not in (True, False, "auto") or not isinstance(buckets, bool | str):
+            raise UserInputError(
+                f'{_named("row_buckets")} must be True, False or "auto", got {buckets!r}'
+            )
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The default sampling settings of requests without their own."""
+        return SamplingConfig(float(self.temperature), self.top_k, self.top_p)
+
+    def check_context(self, max_context: int) -> None:
+        """What needs the model's context length (the checkpoint's config suffices, before
+        the weights load): the lookahead step fits it, and so does a prompt of
+        max_prompt_tokens with max_new_tokens after it."""
+        inputs.check_lookahead(self.lookahead, max_context)
+        if self.max_prompt_tokens is not None:
+            inputs.check_context(max_context, self.max_prompt_tokens, self.max_new_tokens)
