@@ -62,7 +62,7 @@ from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import PrefixCache
 from lookahead_jax.engine.requests import Encoded, Listener, Request, Result, Update
-from lookahead_jax.engine.scheduler import Active, Scheduler
+from lookahead_jax.engine.scheduler import Active, Kept, Scheduler
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.errors import UserInputError
 
@@ -217,6 +217,10 @@ class Engine:
             self._prefix_cache = PrefixCache(like, self.prefix_cache_mb)
         return self._prefix_cache
 
+    def _kept(self) -> Kept:
+        """What this engine keeps across runs, for a run's scheduler."""
+        return Kept(self.guess_memory, self.prefill_shapes, self.prefix_cache())
+
     # ------------------------------------------------------------------ offline
 
     def run(self, prompts: Iterable) -> Iterator[Result]:
@@ -309,7 +313,10 @@ class Engine:
             encoded = sorted(encoded, key=lambda r: inputs.bucket(len(r.ids)))
         self.stats = Stats(batch=self.batch)
         P = fixed_P or inputs.bucket(len(encoded[0].ids))
-        scheduler = Scheduler(self, sampled, logprobs, new_positions, P, per_round)
+        scheduler = Scheduler(
+            self.model, self.config, self._kept(), self.stats, sampled, logprobs,
+            new_positions, P, per_round,
+        )  # fmt: skip
         scheduler.queue.extend(encoded)
         return scheduler
 
@@ -409,13 +416,15 @@ class Engine:
                 P = inputs.bucket(self.max_prompt_tokens or 1)
                 sampled = True if self.sampled is None else self.sampled
                 self._scheduler = Scheduler(
-                    self,
+                    self.model,
+                    self.config,
+                    self._kept(),
+                    self.online_stats,
                     sampled,
                     self.max_logprobs,
                     inputs.bucket(self.max_new_tokens),
                     P,
                     per_round=True,  # (auto's choice each round)
-                    stats=self.online_stats,
                 )
             scheduler = self._scheduler
             self._drain(scheduler)

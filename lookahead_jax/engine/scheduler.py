@@ -28,10 +28,14 @@ import numpy as np
 
 from lookahead_jax.decoding import autotune
 from lookahead_jax.decoding.decode_state import DecodeSpec
+from lookahead_jax.decoding.guess_memory import GuessMemory
 from lookahead_jax.distributed import multihost
 from lookahead_jax.engine import inputs, interrupts
 from lookahead_jax.engine.cached_prefill import CachedPrefill
+from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.device_slots import DeviceSlots
+from lookahead_jax.engine.prefill_shapes import PaddedShapes
+from lookahead_jax.engine.prefix_cache import PrefixCache
 from lookahead_jax.engine.requests import Encoded, Result, TokenLogprob, Update
 from lookahead_jax.engine.round_choice import RoundChoice, RowAcceptance, RowRound
 from lookahead_jax.engine.row_buckets import RowBuckets
@@ -57,40 +61,54 @@ class Active:
     acceptance: RowAcceptance = dataclasses.field(default_factory=RowAcceptance)
 
 
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """What an engine keeps across its runs, handed to each run's scheduler: the guess
+    sources' memory (used with shared_guesses), the prefill shapes compiled and the
+    padding spent for want of others (prefill_shapes.py), the prefix cache (or None)."""
+
+    guess_memory: GuessMemory
+    prefill_shapes: PaddedShapes
+    prefix_cache: PrefixCache | None
+
+
 class Scheduler:
     """The B slots of one run (offline) or of an online engine until a failure: the
     queue, the requests in the slots, and the rounds that move them."""
 
     def __init__(
         self,
-        engine,
+        model,
+        config: EngineConfig,
+        kept: Kept,
+        stats: Stats,
         sampled: bool,
         logprobs: int | None,
         new_positions: int,
         P: int,
         per_round: bool = False,
-        stats: Stats | None = None,
     ):
-        """per_round: auto chooses lookahead or plain steps each round (round_choice.py;
-        online), with the layout chosen for one row at the engine's temperature; else
-        once, for the batch, handing over to plain mid-run if it does not pay. stats:
-        where the rounds count (default: engine.stats, the offline run's)."""
+        """config: the engine's settings; kept: what the engine keeps across its runs
+        (its guess memory, prefill shapes and prefix cache); stats: where the rounds
+        count. per_round: auto chooses lookahead or plain steps each round
+        (round_choice.py; online), with the layout chosen for one row at the engine's
+        temperature; else once, for the batch, handing over to plain mid-run if it does
+        not pay."""
         self.started = time.perf_counter()
-        model = engine.model
-        self.engine, self.model, self.B = engine, model, engine.batch
-        self.stats: Stats = engine.stats if stats is None else stats
+        self.config, self.model, self.B = config, model, config.batch
+        self.stats = stats
         self.queue: collections.deque[Encoded] = collections.deque()
         self.dequeued = 0  # requests that left `queue`: admitted or cancelled
         self.active: list[Active | None] = [None] * self.B
         self.after_collect: Callable[[], None] | None = None  # called after each read-back
         self.cancelled: set[int] = set()  # slots whose requests were cancelled
-        auto, lookahead = None, engine.lookahead
+        auto, lookahead = None, config.lookahead
         if lookahead == "auto":
             limit = max_step_tokens(model.lm.max_context)
             if per_round:  # the load where lookahead pays most; each round judges the rest
-                auto = autotune.AutoRun(model, engine.sampling, limit, batch=1, guard=False)
+                auto = autotune.AutoRun(model, config.sampling, limit, batch=1, guard=False)
             else:
-                auto = autotune.AutoRun(model, engine.sampling, limit, batch=self.B)
+                auto = autotune.AutoRun(model, config.sampling, limit, batch=self.B)
             lookahead = auto.config
         spec = DecodeSpec(
             lm=model.lm,
@@ -100,19 +118,19 @@ class Scheduler:
             cache_dtype=jnp.dtype(model.dtype).name,
             logprobs=logprobs,
         )
-        memory = engine.guess_memory if engine.shared_guesses else None
+        memory = kept.guess_memory if config.shared_guesses else None
         self.device = DeviceSlots(
-            model, self.B, spec, new_positions, P, self.stats, memory, engine.prefill_shapes
+            model, self.B, spec, new_positions, P, self.stats, memory, kept.prefill_shapes
         )
-        cache = engine.prefix_cache()
-        self.prefix = None if cache is None else CachedPrefill(self, cache, engine.prefill_chunk)
+        cache = kept.prefix_cache
+        self.prefix = None if cache is None else CachedPrefill(self, cache, config.prefill_chunk)
         self.counts = RowCounts(self.device, auto, self.stats)
         # row buckets need every state edit on one device (take_rows has no shardings);
         # both rules time this process's rounds, so with several processes (which must
         # run the same programs each round) they are off, as auto's guard is
         multi = multihost.is_multiprocess()
         one_device = model.mesh is None and not multi
-        self.buckets = RowBuckets(self.B, engine.row_buckets if one_device else False)
+        self.buckets = RowBuckets(self.B, config.row_buckets if one_device else False)
         self.stats.rounds_by_rows = self.buckets.rounds
         self.round_choice = None
         if per_round and lookahead is not None and auto is not None and not multi:
@@ -121,7 +139,7 @@ class Scheduler:
             "lookahead": None if lookahead is None else lookahead.describe(),
             "dtype": spec.cache_dtype,
             "sampled": sampled,
-            **engine.sampling.describe(),
+            **config.sampling.describe(),
         }
         if auto is not None:
             self.stats.config["lookahead_auto"] = {
@@ -213,11 +231,11 @@ class Scheduler:
         """Steps the next loop call may run: stream_steps while a request streams, else
         steps_per_call (None: auto's check window while it watches, else the whole
         max_new_tokens)."""
-        engine = self.engine
+        config = self.config
         if any(x is not None and x.request.streams for x in self.active):
-            return engine.stream_steps
-        if engine.steps_per_call is not None:
-            return engine.steps_per_call
+            return config.stream_steps
+        if config.steps_per_call is not None:
+            return config.steps_per_call
         if self.auto is not None and self.auto.steps_per_call is not None:
             return self.auto.steps_per_call  # also after a hand-over: Ctrl-C is noticed as soon
         return self.device.new_positions + 1
