@@ -350,6 +350,26 @@ def test_an_offline_run_leaves_the_online_stats_alone(model64):
     assert engine.online_stats is online and online.prompts == 2
 
 
+def test_after_warm_up_the_first_requests_compile_nothing(model64):
+    """Engine.warm_up (the server's) compiles what the first requests use: the loops, and
+    one row's prefill at WARM_SIDE (here the state's prompt side) from scratch and past
+    cached blocks, which shorter prompts pad to (each compiled its own before: 2-6 s of
+    a server's first chats)."""
+    longest = max(PROMPTS, key=len)
+    with jax.enable_x64(True):  # (the shapes of the tests above, with the prefix cache)
+        engine = lj.Engine(
+            model64, batch=3, max_new_tokens=MAX_NEW, lookahead=None, max_prompt_tokens=LONGEST,
+            sampled=True, prefix_cache_mb=1,
+        )  # fmt: skip
+        engine.warm_up(lj.Request([1], max_new_tokens=1, logprobs=0))
+        for _ in range(2):  # a prompt, then again: past its cached blocks
+            engine.submit(lj.Request(longest, max_new_tokens=4))
+            while engine.round():
+                pass
+    assert engine.online_stats.prefix_hits == 1
+    assert engine.online_stats.compile_s == 0
+
+
 def test_serve_logs_a_slow_round_with_where_its_seconds_went(model64, monkeypatch, caplog):
     """`serve` (the server's loop) logs a round slower than SLOW_ROUND_S (every round, at
     0) with its seconds by part; it runs until `stop` is set (here by the result)."""

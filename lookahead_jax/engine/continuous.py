@@ -68,6 +68,10 @@ from lookahead_jax.errors import UserInputError
 
 log = logging.getLogger("lookahead_jax.engine")
 SLOW_ROUND_S = 5.0  # a serving round longer than this is logged, with where its time went
+# the prefill side warm_up compiles for one row: chat messages with their template are
+# mostly shorter (MT-bench first turns: 30-200 tokens with SmolLM2's template), and a
+# prefill pads to a compiled side rather than wait ~2-6 s for its own
+WARM_SIDE = 128
 
 
 class _CtrlC(KeyboardInterrupt):
@@ -324,25 +328,29 @@ class Engine:
         """Decode `request` offline, then compile the decode loops of every row bucket at
         the shapes it ran at (with max_prompt_tokens: the online rounds' own; with auto
         its plain rounds' too), so that the first requests do not wait for a loop
-        whichever number of them is live; with the prefix cache, the prefill of one row's
-        short rest after cached blocks too. (Smaller programs still compile at their first
-        use: prefills of other row counts and prompt buckets, and the slot edits of
-        slot_state.py per row bucket, a fraction of a second each.) The stats start
-        afresh after it."""
+        whichever number of them is live; and one row's prefill of a chat-sized prompt
+        (WARM_SIDE tokens: a message with its chat template) from scratch and, with the
+        prefix cache, past cached blocks (a chat after the template's cached system
+        prompt, a conversation's next turn), which the first requests' prefills pad to
+        rather than compile their own (prefill_shapes.py compiles those later, in the
+        background, once their padding has cost a compile). (Smaller programs still
+        compile at their first use: prefills of other row counts and longer prompts, and
+        the slot edits of slot_state.py per row bucket, a fraction of a second each.) The
+        stats start afresh after it."""
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass
         rows = row_buckets.buckets(self.batch) if scheduler.buckets.mode is not False else []
         device = scheduler.device
         names = device.loop_names(scheduler.round_choice is not None)
-        # with the prefix cache, one row after cached blocks (the smallest side: a next
-        # turn's short message, or a chat past the template's cached system prompt)
         pool = None if scheduler.prefix is None else scheduler.prefix.cache.pool
-        if pool is not None:
-            device.compile_prefill(1, inputs.prefill_side(1), pool, wait=False)
+        side = min(WARM_SIDE, device.P)
+        prefills = [None] if pool is None else [None, pool]  # from scratch, past blocks
+        for p in prefills:  # in the background, beside the loops
+            device.compile_prefill(1, side, p, wait=False)
         device.compile_loops(rows or [self.batch], names)
-        if pool is not None:
-            device.compile_prefill(1, inputs.prefill_side(1), pool)
+        for p in prefills:  # (waits for them; known to prefill_shapes.py from here)
+            device.compile_prefill(1, side, p)
         self.online_stats = self.stats = Stats(batch=self.batch)
 
     # ------------------------------------------------------------------ online

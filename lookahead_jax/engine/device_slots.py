@@ -222,8 +222,9 @@ class DeviceSlots:
         soon = None if wait else self._compile_soon(pool)
         if soon is not None:
             soon(rows, side)
-        else:
-            self._compiled(*self._start_key(rows, side, pool), "start")
+        else:  # known to prefill_shapes.py: a larger shape for smaller ones to pad to
+            _, secs = self._compiled(*self._start_key(rows, side, pool), "start")
+            self.padded.ran("prompt" if pool is None else "suffix", rows, side, secs)
 
     def _start_key(self, rows: int, side: int, pool: kv_pool.KVPool | None = None) -> tuple:
         """programs.py's (room for new positions, start arguments) of a prefill of this
