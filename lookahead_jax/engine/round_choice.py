@@ -36,20 +36,26 @@ code chats) it ended at 0.87 at one row, 1.00-1.05 at 2 to 16 rows.
 The mode not chosen runs again now and then to keep its figures fresh: after 4 rounds,
 then 8, 16 up to 32 while the choice holds, back to 4 when it flips. Lookahead is
 *hopeless* at R when its cost ratio there is above the best acceptance any row showed in
-the last WINDOW lookahead rounds (even rows like that one could not pay for its steps):
+the last WINDOW lookahead rounds, HOPELESS_AFTER of them at least (even rows like that
+one could not pay for its steps):
 then it is re-measured only every HOPELESS_INTERVAL rounds, and by a probe of one step.
 A new R starts with three one-step lookahead probes (the first unmeasured: a program's
-first run may carry one-time costs), then plain rounds (the first unmeasured too).
+first run may carry one-time costs), then plain rounds (the first unmeasured too). A
+probe measures the step's cost only: what it accepts is not counted, since a request's
+first steps accept little (its guess pools start empty) and a hopeless re-probe's one
+step is a noisy figure. (On a server's first MT-bench chats at R = 1 the probes read 1.0
+token a step and 1.67x plain's cost, which made lookahead hopeless there before any of
+its rounds had run.)
 
 Worked example (T = 12, a 2-core CPU): at R = 16 plain steps take 70 ms and lookahead
-steps 780 ms, 11x; the best row lately accepted 3.25 tokens a step: hopeless, so plain
+steps 780 ms, 11x; the best row lately accepted 2.25 tokens a step: hopeless, so plain
 runs, and a one-step lookahead probe (0.8 s) every 128 rounds (of 4 steps: ~36 s) costs
 ~2 %. Load falls to one greedy row (R = 1): plain 30 ms, lookahead 36 ms (1.2x); the row
 is new and recent greedy rows accepted 2.25 tokens a step: 2.25 / 36 > 1.03 / 30,
 lookahead runs; its round then reads 1 token a step (none of its guesses land: a prose
 answer), and after it the row's figure is 1.31 (its own 1.0, drawn toward its kind's,
 now 1.63: the mean of the earlier row's 2.25 and its own), times R = 1's calibration,
-now 0.86 (the round emitted 4 tokens where 9 were predicted), 1.13: under the
+now 0.89 (the round emitted 4 tokens where 9 were predicted), 1.16: under the
 break-even 1.03 * 36 / 30 = 1.24, so plain runs, and lookahead is tried again after 4
 rounds. Tokens are the same whichever mode runs (every guess is verified).
 
@@ -71,6 +77,7 @@ MARGIN = 1.03  # lookahead's expected rate over plain's needed to run it (as aut
 WINDOW = 8  # rounds a cost is measured over
 FIRST_INTERVAL, MAX_INTERVAL = 4, 32  # rounds between runs of the mode not chosen
 HOPELESS_INTERVAL = 128  # ... where lookahead cannot pay (then a one-step probe)
+HOPELESS_AFTER = 4  # lookahead rounds (not probes) seen before it may be judged hopeless
 ROW_DECAY = 0.7  # a row's earlier lookahead rounds' weight, per newer round
 PRIOR_STEPS = 4  # the weight, in steps, of a row's kind's acceptance in its own figure
 KIND_ROWS = 16  # the recent rows a kind's acceptance is the mean of
@@ -158,11 +165,15 @@ class RoundChoice:
     def hopeless(self, R: int) -> bool:
         """Whether lookahead's step at R costs more, over plain's, than the best row seen
         lately accepted a step (both costs measured, lookahead's by two rounds at least:
-        one noisy probe must not shut it out for HOPELESS_INTERVAL rounds)."""
+        one noisy probe must not shut it out for HOPELESS_INTERVAL rounds; and
+        HOPELESS_AFTER lookahead rounds run, at any R: a request's first round accepts
+        little, its guess pools empty)."""
         la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
         if la is None or pl is None or len(self._timed[(R, "lookahead")]) < 2:
             return False
-        return la / pl > max(max(self._best, default=self.prior), 1.0)
+        if len(self._best) < HOPELESS_AFTER:  # too few lookahead rounds seen (probes: none)
+            return False
+        return la / pl > max(max(self._best), 1.0)
 
     def _plain_wins(self, R: int, rows: list[RowRound]) -> bool:
         """Whether plain steps would emit these rows' tokens faster at R (both costs
@@ -191,14 +202,16 @@ class RoundChoice:
         plain = plain_wins != explore
         return plain, not plain and hopeless
 
-    def ran(self, R: int, plain: bool, seconds: float, rows: list[RowRound]) -> None:
+    def ran(
+        self, R: int, plain: bool, seconds: float, rows: list[RowRound], probe: bool = False
+    ) -> None:
         """A round at R rows ran (plain or not) for `seconds`; `rows`: its live rows, with
-        the tokens each emitted and the steps each ran."""
+        the tokens each emitted and the steps each ran; `probe`: a one-step lookahead
+        probe (`choose` said so), which measures the step's cost only."""
         key = (R, "plain" if plain else "lookahead")
         self.rounds[key] = self.rounds.get(key, 0) + 1
-        if not plain and self._last.get(R) is not None:  # (not the opening probes)
+        if not plain and not probe:  # every real round's acceptance counts, a first one's too
             self._calibrate(R, [r for r in rows if r.steps > 0])
-        if not plain:  # every row's acceptance counts, a first round's too
             for r in rows:
                 if r.steps > 0:
                     r.acceptance.add(r.tokens, r.steps)

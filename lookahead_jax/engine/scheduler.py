@@ -181,7 +181,8 @@ class Scheduler:
             return finished
         if device.has_work():
             live = self._fit_rows()
-            choice, plain, steps = self.round_choice, False, self._steps_per_call()
+            choice, plain, probe = self.round_choice, False, False
+            steps = self._steps_per_call()
             if choice is not None:  # (rows to retire stop before the loop runs)
                 done_b, n_out_b, steps_b = device.read("done", "n_out", "steps")
                 decoding = np.flatnonzero(~done_b & ~device.to_retire_b)
@@ -199,7 +200,7 @@ class Scheduler:
                 for r, s in zip(rows, decoding, strict=True):
                     r.tokens = int(n_after_b[s] - n_out_b[s])
                     r.steps = int(steps_after_b[s] - steps_b[s])
-                choice.ran(device.rows, plain, loop_s, rows)
+                choice.ran(device.rows, plain, loop_s, rows, probe)
                 stats.per_round = choice.describe()
             self.counts.watch(self.occupied())
         finished += self._collect()
