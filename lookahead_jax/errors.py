@@ -10,9 +10,10 @@ message in the library's and the CLI's words; `e.render(words)` in a front end's
 server's: server/app.py). No front end rewrites a message's text.
 """
 
+import re
 from collections.abc import Mapping
-from string import Template
 
+_SLOT = re.compile(r"\$\{(\w+)\}")
 # The library's and the CLI's words for a message's slots (the server has its own)
 WORDS = {
     "max_new_tokens": "max_new_tokens (--max-new-tokens)",
@@ -37,7 +38,9 @@ class UserInputError(ValueError):
         then the library's WORDS."""
         if "${" not in self.template:
             return self.template
-        return Template(self.template).safe_substitute({**WORDS, **self.values, **(words or {})})
+        filled = {**WORDS, **self.values, **(words or {})}
+        # only ${name} slots with a filling: other text ($, $$, an unknown ${x}) as it is
+        return _SLOT.sub(lambda m: filled.get(m.group(1), m.group(0)), self.template)
 
     def __str__(self) -> str:
         return self.render()

@@ -26,3 +26,4 @@ class _CallsTheLibraryFunction(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallsTheLibraryFunction
+__doc__ = __wrapped__.__doc__  # help(lj.generate): the function's

@@ -8,6 +8,7 @@ import pytest
 
 from lookahead_jax.engine import row_buckets
 from lookahead_jax.engine.round_choice import (
+    HOPELESS_AFTER,
     HOPELESS_INTERVAL,
     WINDOW,
     RoundChoice,
@@ -128,6 +129,23 @@ def test_probes_that_accept_nothing_do_not_make_lookahead_hopeless():
     )
     assert not rule.hopeless(1)
     assert run(rule, 1, cost, rows, [2.0]) == (False, False)  # lookahead, a real round
+
+
+def test_a_hopeless_spell_ends_when_rows_start_accepting():
+    """Lookahead becomes hopeless after HOPELESS_AFTER real rounds of rows that accept
+    nothing, not before; its re-probes count what rows accept, so rows that accept well
+    later end the spell (an opening probe measures cost only, a re-probe both)."""
+    rule = RoundChoice(prior=2.0)
+    cost, prose = {"plain": 30.0, "lookahead": 40.0}, fresh(1)
+    real = 0
+    while not rule.hopeless(1):
+        plain, probe = run(rule, 1, cost, prose, [1.0])
+        real += not plain and not probe
+    assert real == HOPELESS_AFTER  # its own rounds, not the opening probes, decided it
+    code = fresh(1)
+    runs = [run(rule, 1, cost, code, [3.0]) for _ in range(HOPELESS_INTERVAL + 20)]
+    assert not rule.hopeless(1)
+    assert sum(not plain and not probe for plain, probe in runs) > 0  # real rounds again
 
 
 def test_round_choice_sums_each_rows_own_acceptance():

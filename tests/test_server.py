@@ -6,6 +6,7 @@ answer can be compared token for token with a lone decode of its prompt."""
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -482,6 +483,25 @@ def test_a_port_in_use_is_refused_before_the_model_loads(tiny_text_ckpt):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and f":{port}" in lines[0] and "serving" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--batch", "0"], "batch (--batch) must be an integer >= 1, got 0"),
+        (["--prefill-chunk", "8"], "prefill_chunk (--prefill-chunk) must be"),
+        (["--steps-per-call", "0"], "steps_per_call (--steps-per-call) must be an integer"),
+        (["--prefix-cache-mb", "inf"], "prefix_cache_mb (--prefix-cache-mb) must be a finite"),
+        (["--max-queue", "0"], "--max-queue must be >= 1"),
+    ],
+)
+def test_the_servers_flags_are_refused_by_the_engines_rules(flags, words):
+    """The engine's settings from the server's flags go through EngineConfig: the same
+    refusal, in the same words, as the library's and the dataset command's."""
+    from lookahead_jax.cli.serve import _validate, build_parser
+
+    with pytest.raises(lj.UserInputError, match=re.escape(words)):
+        _validate(build_parser().parse_args(flags))
 
 
 def test_auto_chooses_its_layout_for_greedy_rows_unless_told():

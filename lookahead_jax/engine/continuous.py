@@ -336,7 +336,8 @@ class Engine:
         background, once their padding has cost a compile). (Smaller programs still
         compile at their first use: prefills of other row counts and longer prompts, and
         the slot edits of slot_state.py per row bucket, a fraction of a second each.) The
-        stats start afresh after it."""
+        stats start afresh after it: call it before serving (the server does), not once
+        online rounds have run."""
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass

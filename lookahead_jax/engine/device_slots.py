@@ -223,8 +223,10 @@ class DeviceSlots:
         if soon is not None:
             soon(rows, side)
         else:  # known to prefill_shapes.py: a larger shape for smaller ones to pad to
-            _, secs = self._compiled(*self._start_key(rows, side, pool), "start")
-            self.padded.ran("prompt" if pool is None else "suffix", rows, side, secs)
+            self._compiled(*self._start_key(rows, side, pool), "start")
+            # (its seconds not among the compiles the padding rule averages: they may be
+            # a wait for a compile started in the background)
+            self.padded.ran("prompt" if pool is None else "suffix", rows, side, 0.0)
 
     def _start_key(self, rows: int, side: int, pool: kv_pool.KVPool | None = None) -> tuple:
         """programs.py's (room for new positions, start arguments) of a prefill of this

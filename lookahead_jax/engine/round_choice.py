@@ -40,12 +40,12 @@ the last WINDOW lookahead rounds, HOPELESS_AFTER of them at least (even rows lik
 one could not pay for its steps):
 then it is re-measured only every HOPELESS_INTERVAL rounds, and by a probe of one step.
 A new R starts with three one-step lookahead probes (the first unmeasured: a program's
-first run may carry one-time costs), then plain rounds (the first unmeasured too). A
-probe measures the step's cost only: what it accepts is not counted, since a request's
-first steps accept little (its guess pools start empty) and a hopeless re-probe's one
-step is a noisy figure. (On a server's first MT-bench chats at R = 1 the probes read 1.0
-token a step and 1.67x plain's cost, which made lookahead hopeless there before any of
-its rounds had run.)
+first run may carry one-time costs), then plain rounds (the first unmeasured too). The
+opening probes measure the step's cost only: what they accept is not counted, since a
+request's first steps accept little (its guess pools start empty). (On a server's first
+MT-bench chats at R = 1 they read 1.0 token a step at 1.67x plain's cost, which made
+lookahead hopeless there before any of its rounds had run.) A hopeless bucket's re-probe
+counts both: rows that start accepting well end the spell.
 
 Worked example (T = 12, a 2-core CPU): at R = 16 plain steps take 70 ms and lookahead
 steps 780 ms, 11x; the best row lately accepted 2.25 tokens a step: hopeless, so plain
@@ -207,10 +207,12 @@ class RoundChoice:
     ) -> None:
         """A round at R rows ran (plain or not) for `seconds`; `rows`: its live rows, with
         the tokens each emitted and the steps each ran; `probe`: a one-step lookahead
-        probe (`choose` said so), which measures the step's cost only."""
+        probe (`choose` said so): an opening probe measures the step's cost only, a
+        hopeless bucket's re-probe its rows' acceptance too (else nothing could end it)."""
         key = (R, "plain" if plain else "lookahead")
         self.rounds[key] = self.rounds.get(key, 0) + 1
-        if not plain and not probe:  # every real round's acceptance counts, a first one's too
+        opening = probe and self._last.get(R) is None
+        if not plain and not opening:  # every other round's acceptance counts, a first one's too
             self._calibrate(R, [r for r in rows if r.steps > 0])
             for r in rows:
                 if r.steps > 0:

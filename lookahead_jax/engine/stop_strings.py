@@ -12,11 +12,12 @@ string holds). Per round the work is then the new tokens', not the whole answer'
     window          [ back  ][new]     back = MAX_TOKENS_PER_CHAR * longest stop + MARGIN
 
 A stop string seen in the window is confirmed in the text of every token up to it (one
-whole decode, once a request): a window that starts inside a character decodes to text
-the answer does not hold (U+FFFD), so a window alone could end an answer at a stop string
-that is not there. Every reader of stop strings goes through this module: the engine
-(`find_stop`, then `before_stop` for the result's text) and the server's stream, which
-holds back what could start one (`held_back`).
+whole decode when a stop string ends the answer; more only after a false sighting): a
+window that starts inside a character decodes to text the answer does not hold (U+FFFD),
+so a window alone could end an answer at a stop string that is not there. Every reader
+of stop strings goes through this module: the engine (`find_stop`, then `before_stop` for
+the result's text) and the server's stream, which holds back what could start one
+(`held_back`).
 """
 
 from __future__ import annotations
