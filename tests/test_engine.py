@@ -370,6 +370,18 @@ def test_after_warm_up_the_first_requests_compile_nothing(model64):
     assert engine.online_stats.compile_s == 0
 
 
+def test_an_engine_says_how_it_decodes(model64):
+    """Engine.decoding(): the server's start line and /health (auto's own line, with the
+    layout chosen for one row, once warm_up has run: the server's test sees a fixed one)."""
+    la = lj.LookaheadConfig.for_tokens(16)
+    said = [lj.Engine(model64, lookahead=x).decoding() for x in (None, la, "auto")]
+    assert said == [
+        "plain decoding",
+        f"lookahead {la.name} every round",
+        "auto (its layout chosen at the first round)",
+    ]
+
+
 def test_serve_logs_a_slow_round_with_where_its_seconds_went(model64, monkeypatch, caplog):
     """`serve` (the server's loop) logs a round slower than SLOW_ROUND_S (every round, at
     0) with its seconds by part; it runs until `stop` is set (here by the result)."""

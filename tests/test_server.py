@@ -72,6 +72,8 @@ def server(tiny_text_ckpt):
     yield url
     code, err = stop_server(proc)
     assert code == 0, err
+    start = [line for line in err.splitlines() if line.startswith("serving ")]
+    assert start and start[0].endswith("; lookahead tokens=16 every round)"), err
 
 
 @pytest.fixture(scope="module")
@@ -418,7 +420,8 @@ def test_bad_json_auth_models_health_and_the_server_keeps_serving(server, refere
     with pytest.raises(openai.AuthenticationError):
         client(server, "wrong").models.list()
     assert [m.id for m in client(server).models.list().data] == [MODEL]
-    assert httpx.get(f"{server}/health").json() == {"status": "ok"}
+    health = httpx.get(f"{server}/health").json()
+    assert health == {"status": "ok", "decoding": "lookahead tokens=16 every round"}
     metrics = httpx.get(f"{server}/metrics").text
     for name in (
         "lookahead_requests_total",

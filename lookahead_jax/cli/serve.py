@@ -281,7 +281,8 @@ def _run(args) -> int:
     runner.start()
     print(
         f"serving {name} on http://{args.host}:{args.port}/v1 "
-        f"(batch {args.batch}, loaded and warmed in {time.perf_counter() - t:.1f} s)",
+        f"(batch {args.batch}, loaded and warmed in {time.perf_counter() - t:.1f} s; "
+        f"{engine.decoding()})",
         file=sys.stderr,
         flush=True,
     )

@@ -155,6 +155,7 @@ class Engine:
         sharding.check_batch(model.mesh, config.batch)
         config.check_context(model.lm.max_context)
         self.model, self.config = model, config
+        self._auto_choice = None  # auto's choice for one row, once warm_up has run
         self.guess_memory = GuessMemory()  # kept across runs (used with shared_guesses)
         self.prefill_shapes = PaddedShapes()  # kept across runs: prefill_shapes.py
         self._prefix_cache: PrefixCache | None = None  # made at the first run that uses it
@@ -341,6 +342,7 @@ class Engine:
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass
+        self._auto_choice = None if scheduler.auto is None else scheduler.auto.choice
         rows = row_buckets.buckets(self.batch) if scheduler.buckets.mode is not False else []
         device = scheduler.device
         names = device.loop_names(scheduler.round_choice is not None)
@@ -353,6 +355,28 @@ class Engine:
         for p in prefills:  # (waits for them; known to prefill_shapes.py from here)
             device.compile_prefill(1, side, p)
         self.online_stats = self.stats = Stats(batch=self.batch)
+
+    def decoding(self) -> str:
+        """How this engine decodes, in a line (the server's start line and /health):
+        plain, a fixed layout, or auto's layout (online: run in the rounds whose rows
+        measure it faster than plain steps; its choice known once warm_up ran)."""
+        la = self.lookahead
+        if la is None:
+            return "plain decoding"
+        if la != "auto":
+            return f"lookahead {la.name} every round"
+        choice = self._auto_choice
+        if choice is None:
+            return "auto (its layout chosen at the first round)"
+        t = self.sampling.temperature
+        if choice.config is None:
+            return f"auto: plain (no lookahead layout pays for one row at temperature {t:g})"
+        return (
+            f"auto: lookahead {choice.config.name} or plain steps, each round whichever its "
+            f"rows measure faster (for one row at temperature {t:g}: a step "
+            f"{choice.cost_ratio:.2f}x a plain one for ~{choice.expected_compression:.2f} "
+            "tokens)"
+        )
 
     # ------------------------------------------------------------------ online
 

@@ -61,7 +61,7 @@ def create_app(runner: EngineRunner, model_name: str, api_key: str | None = None
     async def health():
         if runner.fatal or runner.stopping:
             return JSONResponse({"status": "unavailable", "reason": runner.fatal}, 503)
-        return {"status": "ok"}
+        return {"status": "ok", "decoding": runner.engine.decoding()}
 
     @app.get("/metrics")
     async def prometheus():
