@@ -534,10 +534,9 @@ class Engine:
 
     def _round_figures(self) -> tuple[float, ...]:
         """(compile_s, prefill_s, decode_s, prefill calls, loop rounds) of the online
-        stats so far (zeros before the first round)."""
-        if self._scheduler is None:
-            return (0.0,) * 5
-        st = self._scheduler.stats
+        stats so far (every online scheduler counts in them, a new one after a failure
+        too)."""
+        st = self.online_stats
         return st.compile_s, st.prefill_s, st.decode_s, st.prefill_calls, st.rounds
 
     def _log_if_slow(self, seconds: float, before: tuple[float, ...]) -> None:
