@@ -74,7 +74,9 @@ def test_json_contract_and_api_agreement(tiny_text_ckpt, tmp_path):
     rec = json.loads(lines[0])
     assert set(rec) >= JSON_FIELDS
     assert rec["new_tokens"] == len(rec["token_ids"]) <= 24
-    assert rec["compression"] == pytest.approx(rec["new_tokens"] / max(rec["steps"], 1))
+    # tokens its steps emitted a step: the prefill's first is not a step's, an EOS is
+    emitted = round(rec["compression"] * rec["steps"])
+    assert emitted in (rec["new_tokens"] - 1, rec["new_tokens"]), rec
     assert rec["config"]["dtype"] == "float32"
     # the default is auto: the record says what it chose and ran exactly that. With the
     # cost curve conftest seeds for this model's shapes a small layout wins, and on this

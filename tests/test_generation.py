@@ -106,6 +106,9 @@ def test_eos_and_budget_stop_rows_independently(tiny_ckpts):
         want = free[b][: free[b].index(eos)] if eos in free[b] else free[b]
         assert out.token_ids[b] == want
     assert out.steps[1] == cut  # the EOS step was its last forward pass
+    # rows ended by EOS and by the budget: a plain step emits exactly one token (an EOS
+    # too), and the prefill's first token is not a step's
+    assert out.stats.step_tokens == out.stats.row_steps and out.stats.compression == 1.0
     one = lj.generate(model, prompts, max_new_tokens=1, lookahead=None)
     assert [len(t) for t in one.token_ids] == [1, 1, 1] and one.steps == [0, 0, 0]
 

@@ -283,7 +283,7 @@ class Scheduler:
             if r.id == request_id:
                 self.queue.remove(r)
                 self.dequeued += 1
-                return self._deliver(Active(r, time.perf_counter()), [], [], "cancelled", 0)
+                return self._deliver(Active(r, time.perf_counter()), [], [], "cancelled", (0, 0))
         for s, a in enumerate(self.active):
             if a is not None and a.request.id == request_id:
                 self.cancelled.add(s)  # ended by the next _collect
@@ -307,7 +307,7 @@ class Scheduler:
             if a.chunking:  # nothing on the device yet; ended only by a cancel
                 if end_all is not None or s in cancelled:
                     self.active[s] = None  # its row holds nothing of it: no count, no retire
-                    finished.append(self._deliver(a, [], [], end_all or "cancelled", 0))
+                    finished.append(self._deliver(a, [], [], end_all or "cancelled", (0, 0)))
                 continue
             new = tokens_bs[s, prompt_len_b[s] : prompt_len_b[s] + n_out_b[s]].tolist()
             if a.request.prompt_logprobs is not None and a.prompt_logprobs is None:
@@ -345,7 +345,12 @@ class Scheduler:
             if finish == "eos" and logprobs is not None:  # the EOS sits after the new tokens
                 end = prompt_len_b[s] + n_out_b[s]
                 eos = (int(tokens_bs[s, end]), kept.at(s, end, end + 1, a.request.logprobs)[0])
-            result = self._deliver(a, cut, step_of_token, finish, int(steps_b[s]), eos)
+            # the tokens its steps emitted: all but the prefill's first, and an EOS a step
+            # emitted (not counted in n_out)
+            n = int(n_out_b[s])
+            emitted = max(n - 1, 0) + int(bool(done_b[s]) and 0 < n < max_new_b[s])
+            steps = (int(steps_b[s]), emitted)
+            result = self._deliver(a, cut, step_of_token, finish, steps, eos)
             finished.append(result)
         self.counts.count(ended)
         if ended:
@@ -397,9 +402,11 @@ class Scheduler:
         cut: list[int],
         step_of_token: list[int],
         finish: str,
-        steps: int,
+        steps: tuple[int, int],
         eos: tuple[int, TokenLogprob] | None = None,
     ) -> Result:
+        """The result of a request that ended with `cut` (its tokens, stop strings cut
+        off); steps: (its forward passes after the prefill, the tokens they emitted)."""
         tokenizer = self.model.tokenizer
         text = None if tokenizer is None else tokenizer.decode(cut)
         if finish == "stop":
@@ -407,7 +414,9 @@ class Scheduler:
         stats = self.stats
         stats.prompts += 1
         stats.new_tokens += len(cut)
+        steps, emitted = steps
         stats.row_steps += steps
+        stats.step_tokens += emitted
         result = Result(
             id=a.request.id,
             token_ids=cut,

@@ -34,6 +34,8 @@ class Stats:
     prompts: int = 0  # requests finished (an interrupted one counts too)
     new_tokens: int = 0  # all requests
     row_steps: int = 0  # forward passes after the prefill, summed over rows
+    step_tokens: int = 0  # tokens those passes emitted (an EOS too, and tokens a stop
+    # string cut off; not the prefill's first token): plain decoding's equal row_steps
     rounds: int = 0  # device calls of the decode loop
     rounds_by_rows: dict[int, int] = dataclasses.field(default_factory=dict)  # ... by the
     # rows the state had (a row bucket holding the live slots: engine/row_buckets.py)
@@ -76,8 +78,10 @@ class Stats:
 
     @property
     def compression(self) -> float:
-        """New tokens per row step (the prefill's token counts too)."""
-        return self.new_tokens / max(self.row_steps, 1)
+        """Tokens a decode step emitted, on average (step_tokens / row_steps; 0.0 before
+        any step): exactly 1.0 for plain decoding; the prefill's first token is not a
+        step's."""
+        return self.step_tokens / self.row_steps if self.row_steps else 0.0
 
     @property
     def tokens_per_s(self) -> float:
