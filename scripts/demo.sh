@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1
 if [ $# -eq 0 ]; then
-  set -- --chat --stream --color --max-new-tokens 200 \
+  set -- --stream --color --max-new-tokens 200 \
     --prompt "Write a Python function that checks whether a string is a palindrome, then explain it."
 fi
 exec .venv/bin/python -m lookahead_jax.generate "$@"

@@ -61,8 +61,7 @@ def test_json_contract_and_api_agreement(tiny_text_ckpt, tmp_path):
         "--ckpt",
         str(tiny_text_ckpt),
         "--prompt",
-        prompt,
-        "--chat",
+        prompt,  # chat by default: the tokenizer has a template
         "--max-new-tokens",
         "24",
         "--json",
@@ -95,7 +94,8 @@ def test_json_contract_and_api_agreement(tiny_text_ckpt, tmp_path):
 def test_stream_plain_equals_lookahead_text(tiny_text_ckpt):
     # a prompt on which the tiny model repeats itself, so lookahead's guesses land (with
     # a chat template it ends its answer after a few tokens, one a step)
-    common = ("--ckpt", str(tiny_text_ckpt), "--prompt", "abcabcabc", "--max-new-tokens", "40")
+    common = ("--ckpt", str(tiny_text_ckpt), "--prompt", "abcabcabc", "--max-new-tokens", "40",
+              "--no-chat")  # fmt: skip
     a = run_cli(*common, "--stream", "--no-lookahead")
     b = run_cli(*common, "--stream", "--lookahead", "4,4,4", "--color")  # into a pipe:
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr  # no escape codes
@@ -104,6 +104,21 @@ def test_stream_plain_equals_lookahead_text(tiny_text_ckpt):
     # not vacuous: fewer steps than tokens after the prefill's, so guesses were accepted
     tokens, steps = map(int, re.search(r"\] (\d+) tokens in .*?, (\d+) steps", b.stderr).groups())
     assert steps < tokens - 1, b.stderr
+
+
+def test_chat_by_default_where_the_tokenizer_has_a_template_and_empty_answers_say_why():
+    from types import SimpleNamespace as NS
+
+    from lookahead_jax.cli.generate import chat_for, empty_answer_note
+
+    templated, bare = NS(chat_template="{{ messages }}"), NS(chat_template=None)
+    assert chat_for(None, templated) and not chat_for(None, bare)  # the default
+    assert not chat_for(False, templated) and chat_for(True, bare)  # --no-chat, --chat
+    out = lambda ids, interrupted=False: NS(token_ids=[ids], stats=NS(interrupted=interrupted))  # noqa: E731
+    assert empty_answer_note(out([5]), True) is None
+    assert empty_answer_note(out([], interrupted=True), True) is None
+    assert "--no-chat" in empty_answer_note(out([]), True)
+    assert "--chat" in empty_answer_note(out([]), False)
 
 
 def test_color_only_where_asked_or_on_a_terminal(monkeypatch):

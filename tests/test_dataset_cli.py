@@ -113,6 +113,8 @@ def test_interrupt_then_rerun_finishes_the_rest_and_stdio_agrees(
     by_id = {r["id"]: r for r in records}
     assert by_id[3]["new_tokens"] == 1 and by_id[3]["finish"] == "length"
     assert by_id[2]["new_tokens"] <= 3
+    # a text prompt goes through the chat template by default (a character a token here)
+    assert by_id["haiku"]["prompt_tokens"] > len("Write a haiku about the sea.") + 1
     for r in records:
         assert set(r) == {
             "id",

@@ -86,10 +86,22 @@ def build_parser(prog: str = "python -m lookahead_jax.generate") -> argparse.Arg
         "prefix (a system prompt, few-shot examples) compute it once; 0 turns it off "
         f"(default {DEFAULT_PREFIX_CACHE_MB})",
     )
-    p.add_argument(
+    chat = p.add_mutually_exclusive_group()
+    chat.add_argument(
         "--chat",
         action="store_true",
-        help="wrap the prompt in the tokenizer's chat template as a user turn",
+        default=None,
+        help="wrap each text prompt in the tokenizer's chat template as a user turn (the "
+        "default where the checkpoint's tokenizer has one, as llama-cli does; an error "
+        "where it has none)",
+    )
+    chat.add_argument(
+        "--no-chat",
+        "--raw",
+        dest="chat",
+        action="store_false",
+        help="send text prompts as they are, without the chat template (a base model's "
+        "continuation)",
     )
     p.add_argument("--max-new-tokens", type=int, default=256, help="token budget (default 256)")
     mode = p.add_mutually_exclusive_group()
@@ -164,10 +176,10 @@ def wants_color(mode: str, stdout=None) -> bool:
     return mode == "always"
 
 
-def stats_line(out, total_s: float) -> str:
+def mode_words(s) -> str:
+    """How a run decoded, from its stats: plain, a layout, or auto's choice and why."""
     from lookahead_jax.decoding import autotune
 
-    s = out.stats
     config = s.config["lookahead"]
     mode = "plain" if config is None else f"lookahead {config['name']}"
     auto = s.config.get("lookahead_auto")
@@ -175,6 +187,12 @@ def stats_line(out, total_s: float) -> str:
         mode = f"auto: {mode}; {autotune.why(auto)}"
         if auto.get("switched_to_plain_after_steps") is not None:
             mode += f"; plain after step {auto['switched_to_plain_after_steps']}"
+    return mode
+
+
+def stats_line(out, total_s: float) -> str:
+    s = out.stats
+    mode = mode_words(s)
     return (
         f"[{mode}] {s.new_tokens} tokens in {s.decode_s + s.prefill_s:.2f} s "
         f"({s.tokens_per_s:.1f} tokens/s), {s.row_steps} steps, compression "
@@ -299,9 +317,34 @@ def _check_against_checkpoint(args, prompt: str, config):
             f"checkpoint {args.ckpt} has no tokenizer (tokenizer.json or tokenizer.model); "
             "text prompts need one: convert a source that has a tokenizer"
         )
+    args.chat = chat_for(args.chat, info.tokenizer)
     ids = info.tokenizer.encode_prompt(prompt, args.chat)
     check_context(context, len(ids), args.max_new_tokens)
     return info, ids
+
+
+def chat_for(flag: bool | None, tokenizer) -> bool:
+    """Whether text prompts go through the chat template: --chat / --no-chat, else (None)
+    where the tokenizer has one — an instruct model given a bare prompt often answers
+    nothing (its first token is its end of turn)."""
+    return tokenizer.chat_template is not None if flag is None else flag
+
+
+def empty_answer_note(out, chat: bool) -> str | None:
+    """Why a prompt's answer is empty, for stderr (None: it is not): the model's first
+    token ended it."""
+    if out.token_ids[0] or out.stats.interrupted:
+        return None
+    how = (
+        "in the chat template (--no-chat sends it as it is)"
+        if chat
+        else "as it is, without a chat template (--chat wraps it in one, where the tokenizer "
+        "has one)"
+    )
+    return (
+        "the answer is empty: the model's first token was its end of sequence; the prompt "
+        f"was sent {how}"
+    )
 
 
 # XLA:CPU's YNN dot fusions pack a program's weights at its first run: a 1x256 prefill of
@@ -384,6 +427,9 @@ def _run(args, t_start: float) -> int:
         print(text + colored.flush(), flush=True)
     else:
         print(out.texts[0], flush=True)
+    note = empty_answer_note(out, args.chat)
+    if note is not None:
+        print(note, file=sys.stderr)
     print(stats_line(out, total_s), file=sys.stderr)
     return EXIT_INTERRUPTED if interrupted else 0
 
@@ -403,6 +449,7 @@ def _run_dataset(args, config, mesh_sizes, t_start: float) -> int:
     check_budget(context, args.max_new_tokens)
     if info.tokenizer is None:
         raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; --prompts needs one")
+    args.chat = chat_for(args.chat, info.tokenizer)
     lines = dataset.read_prompts(
         args.prompts, info.tokenizer, info.cfg.vocab_size, context, args.max_new_tokens, args.chat
     )
@@ -429,17 +476,25 @@ def _run_dataset(args, config, mesh_sizes, t_start: float) -> int:
     ]
     results = engine.run(requests)  # checks every request before the output is touched
     writer = dataset.ResultWriter(args.output)
-    written, tokens = 0, 0
-    bar = tqdm(total=len(todo), unit="prompt", file=sys.stderr, dynamic_ncols=True)
+    written, tokens, empty = 0, 0, 0
+    # the bar opens with the first result: what comes before it is compiling and the
+    # first slots' decoding, which a rate per prompt from the start would read as seconds
+    # a prompt (30 s/prompt, 0.0 tokens/s while nothing had come back)
+    print(f"decoding {len(todo)} prompts ({engine.decoding()})", file=sys.stderr)
+    bar = None
     try:
         for result in results:
             writer.write(dataset.record(result))
             written, tokens = written + 1, tokens + len(result.token_ids)
+            empty += not result.token_ids and result.finish == "eos"
+            if bar is None:
+                bar = tqdm(total=len(todo), unit="prompt", file=sys.stderr, dynamic_ncols=True)
             bar.update(1)
-            # the bar's rate counts every second since it started (compiling included)
+            # (the bar's rate counts every second since it opened)
             bar.set_postfix({"tokens/s (wall)": f"{tokens / bar.format_dict['elapsed']:.1f}"})
     except KeyboardInterrupt:
-        bar.close()
+        if bar is not None:
+            bar.close()
         writer.close()
         print(
             f"interrupted: {written} of {len(todo)} prompts written to {where}; run the same "
@@ -447,11 +502,19 @@ def _run_dataset(args, config, mesh_sizes, t_start: float) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    bar.close()
+    if bar is not None:
+        bar.close()
     writer.close()
     s = engine.stats
-    mode = "plain" if s.config["lookahead"] is None else s.config["lookahead"]["name"]
+    mode = mode_words(s)
     busy = s.prefill_s + s.decode_s
+    if empty:
+        how = "in the chat template" if args.chat else "as they are (no chat template)"
+        print(
+            f"{empty} of {written} answers are empty: the model's first token was its end of "
+            f"sequence; the prompts were sent {how}",
+            file=sys.stderr,
+        )
     print(
         f"[{mode}] {s.prompts} prompts, {s.new_tokens} tokens: {s.tokens_per_s:.1f} "
         f"tokens/s over {busy:.2f} s of prefill and decoding, {s.wall_s:.2f} s with "
