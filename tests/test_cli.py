@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import lookahead_jax as lj
 
 JSON_FIELDS = {
