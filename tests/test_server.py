@@ -67,13 +67,15 @@ def stop_server(proc) -> tuple[int, str]:
 def server(tiny_text_ckpt):
     proc, url = start_server(
         tiny_text_ckpt, "--batch", "4", "--max-new-tokens", "16", "--lookahead", "tokens=16",
-        "--api-key", KEY, "--stream-steps", "2",
+        "--api-key", KEY, "--stream-steps", "2", "--log-every", "1",
     )  # fmt: skip
     yield url
     code, err = stop_server(proc)
     assert code == 0, err
     start = [line for line in err.splitlines() if line.startswith("serving ")]
     assert start and start[0].endswith("; lookahead tokens=16 every round)"), err
+    # the periodic line: what the tests' requests did, acceptance included
+    assert re.search(r"last \d+ s: \d+ requests? done with \d+ tokens, .* tokens a step", err), err
 
 
 @pytest.fixture(scope="module")
@@ -515,3 +517,26 @@ def test_auto_chooses_its_layout_for_greedy_rows_unless_told():
     assert _validate(parser.parse_args(["--auto-temperature", "0"])).lookahead == "auto"
     with pytest.raises(lj.UserInputError, match="--auto-temperature must be in 0..2"):
         _validate(parser.parse_args(["--auto-temperature", "2.5"]))
+
+
+def test_the_activity_line_counts_an_interval_and_plain_reads_one_token_a_step():
+    from types import SimpleNamespace as NS
+
+    from lookahead_jax.engine.stats import SourceStats, Stats
+    from lookahead_jax.server.activity_log import ActivityLog
+
+    engine = NS(online_stats=Stats(), slots_in_use=2, queued=1)
+    log = ActivityLog(engine, every_s=10)
+    assert log.line(now=1e9) is None  # nothing finished: no line
+    s = engine.online_stats
+    s.prompts, s.new_tokens, s.row_steps, s.step_tokens = 3, 30, 27, 27  # plain
+    line = log.line(now=1e9 + 10)
+    assert "3 requests done with 30 tokens, 2 decoding, 1 waiting" in line
+    assert "1.00 tokens a step, 0 guesses accepted" in line and "last 10 s" in line
+    s.prompts, s.new_tokens, s.row_steps, s.step_tokens = 4, 50, 35, 46  # + 8 steps, 19 tokens
+    s.sources["ngram"] = SourceStats(tokens=11)
+    s.per_round = {"1": {"lookahead": {"rounds": 5}, "plain": {"rounds": 2}}}
+    line = log.line(now=1e9 + 20)
+    assert "1 request done with 20 tokens" in line and "2.38 tokens a step" in line
+    assert "11 guesses accepted; auto rounds: 1 row 5 lookahead / 2 plain" in line
+    assert log.line(now=1e9 + 30) is None

@@ -20,6 +20,7 @@ from pathlib import Path
 from lookahead_jax.cli.exits import OneLineArgumentParser, run_cli
 from lookahead_jax.engine.config import DEFAULT_BATCH, DEFAULT_PREFIX_CACHE_MB
 from lookahead_jax.errors import UserInputError
+from lookahead_jax.server.activity_log import DEFAULT_EVERY_S, ActivityLog
 
 DEFAULT_MAX_PROMPT = 1024
 GRACE_S = 10  # seconds a shutdown waits for handlers still running
@@ -146,6 +147,15 @@ def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.Argume
         help="decoding steps between chunks while a request streams (4)",
     )
     p.add_argument("--no-warmup", action="store_true", help="compile at the first request")
+    p.add_argument(
+        "--log-every",
+        type=float,
+        default=DEFAULT_EVERY_S,
+        metavar="SECONDS",
+        help="every SECONDS with requests finished, a line on stderr: requests, tokens, "
+        "tokens a step (1.00 for plain decoding), guesses accepted, auto's rounds "
+        f"({DEFAULT_EVERY_S:g}; 0: none)",
+    )
     p.add_argument("--log-level", default="info", help="uvicorn's log level (info)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
@@ -167,6 +177,8 @@ def _validate(args):
     from lookahead_jax.models.quantize import check_weights
     from lookahead_jax.server.protocol import MAX_LOGPROBS
 
+    if not args.log_every >= 0:  # (nan too)
+        raise UserInputError(f"--log-every must be >= 0 seconds, got {args.log_every}")
     if args.max_queue is not None and args.max_queue < 1:
         raise UserInputError(f"--max-queue must be >= 1, got {args.max_queue}")
     chunk = args.prefill_chunk
@@ -279,6 +291,8 @@ def _run(args) -> int:
     )
     server = _server_class()(config, runner)
     runner.start()
+    activity = ActivityLog(engine, args.log_every)
+    activity.start()
     print(
         f"serving {name} on http://{args.host}:{args.port}/v1 "
         f"(batch {args.batch}, loaded and warmed in {time.perf_counter() - t:.1f} s; "
@@ -289,6 +303,7 @@ def _run(args) -> int:
     try:
         server.run()
     finally:
+        activity.stop()
         runner.shutdown()
     if fatal:
         print(f"error: {fatal[0]}", file=sys.stderr)
