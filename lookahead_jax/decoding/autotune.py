@@ -17,7 +17,9 @@ r). Both are estimated, never assumed:
   that repeats itself more than SmolLM2 gets bigger configs.
 
 The choice is argmax c / r over the candidates; if no candidate is expected to
-beat plain decoding by MARGIN, plain decoding is chosen. While generating, the
+beat plain decoding by MARGIN, plain decoding is chosen. The last choice (per model,
+decoding mode and batch) stays while the best is expected to beat it by less than STICKY:
+the same layout, and the same compiled programs, run to run on one machine. While generating, the
 `Guard` watches the real acceptance and switches to plain decoding for the rest
 of the generation if it is too low for the config's cost ratio.
 """
@@ -51,6 +53,11 @@ PRIORS: dict[int, float] = {
     128: 3.61,
 }
 MARGIN = 1.03  # expected speedup needed to prefer lookahead over plain decoding
+# the last choice (per model, decoding mode and batch: kept beside the acceptance factors)
+# stays while the best's expected speedup is within this factor of its own: run to run on
+# one machine auto keeps its layout (and its compiled programs) unless another is clearly
+# better, rather than flipping between two near-equal ones as the factor moves
+STICKY = 1.05
 # probe exactly the candidates' step sizes: XLA's speed is not smooth in T on every device
 PROBE_TOKENS = tuple(sorted({1} | {LookaheadConfig.for_tokens(t).tokens_per_step for t in PRIORS}))
 FACTOR_EMA = 0.3
@@ -103,12 +110,35 @@ def sampling_bucket(sampling) -> str:
     return f"t{round(sampling.temperature, 1):.1f}"
 
 
+def _record(model) -> dict:
+    """The model's acceptance file: {"factors": {mode: factor}, "chosen": {mode-bBATCH:
+    tuning key or None}} ({} where there is none or it cannot be read)."""
+    try:
+        data = json.loads(_factor_file(model).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def _factors(model) -> dict[str, float]:
     try:
-        data = json.loads(_factor_file(model).read_text())["factors"]
-        return {str(k): float(v) for k, v in data.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {str(k): float(v) for k, v in _record(model)["factors"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
         return {}
+
+
+def _last_choices(model) -> dict:
+    chosen = _record(model).get("chosen")
+    return chosen if isinstance(chosen, dict) else {}
+
+
+def _write_record(model, factors: dict | None = None, chosen: dict | None = None) -> None:
+    """Write the acceptance file with `factors` / `chosen` replaced where given."""
+    data = {
+        "factors": _factors(model) if factors is None else factors,
+        "chosen": _last_choices(model) if chosen is None else chosen,
+    }
+    write_atomic(_factor_file(model), json.dumps(data))
 
 
 def acceptance_factor(model, sampling=None) -> float:
@@ -129,7 +159,7 @@ def record_acceptance(
     factors = _factors(model)
     key = sampling_bucket(sampling)
     factors[key] = (1 - FACTOR_EMA) * factors.get(key, 1.0) + FACTOR_EMA * max(observed, 0.05)
-    write_atomic(_factor_file(model), json.dumps({"factors": factors}))
+    _write_record(model, factors=factors)
 
 
 def expected_compression(config_key, factor: float) -> float:
@@ -144,7 +174,7 @@ def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int 
     # a config costing more than its best-case compression cannot win: stop probing there
     best_case = max(expected_compression(k, max(factor, 1.0)) for k in PRIORS)
     curve = cached_curve(model, PROBE_TOKENS, stop_above=best_case, batch=batch)
-    best, table = None, {}
+    best, table, choices = None, {}, {}
     for key in PRIORS:
         cfg = LookaheadConfig.for_tokens(key)
         if max_step_tokens is not None and cfg.tokens_per_step > max_step_tokens:
@@ -152,11 +182,21 @@ def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int 
         r = cost_ratio(curve, cfg.tokens_per_step)
         c = expected_compression(key, factor)
         table[key] = c / r
+        choices[key] = Choice(cfg, c / r, r, c, table, factor)
         if best is None or c / r > best.expected_speedup:
-            best = Choice(cfg, c / r, r, c, table, factor)
-    if best is None or best.expected_speedup < MARGIN:
-        return Choice(None, 1.0, 1.0, 1.0, table, factor, runner_up=best)
-    return best
+            best = choices[key]
+    plain = Choice(None, 1.0, 1.0, 1.0, table, factor, runner_up=best)
+    # plain scores MARGIN: what a layout must be expected to beat to be chosen
+    score = {None: MARGIN, **table}
+    chosen = None if best is None or best.expected_speedup < MARGIN else best.config.tuning_key
+    mode = f"{sampling_bucket(sampling)}-b{batch}"
+    last = _last_choices(model)
+    kept = last.get(mode, chosen)
+    if kept in score and score[kept] * STICKY >= score[chosen]:
+        chosen = kept  # (near-equal: the last choice stays)
+    if last.get(mode, "unset") != chosen:
+        _write_record(model, chosen={**last, mode: chosen})
+    return plain if chosen is None else choices[chosen]
 
 
 def why(auto: dict) -> str:

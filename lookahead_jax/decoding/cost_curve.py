@@ -4,10 +4,11 @@ model, dtype and batch size; over the one-token step's, a layout's cost ratio r.
 accelerators the curve is of whole decode steps instead (step_curve.py: there the step's
 drafting and verification kernels cost more than a small model's forward).
 
-Measured once and cached per device kind, device count, model, dtype and weight format
-in the cache directory (on a CPU device, only if no other process kept the cores busy
-meanwhile: OtherCpuUse). A deep model is timed on its first layers run over in a loop
-(`probe_model`), which compiles in a fraction of the time.
+Measured once and cached per device kind (on a CPU: its model and core count), device
+count, model, dtype and weight format in the cache directory (on a CPU device, with how
+busy other processes kept the cores meanwhile: OtherCpuUse, `cached_curve`). A deep model
+is timed on its first layers run over in a loop (`probe_model`), which compiles in a
+fraction of the time.
 """
 
 from __future__ import annotations
@@ -66,7 +67,23 @@ def _device_key(model, devices: int | None = None) -> str:
         suffix += "-fused"
     dtype = jnp.dtype(model.dtype).name
     count = jax.device_count() if devices is None else devices
+    if d.platform == "cpu":  # the machine: a curve of one CPU model misleads on another
+        kind += f"-{_cpu_name()}"
     return f"{kind}-x{count}-{model_fingerprint(model)}-{dtype}{suffix}"
+
+
+@functools.cache
+def _cpu_name() -> str:
+    """This machine's CPU model and core count, hashed short ("unknown" where
+    /proc/cpuinfo cannot be read): VMs under one name differ (Intel Xeon, AMD EPYC Zen 3
+    or Zen 4), and a cache directory may be shared between them."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "")
+    except OSError:
+        model = ""
+    blob = f"{model}|{os.cpu_count()}".encode()
+    return hashlib.sha256(blob).hexdigest()[:8] if model else "unknown"
 
 
 def lowered_step(
@@ -295,10 +312,13 @@ def _own_cpu_seconds() -> float:
     return t.user + t.system
 
 
-# A CPU cost curve measured while other processes used more than this many cores is not
-# cached (it is used by the process that measured it, and measured again next time).
+# A CPU cost curve measured while other processes used more than this many cores is
+# "busy": cached with that figure, used by later runs, and measured again only by a run
+# that finds the machine quiet (QUIET_CHECK_S of /proc/stat) or is asked to (RETUNE_ENV).
 BUSY_CORES = 0.25
-_UNSAVED_CURVES: dict[Path, dict] = {}
+QUIET_CHECK_S = 0.3
+RETUNE_ENV = "LOOKAHEAD_JAX_RETUNE"  # =1: measure every curve this process uses again
+_MEASURED: set[Path] = set()  # curves this process measured (RETUNE_ENV: once each)
 
 
 def cached_curve(
@@ -306,18 +326,21 @@ def cached_curve(
 ) -> dict:
     """The cached cost curve for this device/model/dtype and batch size, measuring it on
     first use (a step of B rows can be compute-bound where one row is not, so each batch
-    size the engine runs at has its own curve).
+    size the engine runs at has its own curve). Made non-decreasing in T (`monotone`).
 
-    On a CPU device a curve measured while other processes kept cores busy (see
-    OtherCpuUse) serves this process only and is measured again by the next one."""
+    On a CPU device another process on the cores slows a T-token step more than a
+    one-token one (OtherCpuUse): a curve measured so is kept with its `other_cores`, and
+    measured again when a later run finds the machine quiet; until then every run uses
+    it (one measurement's compiles, ~9 s on 2 cores, not one a run, and the same choice
+    run to run). LOOKAHEAD_JAX_RETUNE=1 measures again regardless; a new machine (another
+    CPU model or core count: `_device_key`) has curves of its own."""
     path = cost_curve_path(model, batch)
-    if path.is_file():
-        try:
-            return {int(k): v for k, v in json.loads(path.read_text())["curve"].items()}
-        except (ValueError, KeyError, TypeError):
-            pass  # unreadable: measure again
-    if path in _UNSAVED_CURVES:
-        return _UNSAVED_CURVES[path]
+    record = _read_curve(path)
+    retune = os.environ.get(RETUNE_ENV) == "1" and path not in _MEASURED
+    if record is not None and not retune:
+        busy = record.get("other_cores") is not None and record["other_cores"] > BUSY_CORES
+        if not busy or path in _MEASURED or not _quiet_now():
+            return monotone(record["curve"])
     probe = probe_model(model)
     with OtherCpuUse() as others:
         kw = dict(stop_above=stop_above, batch=batch)
@@ -327,15 +350,48 @@ def cached_curve(
             from lookahead_jax.decoding.step_curve import measure_step_curve
 
             curve = measure_step_curve(probe, tokens, **kw)
+    _MEASURED.add(path)
     busy = others.cores is not None and others.cores > BUSY_CORES
-    if busy and jax.devices()[0].platform == "cpu":
-        # measured beside other work: good for this process, not for the cache
-        _UNSAVED_CURVES[path] = curve
-        return curve
+    if busy and record is not None and not retune:  # (busy again: the first one stays)
+        return monotone(record["curve"])
     lm = probe[0]
     layers = f"{lm.cfg.num_layers} x {lm.layer_passes}" if lm is not model.lm else "all"
     save_cost_curve(model, curve, batch, other_cores=others.cores, probe_layers=layers)
-    return curve
+    return monotone(curve)
+
+
+def _read_curve(path: Path) -> dict | None:
+    """A cached curve's record ({"curve": {T: seconds}, "other_cores": ..., ...}), or None
+    where there is none or it cannot be read (then it is measured again)."""
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        record["curve"] = {int(k): float(v) for k, v in record["curve"].items()}
+        return record
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _quiet_now() -> bool:
+    """Whether other processes use no more than BUSY_CORES over QUIET_CHECK_S now (False
+    where /proc/stat cannot be read, or off a CPU device: there the curve is not busy)."""
+    if jax.devices()[0].platform != "cpu":
+        return False
+    with OtherCpuUse() as others:
+        time.sleep(QUIET_CHECK_S)
+    return others.cores is not None and others.cores <= BUSY_CORES
+
+
+def monotone(curve: dict) -> dict:
+    """The curve with each size's time at least every smaller size's: a step of more
+    tokens never costs less than one of fewer (a noisy timing said a 4-token step cost
+    0.86x a one-token one), so no cost ratio is below 1."""
+    out, longest = {}, 0.0
+    for t in sorted(curve):
+        longest = max(longest, curve[t])
+        out[t] = longest
+    return out
 
 
 def whole_steps() -> bool:
