@@ -138,3 +138,22 @@ def test_interrupt_then_rerun_finishes_the_rest_and_stdio_agrees(
     assert generate.main(["--ckpt", str(tiny_text_ckpt), "--prompts", "-", *ARGS]) == 0
     piped = {r["id"]: r["token_ids"] for r in map(json.loads, capsys.readouterr().out.splitlines())}
     assert piped == {r["id"]: r["token_ids"] for r in records}
+
+
+def test_ctrl_c_before_the_first_result_leaves_no_output_file(
+    tiny_text_ckpt, tmp_path, capsys, monkeypatch
+):
+    import lookahead_jax as lj
+
+    prompts, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_lines(prompts, PROMPTS)
+
+    def compiling(self, requests):  # interrupted before anything came back
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(lj.Engine, "run", compiling)
+    argv = ["--ckpt", str(tiny_text_ckpt), "--prompts", str(prompts), "--output", str(out), *ARGS]
+    assert generate.main(argv) == 130
+    assert "0 of 4 prompts written" in capsys.readouterr().err
+    assert not out.exists()

@@ -88,22 +88,22 @@ def done_ids(path: str) -> set:
 
 
 class ResultWriter:
-    """Appends one whole, flushed line per result to a file ('-': stdout)."""
+    """Appends one whole, flushed line per result to a file ('-': stdout), opened at the
+    first result (a run stopped before one, compiling, leaves no empty file behind)."""
 
     def __init__(self, path: str):
         self.path = path
-        if path == STDIO:
-            self._file = sys.stdout.buffer
-            return
-        _cut_torn_line(path)
-        self._file = open(path, "ab")  # noqa: SIM115 (closed by close())
+        self._file = sys.stdout.buffer if path == STDIO else None
 
     def write(self, record: dict) -> None:
+        if self._file is None:
+            _cut_torn_line(self.path)
+            self._file = open(self.path, "ab")  # noqa: SIM115 (closed by close())
         self._file.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
         self._file.flush()
 
     def close(self) -> None:
-        if self.path != STDIO:
+        if self.path != STDIO and self._file is not None:
             self._file.close()
 
 

@@ -120,7 +120,11 @@ def build_parser(prog: str = "python -m lookahead_jax.generate") -> argparse.Arg
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        help="float32 (default), bfloat16, or float64 (with JAX_ENABLE_X64=1)",
+    )
     p.add_argument(
         "--weights",
         default="float",

@@ -128,7 +128,11 @@ def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.Argume
         "way every bucket's loop is compiled at start-up), or off (every round steps all "
         "--batch rows)",
     )
-    p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        help="float32 (default), bfloat16, or float64 (with JAX_ENABLE_X64=1)",
+    )
     p.add_argument("--weights", default="float", help="float (default), int8 or q8_0")
     p.add_argument(
         "--mesh", default=None, metavar="data=D,model=M", help="shard over a device mesh"

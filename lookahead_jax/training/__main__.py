@@ -7,6 +7,7 @@ run) and writes TUNED, an ordinary checkpoint. WORK defaults to TUNED.work besid
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -29,17 +30,17 @@ def build_parser(prog: str = "python -m lookahead_jax.training") -> OneLineArgum
     p.add_argument("--ckpt", default="smollm2-135m", help="the base checkpoint")
     p.add_argument("--prompts", required=True, help="training prompts, one JSON object a line")
     p.add_argument("--out", required=True, help="the tuned checkpoint directory to create")
-    p.add_argument("--work", default=None, help="trajectories and train state (default OUT.work)")
+    p.add_argument("--work", default=None, help="trajectories and train state (default: OUT.work)")
     p.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     p.add_argument("--max-prompts", type=int, default=None, help="use the first N prompts")
-    p.add_argument("--block", type=int, default=16, help="Jacobi block size n (default 16)")
+    p.add_argument("--block", type=int, default=16, help="Jacobi block size n")
     p.add_argument("--blocks", type=int, default=4, help="blocks of output per prompt")
     p.add_argument(
         "--max-prompt-tokens",
         "--prompt-slots",  # its name before the rename, kept for scripts that use it
         type=int,
         default=256,
-        help="longest prompt kept, tokens (default 256)",
+        help="longest prompt kept, tokens",
     )
     p.add_argument("--collect-batch", type=int, default=8, help="prompts per collection pass")
     p.add_argument("--steps", type=int, default=200, help="optimizer updates")
@@ -47,9 +48,11 @@ def build_parser(prog: str = "python -m lookahead_jax.training") -> OneLineArgum
     p.add_argument("--accumulate", type=int, default=1, help="micro-batches per update")
     p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (AdamW)")
     p.add_argument("--warmup", type=int, default=20, help="warm-up updates")
-    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's weight decay")
     p.add_argument("--clip-norm", type=float, default=1.0, help="global gradient norm")
-    p.add_argument("--consistency-weight", type=float, default=1.0)
+    p.add_argument(
+        "--consistency-weight", type=float, default=1.0, help="Jacobi-consistency loss weight"
+    )
     p.add_argument("--ar-weight", type=float, default=1.0, help="next-token loss weight")
     p.add_argument("--teacher", default="base", help="whose fixed-point distribution is "
                    "learned: 'base' (default: the frozen base model's, pulling the model "
@@ -58,13 +61,19 @@ def build_parser(prog: str = "python -m lookahead_jax.training") -> OneLineArgum
                    "base), 0 < MIX <= 1 (weight interpolation: less speed-up, quality closer "
                    "to the base); run again with the same --work (default OUT.work) and "
                    "another --mix (--force to replace OUT): no training again")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="data order and initial guesses")
     p.add_argument("--save-every", type=int, default=25, help="updates between saved states")
-    p.add_argument("--dtype", default="float32", help="float32 (default) or float64")
+    p.add_argument("--dtype", default="float32", help="float32 or float64 (with JAX_ENABLE_X64=1)")
     p.add_argument("--mesh", default=None, metavar="data=D,model=M", help="device mesh")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    for action in p._actions:  # every value's default in --help (argparse's formatter
+        # would also print "default: None" and "default: False")
+        default = action.default
+        shown = default not in (None, False, argparse.SUPPRESS)
+        if action.help and shown and "default" not in action.help:
+            action.help += f" (default: {default})"
     return p
 
 

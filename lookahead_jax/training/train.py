@@ -320,7 +320,7 @@ def _train_loop(model, data: Trajectories, tc: TrainConfig, manager, progress: b
         manager.wait_until_finished()
 
     stop_micro = tc.steps * tc.accumulate
-    tokens, t0 = 0, time.perf_counter()
+    tokens, t0 = 0, None  # tokens since the first update, and when it ended
     with (
         tqdm(total=tc.steps, initial=micro // tc.accumulate, unit="step", disable=not progress,
              desc="consistency training") as bar,
@@ -334,8 +334,11 @@ def _train_loop(model, data: Trajectories, tc: TrainConfig, manager, progress: b
             micro += 1
             tokens += int(batch["out_len"].sum())
             if micro % tc.accumulate == 0:
-                figures = {k: f"{float(v):.4f}" for k, v in metrics.items()}
-                figures["tok_s"] = f"{tokens / (time.perf_counter() - t0):.0f}"
+                figures = {k: f"{float(v) + 0.0:.4f}" for k, v in metrics.items()}  # (no -0.0)
+                if t0 is None:  # the first update compiled the step: rates from here
+                    tokens, t0 = 0, time.perf_counter()
+                else:
+                    figures["tok_s"] = f"{tokens / (time.perf_counter() - t0):.0f}"
                 bar.update(1)
                 bar.set_postfix(figures)
                 if (micro // tc.accumulate) % tc.save_every == 0:
