@@ -2,6 +2,7 @@
 its arguments to each command, and `python -m lookahead_jax.generate` is the command, whose
 module, imported, does not hide the library function `lj.generate`."""
 
+import importlib
 import subprocess
 import sys
 import tomllib
@@ -107,3 +108,28 @@ def test_no_code_block_in_the_docs_is_cut_by_a_fence_inside_it(doc):
     lines = [line.strip() for line in doc.read_text().splitlines()]
     pairs = [i + 1 for i in range(len(lines) - 1) if lines[i] == lines[i + 1] == "```"]
     assert not pairs, f"{doc.name}: a code block cut short at line(s) {pairs}"
+
+
+def readme_commands() -> list[list[str]]:
+    """The README's shell lines, in order, each split as the shell would."""
+    import re
+    import shlex
+
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return [shlex.split(line, comments=True) for b in blocks for line in b.splitlines() if line]
+
+
+def test_the_readmes_commands_are_on_path_where_it_uses_them_and_parse():
+    """The README activates .venv before its first bare command (a new user's `python -m
+    lookahead_jax...` failed with No module named 'jax' after scripts/demo.sh), the
+    commands it names are installed beside this interpreter, and each command line
+    parses with the command's own flags."""
+    lines = readme_commands()
+    activate = lines.index(["source", ".venv/bin/activate"])
+    for i, argv in enumerate(lines):
+        if argv[0] in ("lookahead-jax", "python"):
+            assert i > activate, argv
+        if argv[0] == "lookahead-jax":
+            assert (Path(sys.executable).parent / "lookahead-jax").is_file()
+            name, *rest = argv[1:]
+            importlib.import_module(COMMANDS[name][0]).build_parser().parse_args(rest)
