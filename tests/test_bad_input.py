@@ -912,7 +912,7 @@ def test_stream_into_head_exits_quietly(smollm2_ckpt, tmp_path):
     q = shlex.quote
     cmd = (
         f"{q(sys.executable)} -m {GEN} --ckpt {q(str(smollm2_ckpt))} "
-        "--prompt $'Monday\\nTuesday\\nWednesday\\n' --max-new-tokens 400 --stream "
+        "--prompt $'Monday\\nTuesday\\nWednesday\\n' --no-chat --max-new-tokens 400 --stream "
         # a fixed layout: auto would first measure this machine's cost curve
         "--lookahead 4,1,2 | head -1; "
         f'echo "${{PIPESTATUS[0]}}" > {q(str(rc_file))}'
