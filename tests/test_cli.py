@@ -107,9 +107,11 @@ def test_stream_plain_equals_lookahead_text(tiny_text_ckpt):
 def test_chat_by_default_where_the_tokenizer_has_a_template_and_empty_answers_say_why():
     from types import SimpleNamespace as NS
 
-    from lookahead_jax.cli.generate import chat_for, empty_answer_note
+    from lookahead_jax.checkpoints.tokenizer import Tokenizer
+    from lookahead_jax.cli.report import empty_answer_note
 
     templated, bare = NS(chat_template="{{ messages }}"), NS(chat_template=None)
+    chat_for = lambda flag, tokenizer: Tokenizer.wants_chat(tokenizer, flag)  # noqa: E731
     assert chat_for(None, templated) and not chat_for(None, bare)  # the default
     assert not chat_for(False, templated) and chat_for(True, bare)  # --no-chat, --chat
     out = lambda ids, interrupted=False: NS(token_ids=[ids], stats=NS(interrupted=interrupted))  # noqa: E731
@@ -120,7 +122,7 @@ def test_chat_by_default_where_the_tokenizer_has_a_template_and_empty_answers_sa
 
 
 def test_color_only_where_asked_or_on_a_terminal(monkeypatch):
-    from lookahead_jax.cli.generate import wants_color
+    from lookahead_jax.cli.report import wants_color
 
     tty, pipe = type("T", (), {"isatty": lambda self: True})(), io.StringIO()
     monkeypatch.delenv("NO_COLOR", raising=False)

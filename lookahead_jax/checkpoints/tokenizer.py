@@ -145,6 +145,13 @@ class Tokenizer:
         except jinja2.exceptions.TemplateError as e:
             raise UserInputError(f"chat template failed: {e}") from e
 
+    def wants_chat(self, flag: bool | None) -> bool:
+        """Whether text prompts go through the chat template: `flag` (--chat / --no-chat),
+        else (None) where this tokenizer has one — an instruct model given a bare prompt
+        often answers nothing (its first token is its end of turn), and llama-cli and
+        vLLM's LLM.chat apply the template too."""
+        return self.chat_template is not None if flag is None else flag
+
     def encode_prompt(self, text: str, chat: bool) -> list[int]:
         if chat:
             return self.encode(self.apply_chat_template(text), add_special_tokens=False)

@@ -15,7 +15,8 @@ Output: one object a line, {"id", "text", "token_ids", "new_tokens", "finish", "
 "prompt_tokens", "time_s"}, in finish order, each written whole and flushed, so Ctrl-C or
 a crash leaves only whole lines (a torn last line, from a kill mid-write, is cut off when
 the job is run again). Running the same command again skips the ids already in the
-output and decodes the rest.
+output and decodes the rest. `run` is the command's dataset mode (cli/generate.py hands
+it the checked flags).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import dataclasses
 import json
 import os
 import sys
+import time
 
 from lookahead_jax import prompts_jsonl
-from lookahead_jax.cli.exits import read_user_file
+from lookahead_jax.cli.exits import EXIT_INTERRUPTED, read_user_file
 from lookahead_jax.engine import inputs
 from lookahead_jax.errors import UserInputError
 
@@ -129,3 +131,99 @@ def record(result) -> dict:
         "prompt_tokens": result.prompt_tokens,
         "time_s": round(result.time_s, 4),
     }
+
+
+def run(args, config, mesh_sizes, t_start: float) -> int:
+    """--prompts: check every line, skip what the output already holds, decode the rest
+    through the engine, one flushed line per result."""
+    from tqdm import tqdm
+
+    import lookahead_jax as lj
+    from lookahead_jax.cli.report import mode_words
+
+    info = lj.inspect(args.ckpt)
+    context = info.cfg.max_position_embeddings
+    config.check_context(context)
+    inputs.check_budget(context, args.max_new_tokens)
+    if info.tokenizer is None:
+        raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; --prompts needs one")
+    args.chat = info.tokenizer.wants_chat(args.chat)
+    lines = read_prompts(
+        args.prompts, info.tokenizer, info.cfg.vocab_size, context, args.max_new_tokens, args.chat
+    )
+    done = done_ids(args.output)
+    todo = [line for line in lines if line.id not in done]
+    where = "stdout" if args.output == STDIO else args.output
+    if not todo:
+        print(f"all {len(lines)} prompts are already in {where}", file=sys.stderr)
+        return 0
+    if len(todo) < len(lines):
+        print(
+            f"{len(lines) - len(todo)} of {len(lines)} prompts are already in {where}: "
+            f"decoding the other {len(todo)}",
+            file=sys.stderr,
+        )
+    mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else "auto"
+    model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
+    engine = lj.Engine(model, config)
+    requests = [
+        lj.Request(
+            line.token_ids, line.id, line.max_new_tokens, line.temperature, line.top_k, line.top_p
+        )
+        for line in todo
+    ]
+    results = engine.run(requests)  # checks every request before the output is touched
+    writer = ResultWriter(args.output)
+    written, tokens, empty = 0, 0, 0
+    # the bar opens with the first result: what comes before it is compiling and the
+    # first slots' decoding, which a rate per prompt from the start would read as seconds
+    # a prompt (30 s/prompt, 0.0 tokens/s while nothing had come back)
+    print(f"decoding {len(todo)} prompts ({engine.decoding()})", file=sys.stderr)
+    bar = None
+    try:
+        for result in results:
+            writer.write(record(result))
+            written, tokens = written + 1, tokens + len(result.token_ids)
+            empty += not result.token_ids and result.finish == "eos"
+            if bar is None:
+                bar = tqdm(total=len(todo), unit="prompt", file=sys.stderr, dynamic_ncols=True)
+            bar.update(1)
+            # (the bar's rate counts every second since it opened)
+            bar.set_postfix({"tokens/s (wall)": f"{tokens / bar.format_dict['elapsed']:.1f}"})
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        writer.close()
+        print(
+            f"interrupted: {written} of {len(todo)} prompts written to {where}; run the same "
+            "command again to finish the rest",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    if bar is not None:
+        bar.close()
+    writer.close()
+    s = engine.stats
+    mode = mode_words(s)
+    busy = s.prefill_s + s.decode_s
+    if empty:
+        how = "in the chat template" if args.chat else "as they are (no chat template)"
+        print(
+            f"{empty} of {written} answers are empty: the model's first token was its end of "
+            f"sequence; the prompts were sent {how}",
+            file=sys.stderr,
+        )
+    print(
+        f"[{mode}] {s.prompts} prompts, {s.new_tokens} tokens: {s.tokens_per_s:.1f} "
+        f"tokens/s over {busy:.2f} s of prefill and decoding, {s.wall_s:.2f} s with "
+        f"compiling ({s.compile_s:.2f} s) and the rest of the engine's run; compression "
+        f"{s.compression:.2f}, batch {args.batch}, prompt buckets {s.prompt_buckets}, "
+        + (
+            f"{s.prefix_hit_tokens} of {s.prompt_tokens} prompt tokens from the prefix cache, "
+            if s.prefix_lookups
+            else ""
+        )
+        + f"total {time.perf_counter() - t_start:.1f} s with loading",
+        file=sys.stderr,
+    )
+    return 0

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 
+from lookahead_jax.cli import report
 from lookahead_jax.cli.exits import (
     EXIT_INTERRUPTED,
     OneLineArgumentParser,
@@ -170,63 +171,6 @@ def build_parser(prog: str = "python -m lookahead_jax.generate") -> argparse.Arg
     return p
 
 
-def wants_color(mode: str, stdout=None) -> bool:
-    """Whether --color `mode` colours this run's output: "always", or "auto" where stdout
-    is a terminal and NO_COLOR (no-color.org) is unset — escape codes in a file or a
-    pipe are noise."""
-    stdout = sys.stdout if stdout is None else stdout
-    if mode == "auto":
-        return stdout.isatty() and not os.environ.get("NO_COLOR")
-    return mode == "always"
-
-
-def mode_words(s) -> str:
-    """How a run decoded, from its stats: plain, a layout, or auto's choice and why."""
-    from lookahead_jax.decoding import autotune
-
-    config = s.config["lookahead"]
-    mode = "plain" if config is None else f"lookahead {config['name']}"
-    auto = s.config.get("lookahead_auto")
-    if auto is not None:
-        mode = f"auto: {mode}; {autotune.why(auto)}"
-        if auto.get("switched_to_plain_after_steps") is not None:
-            mode += f"; plain after step {auto['switched_to_plain_after_steps']}"
-    return mode
-
-
-def stats_line(out, total_s: float) -> str:
-    s = out.stats
-    mode = mode_words(s)
-    return (
-        f"[{mode}] {s.new_tokens} tokens in {s.decode_s + s.prefill_s:.2f} s "
-        f"({s.tokens_per_s:.1f} tokens/s), {s.row_steps} steps, compression "
-        f"{s.compression:.2f}, prefill {s.prefill_s:.2f} s, compile {s.compile_s:.2f} s, "
-        f"total {total_s:.1f} s" + (" (interrupted)" if s.interrupted else "")
-    )
-
-
-def json_record(out, load_s: float, total_s: float) -> dict:
-    """The --json line: the prompt's text and tokens, its stats, the CLI's load time."""
-    s = out.stats.as_dict()
-    return {
-        "text": out.texts[0] if out.texts else None,
-        "token_ids": out.token_ids[0],
-        "new_tokens": s["new_tokens"],
-        "steps": s["row_steps"],  # one prompt: its forward passes
-        "compression": s["compression"],
-        "decode_s": s["decode_s"],
-        "tokens_per_s": s["tokens_per_s"],
-        "prefill_s": s["prefill_s"],
-        "compile_s": s["compile_s"],
-        "load_s": load_s,
-        "total_s": total_s,
-        "accepted_hist": s["accepted_hist"],
-        "sources": s["sources"] or None,
-        "interrupted": s["interrupted"],
-        "config": s["config"],
-    }
-
-
 def main(argv=None, prog: str = "python -m lookahead_jax.generate") -> int:
     """Run the command on `argv` (default: sys.argv[1:]); `prog` is its name in help and
     errors (`lookahead-jax generate` from the front door)."""
@@ -321,34 +265,10 @@ def _check_against_checkpoint(args, prompt: str, config):
             f"checkpoint {args.ckpt} has no tokenizer (tokenizer.json or tokenizer.model); "
             "text prompts need one: convert a source that has a tokenizer"
         )
-    args.chat = chat_for(args.chat, info.tokenizer)
+    args.chat = info.tokenizer.wants_chat(args.chat)
     ids = info.tokenizer.encode_prompt(prompt, args.chat)
     check_context(context, len(ids), args.max_new_tokens)
     return info, ids
-
-
-def chat_for(flag: bool | None, tokenizer) -> bool:
-    """Whether text prompts go through the chat template: --chat / --no-chat, else (None)
-    where the tokenizer has one — an instruct model given a bare prompt often answers
-    nothing (its first token is its end of turn)."""
-    return tokenizer.chat_template is not None if flag is None else flag
-
-
-def empty_answer_note(out, chat: bool) -> str | None:
-    """Why a prompt's answer is empty, for stderr (None: it is not): the model's first
-    token ended it."""
-    if out.token_ids[0] or out.stats.interrupted:
-        return None
-    how = (
-        "in the chat template (--no-chat sends it as it is)"
-        if chat
-        else "as it is, without a chat template (--chat wraps it in one, where the tokenizer "
-        "has one)"
-    )
-    return (
-        "the answer is empty: the model's first token was its end of sequence; the prompt "
-        f"was sent {how}"
-    )
 
 
 # XLA:CPU's YNN dot fusions pack a program's weights at its first run: a 1x256 prefill of
@@ -376,7 +296,7 @@ def _one_shot_xla_flags() -> None:
 
 def _run(args, t_start: float) -> int:
     prompt, config = _validate(args)
-    args.color = wants_color(args.color)
+    args.color = report.wants_color(args.color)
     from lookahead_jax.distributed.sharding import check_batch, parse_mesh
 
     mesh_sizes = parse_mesh(args.mesh) if args.mesh else None
@@ -389,7 +309,9 @@ def _run(args, t_start: float) -> int:
     from lookahead_jax.engine.streaming import StreamDetokenizer, steps_of
 
     if args.prompts is not None:
-        return _run_dataset(args, config, mesh_sizes, t_start)
+        from lookahead_jax.cli import dataset
+
+        return dataset.run(args, config, mesh_sizes, t_start)
     if args.distributed or os.environ.get("LOOKAHEAD_JAX_DISTRIBUTED") == "1":
         from lookahead_jax.distributed import multihost
 
@@ -420,7 +342,7 @@ def _run(args, t_start: float) -> int:
     total_s = time.perf_counter() - t_start
 
     if args.json:
-        print(json.dumps(json_record(out, load_s, total_s)))
+        print(json.dumps(report.json_record(out, load_s, total_s)))
     elif printer is not None:
         print(printer.flush(), flush=True)
     elif args.color:
@@ -431,108 +353,11 @@ def _run(args, t_start: float) -> int:
         print(text + colored.flush(), flush=True)
     else:
         print(out.texts[0], flush=True)
-    note = empty_answer_note(out, args.chat)
+    note = report.empty_answer_note(out, args.chat)
     if note is not None:
         print(note, file=sys.stderr)
-    print(stats_line(out, total_s), file=sys.stderr)
+    print(report.stats_line(out, total_s), file=sys.stderr)
     return EXIT_INTERRUPTED if interrupted else 0
-
-
-def _run_dataset(args, config, mesh_sizes, t_start: float) -> int:
-    """--prompts: check every line, skip what the output already holds, decode the rest
-    through the engine, one flushed line per result."""
-    from tqdm import tqdm
-
-    import lookahead_jax as lj
-    from lookahead_jax.cli import dataset
-    from lookahead_jax.engine.inputs import check_budget
-
-    info = lj.inspect(args.ckpt)
-    context = info.cfg.max_position_embeddings
-    config.check_context(context)
-    check_budget(context, args.max_new_tokens)
-    if info.tokenizer is None:
-        raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; --prompts needs one")
-    args.chat = chat_for(args.chat, info.tokenizer)
-    lines = dataset.read_prompts(
-        args.prompts, info.tokenizer, info.cfg.vocab_size, context, args.max_new_tokens, args.chat
-    )
-    done = dataset.done_ids(args.output)
-    todo = [line for line in lines if line.id not in done]
-    where = "stdout" if args.output == dataset.STDIO else args.output
-    if not todo:
-        print(f"all {len(lines)} prompts are already in {where}", file=sys.stderr)
-        return 0
-    if len(todo) < len(lines):
-        print(
-            f"{len(lines) - len(todo)} of {len(lines)} prompts are already in {where}: "
-            f"decoding the other {len(todo)}",
-            file=sys.stderr,
-        )
-    mesh = lj.make_mesh(**mesh_sizes) if mesh_sizes is not None else "auto"
-    model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
-    engine = lj.Engine(model, config)
-    requests = [
-        lj.Request(
-            line.token_ids, line.id, line.max_new_tokens, line.temperature, line.top_k, line.top_p
-        )
-        for line in todo
-    ]
-    results = engine.run(requests)  # checks every request before the output is touched
-    writer = dataset.ResultWriter(args.output)
-    written, tokens, empty = 0, 0, 0
-    # the bar opens with the first result: what comes before it is compiling and the
-    # first slots' decoding, which a rate per prompt from the start would read as seconds
-    # a prompt (30 s/prompt, 0.0 tokens/s while nothing had come back)
-    print(f"decoding {len(todo)} prompts ({engine.decoding()})", file=sys.stderr)
-    bar = None
-    try:
-        for result in results:
-            writer.write(dataset.record(result))
-            written, tokens = written + 1, tokens + len(result.token_ids)
-            empty += not result.token_ids and result.finish == "eos"
-            if bar is None:
-                bar = tqdm(total=len(todo), unit="prompt", file=sys.stderr, dynamic_ncols=True)
-            bar.update(1)
-            # (the bar's rate counts every second since it opened)
-            bar.set_postfix({"tokens/s (wall)": f"{tokens / bar.format_dict['elapsed']:.1f}"})
-    except KeyboardInterrupt:
-        if bar is not None:
-            bar.close()
-        writer.close()
-        print(
-            f"interrupted: {written} of {len(todo)} prompts written to {where}; run the same "
-            "command again to finish the rest",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
-    if bar is not None:
-        bar.close()
-    writer.close()
-    s = engine.stats
-    mode = mode_words(s)
-    busy = s.prefill_s + s.decode_s
-    if empty:
-        how = "in the chat template" if args.chat else "as they are (no chat template)"
-        print(
-            f"{empty} of {written} answers are empty: the model's first token was its end of "
-            f"sequence; the prompts were sent {how}",
-            file=sys.stderr,
-        )
-    print(
-        f"[{mode}] {s.prompts} prompts, {s.new_tokens} tokens: {s.tokens_per_s:.1f} "
-        f"tokens/s over {busy:.2f} s of prefill and decoding, {s.wall_s:.2f} s with "
-        f"compiling ({s.compile_s:.2f} s) and the rest of the engine's run; compression "
-        f"{s.compression:.2f}, batch {args.batch}, prompt buckets {s.prompt_buckets}, "
-        + (
-            f"{s.prefix_hit_tokens} of {s.prompt_tokens} prompt tokens from the prefix cache, "
-            if s.prefix_lookups
-            else ""
-        )
-        + f"total {time.perf_counter() - t_start:.1f} s with loading",
-        file=sys.stderr,
-    )
-    return 0
 
 
 if __name__ == "__main__":
