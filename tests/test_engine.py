@@ -385,9 +385,9 @@ def test_an_engine_says_how_it_decodes(model64):
 def test_serve_logs_a_slow_round_with_where_its_seconds_went(model64, monkeypatch, caplog):
     """`serve` (the server's loop) logs a round slower than SLOW_ROUND_S (every round, at
     0) with its seconds by part; it runs until `stop` is set (here by the result)."""
-    from lookahead_jax.engine import continuous
+    from lookahead_jax.engine import describe
 
-    monkeypatch.setattr(continuous, "SLOW_ROUND_S", 0.0)
+    monkeypatch.setattr(describe, "SLOW_ROUND_S", 0.0)
     served = threading.Event()
     with jax.enable_x64(True):  # (the shapes of the test above: its programs)
         engine = lj.Engine(

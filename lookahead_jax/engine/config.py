@@ -7,8 +7,8 @@ and the server, from one rule here.
     config.check_context(info.cfg.max_position_embeddings)   # what needs the checkpoint
     engine = lj.Engine(model, config)                         # or lj.Engine(model, batch=16, ...)
 
-What each setting does: lj.Engine's docstring (engine/continuous.py). Errors name the
-keyword and its command-line flag (`batch (--batch) must be ...`).
+What each setting does: EngineConfig's docstring. Errors name the keyword and its
+command-line flag (`batch (--batch) must be ...`).
 """
 
 from __future__ import annotations
@@ -54,8 +54,53 @@ def _at_least(name: str, value, least: int, optional: bool = False) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """lj.Engine's settings (its docstring says what each does), validated on creation;
-    `check_context` adds what needs the model's context length."""
+    """lj.Engine's settings, validated on creation; `check_context` adds what needs the
+    model's context length.
+
+    batch: the slots, requests decoded at once (a finished slot takes the next one).
+    lookahead: a LookaheadConfig, "auto" or None (plain). "auto" offline: a layout chosen
+    for this batch size from a cost curve measured at it, called off mid-run if it does
+    not pay; online: a layout chosen for one row (at `temperature`), and each round runs it or plain
+    steps, whichever the live rows measure faster at their row bucket (round_choice.py).
+    temperature / top_k / top_p / max_new_tokens: defaults for requests without their own.
+    seed: prompt `id`'s noise is fold_in(PRNGKey(seed), prompt_key(id)).
+    steps_per_call: the device loop returns to the host at least this often (progress,
+    Ctrl-C) even when no slot finished; None: as often as auto checks its choice, else
+    only when a slot finishes. stream_steps: as often while a request with a listener
+    decodes (its tokens arrive every this many steps).
+    max_prompt_tokens: fix the prompt side of the shapes (longer prompts are refused), so
+    that runs over other prompts reuse the same compiled programs; default: each run
+    sizes for its longest prompt. The budget side is max_new_tokens (offline, or a
+    request's larger one), rounded up to a power of two; online requests may not ask for
+    more than max_new_tokens.
+    sampled: whether rows may sample (compiles the sampling code). Default: offline, if
+    some request samples; online, always (any request may).
+    prefix_cache_mb: keep prompts' K/V on the device, up to this many MB, so that a prompt
+    that starts like an earlier one (a shared system prompt, a conversation's next turn)
+    is prefilled only from where they part (prefix_cache.py); rows of one admission that
+    share a prefix compute it once. None or 0: off. Kept across runs of this engine.
+    prefill_chunk: with the prefix cache, a prompt longer than this many tokens (past its
+    cached blocks) arriving while other rows decode is prefilled this many at a time
+    between decode rounds, so that they keep their pace; "auto": as many as this machine
+    prefills in one round (measured in the run); None: in one piece.
+    shared_guesses: the guess sources that keep an engine-wide memory (token recycling's
+    tables, suffix match's text of earlier outputs) start each new row from what the rows
+    before it left (decoding/guess_memory.py), so that a prompt asked again or a
+    conversation's next turn is guessed from the earlier answers; tokens are unchanged
+    (every guess is verified). Kept across runs.
+    row_buckets: a round decodes the live slots only, gathered into the smallest row
+    bucket (1, 2, 4, ... below `batch`, then `batch`) that holds them, so that few live
+    requests decode at the rate of a small batch: True (compiling each bucket's loop as
+    it is needed), "auto" (a bucket whose loop is compiled; a new one once the padding
+    rows have cost as much as compiling it: engine/row_buckets.py) or False (every
+    round steps all `batch` rows). Off on a mesh.
+    max_logprobs: the most alternatives a request may ask with its tokens' logprobs
+    (Request.logprobs; vLLM's default limit, 20); None: requests may not ask. The
+    programs keep logprobs online always (computed in a step only when a row asks),
+    offline when some request asks.
+    chat: text prompts go through the tokenizer's chat template (a request's own `chat`
+    wins).
+    """
 
     batch: int = DEFAULT_BATCH
     max_new_tokens: int = 256

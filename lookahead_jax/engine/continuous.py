@@ -5,36 +5,13 @@ decoding in every slot, offline (a list of prompts, `Engine.run`, the JSONL comm
 runs on).
 
 B slots decode together on the device; a slot whose request ends is refilled with the
-next waiting one while the other slots keep decoding. The parts, JetStream's engine
-interface split as it splits it:
+next waiting one while the other slots keep decoding (the parts, and what lives on the
+device: engine/__init__.py).
 
-    requests.py      Request / Update / Result, and the one check of a request (`encode`)
-    device_slots.py  the device side: the B-row DecodeState and its verbs, prefill,
-                     insert, generate (and read, grow, retire), each a compiled program
-    scheduler.py     the host side: the queue, which request sits in which slot, a round
-                     (admit, generate, read back), listeners, stop strings, cancellation
-    row_counts.py    what the rows accepted, and auto's hand-over to plain decoding
-    continuous.py    `Engine`: settings, the offline driver (`run`, `run_batch`), the
-                     online entry points (`submit`, `cancel`, `round`, `serve`)
-
-What lives on the device: the B-row DecodeState — K/V cache (L buffers [B, K, S, Dh]),
-token buffer [B, S], per-row lengths, max_new_tokens, step counters, flags, PRNG keys
-and sampling settings (rows with different settings share the batch and its programs),
-and the guess sources' state. The host holds the queue, which request sits in which
-slot, and the results; it sees the device only between rounds.
-
-Fixed shapes: S = P + new_positions + slack (a prompt bucket; max_new_tokens rounded up
-to a power of two; the widest step's emit). An offline run takes its prompts shortest
-bucket first (stable within a bucket), starting with P = the first prompt's bucket; a
-request of a longer bucket first grows the state (the S axis padded, rows in flight
-untouched), so attention never spans positions sized for the longest prompt of the
-dataset while short ones decode. New programs: one prefill per prompt side and row
-count (sides: inputs.prefill_side, finer than the buckets; the buckets met:
-`stats.prompt_buckets`; a shape not compiled yet may run padded to one that is, and an
-admission's requests are cut into prefills that pad least: prefill_shapes.py), one loop
-and one insert per S
-(`stats.cache_positions`). `max_prompt_tokens` fixes P (arrival order kept, no
-growth): what a server wants.
+Shapes (device_slots.py): an offline run takes its prompts shortest bucket first, its
+prompt side P the first's bucket, and grows the state for a longer one (rows in flight
+untouched), so attention never spans positions sized for the dataset's longest prompt
+while short ones decode; `max_prompt_tokens` fixes P (arrival order kept): a server's.
 
 Exactness: a row's tokens depend only on its prompt, max_new_tokens, sampling settings
 and PRNG key (decode_state.py, sampling.py; the key: requests.py) — never the slot. So
@@ -46,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 import queue
 import threading
 import time
@@ -57,7 +33,7 @@ import jax.numpy as jnp
 
 from lookahead_jax.decoding.guess_memory import GuessMemory
 from lookahead_jax.distributed import multihost, sharding
-from lookahead_jax.engine import inputs, requests, row_buckets
+from lookahead_jax.engine import describe, inputs, requests, row_buckets
 from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import PrefixCache
@@ -66,8 +42,6 @@ from lookahead_jax.engine.scheduler import Active, Kept, Scheduler
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.errors import UserInputError
 
-log = logging.getLogger("lookahead_jax.engine")
-SLOW_ROUND_S = 5.0  # a serving round longer than this is logged, with where its time went
 # the prefill side warm_up compiles for one row: chat messages with their template are
 # mostly shorter (MT-bench first turns: 30-200 tokens with SmolLM2's template), and a
 # prefill pads to a compiled side rather than wait ~2-6 s for its own
@@ -96,46 +70,9 @@ class Engine:
         while engine.round():                      # or engine.serve(stop_event)
             pass
 
-    lookahead: a LookaheadConfig, "auto" or None (plain). "auto" offline: a layout chosen
-    for this batch size from a cost curve measured at it, called off mid-run if it does
-    not pay; online: a layout chosen for one row (at `temperature`), and each round runs it or plain
-    steps, whichever the live rows measure faster at their row bucket (round_choice.py).
-    temperature / top_k / top_p / max_new_tokens: defaults for requests without their own.
-    seed: prompt `id`'s noise is fold_in(PRNGKey(seed), prompt_key(id)).
-    steps_per_call: the device loop returns to the host at least this often (progress,
-    Ctrl-C) even when no slot finished; None: as often as auto checks its choice, else
-    only when a slot finishes. stream_steps: as often while a request with a listener
-    decodes (its tokens arrive every this many steps).
-    max_prompt_tokens: fix the prompt side of the shapes (longer prompts are refused), so
-    that runs over other prompts reuse the same compiled programs; default: each run
-    sizes for its longest prompt. The budget side is max_new_tokens (offline, or a
-    request's larger one), rounded up to a power of two; online requests may not ask for
-    more than max_new_tokens.
-    sampled: whether rows may sample (compiles the sampling code). Default: offline, if
-    some request samples; online, always (any request may).
-    prefix_cache_mb: keep prompts' K/V on the device, up to this many MB, so that a prompt
-    that starts like an earlier one (a shared system prompt, a conversation's next turn)
-    is prefilled only from where they part (prefix_cache.py); rows of one admission that
-    share a prefix compute it once. None or 0: off. Kept across runs of this engine.
-    prefill_chunk: with the prefix cache, a prompt longer than this many tokens (past its
-    cached blocks) arriving while other rows decode is prefilled this many at a time
-    between decode rounds, so that they keep their pace; "auto": as many as this machine
-    prefills in one round (measured in the run); None: in one piece.
-    shared_guesses: the guess sources that keep an engine-wide memory (token recycling's
-    tables, suffix match's text of earlier outputs) start each new row from what the rows
-    before it left (decoding/guess_memory.py), so that a prompt asked again or a
-    conversation's next turn is guessed from the earlier answers; tokens are unchanged
-    (every guess is verified). Kept across runs.
-    row_buckets: a round decodes the live slots only, gathered into the smallest row
-    bucket (1, 2, 4, ... below `batch`, then `batch`) that holds them, so that few live
-    requests decode at the rate of a small batch: True (compiling each bucket's loop as
-    it is needed), "auto" (a bucket whose loop is compiled; a new one once the padding
-    rows have cost as much as compiling it: engine/row_buckets.py) or False (every
-    round steps all `batch` rows). Off on a mesh.
-    max_logprobs: the most alternatives a request may ask with its tokens' logprobs
-    (Request.logprobs; vLLM's default limit, 20); None: requests may not ask. The
-    programs keep logprobs online always (computed in a step only when a row asks),
-    offline when some request asks.
+    The settings (`lj.EngineConfig`, or the same as keywords: batch, max_new_tokens,
+    lookahead, sampling defaults, max_prompt_tokens, prefix_cache_mb, row_buckets, ...):
+    engine/config.py says what each does.
     """
 
     def __init__(self, model, config: EngineConfig | None = None, **settings):
@@ -195,13 +132,9 @@ class Engine:
     @property
     def defaults(self) -> requests.Defaults:
         """The settings a request without its own takes, and the prompt limit."""
+        c = self.config
         return requests.Defaults(
-            self.max_new_tokens,
-            self.sampling,
-            self.seed,
-            self.chat,
-            self.max_prompt_tokens,
-            self.max_logprobs,
+            c.max_new_tokens, c.sampling, c.seed, c.chat, c.max_prompt_tokens, c.max_logprobs
         )
 
     def _encode_one(self, r: Request, pid, listener=None, stream=False) -> Encoded:
@@ -326,19 +259,15 @@ class Engine:
         return scheduler
 
     def warm_up(self, request: Request) -> None:
-        """Decode `request` offline, then compile the decode loops of every row bucket at
-        the shapes it ran at (with max_prompt_tokens: the online rounds' own; with auto
-        its plain rounds' too), so that the first requests do not wait for a loop
-        whichever number of them is live; and one row's prefill of a chat-sized prompt
-        (WARM_SIDE tokens: a message with its chat template) from scratch and, with the
-        prefix cache, past cached blocks (a chat after the template's cached system
-        prompt, a conversation's next turn), which the first requests' prefills pad to
-        rather than compile their own (prefill_shapes.py compiles those later, in the
-        background, once their padding has cost a compile). (Smaller programs still
-        compile at their first use: prefills of other row counts and longer prompts, and
-        the slot edits of slot_state.py per row bucket, a fraction of a second each.) The
-        stats start afresh after it: call it before serving (the server does), not once
-        online rounds have run."""
+        """Decode `request` offline, then compile what the first requests use: the decode
+        loops of every row bucket at its shapes (with max_prompt_tokens: the online
+        rounds'; with auto its plain rounds' too), and one row's prefill of a chat-sized
+        prompt (WARM_SIDE tokens) from scratch and, with the prefix cache, past cached
+        blocks, which their prefills pad to rather than compile their own
+        (prefill_shapes.py compiles those in the background once their padding has cost
+        a compile). Smaller programs compile at their first use (a fraction of a second
+        each). The stats start afresh after it: call it before serving, as the server
+        does."""
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass
@@ -357,26 +286,10 @@ class Engine:
         self.online_stats = self.stats = Stats(batch=self.batch)
 
     def decoding(self) -> str:
-        """How this engine decodes, in a line (the server's start line and /health):
-        plain, a fixed layout, or auto's layout (online: run in the rounds whose rows
-        measure it faster than plain steps; its choice known once warm_up ran)."""
-        la = self.lookahead
-        if la is None:
-            return "plain decoding"
-        if la != "auto":
-            return f"lookahead {la.name} every round"
-        choice = self._auto_choice
-        if choice is None:
-            return "auto (its layout chosen at the first round)"
-        t = self.sampling.temperature
-        if choice.config is None:
-            return f"auto: plain (no lookahead layout pays for one row at temperature {t:g})"
-        return (
-            f"auto: lookahead {choice.config.name} or plain steps, each round whichever its "
-            f"rows measure faster (for one row at temperature {t:g}: a step "
-            f"{choice.cost_ratio:.2f}x a plain one for ~{choice.expected_compression:.2f} "
-            "tokens)"
-        )
+        """How this engine decodes, in a line (the server's start line and /health;
+        describe.py): plain, a fixed layout, or auto's layout (online: run in the rounds
+        whose rows measure it faster than plain steps; known once warm_up ran)."""
+        return describe.decoding(self.lookahead, self._auto_choice, self.sampling.temperature)
 
     # ------------------------------------------------------------------ online
 
@@ -521,37 +434,16 @@ class Engine:
         (True) or stop, and without `on_error` the exception is raised."""
         while not stop.is_set():
             self._wake.clear()
-            t, before = time.perf_counter(), self._round_figures()
+            # (the online stats: every online scheduler counts in them, a new one too)
+            t, before = time.perf_counter(), describe.round_figures(self.online_stats)
             try:
                 worked = self.round()
             except Exception as e:
                 if on_error is None or not on_error(e):
                     raise
                 continue
-            self._log_if_slow(time.perf_counter() - t, before)
+            if self._scheduler is not None:  # a slow round says where its seconds went
+                after, rows = describe.round_figures(self.online_stats), self._scheduler.device.rows
+                describe.log_if_slow(time.perf_counter() - t, before, after, rows)
             if not worked:
                 self._wake.wait(idle_wait_s)
-
-    def _round_figures(self) -> tuple[float, ...]:
-        """(compile_s, prefill_s, decode_s, prefill calls, loop rounds) of the online
-        stats so far (every online scheduler counts in them, a new one after a failure
-        too)."""
-        st = self.online_stats
-        return st.compile_s, st.prefill_s, st.decode_s, st.prefill_calls, st.rounds
-
-    def _log_if_slow(self, seconds: float, before: tuple[float, ...]) -> None:
-        """Log a round slower than SLOW_ROUND_S, with where its seconds went (a stall a
-        client sees as a late token: a program compiled while serving shows as compile
-        seconds; seconds no part claims are host work around the device calls)."""
-        if seconds < SLOW_ROUND_S or self._scheduler is None:
-            return
-        compile_s, prefill_s, decode_s, prefills, rounds = (
-            a - b for a, b in zip(self._round_figures(), before, strict=True)
-        )
-        other = seconds - compile_s - prefill_s - decode_s
-        log.warning(
-            "a round took %.1f s: %.1f s compiling, %.1f s in %d prefills, %.1f s in %d "
-            "decode calls at %d rows, %.1f s other",
-            seconds, compile_s, prefill_s, prefills, decode_s, rounds,
-            self._scheduler.device.rows, other,
-        )  # fmt: skip

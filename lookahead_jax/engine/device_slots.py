@@ -26,7 +26,9 @@ Shapes: S = P + new_positions + slack, where new_positions is the budget side (t
 largest max_new_tokens a request may have, rounded up to a power of two) and slack the
 widest step's emit. A prompt of side P' <= P is prefilled with room for
 S - P' - slack new positions, so its rows have the state's S. Which requests go into
-which slots, and when, is the host's (scheduler.py).
+which slots, and when, is the host's (scheduler.py). New programs: a prefill per prompt
+side and row count (sides: inputs.prefill_side; a shape not compiled may run padded to
+one that is: prefill_shapes.py), a loop and an insert per S (`stats.cache_positions`).
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ import numpy as np
 
 from lookahead_jax.decoding import autotune, guess_memory, logprobs, programs
 from lookahead_jax.decoding.decode_state import CachedPrefix, DecodeSpec, DecodeState
-from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
+from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import multihost, sharding
-from lookahead_jax.engine import inputs, slot_state
+from lookahead_jax.engine import inputs, prefill_args, slot_state
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.engine.stats import Stats
@@ -188,8 +190,8 @@ class DeviceSlots:
     ) -> list[list[int]]:
         """The requests of one admission cut into prefills (prefill_shapes.groups): lists
         of indices into `requests`, each list one `prefill` (hits and pool as there)."""
-        kind, sides = _sides(requests, hits, pool)
-        pool = _program_pool(hits, pool)
+        kind, sides = prefill_args.sides(requests, hits, pool)
+        pool = prefill_args.program_pool(hits, pool)
         background = self._compile_soon(pool) is not None
         rate = self._prefill_rate()
         return self.padded.groups(kind, sides, self.B, rate, self._ready(pool), background)
@@ -203,8 +205,8 @@ class DeviceSlots:
         if soon is None:
             return False
         n = slot_state.prefill_rows(len(requests), self.B)
-        _, suffix_sides = _sides(requests, hits, pool)
-        _, prompt_sides = _sides(requests, None, None)  # (<= P: _fill grew the state)
+        _, suffix_sides = prefill_args.sides(requests, hits, pool)
+        _, prompt_sides = prefill_args.sides(requests, None, None)  # (<= P: _fill grew the state)
         shape = self.padded.instead(
             n, max(suffix_sides), max(prompt_sides), self._prefill_rate(),
             self._ready(pool), self._ready(None),
@@ -276,39 +278,19 @@ class DeviceSlots:
         each request's cached leading blocks, pool ids into `pool` (prefix_cache.py): only
         the rest of its prompt runs, at the state's prompt side P. Either may run at a
         larger shape already compiled, padded (prefill_shapes.py)."""
-        kind, sides = _sides(requests, hits, pool)  # the prompts', or the suffixes' past the blocks
+        kind, sides = prefill_args.sides(
+            requests, hits, pool
+        )  # the prompts', or the suffixes' past the blocks
         n = slot_state.prefill_rows(len(requests), self.B)
-        key_pool = _program_pool(hits, pool)
+        key_pool = prefill_args.program_pool(hits, pool)
         n, side = self.padded.choose(
             kind, n, max(sides), self._prefill_rate(), self._ready(key_pool),
             self._compile_soon(key_pool),
         )  # fmt: skip
         P = side if hits is None else self.P
-        pad = n - len(requests)
-        prompt_np = np.zeros((n, P), np.int32)
-        prompt_len_n, max_new_n = np.ones((n,), np.int32), np.zeros((n,), np.int32)
-        for i, r in enumerate(requests):
-            prompt_np[i, : len(r.ids)] = r.ids
-            prompt_len_n[i], max_new_n[i] = len(r.ids), r.max_new_tokens
-        keys_n2 = np.zeros((n, 2), np.uint32)  # padding rows: zeros
-        by_seed: dict[int, list[int]] = {}
-        for i, r in enumerate(requests):
-            by_seed.setdefault(r.seed, []).append(i)
-        for seed, rows_i in by_seed.items():  # one vmapped fold_in per seed, not per row
-            keys_n2[rows_i] = np.asarray(keys_for(seed, [requests[i].key for i in rows_i]))
-        sampling = RowSampling.of(
-            [r.sampling for r in requests] + [SamplingConfig()] * pad,
-            [r.logprobs is not None for r in requests] + [False] * pad,
-            [r.prompt_logprobs is not None for r in requests] + [False] * pad,
-        )
-        rows = (prompt_np, prompt_len_n, max_new_n, keys_n2, sampling)
-        mesh = self.model.mesh
-        if mesh is not None:  # where the start program takes them: rows over `data`
-            rows = jax.tree.map(
-                lambda a: multihost.replicated(mesh, a, sharding.batch_major(a, mesh)), rows
-            )
+        rows = prefill_args.rows(requests, n, P, self.model.mesh)
         if hits is not None:
-            rows = (*rows, _cached_prefix(P, requests, hits, pool, n, side))
+            rows = (*rows, prefill_args.cached_prefix(P, requests, hits, pool, n, side))
         args = (self.model.params, *rows)
         buckets = self.stats.prompt_buckets  # each prompt's, whatever shape it ran at
         buckets += sorted({inputs.bucket(len(r.ids)) for r in requests} - set(buckets))
@@ -453,34 +435,3 @@ class DeviceSlots:
         self.state = autotune.to_plain(self.state)
         if self.state_sh is not None:
             self.state = jax.device_put(self.state, self.state_sh)
-
-
-def _sides(requests: list[Encoded], hits, pool) -> tuple[str, list[int]]:
-    """(kind, each request's prefill side): "prompt" and its prompt's, or with hits
-    "suffix" and its prompt's rest past its cached blocks'."""
-    if hits is None:
-        return "prompt", [inputs.prefill_side(len(r.ids)) for r in requests]
-    rest = [len(r.ids) - len(h) * pool.block for r, h in zip(requests, hits, strict=True)]
-    return "suffix", [inputs.prefill_side(n) for n in rest]
-
-
-def _program_pool(hits, pool) -> kv_pool.KVPool | None:
-    """The pool that keys a prefill's program (`_start_key`): `pool` for requests with
-    hits, None (a prompt prefill's program) without, whether or not a cache is on."""
-    return None if hits is None else pool
-
-
-def _cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int, T: int) -> CachedPrefix:
-    """The prefill's CachedPrefix for n rows (the requests', then padding rows with
-    nothing cached): M = P // BLOCK block ids a row, the suffixes padded to T."""
-    block = pool.block
-    blocks_nm = np.zeros((n, P // block), np.int32)
-    length_n = np.zeros((n,), np.int32)
-    for i, ids in enumerate(hits):
-        blocks_nm[i, : len(ids)] = ids
-        length_n[i] = len(ids) * block
-    suffix_nt = np.zeros((n, T), np.int32)
-    for i, r in enumerate(requests):
-        rest = r.ids[length_n[i] :]
-        suffix_nt[i, : len(rest)] = rest
-    return CachedPrefix(pool, blocks_nm, length_n, suffix_nt)

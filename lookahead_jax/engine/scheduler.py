@@ -34,13 +34,14 @@ from lookahead_jax.engine import inputs, interrupts
 from lookahead_jax.engine.cached_prefill import CachedPrefill
 from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.device_slots import DeviceSlots
+from lookahead_jax.engine.logprob_window import LogprobWindow
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import PrefixCache
 from lookahead_jax.engine.requests import Encoded, Result, TokenLogprob, Update
 from lookahead_jax.engine.round_choice import RoundChoice, RowAcceptance, RowRound
 from lookahead_jax.engine.row_buckets import RowBuckets
 from lookahead_jax.engine.row_counts import RowCounts
-from lookahead_jax.engine.stats import Stats
+from lookahead_jax.engine.stats import Stats, run_config
 from lookahead_jax.engine.stop_strings import before_stop, find_stop
 from lookahead_jax.guesses.lookahead_config import max_step_tokens
 
@@ -135,17 +136,7 @@ class Scheduler:
         self.round_choice = None
         if per_round and lookahead is not None and auto is not None and not multi:
             self.round_choice = RoundChoice(prior=auto.choice.expected_compression)
-        self.stats.config = {
-            "lookahead": None if lookahead is None else lookahead.describe(),
-            "dtype": spec.cache_dtype,
-            "sampled": sampled,
-            **config.sampling.describe(),
-        }
-        if auto is not None:
-            self.stats.config["lookahead_auto"] = {
-                **auto.choice.describe(),
-                "switched_to_plain_after_steps": None,
-            }
+        self.stats.config = run_config(lookahead, spec.cache_dtype, sampled, config.sampling, auto)
 
     @property
     def auto(self) -> autotune.AutoRun | None:
@@ -363,25 +354,9 @@ class Scheduler:
             self.after_collect()
         return finished
 
-    def _read_logprobs(self, prompt_len_b, n_out_b) -> _LogprobWindow | None:
-        """The logprobs the rows' requests have not read yet (their prompt's, when asked
-        and not read; their new tokens' since the last round and the position after them,
-        an EOS's), from one window of positions a row; None when no request asks."""
-        first_b = np.zeros((self.device.rows,), np.int32)
-        end_b = np.zeros((self.device.rows,), np.int32)
-        for s, a in enumerate(self.active):
-            if a is None:
-                continue
-            r, start = a.request, int(prompt_len_b[s])
-            if r.logprobs is not None:
-                first_b[s], end_b[s] = start + len(a.logprobs), start + n_out_b[s] + 1
-            if r.prompt_logprobs is not None and a.prompt_logprobs is None:
-                first_b[s], end_b[s] = 1, max(end_b[s], start)
-        width = int((end_b - first_b).max(initial=0))
-        if width <= 0:
-            return None
-        width = inputs.bucket(width, minimum=8)  # few window programs
-        return _LogprobWindow(first_b, self.device.read_logprobs(first_b, width))
+    def _read_logprobs(self, prompt_len_b, n_out_b) -> LogprobWindow | None:
+        """The logprobs the slots' requests have not read yet (logprob_window.py)."""
+        return LogprobWindow.read(self.device, self.active, prompt_len_b, n_out_b)
 
     def interrupted(self) -> list[Result]:
         """End every request in a slot with finish "interrupted" and the tokens it has
@@ -443,23 +418,3 @@ class Scheduler:
             self.counts.record_acceptance(self.model)
         wall_s = time.perf_counter() - self.started
         self.stats.close(wall_s, self.counts.accepted_hist())
-
-
-class _LogprobWindow:
-    """Logprobs read back after a round: row b's positions first_b[b] .. (DeviceSlots.
-    read_logprobs)."""
-
-    def __init__(self, first_b, arrays):
-        self.first_b = first_b
-        self.token_bw, self.top_ids_bwo, self.top_bwo = arrays
-
-    def at(self, slot: int, start: int, end: int, k: int) -> list[TokenLogprob]:
-        """The TokenLogprobs at positions start .. end - 1 of `slot`, k alternatives each."""
-        at = slice(start - self.first_b[slot], end - self.first_b[slot])
-        rows = zip(
-            self.token_bw[slot, at], self.top_ids_bwo[slot, at], self.top_bwo[slot, at], strict=True
-        )
-        return [
-            TokenLogprob(float(lp), tuple(zip(ids[:k].tolist(), top[:k].tolist(), strict=True)))
-            for lp, ids, top in rows
-        ]

@@ -134,3 +134,20 @@ class Stats:
             "tokens_per_s": self.tokens_per_s,
             "accepted_tokens": self.accepted_tokens,
         }
+
+
+def run_config(lookahead, cache_dtype: str, sampled: bool, sampling, auto) -> dict:
+    """A run's Stats.config: its layout (LookaheadConfig or None), dtype, whether it
+    samples, the default sampling settings, and with auto (an AutoRun) its choice."""
+    config = {
+        "lookahead": None if lookahead is None else lookahead.describe(),
+        "dtype": cache_dtype,
+        "sampled": sampled,
+        **sampling.describe(),
+    }
+    if auto is not None:
+        config["lookahead_auto"] = {
+            **auto.choice.describe(),
+            "switched_to_plain_after_steps": None,
+        }
+    return config

@@ -29,14 +29,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lookahead_jax.engine import inputs
 from lookahead_jax.engine.requests import Request as EngineRequest
-from lookahead_jax.engine.stop_strings import held_back
-from lookahead_jax.engine.streaming import StreamDetokenizer
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.server import protocol
 from lookahead_jax.server.logprobs import LogprobsJson
 from lookahead_jax.server.metrics import Metrics
 from lookahead_jax.server.protocol import ChatCompletionRequest, CompletionRequest, Reply
 from lookahead_jax.server.runner import Closed, EngineRunner
+from lookahead_jax.server.streamed_choice import StreamedChoice, listed
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks its client is there
 
@@ -232,7 +231,7 @@ class Answers:
         endpoint = http.url.path
         if body.stream:
             choices = {
-                rid: _StreamedChoice(
+                rid: StreamedChoice(
                     self.tokenizer,
                     chat,
                     None if chat else self.echo(body, i),
@@ -272,7 +271,7 @@ class Answers:
         if result.logprobs is None:
             return None
         prompt = result.prompt_logprobs if echo is not None else None
-        ids, lps = _listed(request.prompt, prompt, result.token_ids, result.logprobs, result.eos)
+        ids, lps = listed(request.prompt, prompt, result.token_ids, result.logprobs, result.eos)
         return LogprobsJson(self.tokenizer, chat).add(ids, lps)
 
     async def whole(self, http: Request, rids: list, updates: asyncio.Queue, t0: float):
@@ -307,7 +306,7 @@ class Answers:
         self, choices: dict, updates, reply: Reply, stops, n_prompt, with_usage, t0, endpoint
     ):
         """The SSE events of one request (`choices`: each choice's request id and its
-        _StreamedChoice, in index order): each choice's chunks as its tokens come (a chunk
+        StreamedChoice, in index order): each choice's chunks as its tokens come (a chunk
         names its choice's index), text that could start a stop string held back, then
         its finish; once every choice finished, the usage chunk when asked for and
         [DONE]."""
@@ -353,52 +352,6 @@ class Answers:
                 self.metrics.requests.labels(endpoint, "499").inc()
 
 
-class _StreamedChoice:
-    """One choice of a streamed answer: its detokenizer, the text sent so far, and its
-    tokens' logprobs JSON (when asked); with echo, the prompt's text (and its logprobs,
-    when asked) lead its first chunk."""
-
-    def __init__(self, tokenizer, chat: bool, echo: str | None = None, prompt_ids=()):
-        self.detok = StreamDetokenizer(tokenizer) if tokenizer is not None else None
-        self.sent, self.pending, self.first = "", "", True
-        self.logprobs = LogprobsJson(tokenizer, chat)
-        self.echo, self.prompt_ids = echo, list(prompt_ids)
-
-    def add(self, update, stops) -> list[tuple[str, str | None, bool, dict | None]]:
-        """The chunks (text, finish, first, logprobs) an update gives: its new text, less
-        what could start a stop string, with its tokens' logprobs (when asked); with the
-        result, the rest and then its finish."""
-        self.pending += self.detok.add_step(update.token_ids) if self.detok else ""
-        logprobs = None
-        if update.logprobs is not None:  # it asked for them
-            prompt = update.prompt_logprobs if self.echo is not None else None
-            eos = None if update.result is None else update.result.eos
-            ids, lps = _listed(self.prompt_ids, prompt, update.token_ids, update.logprobs, eos)
-            logprobs = self.logprobs.add(ids, lps) if lps else None
-        result, chunks = update.result, []
-        if result is None:
-            keep = held_back(self.sent + self.pending, stops)  # might start a stop string
-            cut = len(self.pending) - keep
-            out, self.pending = self.pending[:cut], self.pending[cut:]
-            if out or self.first or logprobs:
-                chunks.append((self._lead(out), None, self.first, logprobs))
-                self.sent, self.first = self.sent + out, False
-            return chunks
-        if result.finish == "stop" and result.text is not None:
-            out = result.text[len(self.sent) :]
-        else:
-            out = self.pending + (self.detok.flush() if self.detok else "")
-        if out or self.first or logprobs:
-            chunks.append((self._lead(out), None, self.first, logprobs))
-            self.first = False
-        chunks.append(("", result.finish, False, None))
-        return chunks
-
-    def _lead(self, text: str) -> str:
-        """The text of a chunk: the first one's after the echoed prompt."""
-        return (self.echo or "") + text if self.first else text
-
-
 # The server's words for the engine's errors' slots (errors.py): its client never saw the
 # engine's request id, and sets the engine's limits with the server's flags
 WORDS = {
@@ -435,18 +388,6 @@ def _field_path(loc) -> list[str]:
     return [
         str(x) for x in loc if x != "body" and not (isinstance(x, str) and (x in tags or "[" in x))
     ]
-
-
-def _listed(prompt_ids, prompt_logprobs, token_ids, logprobs, eos):
-    """(ids, logprobs) a choice lists: with echo the prompt's first (prompt_logprobs not
-    None), its new tokens', and the EOS that ended it last (as OpenAI-style servers list
-    it, with the text "")."""
-    ids, lps = list(token_ids), list(logprobs)
-    if prompt_logprobs is not None:
-        ids, lps = list(prompt_ids) + ids, list(prompt_logprobs) + lps
-    if eos is not None:
-        ids, lps = ids + [eos[0]], lps + [eos[1]]
-    return ids, lps
 
 
 def _sse(obj) -> str:

@@ -1,0 +1,76 @@
+"""The host arrays of a prefill's start program (device_slots.py): the requests' prompts
+right-padded to the prompt side, lengths, budgets, PRNG keys and sampling settings, n
+rows (padding rows have max_new_tokens 0: done at once), and with the prefix cache each
+row's cached blocks and the rest of its prompt past them."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from lookahead_jax.decoding.decode_state import CachedPrefix
+from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
+from lookahead_jax.distributed import multihost, sharding
+from lookahead_jax.engine import inputs
+from lookahead_jax.engine.requests import Encoded
+from lookahead_jax.models import kv_pool
+
+
+def rows(requests: list[Encoded], n: int, P: int, mesh=None) -> tuple:
+    """(prompt [n, P], prompt_len [n], max_new [n], keys [n, 2], RowSampling) for the
+    requests then n - len(requests) padding rows; on a mesh, where the start program
+    takes them (rows over `data`)."""
+    pad = n - len(requests)
+    prompt_np = np.zeros((n, P), np.int32)
+    prompt_len_n, max_new_n = np.ones((n,), np.int32), np.zeros((n,), np.int32)
+    for i, r in enumerate(requests):
+        prompt_np[i, : len(r.ids)] = r.ids
+        prompt_len_n[i], max_new_n[i] = len(r.ids), r.max_new_tokens
+    keys_n2 = np.zeros((n, 2), np.uint32)  # padding rows: zeros
+    by_seed: dict[int, list[int]] = {}
+    for i, r in enumerate(requests):
+        by_seed.setdefault(r.seed, []).append(i)
+    for seed, rows_i in by_seed.items():  # one vmapped fold_in per seed, not per row
+        keys_n2[rows_i] = np.asarray(keys_for(seed, [requests[i].key for i in rows_i]))
+    sampling = RowSampling.of(
+        [r.sampling for r in requests] + [SamplingConfig()] * pad,
+        [r.logprobs is not None for r in requests] + [False] * pad,
+        [r.prompt_logprobs is not None for r in requests] + [False] * pad,
+    )
+    out = (prompt_np, prompt_len_n, max_new_n, keys_n2, sampling)
+    if mesh is not None:
+        out = jax.tree.map(
+            lambda a: multihost.replicated(mesh, a, sharding.batch_major(a, mesh)), out
+        )
+    return out
+
+
+def sides(requests: list[Encoded], hits, pool) -> tuple[str, list[int]]:
+    """(kind, each request's prefill side): "prompt" and its prompt's, or with hits
+    "suffix" and its prompt's rest past its cached blocks'."""
+    if hits is None:
+        return "prompt", [inputs.prefill_side(len(r.ids)) for r in requests]
+    rest = [len(r.ids) - len(h) * pool.block for r, h in zip(requests, hits, strict=True)]
+    return "suffix", [inputs.prefill_side(n) for n in rest]
+
+
+def program_pool(hits, pool) -> kv_pool.KVPool | None:
+    """The pool that keys a prefill's program (DeviceSlots._start_key): `pool` for
+    requests with hits, None (a prompt prefill's program) without, cache on or off."""
+    return None if hits is None else pool
+
+
+def cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int, T: int) -> CachedPrefix:
+    """The prefill's CachedPrefix for n rows (the requests', then padding rows with
+    nothing cached): M = P // BLOCK block ids a row, the suffixes padded to T."""
+    block = pool.block
+    blocks_nm = np.zeros((n, P // block), np.int32)
+    length_n = np.zeros((n,), np.int32)
+    for i, ids in enumerate(hits):
+        blocks_nm[i, : len(ids)] = ids
+        length_n[i] = len(ids) * block
+    suffix_nt = np.zeros((n, T), np.int32)
+    for i, r in enumerate(requests):
+        rest = r.ids[length_n[i] :]
+        suffix_nt[i, : len(rest)] = rest
+    return CachedPrefix(pool, blocks_nm, length_n, suffix_nt)
