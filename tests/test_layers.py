@@ -60,3 +60,49 @@ def test_the_step_reaches_guess_sources_only_through_the_protocol():
     assert [s.name for s in config.sources] == ["pool", "suffix", "recycle"]
     assert all(isinstance(s, GuessSource) for s in config.sources)
     assert config.proposed_nodes == sum(s.nodes for s in config.sources) == 2 * 2 + 2 * 8 + 5
+
+
+def _modules():
+    return [(p, p.read_text()) for p in sorted((ROOT / "lookahead_jax").rglob("*.py"))]
+
+
+def _stats_field(node) -> bool:
+    """Whether `node` is `stats.FIELD` or `X.stats.FIELD` (a field of a Stats), or an
+    item of one (`stats.FIELD[k]`)."""
+    import ast
+
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    if not isinstance(node, ast.Attribute):
+        return False
+    owner = node.value
+    return (isinstance(owner, ast.Name) and owner.id == "stats") or (
+        isinstance(owner, ast.Attribute) and owner.attr == "stats"
+    )
+
+
+def test_stats_are_written_in_one_place():
+    """Every count of a run is made by a method of engine/stats.py's Stats, which says
+    what it counts: no other module assigns a field of one, or grows one in place."""
+    import ast
+
+    writes = []
+    for path, text in _modules():
+        if path.name == "stats.py" and path.parent.name == "engine":
+            continue
+        for node in ast.walk(ast.parse(text)):
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                grows = node.func.attr in ("append", "extend", "update", "setdefault", "clear")
+                targets = [node.func.value] if grows else []
+            writes += [f"{path.name}:{node.lineno}" for t in targets if _stats_field(t)]
+    assert not writes, writes
+
+
+def test_no_module_over_450_lines():
+    long = {p.name: n for p, text in _modules() if (n := len(text.splitlines())) > 450}
+    assert not long, long

@@ -178,7 +178,7 @@ class CachedPrefill:
         args = (self.scheduler.model.params, cache.pool, _i32(blocks_m), _i32(done),
                 _i32(ids[done : done + C]), _i32(dst))  # fmt: skip
         cache.pool = self._compiled(args)(*args)
-        self.stats.prefill_chunks += 1
+        self.stats.count_chunk()
         a.chunked_tokens += C
         return len(ids) - done - C > C
 
@@ -193,7 +193,7 @@ class CachedPrefill:
             jitted = prefill_chunk.program(spec.lm, spec.cache_dtype)
             with programs.precision_scope(spec.cache_dtype):
                 _CHUNK_PROGRAMS[key] = jitted.lower(*args).compile()
-            self.stats.compile_s += time.perf_counter() - t
+            self.stats.count_compile(time.perf_counter() - t)
         return _CHUNK_PROGRAMS[key]
 
     # ------------------------------------------------------------------ answers

@@ -230,8 +230,7 @@ class Engine:
         except Exception:
             self._forget_device_memories()
             raise
-        scheduler.stats.interrupted = pressed
-        scheduler.close(record=not pressed)
+        scheduler.close(interrupted=pressed)
         if pressed:
             raise _CtrlC
 

@@ -83,7 +83,7 @@ class DeviceSlots:
         self.memory = memory
         self.slack = spec.max_emit  # kept after auto's hand-over (to_plain's min_slack)
         self.new_positions = new_positions
-        self.stats: Stats = stats  # compile_s, prefill_calls and _positions, buckets, S
+        self.stats: Stats = stats  # where its prefills, compiles and shapes count
         # the prefill shapes compiled, and padding spent (an engine's, kept across runs)
         self.padded = PaddedShapes() if padded is None else padded
         self.state: DecodeState | None = None
@@ -106,7 +106,7 @@ class DeviceSlots:
         self._insert = slot_state.program(slot_state.insert, self.state_sh, donate_argnums=0)
         self._retire = slot_state.program(slot_state.retire, self.state_sh, donate_argnums=0)
         self.positions_S = shape.tokens.shape[1]
-        self.stats.cache_positions.append(self.positions_S)
+        self.stats.count_shape(self.positions_S)
 
     def loop_args(self, rows: int | None = None, side: int | None = None) -> tuple:
         """The start program's argument shapes for a state of `rows` rows (default: B),
@@ -177,7 +177,7 @@ class DeviceSlots:
     def _compiled(self, new_positions: int, args, name: str):
         """(executable, seconds spent compiling it now), those seconds added to the stats."""
         exe, secs = programs.compiled(self.model, self.spec, new_positions, args, name)
-        self.stats.compile_s += secs
+        self.stats.count_compile(secs)
         return exe, secs
 
     # ------------------------------------------------------------------ the three verbs
@@ -292,15 +292,12 @@ class DeviceSlots:
         if hits is not None:
             rows = (*rows, prefill_args.cached_prefix(P, requests, hits, pool, n, side))
         args = (self.model.params, *rows)
-        buckets = self.stats.prompt_buckets  # each prompt's, whatever shape it ran at
-        buckets += sorted({inputs.bucket(len(r.ids)) for r in requests} - set(buckets))
-        self.stats.prefill_calls += 1
+        # (the prompts' own buckets, whatever shape they ran at)
+        buckets = [inputs.bucket(len(r.ids)) for r in requests]
+        self.stats.count_prefill(n, side, hits is not None, buckets)
         # room for the new positions that gives rows of this prompt side the state's S
         start, compile_s = self._compiled(self.P + self.new_positions - P, args, "start")
         self.padded.ran(kind, n, side, compile_s)
-        self.stats.prefill_positions += n * side
-        shape = f"{n}x{side}" + ("" if hits is None else " after cache")
-        self.stats.prefill_shapes[shape] = self.stats.prefill_shapes.get(shape, 0) + 1
         self._loop_ready()
         fresh = start(*args)
         if self.memory is not None and self.spec.lookahead is not None:

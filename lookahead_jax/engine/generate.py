@@ -121,9 +121,7 @@ def _output(model, stats: Stats, results) -> GenerationOutput:
     are the whole batch's; with several processes, process_new_tokens / process_row_steps
     are this process's rows'."""
     steps = [r.steps for r in results]
-    stats.process_new_tokens = sum(len(r.token_ids) for r in results)
-    stats.process_row_steps = sum(steps)
-    stats.step_ms = 1000 * stats.decode_s / max(max(steps, default=0), 1)
+    stats.count_process(sum(len(r.token_ids) for r in results), sum(steps), max(steps, default=0))
     return GenerationOutput(
         token_ids=[r.token_ids for r in results],
         texts=None if model.tokenizer is None else [r.text for r in results],

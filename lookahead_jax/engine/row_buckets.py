@@ -49,7 +49,6 @@ class RowBuckets:
     def __init__(self, batch: int, mode: bool | str = "auto"):
         self.batch, self.mode = batch, mode  # (mode checked by the Engine)
         self.spent_s: dict[int, float] = {}  # bucket -> padding seconds run for it elsewhere
-        self.rounds: dict[int, int] = {}  # rounds run at each row count
 
     def choose(self, n: int, compiled: Callable[[int], bool], compile_s: list[float]) -> int:
         """The rows to hold n live rows at; compiled(R): whether R's loop is ready;
@@ -68,7 +67,6 @@ class RowBuckets:
     def ran(self, n: int, rows: int, seconds: float) -> None:
         """A round of n live rows ran at `rows` rows for `seconds`: its padding rows'
         share is spent on the bucket that would have held them."""
-        self.rounds[rows] = self.rounds.get(rows, 0) + 1
         best = smallest(self.batch, max(n, 1))
         if rows > best:
             self.spent_s[best] = self.spent_s.get(best, 0.0) + seconds * (rows - best) / rows

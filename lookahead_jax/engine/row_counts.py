@@ -94,7 +94,7 @@ class RowCounts:
         self.count(occupied)  # their lookahead phase, before the state loses it
         self.auto.after_steps, self.auto.lookahead_hist = steps, hist.sum(0, keepdims=True)
         self.device.to_plain()
-        self.stats.config["lookahead_auto"]["switched_to_plain_after_steps"] = steps
+        self.stats.count_hand_over(steps)
 
     def record_acceptance(self, model) -> None:
         """auto: fold this run's lookahead acceptance into the model's running factor."""

@@ -132,11 +132,10 @@ class Scheduler:
         multi = multihost.is_multiprocess()
         one_device = model.mesh is None and not multi
         self.buckets = RowBuckets(self.B, config.row_buckets if one_device else False)
-        self.stats.rounds_by_rows = self.buckets.rounds
         self.round_choice = None
         if per_round and lookahead is not None and auto is not None and not multi:
             self.round_choice = RoundChoice(prior=auto.choice.expected_compression)
-        self.stats.config = run_config(lookahead, spec.cache_dtype, sampled, config.sampling, auto)
+        self.stats.begin(run_config(lookahead, spec.cache_dtype, sampled, config.sampling, auto))
 
     @property
     def auto(self) -> autotune.AutoRun | None:
@@ -165,7 +164,7 @@ class Scheduler:
         finished = []
         if admitted or stats.prefill_chunks > chunks:  # (a chunk: cached_prefill.py)
             jax.block_until_ready(device.state if admitted else self.prefix.cache.pool)
-            stats.prefill_s += time.perf_counter() - t - (stats.compile_s - compile_s)
+            stats.count_prefill_time(time.perf_counter() - t - (stats.compile_s - compile_s))
             if any(a.request.listener for a in admitted):
                 finished += self._collect()  # the first tokens (the prefill's) go out now
         if not self.occupied() and not self.cancelled:  # (a chunked request may be)
@@ -183,8 +182,7 @@ class Scheduler:
             t, compile_s = time.perf_counter(), stats.compile_s
             loop_s = device.generate(steps, waiting=bool(self.queue), plain=plain)
             seconds = time.perf_counter() - t - (stats.compile_s - compile_s)
-            stats.decode_s += seconds
-            stats.rounds += 1
+            stats.count_round(device.rows, seconds)
             self.buckets.ran(live, device.rows, seconds)
             if choice is not None:
                 n_after_b, steps_after_b = device.read("n_out", "steps")
@@ -192,7 +190,7 @@ class Scheduler:
                     r.tokens = int(n_after_b[s] - n_out_b[s])
                     r.steps = int(steps_after_b[s] - steps_b[s])
                 choice.ran(device.rows, plain, loop_s, rows, probe)
-                stats.per_round = choice.describe()
+                stats.count_auto_rounds(choice.describe())
             self.counts.watch(self.occupied())
         finished += self._collect()
         return finished
@@ -386,12 +384,8 @@ class Scheduler:
         text = None if tokenizer is None else tokenizer.decode(cut)
         if finish == "stop":
             text = before_stop(text, a.request.stop)
-        stats = self.stats
-        stats.prompts += 1
-        stats.new_tokens += len(cut)
         steps, emitted = steps
-        stats.row_steps += steps
-        stats.step_tokens += emitted
+        self.stats.count_result(len(cut), steps, emitted)
         result = Result(
             id=a.request.id,
             token_ids=cut,
@@ -411,10 +405,10 @@ class Scheduler:
             a.request.listener(Update(a.request.id, cut[a.sent :], result, since, prompt))
         return result
 
-    def close(self, record: bool = True) -> None:
-        """The run's totals (offline); with `record`, auto's acceptance is folded into
-        the model's running factor."""
-        if record:
+    def close(self, interrupted: bool = False) -> None:
+        """The run's totals (offline); unless Ctrl-C `interrupted` it, auto's acceptance
+        is folded into the model's running factor."""
+        if not interrupted:
             self.counts.record_acceptance(self.model)
         wall_s = time.perf_counter() - self.started
-        self.stats.close(wall_s, self.counts.accepted_hist())
+        self.stats.close(wall_s, self.counts.accepted_hist(), interrupted)

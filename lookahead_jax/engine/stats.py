@@ -94,6 +94,67 @@ class Stats:
         """Guessed tokens accepted, every source's (0 for plain decoding)."""
         return sum(s.tokens for s in self.sources.values())
 
+    # ------------------------------------------------------------------ the counting
+    # Every write to a Stats is one of these methods (tests/test_engine_layout.py checks
+    # that no other module assigns a field): the parts that see something happen call
+    # them, and what each figure counts is said once, here.
+
+    def begin(self, config: dict) -> None:
+        """A run starts: its config (run_config)."""
+        self.config = config
+
+    def count_shape(self, cache_positions: int) -> None:
+        """The state's programs are now those of cache size S (a new prompt side)."""
+        self.cache_positions.append(cache_positions)
+
+    def count_compile(self, seconds: float) -> None:
+        """Seconds waited for a program to compile (0: it was compiled)."""
+        self.compile_s += seconds
+
+    def count_prefill(self, rows: int, side: int, cached: bool, buckets) -> None:
+        """A prefill call ran at (rows, side) — a suffix's after cached blocks when
+        `cached` — for prompts of these buckets (inputs.bucket)."""
+        self.prefill_calls += 1
+        self.prefill_positions += rows * side
+        shape = f"{rows}x{side}" + (" after cache" if cached else "")
+        self.prefill_shapes[shape] = self.prefill_shapes.get(shape, 0) + 1
+        self.prompt_buckets += sorted(set(buckets) - set(self.prompt_buckets))
+
+    def count_chunk(self) -> None:
+        """A chunk of a long prompt was prefilled between decode rounds."""
+        self.prefill_chunks += 1
+
+    def count_prefill_time(self, seconds: float) -> None:
+        """A round's prefills, inserts and chunks took `seconds` (compiles left out)."""
+        self.prefill_s += seconds
+
+    def count_round(self, rows: int, seconds: float) -> None:
+        """A decode loop call over `rows` rows took `seconds` (compiles left out)."""
+        self.decode_s += seconds
+        self.rounds += 1
+        self.rounds_by_rows[rows] = self.rounds_by_rows.get(rows, 0) + 1
+
+    def count_auto_rounds(self, per_round: dict) -> None:
+        """Online auto's figures by row bucket and mode, as they stand (RoundChoice)."""
+        self.per_round = per_round
+
+    def count_hand_over(self, steps: int) -> None:
+        """Offline auto handed a losing lookahead over to plain decoding after `steps`."""
+        self.config["lookahead_auto"]["switched_to_plain_after_steps"] = steps
+
+    def count_result(self, new_tokens: int, steps: int, step_tokens: int) -> None:
+        """A request ended with `new_tokens` (a stop string's cut made), after `steps`
+        forward passes past its prefill that emitted `step_tokens` (an EOS too)."""
+        self.prompts += 1
+        self.new_tokens += new_tokens
+        self.row_steps += steps
+        self.step_tokens += step_tokens
+
+    def count_process(self, new_tokens: int, row_steps: int, longest_steps: int) -> None:
+        """lj.generate: this process's rows' totals, and the longest row's steps."""
+        self.process_new_tokens, self.process_row_steps = new_tokens, row_steps
+        self.step_ms = 1000 * self.decode_s / max(longest_steps, 1)
+
     def count_prefix(self, prompt_tokens: int, cached_tokens: int) -> None:
         """One request prefilled with the prefix cache on, `cached_tokens` of its prompt
         taken from it."""
@@ -114,12 +175,12 @@ class Stats:
             if weights_na is not None:
                 entry.weight_by_depth = [round(float(w), 4) for w in weights_na[i]]
 
-    def close(self, wall_s: float, hist_e=None) -> None:
-        """The totals of a run that ended; `hist_e` [E]: the finished rows' steps by tokens
-        emitted."""
+    def close(self, wall_s: float, hist_e=None, interrupted: bool = False) -> None:
+        """The totals of a run that ended (by Ctrl-C: `interrupted`); `hist_e` [E]: the
+        finished rows' steps by tokens emitted."""
         if hist_e is not None:
             self.accepted_hist = {str(i + 1): int(c) for i, c in enumerate(hist_e)}
-        self.wall_s = wall_s
+        self.wall_s, self.interrupted = wall_s, interrupted
 
     def as_dict(self) -> dict:
         """The JSON form: every field (a source's without weight_by_depth when it has
