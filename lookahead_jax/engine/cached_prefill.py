@@ -1,11 +1,11 @@
 """The scheduler's prefills through the prefix cache (prefix_cache.py): what `_fill` does
 when the cache is on, and what it adds.
 
-    admit(placed)     prefill requests into their slots, each from its longest run of
+    admit(placed, active)  prefill requests into their slots, each from its longest run of
                       cached blocks; requests of one admission that share blocks nobody
                       holds wait for the first of them (a second prefill runs only their
                       own parts); long prompts may be set to prefill in chunks instead
-    chunk()           one chunk of the first long prompt waiting whose rest needs one
+    chunk(active, ..) one chunk of the first long prompt waiting whose rest needs one
                       (prefill_chunk.py): its next C positions' K/V into the pool, between
                       decode rounds, so the streams in flight keep their pace; returns
                       every request whose rest now fits one chunk (admitted like any
@@ -33,18 +33,21 @@ _CHUNK_PROGRAMS: dict = {}  # (model, dtype, argument shapes) -> compiled prefil
 
 
 class CachedPrefill:
-    def __init__(self, scheduler, cache: PrefixCache, chunk: int | str | None):
-        self.scheduler, self.cache = scheduler, cache
-        self.device, self.stats = scheduler.device, scheduler.stats
+    """A scheduler's prefills through `cache`, on its `device` (DeviceSlots), counted in
+    its `stats`; the scheduler's slots (`active`: an Active or None a slot) are given to
+    each call."""
+
+    def __init__(self, device, stats, params, cache: PrefixCache, chunk: int | str | None):
+        self.device, self.stats, self.params, self.cache = device, stats, params, cache
         self.chunk_tokens = chunk  # "auto": chosen at the first long prompt (chunk_size)
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, placed: list) -> None:
-        """Prefill [(slot, Encoded)] (their Active already in the scheduler's slots)."""
+    def admit(self, placed: list, active: list) -> None:
+        """Prefill [(slot, Encoded)] (their Active already in `active`, the slots)."""
         cache, device, stats = self.cache, self.device, self.stats
         admitting = {s for s, _ in placed}
-        placed = [(s, r) for s, r in placed if not self._to_chunk(s, r, admitting)]
+        placed = [(s, r) for s, r in placed if not self._to_chunk(s, r, admitting, active)]
         while placed:
             now = cache.split([r.ids for _, r in placed])
             placed, later = (
@@ -67,13 +70,13 @@ class CachedPrefill:
                 for group in device.prefill_groups(requests, hits, cache.pool):
                     groups.append(
                         (
-                            bool(cached) and not self._from_scratch(rows, group),
+                            bool(cached) and not self._from_scratch(rows, group, active),
                             [rows[i] for i in group],
                         )
                     )
             for cached, g in groups:
                 for s, r, hits in g:  # a chunked prompt's own blocks were computed, not found
-                    own = self.scheduler.active[s].chunked_tokens
+                    own = active[s].chunked_tokens
                     found = len(hits) * cache.block - own if cached else 0
                     stats.count_prefix(len(r.ids), max(found, 0))
             # every prefill first, then the stores: a store may evict a block that
@@ -91,36 +94,37 @@ class CachedPrefill:
                 device.insert(state, [s for s, _, _ in g])
             placed = later
 
-    def _from_scratch(self, rows: list, group: list[int]) -> bool:
+    def _from_scratch(self, rows: list, group: list[int], active: list) -> bool:
         """Whether the rows `group` of `rows` [(slot, request, hits)], which have cached
         blocks, prefill from scratch instead, their suffix shape compiling in the
         background (device_slots.prompt_instead) — not a chunked prompt's: its rest is
         long, and computing its chunks again is what chunking avoids."""
         g = [rows[i] for i in group]
-        if any(self.scheduler.active[s].chunked_tokens for s, _, _ in g):
+        if any(active[s].chunked_tokens for s, _, _ in g):
             return False
         requests, hits = [r for _, r, _ in g], [h for _, _, h in g]
         return self.device.prompt_instead(requests, hits, self.cache.pool)
 
-    def _to_chunk(self, slot: int, request, admitting: AbstractSet[int]) -> bool:
+    def _to_chunk(self, slot: int, request, admitting: AbstractSet[int], active: list) -> bool:
         """Whether to prefill this request in chunks (and mark it so): its prompt past
         its cached blocks is longer than a chunk, other rows decode meanwhile (not the
         ones admitted with it, `admitting`: sixteen chats arriving together that share a
         new system prompt are prefilled together, the first alone and the rest from its
         blocks, not one per round behind chunks), and the pool holds its blocks twice over
         (else its own chunks would evict each other)."""
-        if self.chunk_tokens is None or not self._others_decode(slot, admitting):
+        if self.chunk_tokens is None or not self._others_decode(slot, active, admitting):
             return False
         ids, block = request.ids, self.cache.block
         if self._rest(ids) <= self.chunk_size() or self.cache.blocks < 2 * len(ids) // block:
             return False
-        self.scheduler.active[slot].chunking = True
+        active[slot].chunking = True
         return True
 
-    def _others_decode(self, slot: int, admitting: AbstractSet[int] = frozenset()) -> bool:
+    @staticmethod
+    def _others_decode(slot: int, active: list, admitting: AbstractSet[int] = frozenset()) -> bool:
         return any(
             a is not None and not a.chunking and s != slot and s not in admitting
-            for s, a in enumerate(self.scheduler.active)
+            for s, a in enumerate(active)
         )
 
     def _rest(self, ids) -> int:
@@ -145,16 +149,16 @@ class CachedPrefill:
 
     # ------------------------------------------------------------------ chunks
 
-    def chunk(self) -> list:
+    def chunk(self, active: list, cancelled: AbstractSet[int]) -> list:
         """Run one chunk of the first request set to chunk that needs one; [(slot,
         Active)] of those whose rest now fits one chunk (blocks another request stored
         count: every such one, not one a round) or whose rows stopped decoding beside
         them: the caller admits them."""
         ready, ran = [], False
-        for s, a in enumerate(self.scheduler.active):
-            if a is None or not a.chunking or s in self.scheduler.cancelled:
+        for s, a in enumerate(active):
+            if a is None or not a.chunking or s in cancelled:
                 continue  # (a cancelled one ends at the round's read-back)
-            if self._others_decode(s) and self._rest(a.request.ids) > self.chunk_size():
+            if self._others_decode(s, active) and self._rest(a.request.ids) > self.chunk_size():
                 if ran:  # one chunk a round
                     continue
                 ran = True
@@ -175,7 +179,7 @@ class CachedPrefill:
         if len(dst) < C // block:  # the pool cannot take them: prefill the rest whole
             return False
         blocks_m = [*hits, *[0] * (device.P // block - len(hits))]
-        args = (self.scheduler.model.params, cache.pool, _i32(blocks_m), _i32(done),
+        args = (self.params, cache.pool, _i32(blocks_m), _i32(done),
                 _i32(ids[done : done + C]), _i32(dst))  # fmt: skip
         cache.pool = self._compiled(args)(*args)
         self.stats.count_chunk()

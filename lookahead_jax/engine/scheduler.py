@@ -124,7 +124,10 @@ class Scheduler:
             model, self.B, spec, new_positions, P, self.stats, memory, kept.prefill_shapes
         )
         cache = kept.prefix_cache
-        self.prefix = None if cache is None else CachedPrefill(self, cache, config.prefill_chunk)
+        self.prefix = None
+        if cache is not None:
+            chunk = config.prefill_chunk
+            self.prefix = CachedPrefill(self.device, stats, model.params, cache, chunk)
         self.counts = RowCounts(self.device, auto, self.stats)
         # row buckets need every state edit on one device (take_rows has no shardings);
         # both rules time this process's rounds, so with several processes (which must
@@ -237,7 +240,9 @@ class Scheduler:
         free = [s for s in range(self.B) if self.active[s] is None]
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
         self.dequeued += len(taken)
-        ready = [] if self.prefix is None else self.prefix.chunk()  # [(slot, Active)]
+        ready = []  # [(slot, Active)]: chunked requests whose rest now fits one chunk
+        if self.prefix is not None:
+            ready = self.prefix.chunk(self.active, self.cancelled)
         if not taken and not ready:
             return []
         longest = max(inputs.bucket(len(r.ids)) for r in [*taken, *(a.request for _, a in ready)])
@@ -257,7 +262,7 @@ class Scheduler:
             admitted.append(self.active[s])
         if self.prefix is not None:
             placed = [(s, a.request) for s, a in ready] + list(zip(free, taken, strict=False))
-            self.prefix.admit(placed)
+            self.prefix.admit(placed, self.active)
             return [a for a in admitted if not a.chunking] + [a for _, a in ready]
         # taken[i] goes to free[i]; a group of all B rows into no state is the state
         for group in device.prefill_groups(taken):
