@@ -97,3 +97,17 @@ def test_programs_beyond_max_kept_are_dropped_and_their_code_unmapped(monkeypatc
     assert len(programs._COMPILED) == 4
     programs.clear()
     assert evicting < keeping / 2, (evicting, keeping)
+
+
+def test_every_program_cache_is_bounded_and_cleared_by_one_call():
+    from lookahead_jax.decoding.program_caches import ProgramCache
+    from lookahead_jax.engine import slot_state
+
+    cache = ProgramCache("test", 2)
+    made = [cache.get_or_make(k, lambda k=k: object()) for k in "abc"]
+    assert cache.get("a") is None and cache.get("c") is made[2] and len(cache) == 2
+    assert cache.get_or_make("c", object) is made[2]  # kept: not made again
+    jitted = slot_state.program(slot_state.retire, None)
+    assert slot_state.program(slot_state.retire, None) is jitted
+    programs.clear()  # this module's decode programs, the slot edits, chunks, and this one
+    assert len(cache) == 0 and slot_state.program(slot_state.retire, None) is not jitted

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from lookahead_jax.decoding.loop import compiler_options
+from lookahead_jax.decoding.program_caches import ProgramCache
 from lookahead_jax.models import kv_cache, kv_pool, seam
 
 
@@ -43,9 +44,15 @@ def prefill_chunk(params, pool: kv_pool.KVPool, blocks_m, length, chunk_t, dst, 
     return kv_pool.store_blocks(pool, cache, jnp.zeros_like(starts), starts, dst)
 
 
-@functools.cache
+_JITTED = ProgramCache("prefill chunk functions", 8)
+
+
 def program(lm, dtype: str):
     """prefill_chunk jitted for a model (one compilation per Mb and chunk length), the
     pool donated, with the decode programs' compiler options (loop.compiler_options)."""
-    fn = functools.partial(prefill_chunk, lm=lm, dtype=dtype)
-    return jax.jit(fn, donate_argnums=1, compiler_options=compiler_options())
+
+    def make():
+        fn = functools.partial(prefill_chunk, lm=lm, dtype=dtype)
+        return jax.jit(fn, donate_argnums=1, compiler_options=compiler_options())
+
+    return _JITTED.get_or_make((lm, dtype), make)

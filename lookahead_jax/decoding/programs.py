@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from lookahead_jax import decoding
+from lookahead_jax.decoding import program_caches
 from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.decoding.loop import compiler_options  # noqa: F401  (re-exported)
 
@@ -35,12 +36,25 @@ _JITTED: dict = {}  # program key -> (decoding.Jitted, state shape, `start` trac
 _TRACING = threading.Lock()  # held while _JITTED is read or filled (two threads trace)
 _COMPILED = collections.OrderedDict()  # (program key, entry point) -> executable, LRU first
 _PENDING: dict = {}  # (program key, entry point) -> Future of its executable (compile_soon)
-_COMPILER = ThreadPoolExecutor(1, thread_name_prefix="lookahead-jax-compile")
+_COMPILER: ThreadPoolExecutor | None = None  # the background compiles' thread (made at first use)
+
+
+def _compiler() -> ThreadPoolExecutor:
+    global _COMPILER
+    if _COMPILER is None:
+        _COMPILER = ThreadPoolExecutor(1, thread_name_prefix="lookahead-jax-compile")
+    return _COMPILER
 
 
 def clear() -> None:
-    """Forget every compiled program (tests that patch the step use this); a compilation
-    already running is waited for, so that it writes nothing back afterwards."""
+    """Forget every compiled program, these and every other cache of programs
+    (program_caches.py; tests that patch the step use this)."""
+    program_caches.clear()
+
+
+def _clear_decode_programs() -> None:
+    """This module's programs: a compilation already running is waited for, so that it
+    writes nothing back afterwards."""
     for pending in _PENDING.values():
         if not pending.cancel():
             concurrent.futures.wait([pending])
@@ -48,6 +62,9 @@ def clear() -> None:
     with _TRACING:
         _JITTED.clear()
     _COMPILED.clear()
+
+
+program_caches.register(_clear_decode_programs)
 
 
 def matmul_precision(dtype) -> str | None:
@@ -151,7 +168,7 @@ def compile_soon(model, spec: DecodeSpec, new_positions: int, start_args, name: 
         with jax.enable_x64(x64):
             return _lowered(key, model, spec, new_positions, start_args, name).compile()
 
-    _PENDING[(key, name)] = _COMPILER.submit(make)
+    _PENDING[(key, name)] = _compiler().submit(make)
 
 
 def ready(model, spec: DecodeSpec, new_positions: int, start_args, name: str) -> bool:

@@ -26,10 +26,12 @@ import jax
 import numpy as np
 
 from lookahead_jax.decoding import prefill_chunk, programs
+from lookahead_jax.decoding.program_caches import ProgramCache
 from lookahead_jax.engine.prefix_cache import PrefixCache
 
 MAX_CHUNK = 1024  # tokens; auto's choice is at most this, at least two blocks
-_CHUNK_PROGRAMS: dict = {}  # (model, dtype, argument shapes) -> compiled prefill_chunk
+# (model, dtype, argument shapes) -> compiled prefill_chunk
+_CHUNK_PROGRAMS = ProgramCache("prefill chunks", 16)
 
 
 class CachedPrefill:
@@ -192,13 +194,14 @@ class CachedPrefill:
         spec = self.device.spec
         shapes = tuple((np.shape(a), str(a.dtype)) for a in jax.tree.leaves(args[1:]))
         key = (spec.lm, spec.cache_dtype, shapes)
-        if key not in _CHUNK_PROGRAMS:
+        exe = _CHUNK_PROGRAMS.get(key)
+        if exe is None:
             t = time.perf_counter()
             jitted = prefill_chunk.program(spec.lm, spec.cache_dtype)
             with programs.precision_scope(spec.cache_dtype):
-                _CHUNK_PROGRAMS[key] = jitted.lower(*args).compile()
+                exe = _CHUNK_PROGRAMS.put(key, jitted.lower(*args).compile())
             self.stats.count_compile(time.perf_counter() - t)
-        return _CHUNK_PROGRAMS[key]
+        return exe
 
     # ------------------------------------------------------------------ answers
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from lookahead_jax.decoding.decode_state import DecodeState
+from lookahead_jax.decoding.program_caches import ProgramCache
 from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.models import kv_cache
 
@@ -93,7 +94,8 @@ def prefill_rows(n: int, batch: int) -> int:
     return min(1 << max(n - 1, 0).bit_length(), batch)
 
 
-_PROGRAMS: dict = {}
+# the slot edits jitted, by function, output sharding and options (a handful per engine)
+_PROGRAMS = ProgramCache("slot edits", 64)
 
 
 def program(fn, out_shardings, **jit_kw):
@@ -106,6 +108,4 @@ def program(fn, out_shardings, **jit_kw):
         sh_key = (jax.tree.structure(out_shardings), tuple(jax.tree.leaves(out_shardings)))
         jit_kw["out_shardings"] = out_shardings
     key = (fn, sh_key, tuple(sorted((k, v) for k, v in jit_kw.items() if k != "out_shardings")))
-    if key not in _PROGRAMS:
-        _PROGRAMS[key] = jax.jit(fn, **jit_kw)
-    return _PROGRAMS[key]
+    return _PROGRAMS.get_or_make(key, lambda: jax.jit(fn, **jit_kw))
