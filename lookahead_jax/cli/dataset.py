@@ -144,7 +144,6 @@ def run(args, config, mesh_sizes, t_start: float) -> int:
     info = lj.inspect(args.ckpt)
     context = info.cfg.max_position_embeddings
     config.check_context(context)
-    inputs.check_budget(context, args.max_new_tokens)
     if info.tokenizer is None:
         raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; --prompts needs one")
     args.chat = info.tokenizer.wants_chat(args.chat)

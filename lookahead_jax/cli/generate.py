@@ -254,12 +254,11 @@ def _check_against_checkpoint(args, prompt: str, config):
     size and prompt + budget against the context. Runs before the weights are loaded.
     Returns the checkpoint's ModelInfo and the prompt's token ids."""
     import lookahead_jax as lj
-    from lookahead_jax.engine.inputs import check_budget, check_context
+    from lookahead_jax.engine.inputs import check_context
 
     info = lj.inspect(args.ckpt)  # lj.load verifies the checksums
     context = info.cfg.max_position_embeddings
     config.check_context(context)
-    check_budget(context, args.max_new_tokens)
     if info.tokenizer is None:
         raise UserInputError(
             f"checkpoint {args.ckpt} has no tokenizer (tokenizer.json or tokenizer.model); "

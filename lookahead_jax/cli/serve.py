@@ -249,18 +249,16 @@ def _run(args) -> int:
 
     import lookahead_jax as lj
     from lookahead_jax.distributed.sharding import parse_mesh
-    from lookahead_jax.engine.inputs import check_budget
     from lookahead_jax.server.app import create_app
     from lookahead_jax.server.runner import EngineRunner
 
     mesh = lj.make_mesh(**parse_mesh(args.mesh)) if args.mesh else "auto"
     info = lj.inspect(args.ckpt)
     context = info.cfg.max_position_embeddings
-    check_budget(context, config.max_new_tokens)
-    if config.max_prompt_tokens is None:
+    config.check_context(context)  # before the weights load
+    if config.max_prompt_tokens is None:  # (fits the context: max_new_tokens leaves room)
         max_prompt = min(DEFAULT_MAX_PROMPT, context - config.max_new_tokens)
         config = dataclasses.replace(config, max_prompt_tokens=max_prompt)
-    config.check_context(context)  # before the weights load
     t = time.perf_counter()
     model = lj.load(info, dtype=args.dtype, mesh=mesh, weights=args.weights)
     engine = lj.Engine(model, config)

@@ -159,8 +159,9 @@ class EngineConfig:
 
     def check_context(self, max_context: int) -> None:
         """What needs the model's context length (the checkpoint's config suffices, before
-        the weights load): the lookahead step fits it, and so does a prompt of
-        max_prompt_tokens with max_new_tokens after it."""
+        the weights load): the lookahead step fits it, max_new_tokens leaves room for a
+        prompt, and a prompt of max_prompt_tokens fits with max_new_tokens after it."""
         inputs.check_lookahead(self.lookahead, max_context)
+        inputs.check_budget(max_context, self.max_new_tokens)
         if self.max_prompt_tokens is not None:
             inputs.check_context(max_context, self.max_prompt_tokens, self.max_new_tokens)
