@@ -70,12 +70,14 @@ def server(tiny_text_ckpt):
         "--api-key", KEY, "--stream-steps", "2", "--log-every", "1",
     )  # fmt: skip
     yield url
+    decoded = metric(url, "lookahead_generated_tokens_total") > 0
     code, err = stop_server(proc)
     assert code == 0, err
     start = [line for line in err.splitlines() if line.startswith("serving ")]
     assert start and start[0].endswith("; lookahead tokens=16 every round)"), err
-    # the periodic line: what the tests' requests did, acceptance included
-    assert re.search(r"last \d+ s: \d+ requests? done with \d+ tokens, .* tokens a step", err), err
+    if decoded:  # the periodic line (the last at shutdown): what the requests did
+        line = r"last \d+ s: \d+ requests? done with \d+ tokens, .* tokens a step"
+        assert re.search(line, err), err
 
 
 @pytest.fixture(scope="module")

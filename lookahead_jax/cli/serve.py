@@ -305,8 +305,8 @@ def _run(args) -> int:
     try:
         server.run()
     finally:
-        activity.stop()
         runner.shutdown()
+        activity.stop()
     if fatal:
         print(f"error: {fatal[0]}", file=sys.stderr)
         return 1

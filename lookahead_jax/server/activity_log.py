@@ -8,7 +8,7 @@ as vLLM's and llama.cpp's servers log their speculative acceptance while they se
     tokens a step, 180 guesses accepted; auto rounds: 1 row 12 lookahead / 3 plain
 
 (one line). Read from the engine's online stats (what /metrics reads) on a thread of its
-own; a quiet interval writes nothing.
+own; a quiet interval writes nothing; the last interval's line is written at shutdown.
 """
 
 from __future__ import annotations
@@ -82,7 +82,9 @@ class ActivityLog:
         return f"{time.strftime('%H:%M:%S')} last {seconds:.0f} s: " + "; ".join(words)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        stopping = False
+        while not stopping:
+            stopping = self._stop.wait(self.every_s)  # (set: the last interval's line)
             try:
                 text = self.line()
             except RuntimeError:  # a dict the engine thread grew while read: next time
@@ -95,7 +97,10 @@ class ActivityLog:
             self._thread.start()
 
     def stop(self) -> None:
+        """Write the last interval's line (if anything finished in it) and stop."""
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
 
 _MODES = ("lookahead", "plain")
