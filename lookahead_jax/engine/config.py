@@ -98,8 +98,9 @@ class EngineConfig:
     (Request.logprobs; vLLM's default limit, 20); None: requests may not ask. The
     programs keep logprobs online always (computed in a step only when a row asks),
     offline when some request asks.
-    chat: text prompts go through the tokenizer's chat template (a request's own `chat`
-    wins).
+    chat: text prompts go through the tokenizer's chat template (False: as they are, as
+    vLLM's LLM.generate sends them; the command line's default is the template, where
+    the tokenizer has one). Chat messages always do.
     """
 
     batch: int = DEFAULT_BATCH
