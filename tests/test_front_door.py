@@ -133,3 +133,13 @@ def test_the_readmes_commands_are_on_path_where_it_uses_them_and_parse():
             assert (Path(sys.executable).parent / "lookahead-jax").is_file()
             name, *rest = argv[1:]
             importlib.import_module(COMMANDS[name][0]).build_parser().parse_args(rest)
+
+
+def test_train_help_shows_every_default():
+    from lookahead_jax.training.__main__ import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    for shown in ("--block BLOCK Jacobi block size n (default: 16)", "(default: 5e-05)",
+                  "(default: smollm2-135m)", "(default: OUT.work)"):  # fmt: skip
+        assert shown in text, shown
+    assert "default: None" not in text and "default: False" not in text
