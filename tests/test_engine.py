@@ -354,7 +354,8 @@ def test_after_warm_up_the_first_requests_compile_nothing(model64):
     """Engine.warm_up (the server's) compiles what the first requests use: the loops, and
     one row's prefill at WARM_SIDE (here the state's prompt side) from scratch and past
     cached blocks, which shorter prompts pad to (each compiled its own before: 2-6 s of
-    a server's first chats)."""
+    a server's first chats), and every row's short turn past cached blocks (a burst of
+    chats behind one system prompt ran as one-row prefills)."""
     longest = max(PROMPTS, key=len)
     with jax.enable_x64(True):  # (the shapes of the tests above, with the prefix cache)
         engine = lj.Engine(
@@ -366,8 +367,15 @@ def test_after_warm_up_the_first_requests_compile_nothing(model64):
             engine.submit(lj.Request(longest, max_new_tokens=4))
             while engine.round():
                 pass
-    assert engine.online_stats.prefix_hits == 1
+        shapes = dict(engine.online_stats.prefill_shapes)
+        for i in range(3):  # a burst of short turns past the same blocks: one prefill
+            engine.submit(lj.Request([*longest[:32], 5 + i, 9], max_new_tokens=4))
+        while engine.round():
+            pass
+    assert engine.online_stats.prefix_hits == 4
     assert engine.online_stats.compile_s == 0
+    burst = {k: n - shapes.get(k, 0) for k, n in engine.online_stats.prefill_shapes.items()}
+    assert {k: n for k, n in burst.items() if n} == {"3x64 after cache": 1}, burst
 
 
 def test_an_engine_says_how_it_decodes(model64):

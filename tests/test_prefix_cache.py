@@ -383,3 +383,16 @@ def test_a_chunk_over_a_chain_with_holes_keeps_every_block_its_own_id():
     again = cache.claim_chunk(prompt, 3, 5)  # blocks 3..6 held, 7 not
     assert again[:4] == (first + second)[3:7] and len(set(again)) == 5
     assert len(cache) == 8
+
+
+def test_padding_pays_for_a_shape_before_any_compile_was_measured():
+    """A server's warm-up compiles are not measured (they may be waits for background
+    compiles), so a shape is paid for at DEFAULT_COMPILE_S (5 s): fifteen chat suffixes
+    of side 64 behind a cached system prompt run as one-row prefills at the warm-up's
+    [1, 128] (2,160 positions against [16, 64]'s 1,040: 2.24 s spent at 500 positions/s)
+    for three admissions, then as one [16, 64] prefill."""
+    shapes = PaddedShapes()
+    shapes.ran("suffix", 1, 128, compile_s=0.0)  # the warm-up's
+    runs = [admit(shapes, "suffix", [64] * 15, 500.0) for _ in range(4)]
+    assert runs[:3] == [[(1, 128)] * 15] * 3
+    assert runs[3] == [(16, 64)]

@@ -46,6 +46,9 @@ from lookahead_jax.errors import UserInputError
 # mostly shorter (MT-bench first turns: 30-200 tokens with SmolLM2's template), and a
 # prefill pads to a compiled side rather than wait ~2-6 s for its own
 WARM_SIDE = 128
+# with the prefix cache, a burst of chats behind a cached system prompt: all rows' short
+# turns past their blocks in one prefill (sixteen ran as one-row prefills at WARM_SIDE)
+WARM_BURST_SIDE = 64
 
 
 class _CtrlC(KeyboardInterrupt):
@@ -155,8 +158,7 @@ class Engine:
             self._prefix_cache = PrefixCache(like, self.prefix_cache_mb)
         return self._prefix_cache
 
-    def _kept(self) -> Kept:
-        """What this engine keeps across runs, for a run's scheduler."""
+    def _kept(self) -> Kept:  # what this engine keeps across runs, for a run's scheduler
         return Kept(self.guess_memory, self.prefill_shapes, self.prefix_cache())
 
     # ------------------------------------------------------------------ offline
@@ -235,8 +237,7 @@ class Engine:
             raise _CtrlC
 
     def _offline(self, encoded: list[Encoded], per_round: bool = False) -> Scheduler:
-        """Fresh stats and scheduler with `encoded` queued (per_round: auto chooses as
-        the online rounds do: warm_up)."""
+        """A fresh scheduler and stats, `encoded` queued (per_round: as online: warm_up)."""
         fixed_P = None if self.max_prompt_tokens is None else inputs.bucket(self.max_prompt_tokens)
         new_positions = inputs.bucket(
             max(self.max_new_tokens, *(r.max_new_tokens for r in encoded))
@@ -259,14 +260,13 @@ class Engine:
 
     def warm_up(self, request: Request) -> None:
         """Decode `request` offline, then compile what the first requests use: the decode
-        loops of every row bucket at its shapes (with max_prompt_tokens: the online
-        rounds'; with auto its plain rounds' too), and one row's prefill of a chat-sized
-        prompt (WARM_SIDE tokens) from scratch and, with the prefix cache, past cached
-        blocks, which their prefills pad to rather than compile their own
-        (prefill_shapes.py compiles those in the background once their padding has cost
-        a compile). Smaller programs compile at their first use (a fraction of a second
-        each). The stats start afresh after it: call it before serving, as the server
-        does."""
+        loops of every row bucket (with max_prompt_tokens: the online rounds' shapes;
+        with auto its plain rounds' too), one row's prefill of a chat-sized prompt
+        (WARM_SIDE) from scratch and, with the prefix cache, past cached blocks, and
+        every row's short turn (WARM_BURST_SIDE) past them: prefills pad to these rather
+        than compile their own (prefill_shapes.py compiles those in the background once
+        their padding has paid). The stats start afresh after it: call it before
+        serving, as the server does."""
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass
@@ -276,12 +276,14 @@ class Engine:
         names = device.loop_names(scheduler.round_choice is not None)
         pool = None if scheduler.prefix is None else scheduler.prefix.cache.pool
         side = min(WARM_SIDE, device.P)
-        prefills = [None] if pool is None else [None, pool]  # from scratch, past blocks
-        for p in prefills:  # in the background, beside the loops
-            device.compile_prefill(1, side, p, wait=False)
+        prefills = [(1, side, None)]  # (rows, side, pool): from scratch
+        if pool is not None:  # past cached blocks: one row, and a burst of short turns
+            prefills += [(1, side, pool), (self.batch, min(WARM_BURST_SIDE, side), pool)]
+        for rows_, side_, p in prefills:  # in the background, beside the loops
+            device.compile_prefill(rows_, side_, p, wait=False)
         device.compile_loops(rows or [self.batch], names)
-        for p in prefills:  # (waits for them; known to prefill_shapes.py from here)
-            device.compile_prefill(1, side, p)
+        for rows_, side_, p in prefills:  # (waits for them; known to prefill_shapes.py)
+            device.compile_prefill(rows_, side_, p)
         self.online_stats = self.stats = Stats(batch=self.batch)
 
     def decoding(self) -> str:

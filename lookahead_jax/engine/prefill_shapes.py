@@ -13,11 +13,11 @@ suffixes padded past their ends are not read) at the price of its extra position
 n' side' - n side, at this run's prefill rate. The rule (`choose`): a compiled pair runs
 as it is; else it pads to the smallest larger one compiled while the padding spent for
 want of it stays below what compiling it costs (the mean of this engine's prefill
-compiles), then compiles — at most twice the better of the two in hindsight; the
-engine's prefills compile it in the background (`compile_soon`), padded to the larger
-one until it is ready, so that no request's time to first token holds a compile
-it did not need; with no larger one compiled it compiles its side's power of two (one
-program for the octave, which the octave's other sides then pad to).
+compiles; 5 s before one was measured), then compiles — at most twice the better of the
+two in hindsight; the engine's prefills compile it in the background (`compile_soon`),
+padded to the larger one until it is ready, so that no request's time to first token
+holds a compile it did not need; with no larger one compiled it compiles its side's
+power of two (one program for the octave, which the octave's other sides then pad to).
 
 Worked example: compiles take 3 s, prefills run 1,000 positions/s, (8, 64) is compiled.
 Admissions of 2 prompts of side 32 run at (8, 64): 512 - 64 = 448 extra positions,
@@ -47,10 +47,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lookahead_jax.engine import inputs
+from lookahead_jax.engine.row_buckets import DEFAULT_COMPILE_S
 from lookahead_jax.engine.slot_state import prefill_rows
 
 CALL_POSITIONS = 16  # a prefill call's own cost beside its positions (the insert, a dispatch)
-UNMEASURED = 1e9  # a compile's cost in positions before one was measured: above any padding
+# the free cut's tie-breaker: a shape not compiled costs this many positions more there,
+# so that of two cuts of about the same positions the one wanting fewer new shapes is
+# the reference (fifteen rows as [8]+[4]+[2]+[1], 1,024 positions, wanted four shapes
+# where [16] runs 1,040: four compiles, each paid by a quarter of the padding)
+NEW_SHAPE_POSITIONS = 64
+UNMEASURED = 1e9  # a compile's cost in positions before a rate was measured: above any padding
 
 
 class PaddedShapes:
@@ -137,18 +143,24 @@ class PaddedShapes:
             return None
         return shape
 
+    def _compile_seconds(self) -> float:
+        """A prefill compile's cost: this engine's mean, or before one was measured
+        DEFAULT_COMPILE_S (a server's warm-up compiles are not measured, as they may be
+        waits for background compiles; without a default its padding could never pay
+        for a shape: sixteen chats behind a cached system prompt ran as fifteen one-row
+        suffix prefills, pass after pass, never one sixteen-row one)."""
+        return sum(self.compile_s) / len(self.compile_s) if self.compile_s else DEFAULT_COMPILE_S
+
     def _compile_positions(self, positions_per_s: float) -> float | None:
-        """A compile's cost in positions at this rate (this engine's mean prefill
-        compile), or None before one was measured."""
-        if not self.compile_s or positions_per_s <= 0:
-            return None
-        return sum(self.compile_s) / len(self.compile_s) * positions_per_s
+        """A compile's cost in positions at this rate, or None before a rate was
+        measured."""
+        return None if positions_per_s <= 0 else self._compile_seconds() * positions_per_s
 
     def _paid(self, key: tuple[str, int, int], positions_per_s: float) -> bool:
-        """Whether the padding spent for want of `key` has cost a compile (measured)."""
-        if self._compile_positions(positions_per_s) is None:
+        """Whether the padding spent for want of `key` has cost a compile."""
+        if positions_per_s <= 0:
             return False
-        return self.spent_s.get(key, 0.0) >= sum(self.compile_s) / len(self.compile_s)
+        return self.spent_s.get(key, 0.0) >= self._compile_seconds()
 
     def _larger(self, kind: str, n: int, side: int) -> tuple[int, int] | None:
         """The smallest compiled (rows, side) of this kind that holds (n, side), or None."""
@@ -230,8 +242,10 @@ class PaddedShapes:
         (n, side_run), how = self.plan(kind, rows, side, rate, ready, background)
         if how == "compiled":
             return own, own, None
-        if free or how == "paid":
-            return own, own, (kind, rows, side)  # (compiled at its run; the free cut's: wanted)
+        if how == "paid":
+            return own, own, (kind, rows, side)  # (compiled at its run)
+        if free:  # wanted (a compile, were it free: one more shape is still one more)
+            return own + NEW_SHAPE_POSITIONS, own, (kind, rows, side)
         ran = n * side_run + CALL_POSITIONS
         if how == "octave":  # a compile too
             compile_positions = self._compile_positions(rate)
