@@ -139,7 +139,8 @@ class PaddedShapes:
             return None
         extra = rows * side - n * suffix_side
         compile_positions = self._compile_positions(positions_per_s)
-        if compile_positions is not None and extra >= compile_positions:
+        measured = self.compile_s and compile_positions is not None  # (not the default:
+        if measured and extra >= compile_positions:  # a first burst compiled inside it)
             return None
         return shape
 
