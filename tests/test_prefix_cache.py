@@ -396,3 +396,23 @@ def test_padding_pays_for_a_shape_before_any_compile_was_measured():
     runs = [admit(shapes, "suffix", [64] * 15, 500.0) for _ in range(4)]
     assert runs[:3] == [[(1, 128)] * 15] * 3
     assert runs[3] == [(16, 64)]
+
+
+def test_more_requests_arriving_than_rows_decoding_are_not_chunked(model64, monkeypatch):
+    """One request decodes; two arrive together whose rests are longer than a chunk:
+    more wait than decode, so both are prefilled in the next round, not a chunk a round
+    (one arriving alone beside one decoding is chunked: the test above)."""
+    monkeypatch.setattr(PaddedShapes, "instead", never_from_scratch)
+    kw = dict(batch=3, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
+    later = [lj.Request(p, id=i) for i, p in enumerate(PROMPTS[1:3], start=1)]
+    with jax.enable_x64(True):
+        engine = lj.Engine(model64, prefix_cache_mb=1, prefill_chunk=16, **kw)
+        first = set()
+        engine.submit(lj.Request(PROMPTS[0], id=0), lambda u: first.add(u.id))
+        engine.round()
+        for r in later:
+            engine.submit(r, lambda u: first.add(u.id))
+        engine.round()
+        assert first == {0, 1, 2} and engine.stats.prefill_chunks == 0
+        while engine.round():
+            pass
