@@ -146,12 +146,20 @@ def test_a_curve_measured_on_a_busy_cpu_is_kept_with_its_noise_until_a_quiet_run
     (path,) = (tmp_cache / "autotune").glob("cost-*.json")
     assert json.loads(path.read_text())["other_cores"] is not None  # kept, with its noise
     assert cost_curve.cached_curve(model, PROBE_TOKENS) == curve and len(calls) == 1
-    monkeypatch.setattr(cost_curve, "_MEASURED", set())  # a later process ...
-    monkeypatch.setattr(cost_curve, "_quiet_now", lambda: False)  # ... on a busy machine
-    assert cost_curve.cached_curve(model, PROBE_TOKENS) == curve and len(calls) == 1
-    monkeypatch.setattr(cost_curve, "_quiet_now", lambda: True)  # ... on a quiet one
-    assert cost_curve.cached_curve(model, PROBE_TOKENS) == curve and len(calls) == 2
-    # (busy again: the first curve stays); asked to measure again, it does, once
+    first_cores = json.loads(path.read_text())["other_cores"]
+    for later in ("a later process", "another"):
+        monkeypatch.setattr(cost_curve, "_MEASURED", set())
+        monkeypatch.setattr(cost_curve, "_LOOKED", set())
+        if later == "a later process":  # on a busy machine: the cached curve, no measure
+            monkeypatch.setattr(cost_curve, "_quiet_now", lambda: False)
+            assert cost_curve.cached_curve(model, PROBE_TOKENS) == curve and len(calls) == 1
+            monkeypatch.setattr(cost_curve, "_quiet_now", lambda: True)  # looked once: kept
+            assert cost_curve.cached_curve(model, PROBE_TOKENS) == curve and len(calls) == 1
+        else:  # on a quiet one: measured again (busy again: the less busy curve is kept)
+            cost_curve.cached_curve(model, PROBE_TOKENS)
+            assert len(calls) == 2
+            assert json.loads(path.read_text())["other_cores"] <= first_cores
+    # asked to measure again, it does, once
     monkeypatch.setenv(cost_curve.RETUNE_ENV, "1")
     monkeypatch.setattr(cost_curve, "_MEASURED", set())
     cost_curve.cached_curve(model, PROBE_TOKENS, stop_above=1e-9)
@@ -186,6 +194,23 @@ def test_auto_keeps_its_last_choice_over_a_near_equal_one(model, tmp_cache, monk
     monkeypatch.setattr(autotune, "PRIORS", far)
     assert autotune.choose(model).config.tuning_key == best != first.config.tuning_key
     assert autotune.choose(model, batch=4).config.tuning_key == best  # (its own record)
+    # a last layout no longer expected to beat plain by MARGIN is not kept
+    monkeypatch.setattr(autotune, "cached_curve", lambda m, tokens, stop_above=None, batch=1: STEEP)
+    plain = autotune.choose(model)
+    assert plain.config is None and not plain.kept
+    # plain kept over a layout expected within STICKY of MARGIN, and the stats say so
+    monkeypatch.setattr(autotune, "PRIORS", {k: 2.0 for k in near})
+    ratio = 2.0 / (autotune.MARGIN * 1.02)  # every layout: 1.02 x MARGIN expected
+    curve2 = {t: FLAT[1] * (ratio if t > 1 else 1.0) for t in FLAT}
+    monkeypatch.setattr(
+        autotune, "cached_curve", lambda m, tokens, stop_above=None, batch=1: curve2
+    )
+    kept = autotune.choose(model)
+    assert (
+        kept.config is None
+        and kept.kept
+        and "the last choice, kept" in autotune.why(kept.describe())
+    )
 
 
 def test_other_cpu_use_sees_another_process():

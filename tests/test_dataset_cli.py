@@ -71,6 +71,11 @@ def test_dataset_flags_are_checked_before_anything_loads(tmp_path, capsys):
         (["--prompts", str(prompts), "--batch", "0"], "batch (--batch) must be an integer >= 1"),
         (["--prompts", str(prompts), "--prefix-cache-mb", "inf"], "finite number >= 0"),
         (["--prompt", "x", "--prefix-cache-mb", "64"], "--prefix-cache-mb is for dataset mode"),
+        (
+            ["--prompts", str(prompts), "--output", str(tmp_path / "no" / "o.jsonl")],
+            "does not exist",
+        ),
+        (["--prompts", str(prompts), "--output", str(tmp_path)], "cannot be written"),
     ]:
         assert generate.main(["--ckpt", "/nonexistent", *argv]) == 2, argv
         err = capsys.readouterr().err

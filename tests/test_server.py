@@ -528,17 +528,18 @@ def test_the_activity_line_counts_an_interval_and_plain_reads_one_token_a_step()
     from lookahead_jax.server.activity_log import ActivityLog
 
     engine = NS(online_stats=Stats(), slots_in_use=2, queued=1)
+    t0 = time.perf_counter()
     log = ActivityLog(engine, every_s=10)
-    assert log.line(now=1e9) is None  # nothing finished: no line
+    assert log.line(now=t0 + 5) is None  # nothing finished: no line
     s = engine.online_stats
     s.prompts, s.new_tokens, s.row_steps, s.step_tokens = 3, 30, 27, 27  # plain
-    line = log.line(now=1e9 + 10)
+    line = log.line(now=t0 + 10)  # (since the last line: the quiet interval too)
     assert "3 requests done with 30 tokens, 2 decoding, 1 waiting" in line
     assert "1.00 tokens a step, 0 guesses accepted" in line and "last 10 s" in line
     s.prompts, s.new_tokens, s.row_steps, s.step_tokens = 4, 50, 35, 46  # + 8 steps, 19 tokens
     s.sources["ngram"] = SourceStats(tokens=11)
     s.per_round = {"1": {"lookahead": {"rounds": 5}, "plain": {"rounds": 2}}}
-    line = log.line(now=1e9 + 20)
+    line = log.line(now=t0 + 20)
     assert "1 request done with 20 tokens" in line and "2.38 tokens a step" in line
     assert "11 guesses accepted; auto rounds: 1 row 5 lookahead / 2 plain" in line
-    assert log.line(now=1e9 + 30) is None
+    assert log.line(now=t0 + 30) is None

@@ -89,6 +89,19 @@ def done_ids(path: str) -> set:
     return ids
 
 
+def check_writable(path: str) -> None:
+    """Refuse an --output that cannot be written, before anything loads (the file itself
+    is opened at the first result: ResultWriter)."""
+    if path == STDIO:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UserInputError(f"--output {path}: its folder {folder} does not exist")
+    target = path if os.path.exists(path) else folder
+    if os.path.isdir(path) or not os.access(target, os.W_OK):
+        raise UserInputError(f"--output {path} cannot be written: give a file you may write")
+
+
 class ResultWriter:
     """Appends one whole, flushed line per result to a file ('-': stdout), opened at the
     first result (a run stopped before one, compiling, leaves no empty file behind)."""

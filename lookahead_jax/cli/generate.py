@@ -220,6 +220,9 @@ def _validate(args):
             args.shared_guesses = True
         if args.output != "-" and os.path.abspath(args.output) == os.path.abspath(args.prompts):
             raise UserInputError("--output must not be the --prompts file")
+        from lookahead_jax.cli.dataset import check_writable
+
+        check_writable(args.output)
     else:
         dataset_only = (
             ("output", args.output != "-"),

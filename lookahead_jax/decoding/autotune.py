@@ -34,7 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from lookahead_jax.cache_dir import write_atomic
-from lookahead_jax.decoding.cost_curve import cached_curve, cost_ratio, model_fingerprint, tune_dir
+from lookahead_jax.decoding.cost_curve import (
+    cached_curve,
+    cost_ratio,
+    device_key,
+    model_fingerprint,
+    tune_dir,
+)
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 
 # tokens per step (a LookaheadConfig.for_tokens layout): prior compression (new tokens per
@@ -77,6 +83,7 @@ class Choice:
     # with plain decoding chosen: the lookahead candidate that came closest, so a user
     # sees why none was taken (its step's cost ratio beside the compression it expects)
     runner_up: Choice | None = None
+    kept: bool = False  # the last choice, kept: the best was expected to beat it by < STICKY
 
     def summary(self) -> dict:
         """The candidate's name, step cost ratio, expected compression and speedup."""
@@ -93,6 +100,7 @@ class Choice:
             **self.summary(),
             "runner_up": None if self.runner_up is None else self.runner_up.summary(),
             "acceptance_factor": round(self.acceptance_factor, 3),
+            "kept": self.kept,
         }
 
 
@@ -185,31 +193,47 @@ def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int 
         choices[key] = Choice(cfg, c / r, r, c, table, factor)
         if best is None or c / r > best.expected_speedup:
             best = choices[key]
-    plain = Choice(None, 1.0, 1.0, 1.0, table, factor, runner_up=best)
     # plain scores MARGIN: what a layout must be expected to beat to be chosen
     score = {None: MARGIN, **table}
     chosen = None if best is None or best.expected_speedup < MARGIN else best.config.tuning_key
-    mode = f"{sampling_bucket(sampling)}-b{batch}"
+    # per machine (the device key names the CPU model, dtype and weights), mode and batch
+    mode = f"{device_key(model)}-{sampling_bucket(sampling)}-b{batch}"
     last = _last_choices(model)
     kept = last.get(mode, chosen)
-    if kept in score and score[kept] * STICKY >= score[chosen]:
-        chosen = kept  # (near-equal: the last choice stays)
+    # the last choice stays while it still qualifies (a layout: expected to beat plain by
+    # MARGIN) and the best is expected to beat it by less than STICKY
+    still = kept in score and (kept is None or score[kept] >= MARGIN)
+    sticky = still and kept != chosen and score[kept] * STICKY >= score[chosen]
+    if sticky:
+        chosen = kept
     if last.get(mode, "unset") != chosen:
         _write_record(model, chosen={**last, mode: chosen})
-    return plain if chosen is None else choices[chosen]
+    if chosen is None:
+        return Choice(None, 1.0, 1.0, 1.0, table, factor, runner_up=best, kept=sticky)
+    return dataclasses.replace(choices[chosen], kept=sticky)
 
 
 def why(auto: dict) -> str:
     """A few words on an auto choice (a Choice.describe()) for the stats line: the chosen
     step's cost over a plain step and the gain expected, or why plain decoding won."""
+    better = f"{(STICKY - 1) * 100:.0f} %"
+    kept = (
+        f" (the last choice, kept: no other expected {better} better)" if auto.get("kept") else ""
+    )
     if auto.get("chosen") is not None:
         return (
             f"a step costs {auto['cost_ratio']:.2f}x a plain one for "
-            f"~{auto['expected_compression']:.2f} tokens: {auto['expected_speedup']:.2f}x expected"
+            f"~{auto['expected_compression']:.2f} tokens: {auto['expected_speedup']:.2f}x "
+            f"expected{kept}"
         )
     best = auto.get("runner_up")
     if best is None:
         return "no lookahead step fits"
+    if kept:
+        return (
+            f"plain{kept}: {best['chosen']} would cost {best['cost_ratio']:.2f}x a plain step "
+            f"for ~{best['expected_compression']:.2f} tokens: {best['expected_speedup']:.2f}x"
+        )
     return (
         f"{best['chosen']} would cost {best['cost_ratio']:.2f}x a plain step for "
         f"~{best['expected_compression']:.2f} tokens: {best['expected_speedup']:.2f}x, "

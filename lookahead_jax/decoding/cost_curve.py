@@ -56,7 +56,7 @@ def model_fingerprint(model) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _device_key(model, devices: int | None = None) -> str:
+def device_key(model, devices: int | None = None) -> str:
     d = jax.devices()[0]
     kind = f"{d.platform}-{d.device_kind}".replace(" ", "_").replace("/", "_")
     weights = getattr(model.lm, "weights", "float")  # int8 steps cost differently
@@ -319,6 +319,7 @@ BUSY_CORES = 0.25
 QUIET_CHECK_S = 0.3
 RETUNE_ENV = "LOOKAHEAD_JAX_RETUNE"  # =1: measure every curve this process uses again
 _MEASURED: set[Path] = set()  # curves this process measured (RETUNE_ENV: once each)
+_LOOKED: set[Path] = set()  # busy curves whose machine this process found busy still
 
 
 def cached_curve(
@@ -333,13 +334,14 @@ def cached_curve(
     measured again when a later run finds the machine quiet; until then every run uses
     it (one measurement's compiles, ~9 s on 2 cores, not one a run, and the same choice
     run to run). LOOKAHEAD_JAX_RETUNE=1 measures again regardless; a new machine (another
-    CPU model or core count: `_device_key`) has curves of its own."""
+    CPU model or core count: `device_key`) has curves of its own."""
     path = cost_curve_path(model, batch)
     record = _read_curve(path)
     retune = os.environ.get(RETUNE_ENV) == "1" and path not in _MEASURED
     if record is not None and not retune:
         busy = record.get("other_cores") is not None and record["other_cores"] > BUSY_CORES
-        if not busy or path in _MEASURED or not _quiet_now():
+        if not busy or path in _MEASURED or path in _LOOKED or not _quiet_now():
+            _LOOKED.add(path)  # (the machine looked at once a process: a busy one stays)
             return monotone(record["curve"])
     probe = probe_model(model)
     with OtherCpuUse() as others:
@@ -352,8 +354,8 @@ def cached_curve(
             curve = measure_step_curve(probe, tokens, **kw)
     _MEASURED.add(path)
     busy = others.cores is not None and others.cores > BUSY_CORES
-    if busy and record is not None and not retune:  # (busy again: the first one stays)
-        return monotone(record["curve"])
+    if busy and record is not None and not retune and others.cores >= record["other_cores"]:
+        return monotone(record["curve"])  # (busy again, no less: the first one stays)
     lm = probe[0]
     layers = f"{lm.cfg.num_layers} x {lm.layer_passes}" if lm is not model.lm else "all"
     save_cost_curve(model, curve, batch, other_cores=others.cores, probe_layers=layers)
@@ -384,9 +386,13 @@ def _quiet_now() -> bool:
 
 
 def monotone(curve: dict) -> dict:
-    """The curve with each size's time at least every smaller size's: a step of more
-    tokens never costs less than one of fewer (a noisy timing said a 4-token step cost
-    0.86x a one-token one), so no cost ratio is below 1."""
+    """On a CPU device, the curve with each size's time at least every smaller size's: a
+    step of more tokens costs no less than one of fewer there (a noisy timing said a
+    4-token step cost 0.86x a one-token one), so no cost ratio is below 1. Elsewhere as
+    measured: on a GPU a few-token step can truly cost less than a one-token one (another
+    kernel: the 7B shape's 2..64-token steps at 0.84-0.99x, benchmarks/gpu/)."""
+    if jax.devices()[0].platform != "cpu":
+        return dict(curve)
     out, longest = {}, 0.0
     for t in sorted(curve):
         longest = max(longest, curve[t])
@@ -406,7 +412,7 @@ def cost_curve_path(model, batch: int = 1, devices: int | None = None) -> Path:
     """Where the cost curve of this device/model/dtype at `batch` rows is cached, for a
     process with `devices` devices (default: this one's)."""
     rows = "" if batch == 1 else f"-b{batch}"
-    return tune_dir() / f"cost-v{CURVE_VERSION}-{_device_key(model, devices)}{rows}.json"
+    return tune_dir() / f"cost-v{CURVE_VERSION}-{device_key(model, devices)}{rows}.json"
 
 
 def save_cost_curve(

@@ -36,13 +36,15 @@ _JITTED: dict = {}  # program key -> (decoding.Jitted, state shape, `start` trac
 _TRACING = threading.Lock()  # held while _JITTED is read or filled (two threads trace)
 _COMPILED = collections.OrderedDict()  # (program key, entry point) -> executable, LRU first
 _PENDING: dict = {}  # (program key, entry point) -> Future of its executable (compile_soon)
+_COMPILER_LOCK = threading.Lock()
 _COMPILER: ThreadPoolExecutor | None = None  # the background compiles' thread (made at first use)
 
 
 def _compiler() -> ThreadPoolExecutor:
     global _COMPILER
-    if _COMPILER is None:
-        _COMPILER = ThreadPoolExecutor(1, thread_name_prefix="lookahead-jax-compile")
+    with _COMPILER_LOCK:  # (one executor, whichever thread asks first)
+        if _COMPILER is None:
+            _COMPILER = ThreadPoolExecutor(1, thread_name_prefix="lookahead-jax-compile")
     return _COMPILER
 
 

@@ -49,7 +49,8 @@ class CachedPrefill:
         """Prefill [(slot, Encoded)] (their Active already in `active`, the slots)."""
         cache, device, stats = self.cache, self.device, self.stats
         admitting = {s for s, _ in placed}
-        placed = [(s, r) for s, r in placed if not self._to_chunk(s, r, admitting, active)]
+        if not self._crowd(placed, active):
+            placed = [(s, r) for s, r in placed if not self._to_chunk(s, r, admitting, active)]
         while placed:
             now = cache.split([r.ids for _, r in placed])
             placed, later = (
@@ -112,20 +113,30 @@ class CachedPrefill:
         its cached blocks is longer than a chunk, other rows decode meanwhile (not the
         ones admitted with it, `admitting`: sixteen chats arriving together that share a
         new system prompt are prefilled together, the first alone and the rest from its
-        blocks, not one per round behind chunks), no more requests are admitted with it
-        than rows decode (fifteen chats that came in while one decoded were chunked one a
-        round: a server's burst read 8.1 s median, 12.8 s p90 time to first token), and
-        the pool holds its blocks twice over (else its own chunks would evict each other)."""
+        blocks, not one per round behind chunks), and the pool holds its blocks twice over
+        (else its own chunks would evict each other). (`admit` asks only when not `_crowd`.)"""
         if self.chunk_tokens is None or not self._others_decode(slot, active, admitting):
-            return False
-        decoding = sum(a is not None and not a.chunking for a in active) - len(admitting)
-        if len(admitting) > decoding:  # more wait than decode: admitting them comes first
             return False
         ids, block = request.ids, self.cache.block
         if self._rest(ids) <= self.chunk_size() or self.cache.blocks < 2 * len(ids) // block:
             return False
         active[slot].chunking = True
         return True
+
+    def _crowd(self, placed: list, active: list) -> bool:
+        """Whether more of the requests admitted now are longer than a chunk than rows
+        decode: then admitting them comes first, none chunked (fifteen chats that came in
+        while one decoded were chunked one a round: a server's burst read 8.1 s median,
+        12.8 s p90 time to first token); counted once for the admission, and only the
+        long ones (two short chats beside one long prompt do not unchunk it)."""
+        if self.chunk_tokens is None:
+            return False
+        admitting = {s for s, _ in placed}
+        decoding = sum(
+            a is not None and not a.chunking and s not in admitting for s, a in enumerate(active)
+        )
+        long_ones = sum(self._rest(r.ids) > self.chunk_size() for _, r in placed)
+        return long_ones > decoding
 
     @staticmethod
     def _others_decode(slot: int, active: list, admitting: AbstractSet[int] = frozenset()) -> bool:

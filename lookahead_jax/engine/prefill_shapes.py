@@ -225,7 +225,7 @@ class PaddedShapes:
             return runs[::-1], best[-1][1], best[-1][2]
 
         runs, ran, _ = cut(free=False)
-        if self._compile_positions(rate) is not None:  # (measured) the padding spent
+        if self._compile_positions(rate) is not None:  # (a rate measured) the padding spent
             _, ran_free, wanted = cut(free=True)
             for key in set(wanted) if ran > ran_free else ():  # for want of these
                 share = (ran - ran_free) / rate / len(set(wanted))
@@ -248,9 +248,11 @@ class PaddedShapes:
         if free:  # wanted (a compile, were it free: one more shape is still one more)
             return own + NEW_SHAPE_POSITIONS, own, (kind, rows, side)
         ran = n * side_run + CALL_POSITIONS
-        if how == "octave":  # a compile too
-            compile_positions = self._compile_positions(rate)
-            return ran + (UNMEASURED if compile_positions is None else compile_positions), ran, None
+        if how == "octave":  # a compile too, in the foreground: priced only once measured
+            # (before, UNMEASURED: padding to a compiled shape is preferred, as before a
+            # default compile cost existed; the default only lets padding pay, `_paid`)
+            measured = self.compile_s and rate > 0
+            return ran + (self._compile_positions(rate) if measured else UNMEASURED), ran, None
         return ran, ran, None  # padded (its own compiling in the background, if "soon")
 
     def _known(self, key: tuple[str, int, int], ready: Callable[[int, int], bool]) -> bool:

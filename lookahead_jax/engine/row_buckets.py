@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-DEFAULT_COMPILE_S = 5.0  # a loop's compile before one was measured in this run (CPU, SmolLM2)
+# a compile's cost before one was measured in this run: a loop's here, a prefill's in
+# prefill_shapes.py (CPU, SmolLM2: loops 4-6 s, prefills 3-5 s)
+DEFAULT_COMPILE_S = 5.0
 
 
 def buckets(batch: int) -> list[int]:

@@ -95,7 +95,7 @@ class Stats:
         return sum(s.tokens for s in self.sources.values())
 
     # ------------------------------------------------------------------ the counting
-    # Every write to a Stats is one of these methods (tests/test_engine_layout.py checks
+    # Every write to a Stats is one of these methods (tests/test_layers.py checks
     # that no other module assigns a field): the parts that see something happen call
     # them, and what each figure counts is said once, here.
 

@@ -36,7 +36,11 @@ class ActivityLog:
 
     def _snapshot(self, now: float) -> dict:
         stats = self._stats = self.engine.online_stats  # (warm_up replaces it)
-        counts = {name: getattr(stats, name) for name in _COUNTS}
+        # read twice until both agree: a request's counts are four additions on the
+        # engine's thread, and a read between them would mix two requests' figures
+        counts, again = None, {name: getattr(stats, name) for name in _COUNTS}
+        while counts != again:
+            counts, again = again, {name: getattr(stats, name) for name in _COUNTS}
         rounds = {
             (int(rows), mode): seen["rounds"]
             for rows, modes in dict(stats.per_round).items()
@@ -45,16 +49,19 @@ class ActivityLog:
         return {"at": now, "rounds": rounds, **counts}
 
     def line(self, now: float | None = None) -> str | None:
-        """What was decoded since the last call (None: nothing), and a new interval."""
+        """What was decoded since the last line (None: no request finished since; the next
+        line then covers this interval too)."""
         now = time.perf_counter() if now is None else now
         before = self._then if self.engine.online_stats is self._stats else None
-        self._then = after = self._snapshot(now)
+        after = self._snapshot(now)
         if before is None:  # new stats (warm_up ran): count from them
             before = {**{name: 0 for name in _COUNTS}, "rounds": {}}
             before["at"] = now - self.every_s
         d = {name: after[name] - before[name] for name in _COUNTS}
         if d["new_tokens"] == 0 and d["prompts"] == 0:
+            self._then = before
             return None
+        self._then = after
         seconds = now - before["at"]
         n = d["prompts"]
         words = [
@@ -85,10 +92,7 @@ class ActivityLog:
         stopping = False
         while not stopping:
             stopping = self._stop.wait(self.every_s)  # (set: the last interval's line)
-            try:
-                text = self.line()
-            except RuntimeError:  # a dict the engine thread grew while read: next time
-                continue
+            text = self.line()  # (per_round is replaced whole, never grown while read)
             if text is not None:
                 self.write(text)
 

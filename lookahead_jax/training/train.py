@@ -334,7 +334,8 @@ def _train_loop(model, data: Trajectories, tc: TrainConfig, manager, progress: b
             micro += 1
             tokens += int(batch["out_len"].sum())
             if micro % tc.accumulate == 0:
-                figures = {k: f"{float(v) + 0.0:.4f}" for k, v in metrics.items()}  # (no -0.0)
+                # (rounded before formatting: no -0.0000 for a loss a hair below zero)
+                figures = {k: f"{round(float(v), 4) + 0.0:.4f}" for k, v in metrics.items()}
                 if t0 is None:  # the first update compiled the step: rates from here
                     tokens, t0 = 0, time.perf_counter()
                 else:
