@@ -106,3 +106,23 @@ def test_stats_are_written_in_one_place():
 def test_no_module_over_450_lines():
     long = {p.name: n for p, text in _modules() if (n := len(text.splitlines())) > 450}
     assert not long, long
+
+
+def test_no_message_is_made_by_rewriting_another():
+    """Errors carry their fields and each front end renders its own words (errors.py):
+    the server and the command lines never build a message by str.replace on another's
+    (dataclasses.replace is not a string's)."""
+    import ast
+
+    found = []
+    for path, text in _modules():
+        if path.parent.name not in ("server", "cli") and path.name != "errors.py":
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                if node.func.attr == "replace" and not (
+                    isinstance(owner, ast.Name) and owner.id == "dataclasses"
+                ):
+                    found.append(f"{path.parent.name}/{path.name}:{node.lineno}")
+    assert not found, found
