@@ -146,20 +146,16 @@ def record(result) -> dict:
     }
 
 
-def run(args, config, mesh_sizes, t_start: float) -> int:
+def run(args, config, info, mesh_sizes, t_start: float) -> int:
     """--prompts: check every line, skip what the output already holds, decode the rest
-    through the engine, one flushed line per result."""
+    through the engine, one flushed line per result. `info`: the checkpoint, checked
+    (generate.inspect_checkpoint)."""
     from tqdm import tqdm
 
     import lookahead_jax as lj
     from lookahead_jax.cli.report import mode_words
 
-    info = lj.inspect(args.ckpt)
     context = info.cfg.max_position_embeddings
-    config.check_context(context)
-    if info.tokenizer is None:
-        raise UserInputError(f"checkpoint {args.ckpt} has no tokenizer; --prompts needs one")
-    args.chat = info.tokenizer.wants_chat(args.chat)
     lines = read_prompts(
         args.prompts, info.tokenizer, info.cfg.vocab_size, context, args.max_new_tokens, args.chat
     )

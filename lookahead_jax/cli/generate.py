@@ -26,13 +26,17 @@ from lookahead_jax.engine.config import DEFAULT_BATCH, DEFAULT_PREFIX_CACHE_MB
 from lookahead_jax.errors import UserInputError
 
 
-def parse_lookahead(text: str):
-    """'auto' -> 'auto'; anything else -> LookaheadConfig.parse (tokens=T, N,W,G, ...)."""
+def lookahead_flags(args):
+    """The engine's `lookahead` from --lookahead / --no-lookahead (generate's and serve's):
+    None (plain), "auto" (the default, or --lookahead auto) or LookaheadConfig.parse's
+    layout (tokens=T, N,W,G, ...)."""
     from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 
-    if text.strip().lower() == "auto":
+    if args.no_lookahead:
+        return None
+    if args.lookahead is None or args.lookahead.strip().lower() == "auto":
         return "auto"
-    return LookaheadConfig.parse(text, what="--lookahead", or_auto=True)
+    return LookaheadConfig.parse(args.lookahead, what="--lookahead", or_auto=True)
 
 
 def build_parser(prog: str = "python -m lookahead_jax.generate") -> argparse.ArgumentParser:
@@ -235,16 +239,10 @@ def _validate(args):
                 raise UserInputError(f"--{flag} is for dataset mode: give --prompts IN.jsonl too")
     resolve_dtype(args.dtype)
     check_weights(args.weights)
-    if args.no_lookahead:
-        lookahead = None
-    elif args.lookahead is None:
-        lookahead = "auto"
-    else:
-        lookahead = parse_lookahead(args.lookahead)
     config = EngineConfig(
         batch=1 if args.prompts is None else args.batch,
         max_new_tokens=args.max_new_tokens,
-        lookahead=lookahead,
+        lookahead=lookahead_flags(args),
         prefix_cache_mb=args.prefix_cache_mb,
         shared_guesses=bool(args.shared_guesses),
         **_sampling(args),
@@ -252,24 +250,32 @@ def _validate(args):
     return (None if args.prompts is not None else _read_prompt(args)), config
 
 
-def _check_against_checkpoint(args, prompt: str, config):
-    """What needs the checkpoint's config and tokenizer but not its weights: the lookahead
-    size and prompt + budget against the context. Runs before the weights are loaded.
-    Returns the checkpoint's ModelInfo and the prompt's token ids."""
+def inspect_checkpoint(args, config):
+    """What needs the checkpoint's config and tokenizer but not its weights (one prompt or
+    a dataset): the settings against its context, a tokenizer for text prompts, and
+    whether they go through its chat template (args.chat resolved). Runs before the
+    weights are loaded; returns its ModelInfo."""
     import lookahead_jax as lj
-    from lookahead_jax.engine.inputs import check_context
 
     info = lj.inspect(args.ckpt)  # lj.load verifies the checksums
-    context = info.cfg.max_position_embeddings
-    config.check_context(context)
+    config.check_context(info.cfg.max_position_embeddings)
     if info.tokenizer is None:
         raise UserInputError(
             f"checkpoint {args.ckpt} has no tokenizer (tokenizer.json or tokenizer.model); "
             "text prompts need one: convert a source that has a tokenizer"
         )
     args.chat = info.tokenizer.wants_chat(args.chat)
+    return info
+
+
+def _check_against_checkpoint(args, prompt: str, config):
+    """inspect_checkpoint, then the prompt + budget against the context. Returns the
+    checkpoint's ModelInfo and the prompt's token ids."""
+    from lookahead_jax.engine.inputs import check_context
+
+    info = inspect_checkpoint(args, config)
     ids = info.tokenizer.encode_prompt(prompt, args.chat)
-    check_context(context, len(ids), args.max_new_tokens)
+    check_context(info.cfg.max_position_embeddings, len(ids), args.max_new_tokens)
     return info, ids
 
 
@@ -313,7 +319,7 @@ def _run(args, t_start: float) -> int:
     if args.prompts is not None:
         from lookahead_jax.cli import dataset
 
-        return dataset.run(args, config, mesh_sizes, t_start)
+        return dataset.run(args, config, inspect_checkpoint(args, config), mesh_sizes, t_start)
     if args.distributed or os.environ.get("LOOKAHEAD_JAX_DISTRIBUTED") == "1":
         from lookahead_jax.distributed import multihost
 

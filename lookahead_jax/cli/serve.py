@@ -176,7 +176,7 @@ def _validate(args):
     flags here, the engine's by the one set of rules (EngineConfig). Returns the engine's
     settings (max_prompt_tokens as given: _run sizes a default from the context)."""
     from lookahead_jax.checkpoints.loading import resolve_dtype
-    from lookahead_jax.cli.generate import parse_lookahead
+    from lookahead_jax.cli.generate import lookahead_flags
     from lookahead_jax.engine.config import EngineConfig
     from lookahead_jax.models.quantize import check_weights
     from lookahead_jax.server.protocol import MAX_LOGPROBS
@@ -196,14 +196,10 @@ def _validate(args):
         raise UserInputError(f"--auto-temperature must be in 0..2, got {args.auto_temperature}")
     resolve_dtype(args.dtype)
     check_weights(args.weights)
-    if args.no_lookahead:
-        lookahead = None
-    else:
-        lookahead = "auto" if args.lookahead is None else parse_lookahead(args.lookahead)
     config = EngineConfig(
         batch=args.batch,
         max_new_tokens=args.max_new_tokens,
-        lookahead=lookahead,
+        lookahead=lookahead_flags(args),
         steps_per_call=args.steps_per_call,
         stream_steps=args.stream_steps,
         max_prompt_tokens=args.max_prompt_tokens,
@@ -284,14 +280,14 @@ def _run(args) -> int:
     app = create_app(runner, name, api_key)
     # a bounded graceful shutdown: streams are ended at once (Server.handle_exit), and a
     # handler that still waits after GRACE_S is not worth hanging for
-    config = uvicorn.Config(
+    http_config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=GRACE_S,
     )
-    server = _server_class()(config, runner)
+    server = _server_class()(http_config, runner)
     runner.start()
     activity = ActivityLog(engine, args.log_every)
     activity.start()

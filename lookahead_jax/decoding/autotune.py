@@ -140,13 +140,9 @@ def _last_choices(model) -> dict:
     return chosen if isinstance(chosen, dict) else {}
 
 
-def _write_record(model, factors: dict | None = None, chosen: dict | None = None) -> None:
-    """Write the acceptance file with `factors` / `chosen` replaced where given."""
-    data = {
-        "factors": _factors(model) if factors is None else factors,
-        "chosen": _last_choices(model) if chosen is None else chosen,
-    }
-    write_atomic(_factor_file(model), json.dumps(data))
+def _write_record(model, **parts: dict) -> None:
+    """Write the acceptance file with the parts given (`factors`, `chosen`) replaced."""
+    write_atomic(_factor_file(model), json.dumps({**_record(model), **parts}))
 
 
 def acceptance_factor(model, sampling=None) -> float:

@@ -131,19 +131,12 @@ class CachedPrefill:
         long ones (two short chats beside one long prompt do not unchunk it)."""
         if self.chunk_tokens is None:
             return False
-        admitting = {s for s, _ in placed}
-        decoding = sum(
-            a is not None and not a.chunking and s not in admitting for s, a in enumerate(active)
-        )
         long_ones = sum(self._rest(r.ids) > self.chunk_size() for _, r in placed)
-        return long_ones > decoding
+        return long_ones > _decoding(active, {s for s, _ in placed})
 
     @staticmethod
     def _others_decode(slot: int, active: list, admitting: AbstractSet[int] = frozenset()) -> bool:
-        return any(
-            a is not None and not a.chunking and s != slot and s not in admitting
-            for s, a in enumerate(active)
-        )
+        return _decoding(active, {slot, *admitting}) > 0
 
     def _rest(self, ids) -> int:
         """The prompt's positions past its cached blocks."""
@@ -235,3 +228,9 @@ class CachedPrefill:
 
 def _i32(x):
     return np.asarray(x, np.int32)
+
+
+def _decoding(active: list, besides: AbstractSet[int]) -> int:
+    """How many slots of `active` decode (a request, not one set to chunk), `besides`
+    left out."""
+    return sum(a is not None and not a.chunking and s not in besides for s, a in enumerate(active))

@@ -278,9 +278,8 @@ class DeviceSlots:
         each request's cached leading blocks, pool ids into `pool` (prefix_cache.py): only
         the rest of its prompt runs, at the state's prompt side P. Either may run at a
         larger shape already compiled, padded (prefill_shapes.py)."""
-        kind, sides = prefill_args.sides(
-            requests, hits, pool
-        )  # the prompts', or the suffixes' past the blocks
+        # the prompts' sides, or the suffixes' past the blocks
+        kind, sides = prefill_args.sides(requests, hits, pool)
         n = slot_state.prefill_rows(len(requests), self.B)
         key_pool = prefill_args.program_pool(hits, pool)
         n, side = self.padded.choose(

@@ -138,9 +138,9 @@ class PaddedShapes:
         if prompt_how not in ("compiled", "padded", "soon"):
             return None
         extra = rows * side - n * suffix_side
-        compile_positions = self._compile_positions(positions_per_s)
-        measured = self.compile_s and compile_positions is not None  # (not the default:
-        if measured and extra >= compile_positions:  # a first burst compiled inside it)
+        # (a measured compile only: with the default a first burst compiled inside it)
+        compile_positions = self._compile_positions(positions_per_s, measured=True)
+        if compile_positions is not None and extra >= compile_positions:
             return None
         return shape
 
@@ -152,10 +152,12 @@ class PaddedShapes:
         suffix prefills, pass after pass, never one sixteen-row one)."""
         return sum(self.compile_s) / len(self.compile_s) if self.compile_s else DEFAULT_COMPILE_S
 
-    def _compile_positions(self, positions_per_s: float) -> float | None:
-        """A compile's cost in positions at this rate, or None before a rate was
-        measured."""
-        return None if positions_per_s <= 0 else self._compile_seconds() * positions_per_s
+    def _compile_positions(self, positions_per_s: float, measured: bool = False) -> float | None:
+        """A compile's cost in positions at this rate, or None before a rate was measured
+        (with `measured`: also before a compile was, rather than DEFAULT_COMPILE_S)."""
+        if positions_per_s <= 0 or (measured and not self.compile_s):
+            return None
+        return self._compile_seconds() * positions_per_s
 
     def _paid(self, key: tuple[str, int, int], positions_per_s: float) -> bool:
         """Whether the padding spent for want of `key` has cost a compile."""
@@ -249,10 +251,10 @@ class PaddedShapes:
             return own + NEW_SHAPE_POSITIONS, own, (kind, rows, side)
         ran = n * side_run + CALL_POSITIONS
         if how == "octave":  # a compile too, in the foreground: priced only once measured
-            # (before, UNMEASURED: padding to a compiled shape is preferred, as before a
-            # default compile cost existed; the default only lets padding pay, `_paid`)
-            measured = self.compile_s and rate > 0
-            return ran + (self._compile_positions(rate) if measured else UNMEASURED), ran, None
+            # (before, UNMEASURED: padding to a compiled shape is preferred; the default
+            # compile cost only lets padding pay, `_paid`)
+            compile_positions = self._compile_positions(rate, measured=True)
+            return ran + (UNMEASURED if compile_positions is None else compile_positions), ran, None
         return ran, ran, None  # padded (its own compiling in the background, if "soon")
 
     def _known(self, key: tuple[str, int, int], ready: Callable[[int, int], bool]) -> bool:

@@ -277,7 +277,7 @@ class Scheduler:
             if r.id == request_id:
                 self.queue.remove(r)
                 self.dequeued += 1
-                return self._deliver(Active(r, time.perf_counter()), [], [], "cancelled", (0, 0))
+                return self._deliver(Active(r, time.perf_counter()), [], [], "cancelled", 0, 0)
         for s, a in enumerate(self.active):
             if a is not None and a.request.id == request_id:
                 self.cancelled.add(s)  # ended by the next _collect
@@ -301,7 +301,7 @@ class Scheduler:
             if a.chunking:  # nothing on the device yet; ended only by a cancel
                 if end_all is not None or s in cancelled:
                     self.active[s] = None  # its row holds nothing of it: no count, no retire
-                    finished.append(self._deliver(a, [], [], end_all or "cancelled", (0, 0)))
+                    finished.append(self._deliver(a, [], [], end_all or "cancelled", 0, 0))
                 continue
             new = tokens_bs[s, prompt_len_b[s] : prompt_len_b[s] + n_out_b[s]].tolist()
             if a.request.prompt_logprobs is not None and a.prompt_logprobs is None:
@@ -343,8 +343,7 @@ class Scheduler:
             # emitted (not counted in n_out)
             n = int(n_out_b[s])
             emitted = max(n - 1, 0) + int(bool(done_b[s]) and 0 < n < max_new_b[s])
-            steps = (int(steps_b[s]), emitted)
-            result = self._deliver(a, cut, step_of_token, finish, steps, eos)
+            result = self._deliver(a, cut, step_of_token, finish, int(steps_b[s]), emitted, eos)
             finished.append(result)
         self.counts.count(ended)
         if ended:
@@ -380,16 +379,16 @@ class Scheduler:
         cut: list[int],
         step_of_token: list[int],
         finish: str,
-        steps: tuple[int, int],
+        steps: int,
+        emitted: int,
         eos: tuple[int, TokenLogprob] | None = None,
     ) -> Result:
         """The result of a request that ended with `cut` (its tokens, stop strings cut
-        off); steps: (its forward passes after the prefill, the tokens they emitted)."""
+        off) after `steps` forward passes past its prefill, which emitted `emitted`."""
         tokenizer = self.model.tokenizer
         text = None if tokenizer is None else tokenizer.decode(cut)
         if finish == "stop":
             text = before_stop(text, a.request.stop)
-        steps, emitted = steps
         self.stats.count_result(len(cut), steps, emitted)
         result = Result(
             id=a.request.id,
