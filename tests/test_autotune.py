@@ -272,10 +272,10 @@ def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache
     plain = lj.generate(model, prompts, max_new_tokens=100, lookahead=None)
     for stream in (None, lambda new: None):
         out = lj.generate(model, prompts, max_new_tokens=100, lookahead="auto", stream=stream)
-        auto = out.stats.config["lookahead_auto"]
+        config = out.stats.config
         assert out.token_ids == plain.token_ids
-        assert auto["chosen"] is not None
-        assert auto["switched_to_plain_after_steps"] >= guard(cost_ratio=1.0).warmup_steps
+        assert config.auto.config is not None
+        assert config.switched_to_plain_after_steps >= guard(cost_ratio=1.0).warmup_steps
         # the histogram covers every step, lookahead phase and plain phase together
         hist = out.stats.accepted_hist
         assert sum(hist.values()) == sum(out.steps)
@@ -284,5 +284,6 @@ def test_auto_generation_switches_to_plain_and_keeps_the_tokens(model, tmp_cache
 def test_auto_can_choose_plain(model, tmp_cache, monkeypatch):
     monkeypatch.setattr(autotune, "cached_curve", lambda m, tokens, stop_above=None, batch=1: STEEP)
     out = lj.generate(model, [[5, 6, 7]], max_new_tokens=10, lookahead="auto")
-    assert out.stats.config["lookahead"] is None
-    assert out.stats.config["lookahead_auto"]["chosen"] is None
+    assert out.stats.config.lookahead is None
+    assert out.stats.config.auto.config is None
+    assert out.stats.as_dict()["config"]["lookahead_auto"]["chosen"] is None

@@ -150,6 +150,24 @@ def test_generate_is_one_engine_run_and_shares_its_programs(model64):
     assert out.stats.new_tokens == sum(map(len, out.token_ids)) > 0
 
 
+def test_a_round_reads_the_device_twice(model64, monkeypatch):
+    """The host reads the slots once before a decode round and once after it, each one
+    packed array (engine/round_read.py), not field by field (a round read ten arrays)."""
+    from lookahead_jax.distributed import multihost
+
+    reads = []
+    all_rows = multihost.all_rows
+    monkeypatch.setattr(multihost, "all_rows", lambda a: reads.append(a.shape) or all_rows(a))
+    with jax.enable_x64(True):
+        engine = lj.Engine(
+            model64, batch=4, max_new_tokens=MAX_NEW, lookahead=None, seed=SEED, steps_per_call=5
+        )
+        results = list(engine.run(PROMPTS[:6]))
+    assert len(results) == 6 and engine.stats.rounds > 2
+    assert len(reads) <= 2 * engine.stats.rounds + 2, (len(reads), engine.stats.rounds)
+    assert all(len(shape) == 2 for shape in reads)  # [B, K]: rows by packed fields
+
+
 @pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread(),
     reason="Ctrl-C is held only in the main thread",
@@ -205,8 +223,8 @@ def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tm
         )
         results = list(engine.run(requests(order_seed=7)))
     config_used = engine.stats.config
-    assert config_used["lookahead"]["name"] == config.name
-    assert config_used["lookahead_auto"]["switched_to_plain_after_steps"] is not None
+    assert config_used.lookahead.name == config.name
+    assert config_used.switched_to_plain_after_steps is not None
     check_against_reference(model64, results, 0.0)
 
 
@@ -231,7 +249,7 @@ def test_per_prompt_sampling_settings_share_one_batch(model64):
     greedy, sampled = reference(model64, 0.0), reference(model64, 0.9)
     for i, tokens in results.items():
         assert tokens == (sampled if i % 2 else greedy)[i][: BUDGETS[i]]
-    assert engine.stats.config["sampled"]
+    assert engine.stats.config.sampled
     assert accepted_guesses(engine.stats) > 0
 
 
@@ -287,7 +305,7 @@ def test_online_requests_while_it_decodes(model64, monkeypatch, tmp_path):
     assert results[3].finish == "cancelled"
     assert results[3].token_ids == ref_greedy[3][: len(results[3].token_ids)]
     assert engine.stats.accepted_tokens > 0  # guesses landed
-    assert engine.stats.config["lookahead"]["name"] == config.name
+    assert engine.stats.config.lookahead.name == config.name
     per_round = engine.stats.per_round.values()  # both kinds of round ran
     assert sum(modes.get("plain", {}).get("rounds", 0) for modes in per_round) > 0
     assert sum(modes.get("lookahead", {}).get("rounds", 0) for modes in per_round) > 0

@@ -21,13 +21,12 @@ def mode_words(s) -> str:
     """How a run decoded, from its stats: plain, a layout, or auto's choice and why."""
     from lookahead_jax.decoding import autotune
 
-    config = s.config["lookahead"]
-    mode = "plain" if config is None else f"lookahead {config['name']}"
-    auto = s.config.get("lookahead_auto")
-    if auto is not None:
-        mode = f"auto: {mode}; {autotune.why(auto)}"
-        if auto.get("switched_to_plain_after_steps") is not None:
-            mode += f"; plain after step {auto['switched_to_plain_after_steps']}"
+    config = s.config
+    mode = "plain" if config.lookahead is None else f"lookahead {config.lookahead.name}"
+    if config.auto is not None:
+        mode = f"auto: {mode}; {autotune.why(config.auto.describe())}"
+        if config.switched_to_plain_after_steps is not None:
+            mode += f"; plain after step {config.switched_to_plain_after_steps}"
     return mode
 
 

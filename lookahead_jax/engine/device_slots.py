@@ -44,9 +44,10 @@ from lookahead_jax.decoding import autotune, guess_memory, logprobs, programs
 from lookahead_jax.decoding.decode_state import CachedPrefix, DecodeSpec, DecodeState
 from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import multihost, sharding
-from lookahead_jax.engine import inputs, prefill_args, slot_state
+from lookahead_jax.engine import inputs, prefill_args, round_read, slot_state
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.requests import Encoded
+from lookahead_jax.engine.round_read import RoundRead
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.models import kv_pool
 
@@ -401,9 +402,10 @@ class DeviceSlots:
 
     # ------------------------------------------------------------------ around them
 
-    def read(self, *fields) -> list[np.ndarray]:
-        """State fields on the host, every process's rows."""
-        return [multihost.all_rows(getattr(self.state, f)) for f in fields]
+    def read_round(self) -> RoundRead:
+        """Every row's tokens and counts on the host, every process's rows, in one
+        transfer (round_read.py)."""
+        return round_read.read(self.state)
 
     def read_logprobs(self, first_b: np.ndarray, width: int) -> list[np.ndarray]:
         """Each row's logprobs at positions first_b[b] .. + width - 1, every process's rows
@@ -413,10 +415,9 @@ class DeviceSlots:
         kept = window(self.state.logprobs, first_b, width)
         return [multihost.all_rows(x) for x in (kept.token, kept.top_ids, kept.top)]
 
-    def has_work(self) -> bool:
-        """Whether a generate would decode anything: some slot is neither done nor to be
-        retired."""
-        (done_b,) = self.read("done")
+    def has_work(self, done_b: np.ndarray) -> bool:
+        """Whether a generate would decode anything: some slot is neither done (`done_b`,
+        a RoundRead's) nor to be retired."""
         return not (done_b | self.to_retire_b).all()
 
     def retire_later(self, slot: int) -> None:

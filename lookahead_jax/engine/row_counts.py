@@ -12,6 +12,7 @@ import numpy as np
 from lookahead_jax.decoding import autotune
 from lookahead_jax.distributed import multihost
 from lookahead_jax.engine.device_slots import DeviceSlots
+from lookahead_jax.engine.round_read import RoundRead
 from lookahead_jax.guesses import acceptance_record
 
 
@@ -26,24 +27,21 @@ class RowCounts:
         self.plain_steps = 0  # rows read; after auto's hand-over, their plain steps
         self.weights = None  # (sum of finished rows' record weights [n_sources, A], rows)
 
-    def count(self, slots: list[int]) -> None:
+    def count(self, slots: list[int], read: RoundRead) -> None:
         """Count the rows `slots` into the stats: their steps by tokens emitted and, with
         lookahead, each source's proposed nodes, accepted paths and tokens. Rows that end
         now; or, at auto's hand-over, the rows in flight (their lookahead phase: the
-        plain state that follows starts its counts afresh)."""
+        plain state that follows starts its counts afresh). `read`: the slots as the
+        round left them (round_read.py)."""
         if not slots:
             return
-        (hist,) = self.device.read("accept_hist")
         for s in slots:
-            self._add_hist(hist[s])
-        draft = self.device.state.draft
-        if draft is None:
+            self._add_hist(read.accept_hist_be[s])
+        if read.nodes_bj is None:
             return
-        nodes, paths, tokens = (
-            multihost.all_rows(a)[slots].sum(0)
-            for a in (draft.nodes_by_source, draft.paths_by_source, draft.tokens_by_source)
-        )
-        weights = None
+        counts = (read.nodes_bj, read.paths_bj, read.tokens_bj)
+        nodes, paths, tokens = (a[slots].sum(0) for a in counts)
+        draft, weights = self.device.state.draft, None
         if draft.record is not None:  # the rows' last weights by depth, averaged
             record = acceptance_record.AcceptanceRecord(
                 expected=multihost.all_rows(draft.record.expected)[slots],
@@ -75,26 +73,29 @@ class RowCounts:
 
     # ------------------------------------------------------------------ auto
 
-    def _lookahead_hist(self, occupied: list[int]):
-        """[1 + len(occupied), E]: the read results' histogram, then each occupied slot's."""
-        (live,) = self.device.read("accept_hist")
+    def _lookahead_hist(self, occupied: list[int], live):
+        """[1 + len(occupied), E]: the read results' histogram, then each occupied slot's
+        (of `live` [B, E])."""
         rows = [self.hist_done_e if self.hist_done_e is not None else np.zeros(live.shape[1])]
         return np.concatenate([np.asarray(rows, live.dtype), live[occupied]], axis=0)
 
-    def watch(self, occupied: list[int]) -> None:
+    def watch(self, occupied: list[int], read: RoundRead) -> bool:
         """auto: hand a losing lookahead over to plain decoding, mid-run, for every slot
         (the same state without the guess sources; buffers keep their sizes). The rows
-        in flight (`occupied` slots) keep their lookahead phase's counts."""
+        in flight (`occupied` slots) keep their lookahead phase's counts. `read`: the
+        slots after the round. Returns whether it handed over (the state's counts start
+        afresh: read it again)."""
         if self.auto is None or not self.auto.watching:
-            return
-        hist = self._lookahead_hist(occupied)
+            return False
+        hist = self._lookahead_hist(occupied, read.accept_hist_be)
         steps = int(hist.sum()) // self.device.rows  # the lookahead phase's device steps, about
         if not self.auto.gives_up(hist, steps):
-            return
-        self.count(occupied)  # their lookahead phase, before the state loses it
+            return False
+        self.count(occupied, read)  # their lookahead phase, before the state loses it
         self.auto.after_steps, self.auto.lookahead_hist = steps, hist.sum(0, keepdims=True)
         self.device.to_plain()
         self.stats.count_hand_over(steps)
+        return True
 
     def record_acceptance(self, model) -> None:
         """auto: fold this run's lookahead acceptance into the model's running factor."""

@@ -39,9 +39,10 @@ from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import PrefixCache
 from lookahead_jax.engine.requests import Encoded, Result, TokenLogprob, Update
 from lookahead_jax.engine.round_choice import RoundChoice, RowAcceptance, RowRound
+from lookahead_jax.engine.round_read import RoundRead
 from lookahead_jax.engine.row_buckets import RowBuckets
 from lookahead_jax.engine.row_counts import RowCounts
-from lookahead_jax.engine.stats import Stats, run_config
+from lookahead_jax.engine.stats import RunConfig, Stats
 from lookahead_jax.engine.stop_strings import before_stop, find_stop
 from lookahead_jax.guesses.lookahead_config import max_step_tokens
 
@@ -138,7 +139,8 @@ class Scheduler:
         self.round_choice = None
         if per_round and lookahead is not None and auto is not None and not multi:
             self.round_choice = RoundChoice(prior=auto.choice.expected_compression)
-        self.stats.begin(run_config(lookahead, spec.cache_dtype, sampled, config.sampling, auto))
+        choice = None if auto is None else auto.choice
+        self.stats.begin(RunConfig(lookahead, spec.cache_dtype, sampled, config.sampling, choice))
 
     @property
     def auto(self) -> autotune.AutoRun | None:
@@ -172,13 +174,15 @@ class Scheduler:
                 finished += self._collect()  # the first tokens (the prefill's) go out now
         if not self.occupied() and not self.cancelled:  # (a chunked request may be)
             return finished
-        if device.has_work():
+        before = device.read_round()
+        if device.has_work(before.done_b):
             live = self._fit_rows()
             choice, plain, probe = self.round_choice, False, False
             steps = self._steps_per_call()
             if choice is not None:  # (rows to retire stop before the loop runs)
-                done_b, n_out_b, steps_b = device.read("done", "n_out", "steps")
-                decoding = np.flatnonzero(~done_b & ~device.to_retire_b)
+                if device.rows != len(before.done_b):  # the rows moved (a smaller bucket)
+                    before = device.read_round()
+                decoding = np.flatnonzero(~before.done_b & ~device.to_retire_b)
                 rows = [self._row_round(s) for s in decoding]
                 plain, probe = choice.choose(device.rows, rows)
                 steps = 1 if probe else steps
@@ -187,16 +191,17 @@ class Scheduler:
             seconds = time.perf_counter() - t - (stats.compile_s - compile_s)
             stats.count_round(device.rows, seconds)
             self.buckets.ran(live, device.rows, seconds)
+            after = device.read_round()
             if choice is not None:
-                n_after_b, steps_after_b = device.read("n_out", "steps")
                 for r, s in zip(rows, decoding, strict=True):
-                    r.tokens = int(n_after_b[s] - n_out_b[s])
-                    r.steps = int(steps_after_b[s] - steps_b[s])
+                    r.tokens = int(after.n_out_b[s] - before.n_out_b[s])
+                    r.steps = int(after.steps_b[s] - before.steps_b[s])
                 choice.ran(device.rows, plain, loop_s, rows, probe)
                 stats.count_auto_rounds(choice.describe())
-            self.counts.watch(self.occupied())
-        finished += self._collect()
-        return finished
+            if self.counts.watch(self.occupied(), after):  # handed over: counts afresh
+                after = device.read_round()
+            return finished + self._collect(after)
+        return finished + self._collect(before)
 
     def _row_round(self, s: int) -> RowRound:
         """Slot s as auto's per-round choice sees it (round_choice.py)."""
@@ -285,13 +290,14 @@ class Scheduler:
 
     # ------------------------------------------------------------------ read-back
 
-    def _collect(self, end_all: str | None = None) -> list[Result]:
-        """Read every slot back: send each listener its new tokens, end the requests that
-        are done (EOS, max_new_tokens), hit a stop string or were cancelled, free their
-        slots. end_all: end every request in a slot with this finish, as a cancel."""
-        tokens_bs, step_of_bs, prompt_len_b, n_out_b, max_new_b, done_b, steps_b = self.device.read(
-            "tokens", "step_of_token", "prompt_len", "n_out", "max_new_tokens", "done", "steps"
-        )
+    def _collect(self, read: RoundRead | None = None, end_all: str | None = None) -> list[Result]:
+        """Read every slot back (`read`: the round's RoundRead, if read already): send
+        each listener its new tokens, end the requests that are done (EOS,
+        max_new_tokens), hit a stop string or were cancelled, free their slots. end_all:
+        end every request in a slot with this finish, as a cancel."""
+        read = read or self.device.read_round()
+        tokens_bs, step_of_bs, prompt_len_b = read.tokens_bs, read.step_of_bs, read.prompt_len_b
+        n_out_b, max_new_b, done_b = read.n_out_b, read.max_new_b, read.done_b
         kept = self._read_logprobs(prompt_len_b, n_out_b)
         cancelled, self.cancelled = self.cancelled, set()
         finished, ended = [], []
@@ -343,9 +349,9 @@ class Scheduler:
             # emitted (not counted in n_out)
             n = int(n_out_b[s])
             emitted = max(n - 1, 0) + int(bool(done_b[s]) and 0 < n < max_new_b[s])
-            result = self._deliver(a, cut, step_of_token, finish, int(steps_b[s]), emitted, eos)
-            finished.append(result)
-        self.counts.count(ended)
+            steps = int(read.steps_b[s])
+            finished.append(self._deliver(a, cut, step_of_token, finish, steps, emitted, eos))
+        self.counts.count(ended, read)
         if ended:
             self.device.remember(ended)
         if self.prefix is not None and ended:

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from lookahead_jax.decoding.autotune import Choice
+from lookahead_jax.decoding.sampling import SamplingConfig
+from lookahead_jax.guesses.lookahead_config import LookaheadConfig
+
 
 @dataclasses.dataclass
 class SourceStats:
@@ -68,9 +72,7 @@ class Stats:
     # (after auto's hand-over to plain decoding, its steps count under "1"); once it ended
     sources: dict[str, SourceStats] = dataclasses.field(default_factory=dict)  # lookahead
     # only: by source name, then "window"
-    config: dict = dataclasses.field(default_factory=dict)  # lookahead
-    # (LookaheadConfig.describe() or None), dtype, sampled, the default sampling settings;
-    # with auto, lookahead_auto: what it chose and why, and switched_to_plain_after_steps
+    config: RunConfig | None = None  # how the run decodes (None before it begins)
     step_ms: float | None = None  # lj.generate: decode_s / the longest row's steps
     process_new_tokens: int | None = None  # lj.generate: this process's rows' new_tokens
     # (with one process, new_tokens)
@@ -99,8 +101,8 @@ class Stats:
     # that no other module assigns a field): the parts that see something happen call
     # them, and what each figure counts is said once, here.
 
-    def begin(self, config: dict) -> None:
-        """A run starts: its config (run_config)."""
+    def begin(self, config: RunConfig) -> None:
+        """A run starts: how it decodes."""
         self.config = config
 
     def count_shape(self, cache_positions: int) -> None:
@@ -140,7 +142,7 @@ class Stats:
 
     def count_hand_over(self, steps: int) -> None:
         """Offline auto handed a losing lookahead over to plain decoding after `steps`."""
-        self.config["lookahead_auto"]["switched_to_plain_after_steps"] = steps
+        self.config.switched_to_plain_after_steps = steps
 
     def count_result(self, new_tokens: int, steps: int, step_tokens: int) -> None:
         """A request ended with `new_tokens` (a stop string's cut made), after `steps`
@@ -185,7 +187,8 @@ class Stats:
     def as_dict(self) -> dict:
         """The JSON form: every field (a source's without weight_by_depth when it has
         none) and the rates."""
-        out = dataclasses.asdict(self)
+        out = dataclasses.asdict(dataclasses.replace(self, config=None))
+        out["config"] = {} if self.config is None else self.config.as_dict()
         for entry in out["sources"].values():
             if entry["weight_by_depth"] is None:
                 del entry["weight_by_depth"]
@@ -197,18 +200,33 @@ class Stats:
         }
 
 
-def run_config(lookahead, cache_dtype: str, sampled: bool, sampling, auto) -> dict:
-    """A run's Stats.config: its layout (LookaheadConfig or None), dtype, whether it
-    samples, the default sampling settings, and with auto (an AutoRun) its choice."""
-    config = {
-        "lookahead": None if lookahead is None else lookahead.describe(),
-        "dtype": cache_dtype,
-        "sampled": sampled,
-        **sampling.describe(),
-    }
-    if auto is not None:
-        config["lookahead_auto"] = {
-            **auto.choice.describe(),
-            "switched_to_plain_after_steps": None,
+@dataclasses.dataclass
+class RunConfig:
+    """How a run decodes (Stats.config): its layout (None: plain decoding), cache dtype,
+    whether any row may sample, the engine's default sampling settings, and with
+    lookahead "auto" what it chose and why (autotune.Choice) and the step after which it
+    handed over to plain decoding (offline auto's guard; None while it has not)."""
+
+    lookahead: LookaheadConfig | None
+    dtype: str
+    sampled: bool
+    sampling: SamplingConfig
+    auto: Choice | None = None
+    switched_to_plain_after_steps: int | None = None
+
+    def as_dict(self) -> dict:
+        """The JSON form (the CLI's --json "config"): the layout's describe(), the
+        sampling settings' fields, and with auto "lookahead_auto": the choice's describe()
+        with switched_to_plain_after_steps."""
+        out = {
+            "lookahead": None if self.lookahead is None else self.lookahead.describe(),
+            "dtype": self.dtype,
+            "sampled": self.sampled,
+            **self.sampling.describe(),
         }
-    return config
+        if self.auto is not None:
+            out["lookahead_auto"] = {
+                **self.auto.describe(),
+                "switched_to_plain_after_steps": self.switched_to_plain_after_steps,
+            }
+        return out

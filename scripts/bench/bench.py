@@ -55,8 +55,8 @@ class Ours:
             "seconds": s.prefill_s + s.decode_s,
             "steps": out.steps[0],
             "compile_s": s.compile_s,
-            "lookahead": s.config["lookahead"],
-            "auto": s.config.get("lookahead_auto"),
+            "lookahead": s.as_dict()["config"]["lookahead"],
+            "auto": s.as_dict()["config"].get("lookahead_auto"),
         }
 
 

@@ -399,7 +399,7 @@ def _smollm2(plan: Plan, report: dict, out: dict, dtype: str) -> None:
             decode += r.stats.decode_s
             tokens += len(r.token_ids[0])
             steps += r.stats.row_steps
-            auto = r.stats.config.get("lookahead_auto", auto)
+            auto = r.stats.as_dict()["config"].get("lookahead_auto", auto)
         want = got if want is None else want
         same = sum(a == b for a, b in zip(got, want, strict=True))
         out["systems"][label] = {"tokens_per_s": tokens / (prefill + decode), "tokens": tokens,
