@@ -108,6 +108,23 @@ def test_no_module_over_450_lines():
     assert not long, long
 
 
+def test_no_function_over_100_lines_but_argument_parsers():
+    """A function longer than a screen and a half is split into named stages; the
+    declarative argument parsers (build_parser: one add_argument per flag) are the
+    exception."""
+    import ast
+
+    long = [
+        f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1})"
+        for path, text in _modules()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > 100
+        and node.name != "build_parser"
+    ]
+    assert not long, long
+
+
 def test_no_message_is_made_by_rewriting_another():
     """Errors carry their fields and each front end renders its own words (errors.py):
     the server and the command lines never build a message by str.replace on another's

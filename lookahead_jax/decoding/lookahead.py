@@ -249,50 +249,17 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         logits_rows_br,
     )
 
-    # 4. the model's token after each row: the row at offset o predicts the token at
-    #    offset o + 1, whose new-token index is n_out + o (the input's is n_out - 1)
-    row_offsets_br = jnp.take_along_axis(offsets_bt, logits_rows_br, axis=1)
-    index_br = state.n_out[:, None] + row_offsets_br
-    chosen_br = choose_tokens(logits_brv, state.sampling, state.rng, index_br, spec.sampled)
-    after_input_b = chosen_br[:, 0]
-    after_window_bw = chosen_br[:, 1 : 1 + layout.window_rows]
-    after_tree_bz = chosen_br[:, 1 + layout.window_rows :]
-    newest = slice(1 + layout.window_rows - config.w, 1 + layout.window_rows)
-    if config.window_sampling:  # the window's new level: the model's own token there
-        new_level_bw = chosen_br[:, newest]
-    else:
-        new_level_bw = first_max_index(logits_brv[:, newest])
+    # 4. the model's token after each row, and the window's new level
+    chosen_br, new_level_bw = choose(logits_brv, state, spec, offsets_bt, logits_rows_br)
 
-    # 5. verify: the draft tree, and with verify_window the window's paths as well. A
-    #    verified node k is step token first_index + k in both cases.
-    if config.verify_window:
-        window = window_tree(layout, window_flat, len(config.sources))
-        verified = draft_tree.concat_trees(window, tree)
-        after_verified = jnp.concatenate([after_window_bw, after_tree_bz], axis=1)
-        first_index = 1
-    else:
-        verified, after_verified, first_index = tree, after_tree_bz, layout.tree_start
-    acc = draft_tree.verify(verified, after_input_b, after_verified, config.verify_depth)
+    # 5. verify: the draft tree, and with verify_window the window's paths as well
+    verified, acc, first_index = verify(config, tree, window_flat, chosen_br)
 
     # 6. commit the input's and the accepted path's K/V; emit; count per source
     a_b = acc.accepted
     src_be = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), first_index + acc.path], axis=1)
     cache = kv_cache.commit(state.cache, new_k, new_v, src_be, jnp.where(active_b, a_b + 1, 0))
-    counted_b = active_b & (a_b > 0)
-    J = len(config.source_names)
-    by_source = jax.nn.one_hot(acc.source, J, dtype=jnp.int32)  # -1: all zero
-    if record is not None:
-        record = acceptance_record.update(record, verified, acc, active_b)
-    hot_bzj = jax.nn.one_hot(proposals.source, J, dtype=jnp.int32)
-    proposed_bj = jnp.sum(hot_bzj * proposals.valid[..., None], axis=1, dtype=jnp.int32)
-    draft = dataclasses.replace(
-        state.draft,
-        record=record,
-        paths_by_source=state.draft.paths_by_source + by_source * counted_b[:, None],
-        tokens_by_source=state.draft.tokens_by_source
-        + by_source * jnp.where(counted_b, a_b, 0)[:, None],
-        nodes_by_source=state.draft.nodes_by_source + proposed_bj * active_b[:, None],
-    )
+    draft = counted(state.draft, len(config.source_names), proposals, verified, acc, active_b)
     before = state
     state = dataclasses.replace(
         state,
@@ -337,6 +304,62 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     window = jnp.where(active_b[:, None, None], shifted_bmw, draft.window)
     draft = dataclasses.replace(draft, window=window, sources=sources)
     return dataclasses.replace(state, draft=draft)
+
+
+def choose(logits_brv, state: DecodeState, spec: DecodeSpec, offsets_bt, logits_rows_br):
+    """Stage 4: the model's token after each logits row [B, R] (the argmax, or a sampling
+    row's seeded draw: the row at offset o predicts the token at offset o + 1, whose
+    new-token index is n_out + o; the input's is n_out - 1), and the window's new level
+    [B, W] (the model's own token there, or with window_sampling off the argmax)."""
+    config: LookaheadConfig = spec.lookahead
+    layout = config.layout
+    row_offsets_br = jnp.take_along_axis(offsets_bt, logits_rows_br, axis=1)
+    index_br = state.n_out[:, None] + row_offsets_br
+    chosen_br = choose_tokens(logits_brv, state.sampling, state.rng, index_br, spec.sampled)
+    newest = slice(1 + layout.window_rows - config.w, 1 + layout.window_rows)
+    if config.window_sampling:
+        return chosen_br, chosen_br[:, newest]
+    return chosen_br, first_max_index(logits_brv[:, newest])
+
+
+def verify(config: LookaheadConfig, tree, window_flat, chosen_br):
+    """Stage 5: (the verified tree, its Acceptance, first_index): the draft tree, and
+    with verify_window the window's paths before it (window_flat [B, M*W]), checked
+    against the model's tokens chosen_br [B, R]. Verified node k is step token
+    first_index + k."""
+    layout = config.layout
+    after_input_b = chosen_br[:, 0]
+    after_window_bw = chosen_br[:, 1 : 1 + layout.window_rows]
+    after_tree_bz = chosen_br[:, 1 + layout.window_rows :]
+    if config.verify_window:
+        window = window_tree(layout, window_flat, len(config.sources))
+        verified = draft_tree.concat_trees(window, tree)
+        after_verified = jnp.concatenate([after_window_bw, after_tree_bz], axis=1)
+        first_index = 1
+    else:
+        verified, after_verified, first_index = tree, after_tree_bz, layout.tree_start
+    acc = draft_tree.verify(verified, after_input_b, after_verified, config.verify_depth)
+    return verified, acc, first_index
+
+
+def counted(draft: DraftState, J: int, proposals, verified, acc, active_b) -> DraftState:
+    """Stage 6's counts of J sources (the window included): the acceptance record after
+    this step, and each source's proposed nodes, credited paths and tokens."""
+    a_b = acc.accepted
+    counted_b = active_b & (a_b > 0)
+    by_source = jax.nn.one_hot(acc.source, J, dtype=jnp.int32)  # -1: all zero
+    record = draft.record
+    if record is not None:
+        record = acceptance_record.update(record, verified, acc, active_b)
+    hot_bzj = jax.nn.one_hot(proposals.source, J, dtype=jnp.int32)
+    proposed_bj = jnp.sum(hot_bzj * proposals.valid[..., None], axis=1, dtype=jnp.int32)
+    return dataclasses.replace(
+        draft,
+        record=record,
+        paths_by_source=draft.paths_by_source + by_source * counted_b[:, None],
+        tokens_by_source=draft.tokens_by_source + by_source * jnp.where(counted_b, a_b, 0)[:, None],
+        nodes_by_source=draft.nodes_by_source + proposed_bj * active_b[:, None],
+    )
 
 
 def computed_rows(prev_b, layout: StepLayout, step_tokens_bt, logits_rows_br, tree, active_b):

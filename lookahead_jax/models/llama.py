@@ -163,24 +163,8 @@ def attention(
 
     S = cache_k_bkse.shape[2]
     if kernel:
-        B, K, T, Q, Dh = q_bktqe.shape
-        if positions_bt is None:  # only a window reads them
-            assert not window, "a sliding window needs the tokens' positions"
-            positions_bt = jnp.zeros((B, T), jnp.int32)
-        parts = cpu_kernel.cache_attention(
-            q_bktqe.reshape(B, K, T * Q, Dh),
-            cache_k_bkse,
-            cache_v_bkse,
-            cache_len_b,
-            positions_bt,
-            window,
-            scale,
-        )
-        top_c, mass_c, acc_c = (x.reshape(B, K, T, Q, -1) for x in parts)
-        top, mass, acc = carry
-        new_top = jnp.maximum(top, top_c)
-        mine, theirs = jnp.exp(top - new_top), jnp.exp(top_c - new_top)
-        carry = (new_top, mass * mine + mass_c * theirs, acc * mine + acc_c * theirs)
+        cache = (cache_k_bkse, cache_v_bkse, cache_len_b)
+        carry = _kernel_cache_part(carry, q_bktqe, cache, positions_bt, window, scale)
     elif block == 0 or block >= S:
         at = jnp.arange(S)
         carry = absorb(carry, cache_k_bkse, cache_v_bkse, at, at >= 0)
@@ -199,6 +183,31 @@ def attention(
         carry = jax.lax.fori_loop(0, n_blocks, one_block, carry)
     _, mass, acc = carry
     return jnp.swapaxes(acc / mass, 1, 2).astype(dtype)
+
+
+def _kernel_cache_part(carry, q_bktqe, cache, positions_bt, window: int, scale: float):
+    """attention's (top, mass, acc) with the cache's part folded in by the CPU kernel
+    (cpu_kernel.cache_attention): its own (top, mass, acc) over the cache (K/V [B, K, S,
+    Dh], lengths [B]), merged with the new tokens' by the same rescaling."""
+    cache_k_bkse, cache_v_bkse, cache_len_b = cache
+    B, K, T, Q, Dh = q_bktqe.shape
+    if positions_bt is None:  # only a window reads them
+        assert not window, "a sliding window needs the tokens' positions"
+        positions_bt = jnp.zeros((B, T), jnp.int32)
+    parts = cpu_kernel.cache_attention(
+        q_bktqe.reshape(B, K, T * Q, Dh),
+        cache_k_bkse,
+        cache_v_bkse,
+        cache_len_b,
+        positions_bt,
+        window,
+        scale,
+    )
+    top_c, mass_c, acc_c = (x.reshape(B, K, T, Q, -1) for x in parts)
+    top, mass, acc = carry
+    new_top = jnp.maximum(top, top_c)
+    mine, theirs = jnp.exp(top - new_top), jnp.exp(top_c - new_top)
+    return new_top, mass * mine + mass_c * theirs, acc * mine + acc_c * theirs
 
 
 def forward(
