@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -341,3 +342,38 @@ def test_feed_gets_the_chosen_tokens_and_the_accepted_source_and_init_the_row_ke
     nodes = np.asarray(state.draft.nodes_by_source)
     assert int(nodes[:, witness].sum()) == 0
     assert (nodes.sum(0) >= np.asarray(by_source).sum(0)).all() and nodes.sum() > 0
+
+
+def test_a_built_in_source_is_removed_with_its_file_and_its_registry_line(tmp_path):
+    """guesses/built_in.py: deleting token_recycling.py and its line there leaves a package
+    that imports, whose measured layouts keep their other sources, and that refuses the
+    removed source's knobs as unknown."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    package = Path(lj.__file__).parent
+    copy = tmp_path / "lookahead_jax"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    (copy / "guesses" / "token_recycling.py").unlink()
+    registry = copy / "guesses" / "built_in.py"
+    kept = [line for line in registry.read_text().splitlines() if "RecyclingSettings" not in line]
+    registry.write_text("\n".join(kept) + "\n")
+    check = """
+import lookahead_jax as lj
+from lookahead_jax.guesses.lookahead_config import LAYOUTS
+la = lj.LookaheadConfig.for_tokens(16)
+assert la.source_names == ("pool", "suffix", "window"), la.source_names
+assert all(c.tokens_per_step <= t and c.sources for t, c in LAYOUTS.items())
+try:
+    lj.LookaheadConfig.parse("n=2,w=0,g=0,recycle=4")
+except lj.UserInputError as e:
+    assert "unknown field 'recycle'" in str(e), e
+else:
+    raise AssertionError("recycle= accepted")
+"""
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    run = [sys.executable, "-c", check]
+    done = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -1,6 +1,7 @@
 """Guess sources and the draft tree they fill: the protocol every source implements
 (guess_source.py), the built-in sources — the n-gram pool (ngram_pool.py), suffix match
-over the row's own text (suffix_match.py), token recycling (token_recycling.py) — the
+over the row's own text (suffix_match.py), token recycling (token_recycling.py), listed in
+built_in.py, each with its settings — the
 tree and its candidate layout in one forward pass (draft_tree.py, lookahead_layout.py)
 and LookaheadConfig, the shape of a step (lookahead_config.py).
 
@@ -17,19 +18,13 @@ from lookahead_jax.guesses.guess_source import (
     Verified,
     WindowNGrams,
 )
-from lookahead_jax.guesses.ngram_pool import PoolSource
-from lookahead_jax.guesses.suffix_match import SuffixSource
-from lookahead_jax.guesses.token_recycling import RecyclingSource
 
 __all__ = [
     "ROOT",
     "GuessSource",
-    "PoolSource",
     "Prompt",
     "Proposals",
-    "RecyclingSource",
     "Sampler",
-    "SuffixSource",
     "Text",
     "Verified",
     "WindowNGrams",

@@ -63,6 +63,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 from jaxtyping import Array, Bool, Float, Int, UInt32
 
+from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.draft_tree import Proposals
 
 
@@ -210,3 +211,31 @@ class GuessSource(Protocol):
     def propose(self, state: Any, text: Text) -> Proposals: ...
 
     def feed(self, state: Any, step: Verified) -> Any: ...
+
+
+@runtime_checkable
+class SourceSettings(Protocol):
+    """A built-in source's knobs in LookaheadConfig (guesses/built_in.py lists them): a
+    frozen dataclass whose field names are the keys LookaheadConfig and its `parse` take
+    (`suffix`, `suffix_span`, ...), each validated in its __post_init__, and
+
+    check(config)    what the knobs must satisfy beside the config's other fields (raise
+                     UserInputError), called once the config is whole
+    source(config)   the GuessSource they make, None when they make none (a count of 0)
+    describe(config) their figures for LookaheadConfig.describe()
+    """
+
+    def check(self, config) -> None: ...
+
+    def source(self, config) -> GuessSource | None: ...
+
+    def describe(self, config) -> dict: ...
+
+
+def check_int(name: str, value, low: int, none_ok: bool = False) -> None:
+    """Refuse a lookahead knob that is not an integer >= low (nor None, if none_ok)."""
+    if none_ok and value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        either = "None or " if none_ok else ""
+        raise UserInputError(f"lookahead {name} must be {either}an integer >= {low}, got {value!r}")

@@ -15,32 +15,23 @@ import functools
 import numpy as np
 
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.guesses.guess_source import GuessSource
+from lookahead_jax.guesses.built_in import BUILT_IN
+from lookahead_jax.guesses.guess_source import GuessSource, SourceSettings, check_int
 from lookahead_jax.guesses.lookahead_layout import StepLayout
-from lookahead_jax.guesses.ngram_pool import PoolSource
-from lookahead_jax.guesses.suffix_match import SUFFIX_RATES, SuffixSource
-from lookahead_jax.guesses.token_recycling import RECYCLE_RATES, RecyclingSource
 
 # The Jacobi window's own paths (verify_window) count as a source in the stats and the
 # acceptance record, after the configured ones.
 WINDOW_SOURCE = "window"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class LookaheadConfig:
     """What one lookahead step feeds and verifies (all static: a jit argument).
 
     n, w, g     the paper's knobs: n-gram size N (window levels + 1), window columns W
                 (0: no window), pool n-grams G looked up per step (they compete with
                 the other sources for the tree's nodes)
-    suffix      suffix-match continuations proposed, each up to `suffix_span` tokens,
-                keyed on up to `suffix_key` of the row's last tokens; `suffix_memory`
-                tokens of the engine's earlier outputs matched too when the engine
-                shares guesses across requests (suffix_match.py; 0: none)
-    recycle     token-recycling template nodes; `recycle_k` next tokens kept per token
     tree        draft-tree nodes Z fed per step (None: one per proposed node)
-    pool_capacity  n-grams kept per key (None: g)
-    prompt_pool seed the pool with the prompt's n-grams
     verify_window  also verify the window's own paths
     window_sampling  under sampling, the window's new level is the sample at its
                 position (True) rather than the argmax
@@ -51,6 +42,17 @@ class LookaheadConfig:
                 e.g. one written outside the package: docs/library.md); they propose
                 after them and compete with them for the tree's nodes
     layout_tokens  set by for_tokens: the T of the layout it is (or was changed from)
+    built_in    the built-in sources' settings, one per class of built_in.BUILT_IN, in
+                its order (guess_source.SourceSettings)
+
+    The built-in sources' knobs are given by their settings' field names, as keywords
+    (LookaheadConfig(3, 1, 2, recycle=40, suffix=2), dataclasses.replace) or in `parse`,
+    and read back as attributes (config.suffix_span):
+      the pool      pool_capacity (n-grams kept per key; None: G), prompt_pool (seed the
+                    pool with the prompt's n-grams): ngram_pool.PoolSettings
+      suffix match  suffix (continuations a step), suffix_span, suffix_key, suffix_memory
+                    (the engine's earlier outputs matched too): suffix_match.SuffixSettings
+      recycling     recycle (template nodes), recycle_k: token_recycling.RecyclingSettings
 
     `sources` are the guess sources these knobs make (the pool if G > 0, suffix match,
     token recycling), then `extra_sources`.
@@ -59,57 +61,69 @@ class LookaheadConfig:
     n: int  # no defaults: the one default layout is "auto" (lj.generate, lj.Engine, CLI)
     w: int
     g: int
-    prompt_pool: bool = True
     verify_window: bool = False
-    suffix: int = 0
-    suffix_span: int = 8
-    suffix_key: int = 4
-    suffix_memory: int = 0
-    recycle: int = 0
-    recycle_k: int = 8
     tree: int | None = None
-    pool_capacity: int | None = None
     window_sampling: bool = True
     adapt: bool = True
     extra_sources: tuple[GuessSource, ...] = ()
     layout_tokens: int | None = None  # set by for_tokens: its layout's tokens per step
+    built_in: tuple[SourceSettings, ...] = ()
+
+    # Written out (init=False) so that the built-in sources' knobs come as keywords of
+    # their own (the settings' field names) and land in their settings: dataclasses'
+    # generated __init__ takes only the config's fields.
+    def __init__(
+        self,
+        n: int,
+        w: int,
+        g: int,
+        *,
+        verify_window: bool = False,
+        tree: int | None = None,
+        window_sampling: bool = True,
+        adapt: bool = True,
+        extra_sources: tuple[GuessSource, ...] = (),
+        layout_tokens: int | None = None,
+        built_in: tuple[SourceSettings, ...] = (),
+        **knobs,
+    ):
+        given = {type(s): s for s in built_in}
+        settings = []
+        for kind in BUILT_IN:
+            mine = {k: knobs.pop(k) for k in _names(kind) if k in knobs}
+            base = given.get(kind) or kind()
+            settings.append(dataclasses.replace(base, **mine) if mine else base)
+        if knobs:
+            raise TypeError(f"LookaheadConfig got unknown knobs {sorted(knobs)}")
+        values = dict(
+            n=n,
+            w=w,
+            g=g,
+            verify_window=verify_window,
+            tree=tree,
+            window_sampling=window_sampling,
+            adapt=adapt,
+            extra_sources=extra_sources,
+            layout_tokens=layout_tokens,
+            built_in=tuple(settings),
+        )
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        self.__post_init__()
+
+    def __getattr__(self, name: str):
+        """A built-in source's knob (config.suffix_span): its settings' field."""
+        for settings in self.__dict__.get("built_in", ()):
+            if name in _names(type(settings)):
+                return getattr(settings, name)
+        raise AttributeError(f"LookaheadConfig has no field or knob {name!r}")
 
     def __post_init__(self):
-        lows = (
-            ("N", self.n, 2),
-            ("W", self.w, 0),
-            ("G", self.g, 0),
-            ("suffix", self.suffix, 0),
-            ("suffix_span", self.suffix_span, 1),
-            ("suffix_key", self.suffix_key, 1),
-            ("suffix_memory", self.suffix_memory, 0),
-            ("recycle", self.recycle, 0),
-            ("recycle_k", self.recycle_k, 1),
-        )
-        for name, value, low in lows:
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise UserInputError(f"lookahead {name} must be an integer >= {low}, got {value!r}")
-        for name, value, low in (("tree", self.tree, 0), ("pool_capacity", self.pool_capacity, 1)):
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < low
-            ):
-                raise UserInputError(
-                    f"lookahead {name} must be None or an integer >= {low}, got {value!r}"
-                )
-        if self.pool_capacity is not None and self.pool_capacity < self.g:
-            raise UserInputError(
-                f"lookahead pool_capacity ({self.pool_capacity}) must be at least G ({self.g})"
-            )
-        if 2 * self.recycle_k > len(RECYCLE_RATES):
-            raise UserInputError(f"lookahead recycle_k must be at most {len(RECYCLE_RATES) // 2}")
-        if 0 < self.suffix_memory < self.suffix_key + 3:
-            raise UserInputError(
-                f"lookahead suffix_memory must be 0 or at least suffix_key + 3 = "
-                f"{self.suffix_key + 3} (a segment: its key, a token, a separator), got "
-                f"{self.suffix_memory}"
-            )
-        if self.suffix_key >= len(SUFFIX_RATES):
-            raise UserInputError(f"lookahead suffix_key must be at most {len(SUFFIX_RATES) - 1}")
+        for name, value, low in (("N", self.n, 2), ("W", self.w, 0), ("G", self.g, 0)):
+            check_int(name, value, low)
+        check_int("tree", self.tree, 0, none_ok=True)
+        for settings in self.built_in:
+            settings.check(self)
         self._check_extra_sources()
         if self.tree is not None and self.tree > self.proposed_nodes:
             raise UserInputError(
@@ -118,6 +132,18 @@ class LookaheadConfig:
                 + ", ".join(f"{s.name} {s.nodes}" for s in self.sources)
                 + "): the rest would always be empty"
             )
+
+    def knobs(self) -> dict:
+        """Every knob by the name `parse` takes: the config's own fields (not
+        extra_sources, layout_tokens), then each built-in source's."""
+        own = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("built_in", "extra_sources", "layout_tokens")
+        }
+        for settings in self.built_in:
+            own.update({k: getattr(settings, k) for k in _names(type(settings))})
+        return own
 
     def _check_extra_sources(self) -> None:
         if not isinstance(self.extra_sources, tuple):
@@ -159,17 +185,8 @@ class LookaheadConfig:
     def sources(self) -> tuple[GuessSource, ...]:
         """The guess sources, in proposal order: the built-in ones these knobs enable,
         then `extra_sources`."""
-        built_in: list[GuessSource] = []
-        if self.g:
-            built_in.append(
-                PoolSource(self.g, self.m, self.pool_capacity or self.g, self.prompt_pool)
-            )
-        if self.suffix:
-            built_in.append(
-                SuffixSource(self.suffix, self.suffix_span, self.suffix_key, self.suffix_memory)
-            )
-        if self.recycle:
-            built_in.append(RecyclingSource(self.recycle, self.recycle_k))
+        made = (settings.source(self) for settings in self.built_in)
+        built_in = [source for source in made if source is not None]
         return (*built_in, *self.extra_sources)
 
     @property
@@ -221,19 +238,15 @@ class LookaheadConfig:
         """How `parse` (and the CLI's --lookahead) spells this config: 'tokens=T' for a
         for_tokens layout (then ',key=value' for each field changed from it), 'N,W,G' for
         the paper's knobs alone, else 'key=value,...'."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        extra = fields.pop("extra_sources")
-        suffix = "".join(f"+{s.name}" for s in extra)  # shown, not parsed: objects
+        fields = self.knobs()
+        suffix = "".join(f"+{s.name}" for s in self.extra_sources)  # shown, not parsed
         base = LAYOUTS.get(self.layout_tokens)
         if base is not None:
             changed = {k: v for k, v in fields.items() if v != getattr(base, k)}
-            changed.pop("layout_tokens")
             parts = [f"tokens={self.layout_tokens}"] + [f"{k}={v}" for k, v in changed.items()]
             return ",".join(parts) + suffix
         changed = {
-            k: v
-            for k, v in fields.items()
-            if k not in ("n", "w", "g", "layout_tokens", "extra_sources") and v != _DEFAULTS[k]
+            k: v for k, v in fields.items() if k not in ("n", "w", "g") and v != _DEFAULTS[k]
         }
         if not changed:
             return f"{self.n},{self.w},{self.g}" + suffix
@@ -307,21 +320,17 @@ class LookaheadConfig:
             )
 
     def describe(self) -> dict:
+        settings = {}
+        for each in self.built_in:
+            settings.update(each.describe(self))
         return {
             "name": self.name,
             "n": self.n,
             "w": self.w,
             "g": self.g,
-            "suffix": self.suffix,
-            "suffix_span": self.suffix_span,
-            "suffix_key": self.suffix_key,
-            "suffix_memory": self.suffix_memory,
-            "recycle": self.recycle,
-            "recycle_k": self.recycle_k,
+            **settings,
             "tree": self.tree_nodes,
-            "pool_capacity": self.pool_capacity or self.g,
             "step_tokens": self.tokens_per_step,
-            "prompt_pool": self.prompt_pool,
             "verify_window": self.verify_window,
             "window_sampling": self.window_sampling,
             "adapt": self.adapt,
@@ -329,7 +338,20 @@ class LookaheadConfig:
         }
 
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LookaheadConfig)}
+def _names(kind) -> tuple[str, ...]:
+    """A settings class's knobs: its field names."""
+    return tuple(f.name for f in dataclasses.fields(kind))
+
+
+# every knob's default, by the name parse takes
+_DEFAULTS = {
+    **{
+        f.name: f.default
+        for f in dataclasses.fields(LookaheadConfig)
+        if f.name not in ("built_in", "extra_sources", "layout_tokens")
+    },
+    **{f.name: f.default for kind in BUILT_IN for f in dataclasses.fields(kind)},
+}
 
 
 def _fields(parts: list[str], hint: str, text: str) -> dict:
@@ -338,7 +360,7 @@ def _fields(parts: list[str], hint: str, text: str) -> dict:
     for part in parts:
         key, _, value = part.partition("=")
         key, value = key.strip(), value.strip()
-        if key not in _DEFAULTS or key in ("layout_tokens", "extra_sources"):
+        if key not in _DEFAULTS:
             raise UserInputError(f"{hint}; got {text!r} (unknown field {key!r})")
         if value in ("True", "False", "true", "false"):
             kwargs[key] = value.lower() == "true"
@@ -374,21 +396,32 @@ def max_step_tokens(max_context: int) -> int:
 # benchmarks/cpu/shared_guesses.md); without sharing that text stays empty, and a
 # proposal over it costs ~0.1 ms (benchmarks/cpu/suffix_match_cost.md).
 SHARED_TEXT = 2048
+
+
+def _layout(n: int, w: int, g: int, tree: int, **knobs) -> LookaheadConfig:
+    """A measured layout, with the knobs of the built-in sources listed (built_in.py):
+    a source taken out of the list takes its knobs out of the layouts, and its share of
+    the tree when the others propose fewer nodes."""
+    known = {k for kind in BUILT_IN for k in _names(kind)}
+    kept = {k: v for k, v in knobs.items() if k in known}
+    if "suffix" in kept:
+        kept["suffix_memory"] = SHARED_TEXT
+    proposed = LookaheadConfig(n, w, g, **kept).proposed_nodes
+    return LookaheadConfig(n, w, g, tree=min(tree, proposed), **kept)
+
+
 LAYOUTS: dict[int, LookaheadConfig] = {
-    T: dataclasses.replace(la, suffix_memory=SHARED_TEXT)
-    for T, la in {
-        2: LookaheadConfig(2, 0, 0, recycle=4, suffix=1, suffix_span=4, tree=1),
-        4: LookaheadConfig(2, 0, 0, recycle=12, suffix=1, suffix_span=4, tree=3),
-        8: LookaheadConfig(2, 0, 0, recycle=20, suffix=2, tree=7),
-        12: LookaheadConfig(2, 0, 0, recycle=30, suffix=2, tree=11),
-        16: LookaheadConfig(3, 1, 2, recycle=40, suffix=2, tree=13),
-        32: LookaheadConfig(3, 1, 4, recycle=80, suffix=3, suffix_span=12, tree=29),
-        64: LookaheadConfig(4, 2, 4, recycle=120, suffix=4, suffix_span=16, tree=57),
-        128: LookaheadConfig(5, 4, 8, recycle=200, suffix=4, suffix_span=16, tree=111),
-    }.items()
+    2: _layout(2, 0, 0, recycle=4, suffix=1, suffix_span=4, tree=1),
+    4: _layout(2, 0, 0, recycle=12, suffix=1, suffix_span=4, tree=3),
+    8: _layout(2, 0, 0, recycle=20, suffix=2, tree=7),
+    12: _layout(2, 0, 0, recycle=30, suffix=2, tree=11),
+    16: _layout(3, 1, 2, recycle=40, suffix=2, tree=13),
+    32: _layout(3, 1, 4, recycle=80, suffix=3, suffix_span=12, tree=29),
+    64: _layout(4, 2, 4, recycle=120, suffix=4, suffix_span=16, tree=57),
+    128: _layout(5, 4, 8, recycle=200, suffix=4, suffix_span=16, tree=111),
 }
-for _t, _la in LAYOUTS.items():
-    assert _la.tokens_per_step == _t, (_t, _la.tokens_per_step)
+for _t, _la in LAYOUTS.items():  # (fewer with a built-in source taken out)
+    assert _la.tokens_per_step <= _t, (_t, _la.tokens_per_step)
 
 # A fixed layout for callers that want one (the CLI's default is "auto", which measures
 # the machine instead).

@@ -30,8 +30,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
+from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.draft_tree import Proposals, chains
-from lookahead_jax.guesses.guess_source import Prompt, Text, Verified
+from lookahead_jax.guesses.guess_source import Prompt, Text, Verified, check_int
 
 EMPTY = -1
 
@@ -191,3 +192,34 @@ class PoolSource:
             step.tokens, step.start - n + 1, step.max_emit, n, step.end
         )
         return insert(pool, keys, tails, ok & step.active[:, None], prev)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSettings:
+    """The pool's knobs in LookaheadConfig (guess_source.SourceSettings); its node count
+    is the paper's G, a field of the config itself (the 'N,W,G' spelling).
+
+    pool_capacity  n-grams kept per key (None: G)
+    prompt_pool    seed the pool with the prompt's n-grams
+    """
+
+    pool_capacity: int | None = None
+    prompt_pool: bool = True
+
+    def __post_init__(self):
+        check_int("pool_capacity", self.pool_capacity, 1, none_ok=True)
+
+    def check(self, config) -> None:
+        if self.pool_capacity is not None and self.pool_capacity < config.g:
+            raise UserInputError(
+                f"lookahead pool_capacity ({self.pool_capacity}) must be at least G ({config.g})"
+            )
+
+    def source(self, config) -> PoolSource | None:
+        if not config.g:
+            return None
+        capacity = self.pool_capacity or config.g
+        return PoolSource(config.g, config.m, capacity, self.prompt_pool)
+
+    def describe(self, config) -> dict:
+        return {"pool_capacity": self.pool_capacity or config.g, "prompt_pool": self.prompt_pool}

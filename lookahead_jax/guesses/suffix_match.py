@@ -43,8 +43,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
+from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.draft_tree import Proposals, chains
-from lookahead_jax.guesses.guess_source import Ended, Prompt, Text, Verified
+from lookahead_jax.guesses.guess_source import Ended, Prompt, Text, Verified, check_int
 
 # What stands between the memory's segments: no token equals it, and a match stops at it
 # on either side, so no match and no continuation crosses it.
@@ -205,3 +206,44 @@ class SuffixSource:
         body = functools.partial(_remember_row, key_max=self.key_max)
         xs = (ended.tokens, ended.prompt_len, ended.end, rows_b)
         return jax.lax.scan(body, memory, xs)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class SuffixSettings:
+    """Suffix match's knobs in LookaheadConfig (guess_source.SourceSettings).
+
+    suffix         continuations proposed a step (0: none)
+    suffix_span    tokens each, at most
+    suffix_key     of the row's last tokens matched, at most
+    suffix_memory  tokens of the engine's earlier outputs matched too when the engine
+                   shares guesses across requests (0: none)
+    """
+
+    suffix: int = 0
+    suffix_span: int = 8
+    suffix_key: int = 4
+    suffix_memory: int = 0
+
+    def __post_init__(self):
+        for name, low in (("suffix", 0), ("suffix_span", 1), ("suffix_key", 1)):
+            check_int(name, getattr(self, name), low)
+        check_int("suffix_memory", self.suffix_memory, 0)
+        if 0 < self.suffix_memory < self.suffix_key + 3:
+            raise UserInputError(
+                f"lookahead suffix_memory must be 0 or at least suffix_key + 3 = "
+                f"{self.suffix_key + 3} (a segment: its key, a token, a separator), got "
+                f"{self.suffix_memory}"
+            )
+        if self.suffix_key >= len(SUFFIX_RATES):
+            raise UserInputError(f"lookahead suffix_key must be at most {len(SUFFIX_RATES) - 1}")
+
+    def check(self, config) -> None:
+        pass
+
+    def source(self, config) -> SuffixSource | None:
+        if not self.suffix:
+            return None
+        return SuffixSource(self.suffix, self.suffix_span, self.suffix_key, self.suffix_memory)
+
+    def describe(self, config) -> dict:
+        return dataclasses.asdict(self)

@@ -45,8 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.draft_tree import ROOT, Proposals
-from lookahead_jax.guesses.guess_source import Prompt, Text, Verified
+from lookahead_jax.guesses.guess_source import Prompt, Text, Verified, check_int
 
 EMPTY = -1
 SEED_PROB = 0.5  # the probability given to a prompt bigram's follower (no logits seen)
@@ -380,3 +381,30 @@ class RecyclingSource:
         return update(
             table, step.computed_prev, step.computed, step.logits, priority_br, step.computed_ok
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class RecyclingSettings:
+    """Token recycling's knobs in LookaheadConfig (guess_source.SourceSettings).
+
+    recycle    template nodes proposed a step (0: none)
+    recycle_k  next tokens kept per token
+    """
+
+    recycle: int = 0
+    recycle_k: int = 8
+
+    def __post_init__(self):
+        check_int("recycle", self.recycle, 0)
+        check_int("recycle_k", self.recycle_k, 1)
+        if 2 * self.recycle_k > len(RECYCLE_RATES):
+            raise UserInputError(f"lookahead recycle_k must be at most {len(RECYCLE_RATES) // 2}")
+
+    def check(self, config) -> None:
+        pass
+
+    def source(self, config) -> RecyclingSource | None:
+        return RecyclingSource(self.recycle, self.recycle_k) if self.recycle else None
+
+    def describe(self, config) -> dict:
+        return dataclasses.asdict(self)
