@@ -50,22 +50,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Int
 
 from lookahead_jax import shapes
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
 from lookahead_jax.decoding.sampling import choose_tokens, first_max_index, gumbel_noise
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.guesses import acceptance_record, draft_tree
-from lookahead_jax.guesses.guess_source import Prompt, Sampler, Text, Verified, WindowNGrams
+from lookahead_jax.guesses import acceptance_record, draft_tree, jacobi_window
+from lookahead_jax.guesses.guess_source import Prompt, Sampler, Text, Verified
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 from lookahead_jax.guesses.lookahead_layout import StepLayout
 from lookahead_jax.models import kv_cache, seam
-
-# A window cell's draw key is the row key folded with this (new-token indices,
-# used for sampling noise, never reach it).
-_WINDOW_KEY_SALT = 0x7FFFFFFF
 
 
 @jax.tree_util.register_dataclass
@@ -113,14 +108,7 @@ def init_lookahead(state: DecodeState, spec: DecodeSpec, prompt_bucket: int) -> 
     """
     config: LookaheadConfig = spec.lookahead
     B = state.tokens.shape[0]
-    m = config.m
-
-    def draw_window(rng, prompt_len, tokens):
-        rng = jax.random.fold_in(rng, _WINDOW_KEY_SALT)
-        idx = jax.random.randint(rng, (m, config.w), 0, prompt_len)
-        return tokens[idx]
-
-    window = jax.vmap(draw_window)(state.rng, state.prompt_len, state.tokens)
+    window = jacobi_window.init(state.rng, state.prompt_len, state.tokens, config.m, config.w)
     prompt = prompt_of(state, spec, prompt_bucket)
     sources = tuple(source.init(prompt) for source in config.sources)
     J = len(config.source_names)
@@ -193,24 +181,6 @@ def well_formed(p: draft_tree.Proposals, max_depth: int):
     return p.valid & parent_ok & depth_ok & (p.depth <= max_depth)
 
 
-def window_tree(layout: StepLayout, window_flat, window_source: int) -> draft_tree.DraftTree:
-    """The window's own paths as a verifiable tree (verify_window): static shape.
-
-    window_flat [B, M*W]: the window's tokens in window order (its M*W cells);
-    window_source: the window's index in the source names."""
-    B, k = window_flat.shape
-    bcast = lambda x: jnp.broadcast_to(jnp.asarray(x), (B, *np.shape(x)))  # noqa: E731
-    return draft_tree.DraftTree(
-        tokens=window_flat,
-        parent=bcast(layout.window_parents),
-        depth=bcast(layout.window_depths),
-        valid=jnp.ones((B, k), bool),
-        source=jnp.full((B, k), window_source, jnp.int32),
-        score=jnp.zeros((B, k), jnp.float32),
-        ancestors=bcast(layout.window_ancestors),
-    )
-
-
 def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     """One forward pass; every active row emits 1..max_emit tokens."""
     config: LookaheadConfig = spec.lookahead
@@ -278,14 +248,14 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     computed_br, computed_prev_br, computed_ok_br = computed_rows(
         prev_b, layout, step_tokens_bt, logits_rows_br, tree, active_b
     )
-    shifted_bmw = jnp.concatenate([draft.window[:, 1:], new_level_bw[:, None]], axis=1)
+    shifted_bmw = jacobi_window.shift(draft.window, new_level_bw)
     verified_step = Verified(
         tokens=state.tokens,
         end=state.prompt_len + state.n_out,
         start=state.prompt_len + before.n_out,
         max_emit=config.max_emit,
         active=active_b,
-        window=window_ngrams(draft.window, shifted_bmw, input_b, active_b),
+        window=jacobi_window.ngrams(draft.window, shifted_bmw, input_b, active_b),
         computed=computed_br,
         computed_prev=computed_prev_br,
         computed_ok=computed_ok_br,
@@ -332,7 +302,7 @@ def verify(config: LookaheadConfig, tree, window_flat, chosen_br):
     after_window_bw = chosen_br[:, 1 : 1 + layout.window_rows]
     after_tree_bz = chosen_br[:, 1 + layout.window_rows :]
     if config.verify_window:
-        window = window_tree(layout, window_flat, len(config.sources))
+        window = jacobi_window.as_tree(layout, window_flat, len(config.sources))
         verified = draft_tree.concat_trees(window, tree)
         after_verified = jnp.concatenate([after_window_bw, after_tree_bz], axis=1)
         first_index = 1
@@ -381,21 +351,6 @@ def computed_rows(prev_b, layout: StepLayout, step_tokens_bt, logits_rows_br, tr
     ok_br = jnp.concatenate([jnp.ones((B, 1 + layout.window_rows), bool), tree.valid], axis=1)
     tokens_br = jnp.take_along_axis(step_tokens_bt, logits_rows_br, axis=1)
     return tokens_br, prev_br, ok_br & active_b[:, None]
-
-
-def window_ngrams(window_bmw, shifted_bmw, input_b, active_b) -> WindowNGrams:
-    """The window's W n-grams of this step: each column's oldest level, then its other
-    levels and the new level (the shifted window's column); a level-0 token follows the
-    one left of it, column 0 the step's input."""
-    B, _, w = window_bmw.shape
-    # [:, :w]: without a window (W = 0) the input alone would make prev [B, 1]
-    prev_bw = jnp.concatenate([input_b[:, None], window_bmw[:, 0, :-1]], axis=1)[:, :w]
-    return WindowNGrams(
-        keys=window_bmw[:, 0],
-        tails=jnp.swapaxes(shifted_bmw, 1, 2),
-        prev=prev_bw,
-        ok=jnp.broadcast_to(active_b[:, None], (B, w)),
-    )
 
 
 def first_verified_row(config: LookaheadConfig) -> int:

@@ -15,13 +15,14 @@ import functools
 import numpy as np
 
 from lookahead_jax.errors import UserInputError
+from lookahead_jax.guesses import jacobi_window
 from lookahead_jax.guesses.built_in import BUILT_IN
 from lookahead_jax.guesses.guess_source import GuessSource, SourceSettings, check_int
 from lookahead_jax.guesses.lookahead_layout import StepLayout
 
 # The Jacobi window's own paths (verify_window) count as a source in the stats and the
-# acceptance record, after the configured ones.
-WINDOW_SOURCE = "window"
+# acceptance record, after the configured ones (jacobi_window.py).
+WINDOW_SOURCE = jacobi_window.SOURCE
 
 
 @dataclasses.dataclass(frozen=True, init=False)
