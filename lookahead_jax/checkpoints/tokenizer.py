@@ -115,6 +115,26 @@ class Tokenizer:
             return self._fast.decode(ids, skip_special_tokens=True)
         return self._sp.decode(ids)
 
+    def token_bytes(self) -> list[bytes | None]:
+        """Each token id's bytes as decoding adds them to the text (None: a special token,
+        which a grammar never allows; grammar/ builds its automata over these). Byte-level
+        BPE (a tokenizer.json whose decoder is ByteLevel): GPT-2's byte alphabet mapped
+        back; otherwise sentencepiece pieces: "<0xNN>" one byte, "▁" a space. Kept once
+        made."""
+        if getattr(self, "_token_bytes", None) is None:
+            if self._fast is not None:
+                pieces = [self._fast.id_to_token(i) for i in range(self.vocab_size)]
+                byte_level = type(self._fast.decoder).__name__ == "ByteLevel"
+            else:
+                pieces = [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+                byte_level = False
+            to_bytes = _byte_level_bytes if byte_level else _piece_bytes
+            self._token_bytes = [
+                None if p is None or i in self._special_ids else to_bytes(p)
+                for i, p in enumerate(pieces)
+            ]
+        return self._token_bytes
+
     # ---------------------------------------------------------------- chat
 
     def apply_chat_template(self, messages: list[dict] | str) -> str:
@@ -156,3 +176,35 @@ class Tokenizer:
         if chat:
             return self.encode(self.apply_chat_template(text), add_special_tokens=False)
         return self.encode(text)
+
+
+def _gpt2_byte_alphabet() -> dict[str, int]:
+    """GPT-2's printable stand-in for each byte (byte-level BPE), inverted: char -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1)]
+    printable += range(ord("\u00ae"), ord("\u00ff") + 1)
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _gpt2_byte_alphabet()
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_level_bytes(piece: str) -> bytes | None:
+    try:
+        return bytes(_BYTE_OF[c] for c in piece)
+    except KeyError:  # an added token that is not in the byte alphabet
+        return piece.encode()
+
+
+def _piece_bytes(piece: str) -> bytes:
+    byte = _BYTE_PIECE.fullmatch(piece)
+    if byte is not None:
+        return bytes([int(byte.group(1), 16)])
+    return piece.replace("\u2581", " ").encode()
