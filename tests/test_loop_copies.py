@@ -20,6 +20,7 @@ import lookahead_jax as lj
 from lookahead_jax import decoding
 from lookahead_jax.decoding import loop, programs
 from lookahead_jax.decoding.decode_state import DecodeSpec
+from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.loop_copies import loop_copies, protected_shapes
 from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import sharding
@@ -29,25 +30,34 @@ from lookahead_jax.models.llama_params import stack_layers
 PROMPT, CAP, BLOCK = 16, 64, 24  # S = 16 + 64 + E > 24: several attention blocks
 
 
-def decode_loop(model, lookahead, batch: int, sampled: bool = False, name: str = "run_loop"):
+def decode_loop(
+    model, lookahead, batch: int, sampled: bool = False, name: str = "run_loop", grammar=False
+):
     """(the compiled decode loop, its spec, the start program's argument shapes); name:
-    run_loop, or run_plain (plain steps over the lookahead state: auto's plain rounds)."""
+    run_loop, or run_plain (plain steps over the lookahead state: auto's plain rounds);
+    grammar: rows follow grammars (a 16-state table: grammar_rows.py)."""
     spec = DecodeSpec(
         lm=model.lm,
         eos_ids=tuple(model.eos_ids),
         sampled=sampled,
         lookahead=lookahead,
         cache_dtype="float32",
+        grammar=grammar,
     )
     rows = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((batch, *shape), dtype)  # noqa: E731
     sampling = RowSampling.shaped(batch)
     args = (model.params, rows(PROMPT), rows(), rows(), rows(2, dtype=jnp.uint32), sampling)
+    if grammar:
+        table = jax.ShapeDtypeStruct((16, model.lm.vocab_size), jnp.int32)
+        args = (*args, None, GrammarRows(rows(), table))
     exe, _ = programs.compiled(model, spec, CAP, args, name)
     return exe, spec, args
 
 
-def copies(model, lookahead, batch: int, sampled: bool = False, name: str = "run_loop") -> list:
-    exe, spec, args = decode_loop(model, lookahead, batch, sampled, name)
+def copies(
+    model, lookahead, batch: int, sampled: bool = False, name: str = "run_loop", grammar=False
+) -> list:
+    exe, spec, args = decode_loop(model, lookahead, batch, sampled, name, grammar)
     state = jax.eval_shape(functools.partial(decoding.start, spec=spec, new_positions=CAP), *args)
     assert state.cache.positions > BLOCK
     if model.mesh is not None:  # each device's shards too
@@ -94,11 +104,20 @@ def model(tiny_ckpts):
         (lj.LookaheadConfig.for_tokens(16), 3, True, "run_loop"),  # with per-row sampling
         # auto's plain rounds: the guess sources' buffers pass through, never copied
         (lj.LookaheadConfig.for_tokens(8), 1, False, "run_plain"),
+        # rows under grammars: the table is read in place, never copied
+        (lj.LookaheadConfig.for_tokens(16), 3, True, "grammar"),
     ],
-    ids=["plain-b3", "tokens=8-b1", "tokens=16-b3-sampled", "plain-rounds-tokens=8-b1"],
+    ids=[
+        "plain-b3",
+        "tokens=8-b1",
+        "tokens=16-b3-sampled",
+        "plain-rounds-tokens=8-b1",
+        "tokens=16-b3-sampled-grammar",
+    ],
 )
 def test_the_decode_loop_copies_no_weights_and_no_state(model, lookahead, batch, sampled, name):
-    found = copies(model, lookahead, batch, sampled, name)
+    grammar = name == "grammar"
+    found = copies(model, lookahead, batch, sampled, "run_loop" if grammar else name, grammar)
     assert not found, "\n".join(map(str, found))
 
 

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int, UInt32
 
-from lookahead_jax.decoding import logprobs
+from lookahead_jax.decoding import grammar_rows, logprobs
+from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.prompt_logprobs import prompt_logprobs
 from lookahead_jax.decoding.sampling import RowSampling, choose_tokens
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
@@ -53,6 +54,7 @@ class DecodeState:
     accept_hist: Int[Array, "B E"]  # steps that emitted 1..E tokens
     draft: DraftState | None = None  # the window's and the guess sources' state
     logprobs: logprobs.Logprobs | None = None  # its tokens' logprobs (spec.logprobs)
+    grammar: GrammarRows | None = None  # the rows' grammar states (spec.grammar)
 
 
 @jax.tree_util.register_dataclass
@@ -86,6 +88,9 @@ class DecodeSpec:
     # keep each new token's logprob and this many most likely alternatives (logprobs.py)
     # for the rows that ask (RowSampling.logprobs); None: no logprob buffers or code
     logprobs: int | None = None
+    # rows may follow a grammar (grammar_rows.py): their logits are masked by their
+    # states; False: no grammar state or code
+    grammar: bool = False
 
     @property
     def max_emit(self) -> int:
@@ -135,7 +140,13 @@ def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b, logits=None) -> 
         values = logprobs.of_tokens_if(want_b, logits_brv, logits_rows_be, new_be, spec.logprobs)
         kept = logprobs.write(kept, rows_be, at_be, values)
     return dataclasses.replace(
-        state, tokens=tokens, step_of_token=step_of, n_out=n_out, done=done, logprobs=kept
+        state,
+        tokens=tokens,
+        step_of_token=step_of,
+        n_out=n_out,
+        done=done,
+        logprobs=kept,
+        grammar=None if state.grammar is None else grammar_rows.advance(state.grammar, new_be, k),
     )
 
 
@@ -152,13 +163,16 @@ def prefill(
     rng_b2: jax.Array,
     sampling: RowSampling,
     prefix: CachedPrefix | None = None,
+    grammar: GrammarRows | None = None,
     *,
     spec: DecodeSpec,
     new_positions: int,
 ) -> DecodeState:
     """Run the prompts [B, P] (right-padded), fill the cache, emit the first new token.
     sampling: each row's settings ([B] arrays). prefix: the rows' cached prefixes, whose
-    prompt positions are not run again (None: every row runs its whole prompt)."""
+    prompt positions are not run again (None: every row runs its whole prompt).
+    grammar: the rows' initial grammar states and the table (spec.grammar; the first
+    token is chosen under the mask too)."""
     B, P = prompt_bp.shape
     S = positions_needed(P, new_positions, max(spec.max_emit, spec.min_slack))
     cache = spec.lm.init_cache(B, S, jnp.dtype(spec.cache_dtype))
@@ -185,7 +199,10 @@ def prefill(
         logprobs=None
         if spec.logprobs is None
         else _prompt_logprobs(params, prompt_bp, S, spec, sampling.prompt_logprobs),
+        grammar=grammar,
     )
+    if grammar is not None:
+        logits = grammar_rows.mask(logits, grammar.state_b[:, None], grammar.table_gv)
     first = choose_tokens(logits, sampling, rng_b2, jnp.zeros((B, 1), jnp.int32), spec.sampled)
     one_b = jnp.ones((B,), jnp.int32)
     return emit(state, spec, first, one_b, (logits, jnp.zeros((B, 1), jnp.int32)))

@@ -53,6 +53,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from lookahead_jax import shapes
+from lookahead_jax.decoding import grammar_rows
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
 from lookahead_jax.decoding.sampling import choose_tokens, first_max_index, gumbel_noise
 from lookahead_jax.errors import UserInputError
@@ -219,7 +220,10 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         logits_rows_br,
     )
 
-    # 4. the model's token after each row, and the window's new level
+    # 4. the model's token after each row (under a grammar, from its logits masked by the
+    #    state the row's path reaches), and the window's new level
+    if state.grammar is not None:
+        logits_brv = grammar_mask(logits_brv, state.grammar, config, tree, logits_rows_br)
     chosen_br, new_level_bw = choose(logits_brv, state, spec, offsets_bt, logits_rows_br)
 
     # 5. verify: the draft tree, and with verify_window the window's paths as well
@@ -274,6 +278,21 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     window = jnp.where(active_b[:, None, None], shifted_bmw, draft.window)
     draft = dataclasses.replace(draft, window=window, sources=sources)
     return dataclasses.replace(state, draft=draft)
+
+
+def grammar_mask(logits_brv, rows: grammar_rows.GrammarRows, config, tree, logits_rows_br):
+    """The logits rows [B, R, V] masked by each row's grammar state: the input's by the
+    row's, each tree node's by the state its path reaches (grammar_rows.node_states); the
+    window's rows are left free (they only make the window's next guesses), so the
+    window's own paths may not be verified under a grammar."""
+    if config.verify_window:  # (the engine refuses the pair before it gets here)
+        raise UserInputError("a grammar cannot be followed with verify_window=True")
+    B = logits_brv.shape[0]
+    node_bz = grammar_rows.node_states(rows, tree.tokens, tree.parent, config.tree_depth)
+    window_bk = jnp.full((B, config.layout.window_tokens), grammar_rows.FREE, jnp.int32)
+    step_bt = jnp.concatenate([rows.state_b[:, None], window_bk, node_bz], axis=1)
+    state_br = jnp.take_along_axis(step_bt, logits_rows_br, axis=1)
+    return grammar_rows.mask(logits_brv, state_br, rows.table_gv)
 
 
 def choose(logits_brv, state: DecodeState, spec: DecodeSpec, offsets_bt, logits_rows_br):

@@ -39,6 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from lookahead_jax import shapes
 from lookahead_jax.decoding.decode_state import CachedPrefix, DecodeSpec, DecodeState, prefill
+from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.lookahead import init_lookahead, lookahead_step
 from lookahead_jax.decoding.plain import plain_step
 from lookahead_jax.decoding.sampling import RowSampling
@@ -54,6 +55,7 @@ def start(
     rng_b2,
     sampling: RowSampling,
     prefix: CachedPrefix | None = None,
+    grammar: GrammarRows | None = None,
     *,
     spec: DecodeSpec,
     new_positions: int,
@@ -61,6 +63,7 @@ def start(
     """Prefill the right-padded prompts [B, P] and emit each row's first token; with
     lookahead, also set up the window, pool and recycling tables.
     prefix: the rows' cached prefixes (decode_state.CachedPrefix; None: none).
+    grammar: the rows' grammar states and table (spec.grammar; grammar_rows.py).
 
     sampling: each row's settings ([B] arrays; sampling.RowSampling).
     new_positions: room past the prompt bucket P for new tokens, at least the largest
@@ -73,6 +76,7 @@ def start(
         rng_b2,
         sampling,
         prefix,
+        grammar,
         spec=spec,
         new_positions=new_positions,
     )

@@ -6,6 +6,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from lookahead_jax.decoding import grammar_rows
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
 from lookahead_jax.decoding.sampling import choose_tokens
 from lookahead_jax.models import kv_cache, seam
@@ -24,6 +25,8 @@ def plain_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         jnp.ones((1, 1, 1), bool),
         state.cache,
     )
+    if state.grammar is not None:
+        logits = grammar_rows.mask(logits, state.grammar.state_b[:, None], state.grammar.table_gv)
     nxt = choose_tokens(logits, state.sampling, state.rng, state.n_out[:, None], spec.sampled)
     one = active.astype(jnp.int32)
     cache = kv_cache.commit(state.cache, new_k, new_v, jnp.zeros((B, 1), jnp.int32), one)

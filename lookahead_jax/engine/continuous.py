@@ -1,12 +1,9 @@
 """The engine: the one host loop of every decode. Continuous batching with lookahead
 decoding in every slot, offline (a list of prompts, `Engine.run`, the JSONL command, and
-`lj.generate`: a batch of prompts is one offline run with a slot per prompt) or online
-(requests submitted while it decodes, `submit`, `cancel`, `round`: what the HTTP server
-runs on).
-
-B slots decode together on the device; a slot whose request ends is refilled with the
-next waiting one while the other slots keep decoding (the parts, and what lives on the
-device: engine/__init__.py).
+`lj.generate`: one offline run with a slot per prompt) or online (requests submitted
+while it decodes, `submit`, `cancel`, `round`: what the HTTP server runs on). B slots
+decode together; a slot whose request ends is refilled with the next waiting one while
+the others keep decoding (the parts, and what lives on the device: engine/__init__.py).
 
 Shapes (device_slots.py): an offline run takes its prompts shortest bucket first, its
 prompt side P the first's bucket, and grows the state for a longer one (rows in flight
@@ -35,6 +32,7 @@ from lookahead_jax.decoding.guess_memory import GuessMemory
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import describe, inputs, requests, row_buckets
 from lookahead_jax.engine.config import EngineConfig
+from lookahead_jax.engine.grammar_bank import GrammarBank
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import PrefixCache
 from lookahead_jax.engine.requests import Encoded, Listener, Request, Result, Update
@@ -254,6 +252,7 @@ class Engine:
         scheduler = Scheduler(
             self.model, self.config, self._kept(), self.stats, sampled, logprobs,
             new_positions, P, per_round,
+            GrammarBank.for_run(encoded, self.model, self.config.lookahead),
         )  # fmt: skip
         scheduler.queue.extend(encoded)
         return scheduler
@@ -317,6 +316,7 @@ class Engine:
             name = f"prompt {encoded.id!r}"  # the errors' ${request} (errors.py)
             if encoded.id in self._known:
                 raise UserInputError("${request}: the id is already in flight", "id", request=name)
+            GrammarBank.refuse_online(encoded, name)
             n, limit = encoded.max_new_tokens, self.max_new_tokens
             if n > limit:
                 raise UserInputError(

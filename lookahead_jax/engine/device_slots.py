@@ -42,9 +42,11 @@ import numpy as np
 
 from lookahead_jax.decoding import autotune, guess_memory, logprobs, programs
 from lookahead_jax.decoding.decode_state import CachedPrefix, DecodeSpec, DecodeState
+from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs, prefill_args, round_read, slot_state
+from lookahead_jax.engine.grammar_bank import GrammarBank
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.engine.round_read import RoundRead
@@ -75,8 +77,10 @@ class DeviceSlots:
         stats,
         memory=None,
         padded: PaddedShapes | None = None,
+        grammars: GrammarBank | None = None,
     ):
         self.model, self.B, self.spec = model, batch, spec
+        self.grammars = grammars  # the run's grammars, with spec.grammar (grammar_bank.py)
         self.rows = batch  # rows of the state: a row bucket (resize)
         self.loop_compile_s: list[float] = []  # each loop compile waited for, seconds
         # the guess sources' engine-wide memories (guess_memory.py; a GuessMemory kept by
@@ -109,12 +113,13 @@ class DeviceSlots:
         self.positions_S = shape.tokens.shape[1]
         self.stats.count_shape(self.positions_S)
 
-    def loop_args(self, rows: int | None = None, side: int | None = None) -> tuple:
+    def loop_args(self, rows: int | None = None, side: int | None = None, prefix=None) -> tuple:
         """The start program's argument shapes for a state of `rows` rows (default: B),
-        which key its loop (programs.py); side: its prompts' (default: the state's P)."""
+        which key its loop (programs.py); side: its prompts' (default: the state's P);
+        prefix: a CachedPrefix's shapes (a prefill after cached blocks)."""
         R = self.B if rows is None else rows
         rows_of = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((R, *shape), dtype)  # noqa: E731
-        return (
+        args = (
             self.model.params,
             rows_of(self.P if side is None else side),
             rows_of(),
@@ -122,6 +127,10 @@ class DeviceSlots:
             rows_of(2, dtype=jnp.uint32),
             RowSampling.shaped(R),
         )
+        if self.grammars is not None:  # (after the prefix, None without one)
+            table = jax.ShapeDtypeStruct(self.grammars.table.shape, jnp.int32)
+            return (*args, prefix, GrammarRows(rows_of(), table))
+        return args if prefix is None else (*args, prefix)
 
     def grow(self, P: int) -> None:
         """Move to a longer prompt side P: the rows in flight keep decoding in a state
@@ -242,7 +251,7 @@ class DeviceSlots:
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), pool
         )
         prefix = CachedPrefix(pool_like, like(self.P // pool.block), like(), like(side))
-        return self.new_positions, (*self.loop_args(rows), prefix)
+        return self.new_positions, self.loop_args(rows, prefix=prefix)
 
     def _ready(self, pool: kv_pool.KVPool | None):
         """ready(rows, side): whether the start program of a prefill of that shape is
@@ -291,6 +300,9 @@ class DeviceSlots:
         rows = prefill_args.rows(requests, n, P, self.model.mesh)
         if hits is not None:
             rows = (*rows, prefill_args.cached_prefix(P, requests, hits, pool, n, side))
+        if self.grammars is not None:  # (after the prefix: None without one)
+            rows = (*rows, *([None] if hits is None else []))
+            rows = (*rows, prefill_args.grammar_rows(requests, n, self.grammars))
         args = (self.model.params, *rows)
         # (the prompts' own buckets, whatever shape they ran at)
         buckets = [inputs.bucket(len(r.ids)) for r in requests]

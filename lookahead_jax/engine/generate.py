@@ -51,6 +51,8 @@ def generate(
     stream: Callable[[list[list[int]]], None] | None = None,
     steps_per_call: int | None = None,
     logprobs: int | None = None,
+    json_schema=None,
+    regex: str | None = None,
 ) -> GenerationOutput:
     """Generate up to `max_new_tokens` new tokens for each prompt (a batch).
 
@@ -69,7 +71,13 @@ def generate(
         many steps (to notice Ctrl-C); None: only when auto checks its choice, or once.
     logprobs: keep each new token's logprob under the model (its raw logits:
         decoding/logprobs.py) and this many most likely alternatives
-        (GenerationOutput.logprobs); None: none.
+        (GenerationOutput.logprobs); None: none. Under a grammar, the logprobs of the
+        masked distribution the tokens were chosen from.
+    json_schema / regex: structured output (lookahead_jax/grammar): every prompt's answer
+        is JSON valid under the schema (a dict, a JSON string or a pydantic model class),
+        or matches the regex, once it ends with EOS (an answer cut by max_new_tokens is a
+        prefix of one). Each token is chosen from the logits masked by the grammar, in
+        plain and lookahead decoding alike: the same tokens either way.
 
     With several processes (multihost.initialize), each passes its own rows and gets
     them back: together they are one batch, process p's rows after process p - 1's.
@@ -109,7 +117,9 @@ def generate(
             if any(new[mine]):
                 stream(new[mine])
 
-    results, interrupted = engine.run_batch([Request(p, logprobs=logprobs) for p in ids], on_round)
+    grammar = dict(json_schema=json_schema, regex=regex)
+    requests = [Request(p, logprobs=logprobs, **grammar) for p in ids]
+    results, interrupted = engine.run_batch(requests, on_round)
     out = _output(model, engine.stats, results[mine])
     if interrupted:
         raise GenerationInterrupted(out)

@@ -9,9 +9,11 @@ import jax
 import numpy as np
 
 from lookahead_jax.decoding.decode_state import CachedPrefix
+from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs
+from lookahead_jax.engine.grammar_bank import GrammarBank
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.models import kv_pool
 
@@ -74,3 +76,12 @@ def cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int, T: int) -
         rest = r.ids[length_n[i] :]
         suffix_nt[i, : len(rest)] = rest
     return CachedPrefix(pool, blocks_nm, length_n, suffix_nt)
+
+
+def grammar_rows(requests: list[Encoded], n: int, bank: GrammarBank) -> GrammarRows:
+    """The n rows' initial grammar states (FREE for a request without a grammar and for
+    padding rows) and the bank's table."""
+    state_n = np.zeros((n,), np.int32)
+    for i, r in enumerate(requests):
+        state_n[i] = bank.initial_state(r.grammar)
+    return GrammarRows(state_n, bank.table)

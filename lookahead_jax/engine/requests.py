@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from lookahead_jax import grammar
 from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed import multihost
 from lookahead_jax.engine import inputs
 from lookahead_jax.errors import UserInputError
+from lookahead_jax.grammar import TokenAutomaton
 
 FINISHES = ("eos", "length", "stop", "cancelled", "error", "interrupted")
 
@@ -44,6 +46,11 @@ class Request:
     # the same for the prompt's tokens (Result.prompt_logprobs); with them max_new_tokens
     # may be 0 (a prompt scored, nothing generated)
     prompt_logprobs: int | None = None
+    # structured output: the answer is JSON valid under this schema (a dict, a JSON string
+    # or a pydantic model class; grammar/json_schema.py says which keywords), or matches
+    # this regex, whole, when it ends with EOS (one of the two, or neither)
+    json_schema: object = None
+    regex: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +115,8 @@ class Encoded:
     streams: bool = False  # its listener wants tokens as they come (rounds of stream_steps)
     logprobs: int | None = None  # alternatives a token (Request.logprobs)
     prompt_logprobs: int | None = None  # alternatives a prompt token
+    grammar: TokenAutomaton | None = dataclasses.field(default=None, compare=False)  # its
+    # json_schema or regex, compiled (lookahead_jax/grammar)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +205,7 @@ def _encode(model, defaults: Defaults, r: Request, pid, listener, stream) -> Enc
     for name in ("logprobs", "prompt_logprobs"):
         _check_logprobs(what, name, getattr(r, name), defaults.max_logprobs)
     seed, key = (defaults.seed, prompt_key(pid)) if r.seed is None else (r.seed, 0)
+    automaton = _grammar(model, r, what)
     return Encoded(
         id=pid,
         ids=ids,
@@ -208,7 +218,24 @@ def _encode(model, defaults: Defaults, r: Request, pid, listener, stream) -> Enc
         streams=stream,
         logprobs=r.logprobs,
         prompt_logprobs=r.prompt_logprobs,
+        grammar=automaton,
     )
+
+
+def _grammar(model, r: Request, what: str) -> TokenAutomaton | None:
+    """The request's json_schema or regex as an automaton over the model's tokens."""
+    if r.json_schema is None and r.regex is None:
+        return None
+    field = "json_schema" if r.json_schema is not None else "regex"
+    if r.json_schema is not None and r.regex is not None:
+        raise UserInputError(f"{what}: give json_schema or regex, not both", field)
+    if model.tokenizer is None:
+        raise UserInputError(f"{what}: a {field} needs the model's tokenizer", field)
+    vocab = (model.tokenizer.token_bytes(), tuple(model.eos_ids), model.lm.vocab_size)
+    with _about(field):
+        if r.json_schema is not None:
+            return grammar.from_json_schema(r.json_schema, *vocab)
+        return grammar.from_regex(r.regex, *vocab)
 
 
 def _check_logprobs(what: str, name: str, value, limit: int | None) -> None:

@@ -34,6 +34,7 @@ from lookahead_jax.engine import inputs, interrupts
 from lookahead_jax.engine.cached_prefill import CachedPrefill
 from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.device_slots import DeviceSlots
+from lookahead_jax.engine.grammar_bank import GrammarBank
 from lookahead_jax.engine.logprob_window import LogprobWindow
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import PrefixCache
@@ -89,6 +90,7 @@ class Scheduler:
         new_positions: int,
         P: int,
         per_round: bool = False,
+        grammars: GrammarBank | None = None,
     ):
         """config: the engine's settings; kept: what the engine keeps across its runs
         (its guess memory, prefill shapes and prefix cache); stats: where the rounds
@@ -119,11 +121,13 @@ class Scheduler:
             lookahead=lookahead,
             cache_dtype=jnp.dtype(model.dtype).name,
             logprobs=logprobs,
+            grammar=grammars is not None,
         )
         memory = kept.guess_memory if config.shared_guesses else None
         self.device = DeviceSlots(
-            model, self.B, spec, new_positions, P, self.stats, memory, kept.prefill_shapes
-        )
+            model, self.B, spec, new_positions, P, self.stats, memory, kept.prefill_shapes,
+            grammars,
+        )  # fmt: skip
         cache = kept.prefix_cache
         self.prefix = None
         if cache is not None:

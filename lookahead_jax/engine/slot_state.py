@@ -18,10 +18,31 @@ from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.models import kv_cache
 
 
+def _rows(state: DecodeState) -> tuple[DecodeState, object]:
+    """(the state without the grammar table, the table): the table is the one leaf that
+    is not per row (grammar_rows.py); the edits below map every other leaf by rows."""
+    if state.grammar is None:
+        return state, None
+    table = state.grammar.table_gv
+    return dataclasses.replace(
+        state, grammar=dataclasses.replace(state.grammar, table_gv=None)
+    ), table
+
+
+def _with_table(state: DecodeState, table) -> DecodeState:
+    if table is None:
+        return state
+    return dataclasses.replace(state, grammar=dataclasses.replace(state.grammar, table_gv=table))
+
+
 def insert(state: DecodeState, fresh: DecodeState, slots_n) -> DecodeState:
     """The B-row `state` with its rows `slots_n` [n] replaced by the n rows of `fresh` (a
-    prefill of n prompts), every field; a slot index >= B (a padding row) writes nothing."""
-    return jax.tree.map(lambda big, small: big.at[slots_n].set(small, mode="drop"), state, fresh)
+    prefill of n prompts), every field; a slot index >= B (a padding row) writes nothing.
+    The grammar table becomes fresh's (the engine's bank only grows: it holds the old
+    rows' grammars too)."""
+    (state, _), (fresh, table) = _rows(state), _rows(fresh)
+    edited = jax.tree.map(lambda big, small: big.at[slots_n].set(small, mode="drop"), state, fresh)
+    return _with_table(edited, table)
 
 
 def retire(state: DecodeState, retired_b) -> DecodeState:
@@ -75,7 +96,8 @@ def take_rows(state: DecodeState, index_r, keep_r) -> DecodeState:
     new row bucket's state (row_buckets.py): live rows gathered into fewer rows, or the
     rows padded to more. One gather of the whole state: a resize costs a copy of the
     rows kept, once, not a copy a step."""
-    taken = jax.tree.map(lambda x: x[index_r], state)
+    state, table = _rows(state)
+    taken = _with_table(jax.tree.map(lambda x: x[index_r], state), table)
     done = taken.done | ~keep_r
     return dataclasses.replace(taken, done=done, sampling=_greedy_where(done, taken.sampling))
 
@@ -83,7 +105,8 @@ def take_rows(state: DecodeState, index_r, keep_r) -> DecodeState:
 def empty_slots(fresh: DecodeState, batch: int) -> DecodeState:
     """A B-row state of `fresh`'s shapes (but its number of rows) whose every slot is done
     (nothing decodes)."""
-    state = jax.tree.map(lambda x: jnp.repeat(x[:1], batch, axis=0), fresh)
+    fresh, table = _rows(fresh)
+    state = _with_table(jax.tree.map(lambda x: jnp.repeat(x[:1], batch, axis=0), fresh), table)
     done = jnp.ones((batch,), bool)
     return dataclasses.replace(state, done=done, sampling=_greedy_where(done, state.sampling))
 

@@ -108,12 +108,13 @@ def check(schema, path: str = "$") -> None:
 
 
 def to_regex(schema) -> tuple[str, str]:
-    """(the canonical JSON text of the schema, the regex its answers match)."""
+    """(the schema's JSON text, the regex its answers match; properties in the schema's
+    order, which the answers follow)."""
     from outlines_core.json_schema import build_regex_from_schema
 
     schema = as_schema(schema)
     check(schema)
-    text = json.dumps(schema, sort_keys=True)
+    text = json.dumps(schema)
     try:
         return text, build_regex_from_schema(text, "")
     except (ValueError, TypeError) as e:

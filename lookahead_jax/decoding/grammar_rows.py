@@ -1,0 +1,71 @@
+"""Structured output on the device: each row's state in its grammar, and the table of the
+grammars' automata it reads (lookahead_jax/grammar/: a TokenAutomaton each, placed at an
+offset of one table by the engine's GrammarBank).
+
+Every token a constrained row chooses comes from logits masked by its state — the
+prefill's first token, a plain step's, and in a lookahead step the input's row and every
+draft node's row, each node in the state its path reaches — and the state then follows the
+emitted tokens (decode_state.emit). A guess the grammar forbids can never match the
+token chosen before it, so it is never accepted: constrained lookahead emits exactly the
+tokens of constrained plain decoding, greedy and sampled alike.
+
+    state_b   [B] int32     row b's state: a row of the table; FREE (0) for a row with no
+                            grammar (row 0 allows every token and leads back to itself)
+    table_gv  [G, V] int32  the state after token v in state g; -1: v is not allowed in g
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+FREE = 0  # the state of a row without a grammar: table row 0 allows everything
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class GrammarRows:
+    """The rows' grammar states and the table (module docstring). `table_gv` is not
+    per row: the slot edits (engine/slot_state.py) keep it whole."""
+
+    state_b: Int[Array, " B"]
+    table_gv: Int[Array, "G V"]
+
+
+def next_states(table_gv, state_x, token_x):
+    """The state after token_x in state_x (same shapes); -1 where the token is not allowed
+    or the state already was -1."""
+    nxt = table_gv[jnp.maximum(state_x, 0), token_x]
+    return jnp.where(state_x >= 0, nxt, -1)
+
+
+def mask(logits_brv, state_br, table_gv):
+    """The logits with the tokens each row's state forbids at the lowest value (a state of
+    -1, a draft node whose own token was forbidden, masks as FREE: its row never decides
+    an emitted token)."""
+    allowed_brv = table_gv[jnp.maximum(state_br, FREE)] >= 0
+    return jnp.where(allowed_brv, logits_brv, jnp.finfo(logits_brv.dtype).min)
+
+
+def advance(rows: GrammarRows, new_be, count_b) -> GrammarRows:
+    """The rows after emitting their first count_b [B] of the tokens new_be [B, E]."""
+    state_b = rows.state_b
+    for e in range(new_be.shape[1]):
+        state_b = jnp.where(e < count_b, next_states(rows.table_gv, state_b, new_be[:, e]), state_b)
+    return dataclasses.replace(rows, state_b=state_b)
+
+
+def node_states(rows: GrammarRows, tokens_bz, parent_bz, depth: int):
+    """[B, Z]: the state each draft node's path reaches (its parent's state, the row's for
+    a child of the input (parent < 0), followed by its token), -1 once a token on the path
+    is forbidden. Parents come before children, so `depth` rounds settle every node."""
+    root_b = rows.state_b[:, None]
+    states_bz = jnp.full(tokens_bz.shape, -1, jnp.int32)
+    for _ in range(depth):
+        parent_state = jnp.take_along_axis(states_bz, jnp.maximum(parent_bz, 0), axis=1)
+        parent_state = jnp.where(parent_bz < 0, root_b, parent_state)
+        states_bz = next_states(rows.table_gv, parent_state, tokens_bz)
+    return states_bz

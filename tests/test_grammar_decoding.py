@@ -1,0 +1,111 @@
+"""Structured output in the decode (decoding/grammar_rows.py, engine/grammar_bank.py):
+under a grammar, lookahead emits exactly the tokens of plain decoding under the same
+grammar (float64 tiny model with a character tokenizer, greedy and sampled), every answer
+stays inside the grammar, and rows with and without grammars share a batch unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import pytest
+
+import lookahead_jax as lj
+from lookahead_jax import grammar
+from tests.helpers import accepted_guesses
+
+PROMPTS = ["say ab", "the cat", "x", "ba ba ba"]
+MAX_NEW = 24
+REGEX = r"[abc]{2,9}( [abc]{1,5}){0,4}\."
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "k": {"enum": ["ab", "ba"]},
+        "n": {"type": "boolean"},
+        "s": {"type": "string", "maxLength": 5},
+    },
+    "required": ["k", "n"],
+}
+GRAMMARS = {"regex": dict(regex=REGEX), "json_schema": dict(json_schema=SCHEMA)}
+
+
+@pytest.fixture(scope="module")
+def model64(tiny_text_ckpt):
+    with jax.enable_x64(True):
+        yield lj.load(tiny_text_ckpt, dtype="float64")
+
+
+def automaton(model, kind) -> grammar.TokenAutomaton:
+    args = (model.tokenizer.token_bytes(), tuple(model.eos_ids), model.lm.vocab_size)
+    if kind == "regex":
+        return grammar.from_regex(REGEX, *args)
+    return grammar.from_json_schema(SCHEMA, *args)
+
+
+def check_inside(model, kind, token_ids) -> None:
+    """Each answer is a prefix of a match, a whole one when it ended before its budget
+    (with EOS)."""
+    a = automaton(model, kind)
+    for ids in token_ids:
+        assert a.walk(ids) >= 0, model.tokenizer.decode(ids)
+        if len(ids) < MAX_NEW:
+            assert a.accepts(ids), model.tokenizer.decode(ids)
+            text = model.tokenizer.decode(ids)
+            if kind == "json_schema":
+                import jsonschema
+
+                jsonschema.validate(json.loads(text), SCHEMA)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("kind", ["regex", "json_schema"])
+def test_constrained_lookahead_equals_constrained_plain(model64, kind, temperature):
+    kw = dict(max_new_tokens=MAX_NEW, temperature=temperature, seed=3, **GRAMMARS[kind])
+    with jax.enable_x64(True):
+        plain = lj.generate(model64, PROMPTS, lookahead=None, **kw)
+        la = lj.generate(model64, PROMPTS, lookahead=lj.LookaheadConfig.for_tokens(8), **kw)
+    assert la.token_ids == plain.token_ids
+    check_inside(model64, kind, plain.token_ids)
+    assert any(len(ids) < MAX_NEW for ids in plain.token_ids)  # some ended with EOS
+    assert accepted_guesses(la.stats) > 0  # not vacuous: guesses were accepted
+    assert sum(la.steps) < sum(plain.steps)
+
+
+def test_rows_with_and_without_grammars_share_a_batch(model64):
+    """One engine batch: a regex row, a schema row and two free rows; each row's tokens
+    are those of its own decode alone (greedy, lookahead and plain)."""
+    requests = [
+        lj.Request(PROMPTS[0], regex=REGEX),
+        lj.Request(PROMPTS[1]),
+        lj.Request(PROMPTS[2], json_schema=SCHEMA),
+        lj.Request(PROMPTS[3]),
+    ]
+    alone = {
+        0: dict(regex=REGEX),
+        1: {},
+        2: dict(json_schema=SCHEMA),
+        3: {},
+    }
+    with jax.enable_x64(True):
+        want = [
+            lj.generate(
+                model64, [PROMPTS[i]], max_new_tokens=MAX_NEW, lookahead=None, **kw
+            ).token_ids[0]
+            for i, kw in alone.items()
+        ]
+        for la in (None, lj.LookaheadConfig.for_tokens(8)):
+            engine = lj.Engine(model64, batch=4, max_new_tokens=MAX_NEW, lookahead=la)
+            got = {r.id: r.token_ids for r in engine.run(requests)}
+            assert [got[i] for i in range(4)] == want, la
+    check_inside(model64, "regex", [want[0]])
+    check_inside(model64, "json_schema", [want[2]])
+
+
+def test_bad_grammars_are_refused_before_decoding(model64):
+    with pytest.raises(lj.UserInputError, match="not both"):
+        lj.generate(model64, ["x"], max_new_tokens=4, regex="a", json_schema={"type": "string"})
+    with pytest.raises(lj.UserInputError, match=r"\$\.minimum"):
+        lj.generate(model64, ["x"], max_new_tokens=4, json_schema={"type": "integer", "minimum": 1})
+    engine = lj.Engine(model64, batch=2, max_new_tokens=4, lookahead=None)
+    with pytest.raises(lj.UserInputError, match="offline runs"):
+        engine.submit(lj.Request("x", regex="a+"))
