@@ -52,6 +52,33 @@ def test_forced_runs_stop_where_the_grammar_branches_or_ends():
     assert a.forced(a.advance(a.initial, 7), 10) == [8, 9, 8, 13, 11, 12]  # after '{' alone
 
 
+def test_the_fixed_text_ahead_and_its_tokens():
+    """grammar/fixed_text.py: the bytes every answer writes next, then their tokens as an
+    encoder writes them (here longest match first), as far as the automaton allows."""
+    from lookahead_jax.grammar import fixed_text
+
+    a = toy('\\{"a":1\\}')
+    assert fixed_text.fixed_bytes(a, TOY, a.initial) == b'{"a":1}'
+    after_one = a.walk([10, 11])  # '{"a":', '1'
+    assert fixed_text.fixed_bytes(a, TOY, after_one) == b"}"
+    assert fixed_text.fixed_bytes(toy("(yes|no)"), TOY, 0) == b""  # y or n: nothing fixed
+
+    def longest_first(text: bytes) -> list[int]:
+        out = []
+        while text:
+            t = max(
+                (i for i, b in enumerate(TOY) if b and text.startswith(b)),
+                key=lambda i: len(TOY[i]),
+            )
+            out.append(t)
+            text = text[len(TOY[t]) :]
+        return out
+
+    chains = fixed_text.chains(a, TOY, longest_first, 4)
+    assert chains[a.initial].tolist() == [10, 11, 12, -1]
+    assert chains[after_one].tolist() == [12, -1, -1, -1]
+
+
 @pytest.fixture(scope="module")
 def smol(smollm2_ckpt):
     """SmolLM2's tokenizer: its tokens' bytes, EOS ids and vocabulary size."""

@@ -69,6 +69,8 @@ def test_constrained_lookahead_equals_constrained_plain(model64, kind, temperatu
     assert any(len(ids) < MAX_NEW for ids in plain.token_ids)  # some ended with EOS
     assert accepted_guesses(la.stats) > 0  # not vacuous: guesses were accepted
     assert sum(la.steps) < sum(plain.steps)
+    if kind == "json_schema":  # the schema's fixed text was guessed, and paid
+        assert la.stats.sources["grammar"].tokens > 0, la.stats.sources
 
 
 def test_rows_with_and_without_grammars_share_a_batch(model64):

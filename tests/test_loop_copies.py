@@ -49,7 +49,8 @@ def decode_loop(
     args = (model.params, rows(PROMPT), rows(), rows(), rows(2, dtype=jnp.uint32), sampling)
     if grammar:
         table = jax.ShapeDtypeStruct((16, model.lm.vocab_size), jnp.int32)
-        args = (*args, None, GrammarRows(rows(), table))
+        chains = jax.ShapeDtypeStruct((16, 8), jnp.int32)
+        args = (*args, None, GrammarRows(rows(), table, chains))
     exe, _ = programs.compiled(model, spec, CAP, args, name)
     return exe, spec, args
 

@@ -12,6 +12,9 @@ tokens of constrained plain decoding, greedy and sampled alike.
     state_b   [B] int32     row b's state: a row of the table; FREE (0) for a row with no
                             grammar (row 0 allows every token and leads back to itself)
     table_gv  [G, V] int32  the state after token v in state g; -1: v is not allowed in g
+    chains_gl [G, L] int32  the tokens of the text the grammar fixes ahead of state g, as
+                            the tokenizer writes it (-1 after): a lookahead step's guesses
+                            (grammar/fixed_text.py, guesses/grammar_source.py)
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ FREE = 0  # the state of a row without a grammar: table row 0 allows everything
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class GrammarRows:
-    """The rows' grammar states and the table (module docstring). `table_gv` is not
-    per row: the slot edits (engine/slot_state.py) keep it whole."""
+    """The rows' grammar states and the tables (module docstring). The tables are not per
+    row: the slot edits (engine/slot_state.py) keep them whole."""
 
     state_b: Int[Array, " B"]
     table_gv: Int[Array, "G V"]
+    chains_gl: Int[Array, "G L"]
 
 
 def next_states(table_gv, state_x, token_x):
@@ -56,6 +60,11 @@ def advance(rows: GrammarRows, new_be, count_b) -> GrammarRows:
     for e in range(new_be.shape[1]):
         state_b = jnp.where(e < count_b, next_states(rows.table_gv, state_b, new_be[:, e]), state_b)
     return dataclasses.replace(rows, state_b=state_b)
+
+
+def chains(rows: GrammarRows):
+    """[B, L]: each row's guess, the tokens of the text its grammar fixes next (-1 after)."""
+    return rows.chains_gl[jnp.maximum(rows.state_b, FREE)]
 
 
 def node_states(rows: GrammarRows, tokens_bz, parent_bz, depth: int):

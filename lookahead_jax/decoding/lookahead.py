@@ -149,6 +149,7 @@ def propose(
         prev=prev_b,
         active=~state.done,
         sampler=sampler,
+        grammar=None if state.grammar is None else grammar_rows.chains(state.grammar),
     )
     parts = []
     for j, (source, own) in enumerate(zip(config.sources, state.draft.sources, strict=True)):

@@ -15,15 +15,32 @@ import numpy as np
 
 from lookahead_jax.decoding.grammar_rows import FREE
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.grammar import MAX_TABLE_BYTES, TokenAutomaton
+from lookahead_jax.grammar import MAX_TABLE_BYTES, TokenAutomaton, fixed_text
 
 MIN_ROWS = 16  # the smallest table (G), rows
+CHAIN = 8  # tokens of fixed text guessed from a state (grammar/fixed_text.py)
+_CHAINS: dict = {}  # id(automaton.next_sv) -> (its arrays, chains [S, CHAIN]): made once
+
+
+def _chains(a: TokenAutomaton, tokenizer) -> np.ndarray:
+    """The automaton's fixed-text guesses from every state (kept with the automaton)."""
+    known = _CHAINS.get(id(a.next_sv))
+    if known is None or known[0] is not a.next_sv:
+        if len(_CHAINS) > 64:
+            _CHAINS.clear()
+
+        def encode(text: bytes) -> list[int]:
+            return tokenizer.encode(text.decode("utf-8", "ignore"), add_special_tokens=False)
+
+        known = (a.next_sv, fixed_text.chains(a, tokenizer.token_bytes(), encode, CHAIN))
+        _CHAINS[id(a.next_sv)] = known
+    return known[1]
 
 
 class GrammarBank:
     """The automata of a run, placed (module docstring); `table` [G, V] int32 on the host."""
 
-    def __init__(self, automata: list[TokenAutomaton], vocab_size: int):
+    def __init__(self, automata: list[TokenAutomaton], vocab_size: int, tokenizer=None):
         distinct: dict[int, TokenAutomaton] = {}
         for a in automata:
             distinct.setdefault(id(a.next_sv), a)  # (the compile cache shares arrays)
@@ -38,14 +55,17 @@ class GrammarBank:
             )
         table = np.full((G, vocab_size), -1, np.int32)
         table[FREE] = FREE
+        chains = np.full((G, CHAIN), -1, np.int32)  # FREE's: none
         self.offsets: dict[int, int] = {}
         at = 1
         for key, a in distinct.items():
             block = a.next_sv
             table[at : at + a.states, : block.shape[1]] = np.where(block >= 0, block + at, -1)
+            if tokenizer is not None:
+                chains[at : at + a.states] = _chains(a, tokenizer)
             self.offsets[key] = at
             at += a.states
-        self.table = table
+        self.table, self.chains = table, chains
 
     @classmethod
     def for_run(cls, encoded, model, lookahead) -> GrammarBank | None:
@@ -60,7 +80,7 @@ class GrammarBank:
                 "structured output cannot run with verify_window=True (the window's own "
                 "paths are not masked by the grammar)"
             )
-        return cls(automata, model.lm.vocab_size)
+        return cls(automata, model.lm.vocab_size, model.tokenizer)
 
     @staticmethod
     def refuse_online(encoded, name: str) -> None:

@@ -30,7 +30,7 @@ from lookahead_jax.decoding import autotune
 from lookahead_jax.decoding.decode_state import DecodeSpec
 from lookahead_jax.decoding.guess_memory import GuessMemory
 from lookahead_jax.distributed import multihost
-from lookahead_jax.engine import inputs, interrupts
+from lookahead_jax.engine import grammar_bank, inputs, interrupts
 from lookahead_jax.engine.cached_prefill import CachedPrefill
 from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.device_slots import DeviceSlots
@@ -114,6 +114,8 @@ class Scheduler:
             else:
                 auto = autotune.AutoRun(model, config.sampling, limit, batch=self.B)
             lookahead = auto.config
+        if grammars is not None and lookahead is not None:  # the grammars' fixed text: guesses
+            lookahead = dataclasses.replace(lookahead, grammar_guess=grammar_bank.CHAIN)
         spec = DecodeSpec(
             lm=model.lm,
             eos_ids=tuple(model.eos_ids),

@@ -19,20 +19,21 @@ from lookahead_jax.models import kv_cache
 
 
 def _rows(state: DecodeState) -> tuple[DecodeState, object]:
-    """(the state without the grammar table, the table): the table is the one leaf that
-    is not per row (grammar_rows.py); the edits below map every other leaf by rows."""
+    """(the state without the grammar tables, the tables): the one part that is not per
+    row (grammar_rows.py); the edits below map every other leaf by rows."""
     if state.grammar is None:
         return state, None
-    table = state.grammar.table_gv
-    return dataclasses.replace(
-        state, grammar=dataclasses.replace(state.grammar, table_gv=None)
-    ), table
+    g = state.grammar
+    rows = dataclasses.replace(g, table_gv=None, chains_gl=None)
+    return dataclasses.replace(state, grammar=rows), (g.table_gv, g.chains_gl)
 
 
-def _with_table(state: DecodeState, table) -> DecodeState:
-    if table is None:
+def _with_table(state: DecodeState, tables) -> DecodeState:
+    if tables is None:
         return state
-    return dataclasses.replace(state, grammar=dataclasses.replace(state.grammar, table_gv=table))
+    table_gv, chains_gl = tables
+    grammar = dataclasses.replace(state.grammar, table_gv=table_gv, chains_gl=chains_gl)
+    return dataclasses.replace(state, grammar=grammar)
 
 
 def insert(state: DecodeState, fresh: DecodeState, slots_n) -> DecodeState:

@@ -7,11 +7,13 @@ by the field names of the settings listed here, and its measured layouts (LAYOUT
 only the knobs of the sources listed.
 """
 
+from lookahead_jax.guesses.grammar_source import GrammarSettings
 from lookahead_jax.guesses.ngram_pool import PoolSettings
 from lookahead_jax.guesses.suffix_match import SuffixSettings
 from lookahead_jax.guesses.token_recycling import RecyclingSettings
 
 BUILT_IN = (
+    GrammarSettings,
     PoolSettings,
     SuffixSettings,
     RecyclingSettings,
