@@ -21,6 +21,9 @@ stops the job instead of being ignored):
     temperature     a finite number >= 0                              } mode reads them;
     top_k           an integer >= 0 (0: off)                          } training and the
     top_p           a number in (0, 1]                                } benchmarks do not
+    json_schema     structured output: a JSON schema (an object) the  }
+                    answer must be valid under (docs/engine.md)        }
+    regex           ... or a regex the answer must match (a string)    }
 
 Blank lines are skipped. Every line is checked before any is used; the first bad one
 raises `UserInputError("FILE line N: what is wrong")` (`line_error`, which the callers
@@ -36,7 +39,7 @@ from lookahead_jax.errors import UserInputError
 
 PROMPT_KEYS = ("prompt", "messages", "turns")
 KEYS = ("id", "question_id", "category", "reference", *PROMPT_KEYS)
-KEYS += ("max_new_tokens", "temperature", "top_k", "top_p")
+KEYS += ("max_new_tokens", "temperature", "top_k", "top_p", "json_schema", "regex")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,8 @@ class PromptRecord:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    json_schema: dict | None = None
+    regex: str | None = None
 
 
 def line_error(name: str, number: int, what: str) -> UserInputError:
@@ -116,6 +121,8 @@ def _record(raw: str, number: int) -> PromptRecord:
         temperature=obj.get("temperature"),
         top_k=obj.get("top_k"),
         top_p=obj.get("top_p"),
+        json_schema=obj.get("json_schema"),
+        regex=obj.get("regex"),
     )
 
 
@@ -164,3 +171,10 @@ def _check_settings(obj: dict) -> None:
     p = obj.get("top_p")
     if p is not None and not (_number(p) and 0 < p <= 1):
         raise UserInputError(f"top_p must be a number in (0, 1], got {p!r}")
+    schema, regex = obj.get("json_schema"), obj.get("regex")
+    if schema is not None and not isinstance(schema, dict):
+        raise UserInputError(f"json_schema must be a JSON object (a schema), got {schema!r}")
+    if regex is not None and not (isinstance(regex, str) and regex):
+        raise UserInputError(f"regex must be a non-empty string, got {regex!r}")
+    if schema is not None and regex is not None:
+        raise UserInputError("give json_schema or regex, not both")

@@ -42,6 +42,8 @@ def ids_of(text: str) -> list:
         ('{"messages": [{"role": "user"}]}\n', "messages[0] must be"),
         ('{"id": "haiku", "prompt": "again"}\n', "used again (first on line 1)"),
         ('{"prompt": "' + "word " * 9000 + '"}\n', "exceeds the model's context"),
+        ('{"prompt": "x", "json_schema": "nope"}\n', "json_schema must be a JSON object"),
+        ('{"prompt": "x", "regex": "a", "json_schema": {}}\n', "not both"),
     ],
 )
 def test_bad_line_exits_2_naming_it_and_leaves_output_untouched(
@@ -162,3 +164,53 @@ def test_ctrl_c_before_the_first_result_leaves_no_output_file(
     assert generate.main(argv) == 130
     assert "0 of 4 prompts written" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_lines_with_their_own_grammars(tiny_text_ckpt, tmp_path, capsys):
+    """A line's "regex" or "json_schema" holds its answer to it (docs/engine.md), beside
+    lines with none, in one run."""
+    import re
+
+    regex = r"[ab]{2,6}\."
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    lines = [
+        {"id": "r", "prompt": "say ab", "regex": regex, "max_new_tokens": 12},
+        {"id": "free", "prompt": "anything"},
+        {"id": "j", "prompt": "json please", "json_schema": schema, "max_new_tokens": 16},
+    ]
+    prompts, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_lines(prompts, lines)
+    code = generate.main(
+        ["--ckpt", str(tiny_text_ckpt), "--prompts", str(prompts), "--output", str(out), *ARGS]
+    )
+    assert code == 0, capsys.readouterr().err
+    got = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert got["r"]["finish"] == "eos" and re.fullmatch(regex, got["r"]["text"]), got["r"]
+    assert got["j"]["finish"] == "eos" and json.loads(got["j"]["text"]) in (
+        {"ok": True},
+        {"ok": False},
+    ), got["j"]
+
+
+def test_a_single_prompt_with_a_grammar_and_bad_schemas_before_loading(
+    tiny_text_ckpt, tmp_path, capsys
+):
+    import re
+
+    args = ["--ckpt", str(tiny_text_ckpt), "--prompt", "x", "--max-new-tokens", "12", "--json"]
+    code = generate.main([*args, "--no-lookahead", "--regex", r"[ab]{2,6}\."])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    record = json.loads(captured.out)
+    assert re.fullmatch(r"[ab]{2,6}\.", record["text"]), record
+    schema_file = tmp_path / "s.json"
+    schema_file.write_text('{"type": "integer", "minimum": 1}')
+    for bad, needle in (
+        ('{"type": "integer", "minimum": 1}', r"$.minimum ('minimum') is not supported"),
+        (str(schema_file), r"$.minimum ('minimum') is not supported"),
+        ("{not json", "not valid JSON"),
+        (str(tmp_path / "missing.json"), "missing.json"),
+    ):
+        code = generate.main(["--ckpt", "/nonexistent", "--prompt", "x", "--json-schema", bad])
+        err = capsys.readouterr().err
+        assert code == 2 and needle in err, err

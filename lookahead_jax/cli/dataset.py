@@ -45,6 +45,8 @@ class Line:
     temperature: float | None
     top_k: int | None
     top_p: float | None
+    json_schema: dict | None = None
+    regex: str | None = None
 
 
 def read_prompts(
@@ -62,7 +64,8 @@ def read_prompts(
             inputs.check_context(max_context, len(ids), r.max_new_tokens or max_new_tokens)
         except UserInputError as e:
             raise prompts_jsonl.line_error(name, r.number, str(e)) from None
-        out.append(Line(r.id, ids, r.max_new_tokens, r.temperature, r.top_k, r.top_p))
+        settings = (r.max_new_tokens, r.temperature, r.top_k, r.top_p, r.json_schema, r.regex)
+        out.append(Line(r.id, ids, *settings))
     return out
 
 
@@ -176,8 +179,15 @@ def run(args, config, info, mesh_sizes, t_start: float) -> int:
     engine = lj.Engine(model, config)
     requests = [
         lj.Request(
-            line.token_ids, line.id, line.max_new_tokens, line.temperature, line.top_k, line.top_p
-        )
+            line.token_ids,
+            line.id,
+            line.max_new_tokens,
+            line.temperature,
+            line.top_k,
+            line.top_p,
+            json_schema=line.json_schema,
+            regex=line.regex,
+        )  # fmt: skip
         for line in todo
     ]
     results = engine.run(requests)  # checks every request before the output is touched

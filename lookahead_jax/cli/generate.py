@@ -125,6 +125,16 @@ def build_parser(prog: str = "python -m lookahead_jax.generate") -> argparse.Arg
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--json-schema",
+        metavar="SCHEMA",
+        help="structured output: the answer is JSON valid under this schema (a file, or the "
+        'schema inline: \'{"type": "object", ...}\'; docs/engine.md says which keywords)',
+    )
+    shape.add_argument(
+        "--regex", help="structured output: the answer matches this regular expression, whole"
+    )
     p.add_argument(
         "--dtype",
         default="float32",
@@ -197,6 +207,23 @@ def _read_prompt(args) -> str:
     return text
 
 
+def _read_schema(value: str | None) -> dict | None:
+    """--json-schema: inline JSON, or a file holding it; checked for what the grammar can
+    enforce now, before the weights load (grammar/json_schema.py)."""
+    if value is None:
+        return None
+    from lookahead_jax.grammar import json_schema
+
+    text = (
+        value
+        if value.lstrip().startswith("{")
+        else read_user_file(value, "--json-schema", "a JSON file")
+    )
+    schema = json_schema.as_schema(text)
+    json_schema.check(schema)
+    return schema
+
+
 def _sampling(args) -> dict:
     """The sampling flags as keyword arguments of lj.generate / lj.Engine."""
     return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -239,6 +266,12 @@ def _validate(args):
                 raise UserInputError(f"--{flag} is for dataset mode: give --prompts IN.jsonl too")
     resolve_dtype(args.dtype)
     check_weights(args.weights)
+    args.json_schema = _read_schema(args.json_schema)
+    if args.prompts is not None and (args.json_schema is not None or args.regex is not None):
+        raise UserInputError(
+            "--json-schema and --regex are for a single prompt: in dataset mode give each "
+            'line its own "json_schema" or "regex"'
+        )
     config = EngineConfig(
         batch=1 if args.prompts is None else args.batch,
         max_new_tokens=args.max_new_tokens,
@@ -339,6 +372,7 @@ def _run(args, t_start: float) -> int:
         sys.stdout.flush()
 
     kwargs = dict(max_new_tokens=args.max_new_tokens, lookahead=config.lookahead, **_sampling(args))
+    kwargs.update(json_schema=args.json_schema, regex=args.regex)
     interrupted = False
     try:
         if printer is not None:
