@@ -178,3 +178,11 @@ def _check_settings(obj: dict) -> None:
         raise UserInputError(f"regex must be a non-empty string, got {regex!r}")
     if schema is not None and regex is not None:
         raise UserInputError("give json_schema or regex, not both")
+    if schema is not None:  # what the grammar can enforce, before anything loads
+        from lookahead_jax.grammar import json_schema
+
+        json_schema.check(schema)
+    if regex is not None:
+        from lookahead_jax.grammar import check_regex
+
+        check_regex(regex)

@@ -44,6 +44,8 @@ def ids_of(text: str) -> list:
         ('{"prompt": "' + "word " * 9000 + '"}\n', "exceeds the model's context"),
         ('{"prompt": "x", "json_schema": "nope"}\n', "json_schema must be a JSON object"),
         ('{"prompt": "x", "regex": "a", "json_schema": {}}\n', "not both"),
+        ('{"prompt": "x", "json_schema": {"minimum": 1}}\n', "$.minimum ('minimum') is not"),
+        ('{"prompt": "x", "regex": "(a"}\n', "not a valid regular expression"),
     ],
 )
 def test_bad_line_exits_2_naming_it_and_leaves_output_untouched(

@@ -201,6 +201,11 @@ def test_a_pydantic_model_is_its_schema(smol):
         ({"type": "string", "format": "ipv4"}, r"\$\.format 'ipv4' is not supported"),
         ({"type": "strng"}, r"unknown types \['strng'\]"),
         ({"anyOf": []}, r"\$\.anyOf must be a non-empty list"),
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, r"\$\.oneOf \('oneOf'\)"),
+        (
+            {"type": "object", "properties": {"a": {"type": "null"}}, "required": ["b"]},
+            r"\$\.required must list names of \$\.properties",
+        ),
         ('{"type": "object",', "not valid JSON"),
         ([1, 2], "must be an object"),
     ],

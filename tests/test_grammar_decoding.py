@@ -103,6 +103,18 @@ def test_rows_with_and_without_grammars_share_a_batch(model64):
     check_inside(model64, "json_schema", [want[2]])
 
 
+def test_the_grammar_guesses_fit_the_layout():
+    """A run with grammars turns the grammar source on: no deeper than a fixed tree holds,
+    so the step's size is unchanged; a layout that sets it keeps its own."""
+    from lookahead_jax.engine.grammar_bank import CHAIN, with_guesses
+
+    for T in (2, 16):
+        la = lj.LookaheadConfig.for_tokens(T)
+        on = with_guesses(la, 2048)
+        assert on.grammar_guess == min(CHAIN, la.tree) and on.tokens_per_step == T
+        assert "grammar" in on.source_names
+
+
 def test_bad_grammars_are_refused_before_decoding(model64):
     with pytest.raises(lj.UserInputError, match="not both"):
         lj.generate(model64, ["x"], max_new_tokens=4, regex="a", json_schema={"type": "string"})

@@ -267,6 +267,10 @@ def _validate(args):
     resolve_dtype(args.dtype)
     check_weights(args.weights)
     args.json_schema = _read_schema(args.json_schema)
+    if args.regex is not None:
+        from lookahead_jax.grammar import check_regex
+
+        check_regex(args.regex)
     if args.prompts is not None and (args.json_schema is not None or args.regex is not None):
         raise UserInputError(
             "--json-schema and --regex are for a single prompt: in dataset mode give each "

@@ -4,12 +4,14 @@ rows with no grammar); each distinct automaton (grammar/automaton.py) follows at
 offset, its states and next states shifted by it, its forbidden tokens still -1.
 
 Worked example: automata A (3 states) and B (2 states) over V tokens make a table of
-1 + 3 + 2 = 6 rows, padded to G = 16 (a power of two, so that few program shapes meet):
+1 + 3 + 2 = 6 rows, padded to G = 16 (a multiple of ROWS_STEP, so that few program shapes meet):
 A at offset 1, B at 4; a row under B starts in state 4 + B.initial, and A's
 next_sv[s, v] = t becomes table[1 + s, v] = 1 + t.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -17,7 +19,7 @@ from lookahead_jax.decoding.grammar_rows import FREE
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.grammar import MAX_TABLE_BYTES, TokenAutomaton, fixed_text
 
-MIN_ROWS = 16  # the smallest table (G), rows
+ROWS_STEP = 16  # G is a multiple of this (few program shapes; a grammar's own bound holds)
 CHAIN = 8  # tokens of fixed text guessed from a state (grammar/fixed_text.py)
 _CHAINS: dict = {}  # id(automaton.next_sv) -> (its arrays, chains [S, CHAIN]): made once
 
@@ -45,11 +47,11 @@ class GrammarBank:
         for a in automata:
             distinct.setdefault(id(a.next_sv), a)  # (the compile cache shares arrays)
         used = 1 + sum(a.states for a in distinct.values())
-        G = max(MIN_ROWS, 1 << (used - 1).bit_length())
-        if G * vocab_size * 4 > MAX_TABLE_BYTES:
+        G = -(-used // ROWS_STEP) * ROWS_STEP
+        if G * vocab_size * 4 > MAX_TABLE_BYTES + ROWS_STEP * vocab_size * 4:
             raise UserInputError(
-                f"the run's grammars make {used} automaton states together, a table of "
-                f"{G * vocab_size * 4 / 2**20:.0f} MiB, over the bound of "
+                f"the run's {len(distinct)} distinct grammars make {used} automaton states "
+                f"together, a table of {G * vocab_size * 4 / 2**20:.0f} MiB, over the bound of "
                 f"{MAX_TABLE_BYTES / 2**20:.0f} MiB (lookahead_jax.grammar.MAX_TABLE_BYTES): "
                 "run fewer distinct grammars at once"
             )
@@ -66,6 +68,7 @@ class GrammarBank:
             self.offsets[key] = at
             at += a.states
         self.table, self.chains = table, chains
+        self._on_device = None
 
     @classmethod
     def for_run(cls, encoded, model, lookahead) -> GrammarBank | None:
@@ -93,8 +96,26 @@ class GrammarBank:
                 request=name,
             )
 
+    def on_device(self):
+        """(table, chains) as device arrays, put there once (a prefill passes them)."""
+        if self._on_device is None:
+            import jax.numpy as jnp
+
+            self._on_device = (jnp.asarray(self.table), jnp.asarray(self.chains))
+        return self._on_device
+
     def initial_state(self, automaton: TokenAutomaton | None) -> int:
         """The state a row under `automaton` starts in (FREE for None)."""
         if automaton is None:
             return FREE
         return self.offsets[id(automaton.next_sv)] + automaton.initial
+
+
+def with_guesses(lookahead, max_context: int):
+    """`lookahead` (a LookaheadConfig) with the grammar source on: up to CHAIN tokens a
+    step, no deeper than its tree holds (a fixed tree: the chain competes for its nodes;
+    without one it adds nodes, so the step is checked against the context again)."""
+    length = CHAIN if lookahead.tree is None else max(1, min(CHAIN, lookahead.tree))
+    config = dataclasses.replace(lookahead, grammar_guess=length)
+    config.check_fits(max_context)
+    return config

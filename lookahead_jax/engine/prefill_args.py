@@ -84,4 +84,4 @@ def grammar_rows(requests: list[Encoded], n: int, bank: GrammarBank) -> GrammarR
     state_n = np.zeros((n,), np.int32)
     for i, r in enumerate(requests):
         state_n[i] = bank.initial_state(r.grammar)
-    return GrammarRows(state_n, bank.table, bank.chains)
+    return GrammarRows(state_n, *bank.on_device())

@@ -232,10 +232,12 @@ def _grammar(model, r: Request, what: str) -> TokenAutomaton | None:
     if model.tokenizer is None:
         raise UserInputError(f"{what}: a {field} needs the model's tokenizer", field)
     vocab = (model.tokenizer.token_bytes(), tuple(model.eos_ids), model.lm.vocab_size)
-    with _about(field):
+    try:
         if r.json_schema is not None:
             return grammar.from_json_schema(r.json_schema, *vocab)
         return grammar.from_regex(r.regex, *vocab)
+    except UserInputError as e:
+        raise UserInputError(f"{what}: {e}", field) from None
 
 
 def _check_logprobs(what: str, name: str, value, limit: int | None) -> None:

@@ -114,8 +114,8 @@ class Scheduler:
             else:
                 auto = autotune.AutoRun(model, config.sampling, limit, batch=self.B)
             lookahead = auto.config
-        if grammars is not None and lookahead is not None:  # the grammars' fixed text: guesses
-            lookahead = dataclasses.replace(lookahead, grammar_guess=grammar_bank.CHAIN)
+        if grammars is not None and lookahead is not None and not lookahead.grammar_guess:
+            lookahead = grammar_bank.with_guesses(lookahead, model.lm.max_context)
         spec = DecodeSpec(
             lm=model.lm,
             eos_ids=tuple(model.eos_ids),
@@ -424,7 +424,7 @@ class Scheduler:
     def close(self, interrupted: bool = False) -> None:
         """The run's totals (offline); unless Ctrl-C `interrupted` it, auto's acceptance
         is folded into the model's running factor."""
-        if not interrupted:
-            self.counts.record_acceptance(self.model)
+        if not interrupted and not self.device.spec.grammar:  # (a grammar's guesses and
+            self.counts.record_acceptance(self.model)  # masks would skew auto's factor)
         wall_s = time.perf_counter() - self.started
         self.stats.close(wall_s, self.counts.accepted_hist(), interrupted)

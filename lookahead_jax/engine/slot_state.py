@@ -39,8 +39,8 @@ def _with_table(state: DecodeState, tables) -> DecodeState:
 def insert(state: DecodeState, fresh: DecodeState, slots_n) -> DecodeState:
     """The B-row `state` with its rows `slots_n` [n] replaced by the n rows of `fresh` (a
     prefill of n prompts), every field; a slot index >= B (a padding row) writes nothing.
-    The grammar table becomes fresh's (the engine's bank only grows: it holds the old
-    rows' grammars too)."""
+    The grammar tables become fresh's (a run's bank is made once, with every grammar
+    of the run: fresh's are the same)."""
     (state, _), (fresh, table) = _rows(state), _rows(fresh)
     edited = jax.tree.map(lambda big, small: big.at[slots_n].set(small, mode="drop"), state, fresh)
     return _with_table(edited, table)

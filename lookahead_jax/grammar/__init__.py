@@ -9,6 +9,6 @@ than silently loosened. compile.py keeps the automata per (grammar, tokenizer).
 """
 
 from lookahead_jax.grammar.automaton import MAX_TABLE_BYTES, TokenAutomaton
-from lookahead_jax.grammar.compile import from_json_schema, from_regex
+from lookahead_jax.grammar.compile import check_regex, from_json_schema, from_regex
 
-__all__ = ["MAX_TABLE_BYTES", "TokenAutomaton", "from_json_schema", "from_regex"]
+__all__ = ["MAX_TABLE_BYTES", "TokenAutomaton", "check_regex", "from_json_schema", "from_regex"]

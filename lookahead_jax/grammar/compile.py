@@ -25,13 +25,18 @@ _LOCK = threading.Lock()
 def from_regex(pattern: str, token_bytes, eos_ids, vocab_size: int) -> TokenAutomaton:
     """The automaton of answers that match `pattern` (whole) over the tokens' bytes
     (token_bytes: tokenizer.token_bytes(), None for special tokens); `eos_ids` end one."""
+    check_regex(pattern)
+    return _compiled("regex", pattern, pattern, token_bytes, eos_ids, vocab_size)
+
+
+def check_regex(pattern) -> None:
+    """Refuse what is not a regex (before anything loads: the CLI, a prompts file)."""
     if not isinstance(pattern, str) or not pattern:
         raise UserInputError(f"regex must be a non-empty string, got {pattern!r}")
     try:
         re.compile(pattern)
     except re.error as e:
         raise UserInputError(f"regex {pattern!r} is not a valid regular expression: {e}") from None
-    return _compiled("regex", pattern, pattern, token_bytes, eos_ids, vocab_size)
 
 
 def from_json_schema(schema, token_bytes, eos_ids, vocab_size: int) -> TokenAutomaton:

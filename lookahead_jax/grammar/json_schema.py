@@ -4,11 +4,12 @@ regex by outlines-core.
 
 Enforced: `type` (object, array, string, number, integer, boolean, null, or a list of
 them), `properties`, `required`, `additionalProperties: false`, `items`, `minItems`,
-`maxItems`, `enum`, `const`, `anyOf`, `oneOf`, `minLength`, `maxLength`, `pattern`,
+`maxItems`, `enum`, `const`, `anyOf`, `minLength`, `maxLength`, `pattern`,
 `format` (date-time, date, time, uuid, email, uri) and local references (`$ref` into
 `$defs` / `definitions`): OpenAI's strict subset and more. Annotations (`title`,
 `description`, `default`, `examples`, `$schema`, `$id`, `$comment`) are read and ignored.
-Any other keyword (`minimum`, `multipleOf`, `patternProperties`, `not`, ...) is refused
+Any other keyword (`minimum`, `multipleOf`, `oneOf`: its choice is exclusive, which a
+regex cannot keep; `patternProperties`, `not`, ...) is refused
 with its place in the schema: a constraint that is not enforced would let an answer
 through that the schema forbids.
 
@@ -34,7 +35,6 @@ ENFORCED = {
     "enum",
     "const",
     "anyOf",
-    "oneOf",
     "minLength",
     "maxLength",
     "pattern",
@@ -98,7 +98,14 @@ def check(schema, path: str = "$") -> None:
                 check(sub, f"{at}.{name}")
         elif key == "items":
             check(value, at)
-        elif key in ("anyOf", "oneOf"):
+        elif key == "required":
+            named = schema.get("properties", {})
+            missing = [n for n in value if n not in named] if isinstance(value, list) else None
+            if missing is None or missing:
+                raise UserInputError(
+                    f"json_schema: {at} must list names of {path}.properties, got {value!r}"
+                )
+        elif key == "anyOf":
             if not isinstance(value, list) or not value:
                 raise UserInputError(f"json_schema: {at} must be a non-empty list of schemas")
             for i, sub in enumerate(value):
