@@ -121,5 +121,35 @@ def test_bad_grammars_are_refused_before_decoding(model64):
     with pytest.raises(lj.UserInputError, match=r"\$\.minimum"):
         lj.generate(model64, ["x"], max_new_tokens=4, json_schema={"type": "integer", "minimum": 1})
     engine = lj.Engine(model64, batch=2, max_new_tokens=4, lookahead=None)
-    with pytest.raises(lj.UserInputError, match="offline runs"):
+    with pytest.raises(lj.UserInputError, match="grammar_states > 0"):
         engine.submit(lj.Request("x", regex="a+"))
+    small = lj.Engine(model64, batch=2, max_new_tokens=4, lookahead=None, grammar_states=3)
+    with pytest.raises(lj.UserInputError, match=r"makes \d+ automaton states; this engine holds 3"):
+        small.submit(lj.Request("x", json_schema=SCHEMA))
+
+
+def test_an_online_engine_swaps_grammars_in_its_table(model64):
+    """An online engine's table holds one grammar at a time here: requests under the
+    other wait until no row follows the first, which is then dropped for it; every
+    request gets its lone decode's tokens (greedy, lookahead), free ones beside them."""
+    sizes = [automaton(model64, kind).states for kind in GRAMMARS]
+    order = ["regex", "json_schema", None, "regex", "json_schema"]
+    done = {}
+    with jax.enable_x64(True):
+        want = [
+            lj.generate(
+                model64, [PROMPTS[i % 4]], max_new_tokens=MAX_NEW, lookahead=None,
+                **(GRAMMARS[k] if k else {}),
+            ).token_ids[0]
+            for i, k in enumerate(order)
+        ]  # fmt: skip
+        engine = lj.Engine(
+            model64, batch=2, max_new_tokens=MAX_NEW, lookahead=lj.LookaheadConfig.for_tokens(8),
+            grammar_states=max(sizes),
+        )  # fmt: skip
+        for i, k in enumerate(order):
+            request = lj.Request(PROMPTS[i % 4], id=i, **(GRAMMARS[k] if k else {}))
+            engine.submit(request, lambda u: u.result and done.__setitem__(u.id, u.result))
+        while engine.round():
+            pass
+    assert [done[i].token_ids for i in range(len(order))] == want

@@ -54,6 +54,16 @@ def mask(logits_brv, state_br, table_gv):
     return jnp.where(allowed_brv, logits_brv, jnp.finfo(logits_brv.dtype).min)
 
 
+def mask_if_any(logits_brv, state_br, table_gv):
+    """`mask`, run only in a step where some row follows a grammar (a batch of FREE rows
+    keeps its logits without reading the table)."""
+    return jax.lax.cond(
+        jnp.any(state_br != FREE),
+        lambda: mask(logits_brv, state_br, table_gv),
+        lambda: logits_brv,
+    )
+
+
 def advance(rows: GrammarRows, new_be, count_b) -> GrammarRows:
     """The rows after emitting their first count_b [B] of the tokens new_be [B, E]."""
     state_b = rows.state_b

@@ -293,7 +293,7 @@ def grammar_mask(logits_brv, rows: grammar_rows.GrammarRows, config, tree, logit
     window_bk = jnp.full((B, config.layout.window_tokens), grammar_rows.FREE, jnp.int32)
     step_bt = jnp.concatenate([rows.state_b[:, None], window_bk, node_bz], axis=1)
     state_br = jnp.take_along_axis(step_bt, logits_rows_br, axis=1)
-    return grammar_rows.mask(logits_brv, state_br, rows.table_gv)
+    return grammar_rows.mask_if_any(logits_brv, state_br, rows.table_gv)
 
 
 def choose(logits_brv, state: DecodeState, spec: DecodeSpec, offsets_bt, logits_rows_br):

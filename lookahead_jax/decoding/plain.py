@@ -26,7 +26,8 @@ def plain_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         state.cache,
     )
     if state.grammar is not None:
-        logits = grammar_rows.mask(logits, state.grammar.state_b[:, None], state.grammar.table_gv)
+        rows = state.grammar
+        logits = grammar_rows.mask_if_any(logits, rows.state_b[:, None], rows.table_gv)
     nxt = choose_tokens(logits, state.sampling, state.rng, state.n_out[:, None], spec.sampled)
     one = active.astype(jnp.int32)
     cache = kv_cache.commit(state.cache, new_k, new_v, jnp.zeros((B, 1), jnp.int32), one)

@@ -98,6 +98,10 @@ class EngineConfig:
     (Request.logprobs; vLLM's default limit, 20); None: requests may not ask. The
     programs keep logprobs online always (computed in a step only when a row asks),
     offline when some request asks.
+    grammar_states: online, the automaton states (all grammars in flight together) the
+    engine's table holds for requests with a json_schema or regex (grammar_bank.py: ~V x 4
+    bytes a state, 0.2 MB at SmolLM2's 49,152 tokens); 0: online requests may not ask.
+    Offline runs size their table for their own requests.
     chat: text prompts go through the tokenizer's chat template (False: as they are, as
     vLLM's LLM.generate sends them; the command line's default is the template, where
     the tokenizer has one). Chat messages always do.
@@ -120,6 +124,7 @@ class EngineConfig:
     prefill_chunk: int | str | None = "auto"
     shared_guesses: bool = False
     row_buckets: bool | str = "auto"
+    grammar_states: int = 0
 
     def __post_init__(self):
         _at_least("batch", self.batch, 1)
@@ -130,6 +135,7 @@ class EngineConfig:
         _at_least("max_prompt_tokens", self.max_prompt_tokens, 1, optional=True)
         _at_least("stream_steps", self.stream_steps, 1)
         _at_least("max_logprobs", self.max_logprobs, 0, optional=True)
+        _at_least("grammar_states", self.grammar_states, 0)
         mb = self.prefix_cache_mb
         if mb is not None and (
             isinstance(mb, bool) or not isinstance(mb, int | float) or not 0 <= mb < math.inf

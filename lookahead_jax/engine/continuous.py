@@ -252,7 +252,8 @@ class Engine:
         scheduler = Scheduler(
             self.model, self.config, self._kept(), self.stats, sampled, logprobs,
             new_positions, P, per_round,
-            GrammarBank.for_run(encoded, self.model, self.config.lookahead),
+            GrammarBank.for_engine(self.model, self.config) if per_round  # (warm_up: online's)
+            else GrammarBank.for_run(encoded, self.model, self.config.lookahead),
         )  # fmt: skip
         scheduler.queue.extend(encoded)
         return scheduler
@@ -316,7 +317,7 @@ class Engine:
             name = f"prompt {encoded.id!r}"  # the errors' ${request} (errors.py)
             if encoded.id in self._known:
                 raise UserInputError("${request}: the id is already in flight", "id", request=name)
-            GrammarBank.refuse_online(encoded, name)
+            GrammarBank.check_online(encoded, name, self.config.grammar_states)
             n, limit = encoded.max_new_tokens, self.max_new_tokens
             if n > limit:
                 raise UserInputError(
@@ -363,16 +364,11 @@ class Engine:
                 P = inputs.bucket(self.max_prompt_tokens or 1)
                 sampled = True if self.sampled is None else self.sampled
                 self._scheduler = Scheduler(
-                    self.model,
-                    self.config,
-                    self._kept(),
-                    self.online_stats,
-                    sampled,
-                    self.max_logprobs,
-                    inputs.bucket(self.max_new_tokens),
-                    P,
+                    self.model, self.config, self._kept(), self.online_stats, sampled,
+                    self.max_logprobs, inputs.bucket(self.max_new_tokens), P,
                     per_round=True,  # (auto's choice each round)
-                )
+                    grammars=GrammarBank.for_engine(self.model, self.config),
+                )  # fmt: skip
             scheduler = self._scheduler
             self._drain(scheduler)
             if not scheduler.busy():

@@ -42,12 +42,14 @@ def _chains(a: TokenAutomaton, tokenizer) -> np.ndarray:
 class GrammarBank:
     """The automata of a run, placed (module docstring); `table` [G, V] int32 on the host."""
 
-    def __init__(self, automata: list[TokenAutomaton], vocab_size: int, tokenizer=None):
+    def __init__(self, automata: list[TokenAutomaton], vocab_size: int, tokenizer=None, G=None):
+        """The bank of `automata` (an offline run's), or with `G` an online engine's of G
+        rows, empty until `place` puts automata in."""
         distinct: dict[int, TokenAutomaton] = {}
         for a in automata:
             distinct.setdefault(id(a.next_sv), a)  # (the compile cache shares arrays)
         used = 1 + sum(a.states for a in distinct.values())
-        G = -(-used // ROWS_STEP) * ROWS_STEP
+        G = G or -(-used // ROWS_STEP) * ROWS_STEP
         if G * vocab_size * 4 > MAX_TABLE_BYTES + ROWS_STEP * vocab_size * 4:
             raise UserInputError(
                 f"the run's {len(distinct)} distinct grammars make {used} automaton states "
@@ -55,20 +57,58 @@ class GrammarBank:
                 f"{MAX_TABLE_BYTES / 2**20:.0f} MiB (lookahead_jax.grammar.MAX_TABLE_BYTES): "
                 "run fewer distinct grammars at once"
             )
-        table = np.full((G, vocab_size), -1, np.int32)
-        table[FREE] = FREE
-        chains = np.full((G, CHAIN), -1, np.int32)  # FREE's: none
-        self.offsets: dict[int, int] = {}
-        at = 1
-        for key, a in distinct.items():
-            block = a.next_sv
-            table[at : at + a.states, : block.shape[1]] = np.where(block >= 0, block + at, -1)
-            if tokenizer is not None:
-                chains[at : at + a.states] = _chains(a, tokenizer)
-            self.offsets[key] = at
-            at += a.states
-        self.table, self.chains = table, chains
+        self.tokenizer = tokenizer
+        self.table = np.full((G, vocab_size), -1, np.int32)
+        self.table[FREE] = FREE
+        self.chains = np.full((G, CHAIN), -1, np.int32)  # FREE's: none
+        self.blocks: dict[int, tuple[int, TokenAutomaton]] = {}  # key -> (offset, automaton)
         self._on_device = None
+        for a in distinct.values():
+            assert self.place(a, set())
+
+    @classmethod
+    def online(cls, states: int, vocab_size: int, tokenizer=None) -> GrammarBank:
+        """An online engine's bank: room for `states` automaton states (beside FREE)."""
+        return cls([], vocab_size, tokenizer, G=-(-(states + 1) // ROWS_STEP) * ROWS_STEP)
+
+    @property
+    def capacity(self) -> int:
+        """The most states one automaton may have here."""
+        return self.table.shape[0] - 1
+
+    def place(self, a: TokenAutomaton, in_use: set[int]) -> bool:
+        """Put `a` in the table unless it is there (first fit after FREE); when no gap
+        holds it, the automata whose keys are not `in_use` (no row follows them) are
+        dropped first. False: it does not fit beside those in use."""
+        key = id(a.next_sv)
+        if key in self.blocks:
+            return True
+        at = self._gap(a.states)
+        if at is None:
+            for old in [k for k in self.blocks if k not in in_use]:
+                off, gone = self.blocks.pop(old)
+                self.table[off : off + gone.states] = -1
+            at = self._gap(a.states)
+            if at is None:
+                return False
+        block = a.next_sv
+        rows = slice(at, at + a.states)
+        self.table[rows, : block.shape[1]] = np.where(block >= 0, block + at, -1)
+        if self.tokenizer is not None:
+            self.chains[rows] = _chains(a, self.tokenizer)
+        self.blocks[key] = (at, a)
+        self._on_device = None
+        return True
+
+    def _gap(self, size: int) -> int | None:
+        """The first offset past FREE where `size` rows are free, or None."""
+        taken = sorted((off, off + a.states) for off, a in self.blocks.values())
+        at = 1
+        for start, end in taken:
+            if start - at >= size:
+                return at
+            at = max(at, end)
+        return at if self.table.shape[0] - at >= size else None
 
     @classmethod
     def for_run(cls, encoded, model, lookahead) -> GrammarBank | None:
@@ -85,16 +125,30 @@ class GrammarBank:
             )
         return cls(automata, model.lm.vocab_size, model.tokenizer)
 
+    @classmethod
+    def for_engine(cls, model, config) -> GrammarBank | None:
+        """An online engine's bank (None: grammar_states 0, no grammar served)."""
+        if not config.grammar_states:
+            return None
+        if model.mesh is not None:
+            raise UserInputError("structured output (json_schema, regex) runs on one device")
+        return cls.online(config.grammar_states, model.lm.vocab_size, model.tokenizer)
+
     @staticmethod
-    def refuse_online(encoded, name: str) -> None:
-        """An online engine's rounds hold no grammar table yet: refuse a request with one."""
-        if encoded.grammar is not None:
-            raise UserInputError(
-                "${request}: structured output (json_schema, regex) runs in offline runs "
-                "(lj.generate, Engine.run) so far, not in an online engine's rounds",
-                "json_schema",
-                request=name,
-            )
+    def check_online(encoded, name: str, states: int) -> None:
+        """Refuse a request whose grammar an online engine's table cannot hold."""
+        a = encoded.grammar
+        if a is None or a.states <= states:
+            return
+        raise UserInputError(
+            f"${{request}}: its grammar makes {a.states} automaton states; this engine holds "
+            f"{states} (grammar_states; the server's --grammar-states)"
+            if states
+            else "${request}: this engine serves no structured output (json_schema, regex): "
+            "make it with grammar_states > 0 (the server's --grammar-states)",
+            "json_schema",
+            request=name,
+        )
 
     def on_device(self):
         """(table, chains) as device arrays, put there once (a prefill passes them)."""
@@ -105,10 +159,10 @@ class GrammarBank:
         return self._on_device
 
     def initial_state(self, automaton: TokenAutomaton | None) -> int:
-        """The state a row under `automaton` starts in (FREE for None)."""
+        """The state a row under `automaton` (placed) starts in (FREE for None)."""
         if automaton is None:
             return FREE
-        return self.offsets[id(automaton.next_sv)] + automaton.initial
+        return self.blocks[id(automaton.next_sv)][0] + automaton.initial
 
 
 def with_guesses(lookahead, max_context: int):

@@ -250,6 +250,7 @@ class Scheduler:
         device = self.device
         free = [s for s in range(self.B) if self.active[s] is None]
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
+        taken = self._placed(taken)
         self.dequeued += len(taken)
         ready = []  # [(slot, Active)]: chunked requests whose rest now fits one chunk
         if self.prefix is not None:
@@ -280,6 +281,25 @@ class Scheduler:
             fresh = device.prefill([taken[i] for i in group])
             device.insert(fresh, [free[i] for i in group])
         return admitted
+
+    def _placed(self, taken: list[Encoded]) -> list[Encoded]:
+        """The requests whose grammars the table holds (placed now, dropping those no row
+        follows if need be); the others go back to the front of the queue, to wait for
+        rows to finish (an online engine's bank: grammar_bank.py)."""
+        bank = self.device.grammars
+        if bank is None or all(r.grammar is None for r in taken):
+            return taken
+        in_use = {id(a.request.grammar.next_sv) for a in self.active if a and a.request.grammar}
+        fits, back = [], []
+        for r in taken:
+            if r.grammar is None or bank.place(r.grammar, in_use):
+                fits.append(r)
+                if r.grammar is not None:
+                    in_use.add(id(r.grammar.next_sv))
+            else:
+                back.append(r)
+        self.queue.extendleft(reversed(back))
+        return fits
 
     def cancel(self, request_id) -> Result | None:
         """End a request with "cancelled": a waiting one now (its Result returned), a

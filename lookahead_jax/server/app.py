@@ -178,6 +178,7 @@ class Answers:
                 stop=body.stops(),
                 logprobs=body.alternatives(),
                 prompt_logprobs=None if chat else body.prompt_alternatives(),
+                json_schema=body.json_schema(),
             )
             for i in range(len(prompts) * body.n)
         ]
@@ -205,6 +206,7 @@ class Answers:
                 "id": None,
                 "logprobs": "top_logprobs" if chat else "logprobs",
                 "prompt_logprobs": "logprobs",  # echo's
+                "json_schema": "response_format",
             }.get(e.field, e.field)
             raise ApiError(
                 400, e.render({**WORDS, "max_new_tokens": tokens_field}), param

@@ -40,6 +40,39 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """response_format's json_schema: the schema an answer is valid under."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None  # every answer is held to the schema, strict or not
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: "text" (none), "json_schema" (structured output: the
+    engine's grammar, lookahead_jax/grammar); "json_object" (any JSON object) is refused
+    for now: its automaton (1,505 states over SmolLM2's vocabulary) passes the table's
+    bound."""
+
+    model_config = STRICT
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _known(self):
+        if self.type == "json_object":
+            raise ValueError(
+                'type "json_object" is not supported yet: give "json_schema" with the schema'
+            )
+        if self.type not in ("text", "json_schema"):
+            raise ValueError(f'type must be "text" or "json_schema", got {self.type!r}')
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('"json_schema" goes with type "json_schema", and only with it')
+        return self
+
+
 class _Sampling(BaseModel):
     """The fields completions and chat completions share."""
 
@@ -55,6 +88,7 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     user: str | None = None  # accepted and ignored, as a tag for the caller's records
+    response_format: ResponseFormat | None = None
     # accepted at their neutral values only
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -81,6 +115,11 @@ class _Sampling(BaseModel):
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def json_schema(self) -> dict | None:
+        """The schema response_format holds the answer to (None: free text)."""
+        fmt = self.response_format
+        return None if fmt is None or fmt.json_schema is None else fmt.json_schema.schema_
 
 
 class CompletionRequest(_Sampling):
