@@ -68,8 +68,10 @@ class GrammarBank:
 
     @classmethod
     def online(cls, states: int, vocab_size: int, tokenizer=None) -> GrammarBank:
-        """An online engine's bank: room for `states` automaton states (beside FREE)."""
-        return cls([], vocab_size, tokenizer, G=-(-(states + 1) // ROWS_STEP) * ROWS_STEP)
+        """An online engine's bank: room for `states` automaton states (beside FREE), at
+        most what MAX_TABLE_BYTES holds at this vocabulary (~1,360 at 49,152 tokens, ~520
+        at 128,256)."""
+        return cls([], vocab_size, tokenizer, G=online_rows(states, vocab_size))
 
     @property
     def capacity(self) -> int:
@@ -135,9 +137,11 @@ class GrammarBank:
         return cls.online(config.grammar_states, model.lm.vocab_size, model.tokenizer)
 
     @staticmethod
-    def check_online(encoded, name: str, states: int) -> None:
+    def check_online(encoded, name: str, states: int, vocab_size: int) -> None:
         """Refuse a request whose grammar an online engine's table cannot hold."""
         a = encoded.grammar
+        if states:
+            states = online_rows(states, vocab_size) - 1
         if a is None or a.states <= states:
             return
         raise UserInputError(
@@ -163,6 +167,13 @@ class GrammarBank:
         if automaton is None:
             return FREE
         return self.blocks[id(automaton.next_sv)][0] + automaton.initial
+
+
+def online_rows(states: int, vocab_size: int) -> int:
+    """G, the rows of an online table with room for `states` states beside FREE: a
+    multiple of ROWS_STEP, at most what MAX_TABLE_BYTES holds at this vocabulary."""
+    most = (MAX_TABLE_BYTES // (vocab_size * 4)) // ROWS_STEP * ROWS_STEP
+    return min(-(-(states + 1) // ROWS_STEP) * ROWS_STEP, most)
 
 
 def with_guesses(lookahead, max_context: int):
