@@ -289,11 +289,17 @@ def grammar_mask(logits_brv, rows: grammar_rows.GrammarRows, config, tree, logit
     if config.verify_window:  # (the engine refuses the pair before it gets here)
         raise UserInputError("a grammar cannot be followed with verify_window=True")
     B = logits_brv.shape[0]
-    node_bz = grammar_rows.node_states(rows, tree.tokens, tree.parent, config.tree_depth)
-    window_bk = jnp.full((B, config.layout.window_tokens), grammar_rows.FREE, jnp.int32)
-    step_bt = jnp.concatenate([rows.state_b[:, None], window_bk, node_bz], axis=1)
-    state_br = jnp.take_along_axis(step_bt, logits_rows_br, axis=1)
-    return grammar_rows.mask_if_any(logits_brv, state_br, rows.table_gv)
+
+    def masked():
+        node_bz = grammar_rows.node_states(rows, tree.tokens, tree.parent, config.tree_depth)
+        window_bk = jnp.full((B, config.layout.window_tokens), grammar_rows.FREE, jnp.int32)
+        step_bt = jnp.concatenate([rows.state_b[:, None], window_bk, node_bz], axis=1)
+        state_br = jnp.take_along_axis(step_bt, logits_rows_br, axis=1)
+        return grammar_rows.mask(logits_brv, state_br, rows.table_gv)
+
+    # only in a step where some row follows a grammar (all FREE: every node FREE too, the
+    # mask the identity): the node states' gathers are skipped with the mask
+    return jax.lax.cond(jnp.any(rows.state_b != grammar_rows.FREE), masked, lambda: logits_brv)
 
 
 def choose(logits_brv, state: DecodeState, spec: DecodeSpec, offsets_bt, logits_rows_br):

@@ -63,8 +63,9 @@ class GrammarBank:
         self.chains = np.full((G, CHAIN), -1, np.int32)  # FREE's: none
         self.blocks: dict[int, tuple[int, TokenAutomaton]] = {}  # key -> (offset, automaton)
         self._on_device = None
-        for a in distinct.values():
-            assert self.place(a, set())
+        for a in distinct.values():  # (G holds them all: each goes in)
+            placed = self.place(a, set())
+            assert placed
 
     @classmethod
     def online(cls, states: int, vocab_size: int, tokenizer=None) -> GrammarBank:
@@ -72,11 +73,6 @@ class GrammarBank:
         most what MAX_TABLE_BYTES holds at this vocabulary (~1,360 at 49,152 tokens, ~520
         at 128,256)."""
         return cls([], vocab_size, tokenizer, G=online_rows(states, vocab_size))
-
-    @property
-    def capacity(self) -> int:
-        """The most states one automaton may have here."""
-        return self.table.shape[0] - 1
 
     def place(self, a: TokenAutomaton, in_use: set[int]) -> bool:
         """Put `a` in the table unless it is there (first fit after FREE); when no gap
@@ -118,8 +114,7 @@ class GrammarBank:
         automata = [r.grammar for r in encoded if r.grammar is not None]
         if not automata:
             return None
-        if model.mesh is not None:
-            raise UserInputError("structured output (json_schema, regex) runs on one device")
+        _one_device(model)
         if lookahead not in (None, "auto") and lookahead.verify_window:
             raise UserInputError(
                 "structured output cannot run with verify_window=True (the window's own "
@@ -132,8 +127,7 @@ class GrammarBank:
         """An online engine's bank (None: grammar_states 0, no grammar served)."""
         if not config.grammar_states:
             return None
-        if model.mesh is not None:
-            raise UserInputError("structured output (json_schema, regex) runs on one device")
+        _one_device(model)
         return cls.online(config.grammar_states, model.lm.vocab_size, model.tokenizer)
 
     @staticmethod
@@ -167,6 +161,11 @@ class GrammarBank:
         if automaton is None:
             return FREE
         return self.blocks[id(automaton.next_sv)][0] + automaton.initial
+
+
+def _one_device(model) -> None:
+    if model.mesh is not None:
+        raise UserInputError("structured output (json_schema, regex) runs on one device")
 
 
 def online_rows(states: int, vocab_size: int) -> int:
