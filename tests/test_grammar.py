@@ -38,7 +38,43 @@ def test_a_regex_over_a_toy_vocabulary_by_hand():
     for answer in ([1], [3, 4], [2], [5, 6]):
         assert a.accepts(answer), answer
     assert not a.accepts([3]) and a.walk([4]) == -1  # a prefix; a token not allowed
-    assert a.next_sv.shape == (a.states, len(TOY)) and a.next_sv.dtype == np.int32
+    assert a.class_v.shape == (len(TOY),) and a.next_sc.shape == (a.states, a.classes)
+    # yes and no act alike (both end the answer at once): one class; y, es, n, o, EOS
+    # each their own, and the tokens no state allows class 0
+    assert a.class_v[1] == a.class_v[2] != 0 and a.classes == 7
+    assert all(a.class_v[t] == 0 for t in range(len(TOY)) if t not in (1, 2, 3, 4, 5, 6, EOS))
+
+
+def test_tokens_share_a_class_exactly_when_they_move_alike(monkeypatch):
+    """automaton.token_classes: the table reproduces every move, tokens of one class have
+    the same moves, and a hash collision (forced here) falls back to exact classes."""
+    rng = np.random.default_rng(0)
+    S, V = 6, 40
+    moves = {(int(s), int(v)): int(rng.integers(S)) for s, v in rng.integers((S, 30), size=(90, 2))}
+    for v in (30, 31):  # two tokens that act alike
+        moves.update({(s, v): (s + 1) % S for s in range(S)})
+    froms, tokens, tos = (
+        np.asarray(x, np.int64) for x in zip(*[(*k, n) for k, n in moves.items()], strict=True)
+    )
+
+    def check(class_v, next_sc):
+        assert np.array_equal(next_sc[froms, class_v[tokens]], tos)
+        by_token = {v: {(s, n) for (s, t), n in moves.items() if t == v} for v in range(V)}
+        for v in range(V):
+            for w in range(V):
+                assert (class_v[v] == class_v[w]) == (by_token[v] == by_token[w]), (v, w)
+        assert all(class_v[v] == 0 for v in range(V) if not by_token[v])
+
+    classes = automaton_mod.token_classes(froms, tokens, tos, S, V)
+    check(*classes)
+    assert classes[0][30] == classes[0][31]
+    real = automaton_mod._classes_by_hash
+    monkeypatch.setattr(
+        automaton_mod, "_classes_by_hash", lambda *a: np.minimum(real(*a), 1)
+    )  # every token with moves in one class
+    collided = automaton_mod.token_classes(froms, tokens, tos, S, V)
+    check(*collided)
+    assert all(np.array_equal(x, y) for x, y in zip(classes, collided, strict=True))
 
 
 def test_forced_runs_stop_where_the_grammar_branches_or_ends():
@@ -168,7 +204,7 @@ def test_json_schema_answers_over_smollm2_validate(smol):
     assert finished >= 15
     # the same schema again (as a JSON string): from the cache
     again = grammar.from_json_schema(json.dumps(SCHEMA), tb, eos, V)
-    assert again.compile_s == 0.0 and again.next_sv is a.next_sv
+    assert again.compile_s == 0.0 and again.next_sc is a.next_sc
 
 
 def test_a_pydantic_model_is_its_schema(smol):
@@ -182,7 +218,7 @@ def test_a_pydantic_model_is_its_schema(smol):
 
     a = grammar.from_json_schema(Pet, tb, eos, V)
     b = grammar.from_json_schema(Pet.model_json_schema(), tb, eos, V)
-    assert a.next_sv is b.next_sv
+    assert a.next_sc is b.next_sc
     assert a.accepts(tok.encode('{"kind":"cat","legs":4}', add_special_tokens=False))
     assert not a.accepts(tok.encode('{"kind":"cat"}', add_special_tokens=False))
 

@@ -24,6 +24,7 @@ from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.loop_copies import loop_copies, protected_shapes
 from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import sharding
+from lookahead_jax.engine.grammar_bank import GrammarBank
 from lookahead_jax.models.llama import attention_block_for
 from lookahead_jax.models.llama_params import stack_layers
 
@@ -35,7 +36,7 @@ def decode_loop(
 ):
     """(the compiled decode loop, its spec, the start program's argument shapes); name:
     run_loop, or run_plain (plain steps over the lookahead state: auto's plain rounds);
-    grammar: rows follow grammars (a 16-state table: grammar_rows.py)."""
+    grammar: rows follow grammars (16-state tables: grammar_rows.py)."""
     spec = DecodeSpec(
         lm=model.lm,
         eos_ids=tuple(model.eos_ids),
@@ -48,9 +49,8 @@ def decode_loop(
     sampling = RowSampling.shaped(batch)
     args = (model.params, rows(PROMPT), rows(), rows(), rows(2, dtype=jnp.uint32), sampling)
     if grammar:
-        table = jax.ShapeDtypeStruct((16, model.lm.vocab_size), jnp.int32)
-        chains = jax.ShapeDtypeStruct((16, 8), jnp.int32)
-        args = (*args, None, GrammarRows(rows(), table, chains))
+        tables = GrammarBank([], model.lm.vocab_size, shape=(16, 64, 4)).shaped()
+        args = (*args, None, GrammarRows(rows(), tables))
     exe, _ = programs.compiled(model, spec, CAP, args, name)
     return exe, spec, args
 

@@ -504,6 +504,7 @@ def test_a_port_in_use_is_refused_before_the_model_loads(tiny_text_ckpt):
         (["--steps-per-call", "0"], "steps_per_call (--steps-per-call) must be an integer"),
         (["--prefix-cache-mb", "inf"], "prefix_cache_mb (--prefix-cache-mb) must be a finite"),
         (["--max-queue", "0"], "--max-queue must be >= 1"),
+        (["--grammar-states", "70000"], "grammar_states (--grammar-states) must be at most"),
     ],
 )
 def test_the_servers_flags_are_refused_by_the_engines_rules(flags, words):
@@ -558,8 +559,8 @@ SCHEMA = {
 
 def test_response_format_json_schema_whole_and_streamed(server, reference):
     """response_format json_schema (docs/serving.md): the answer is the lone decode's
-    under the same schema, whole and streamed, and valid; what cannot be enforced, or
-    json_object, is a 400 naming response_format."""
+    under the same schema, whole and streamed, and valid; json_object is the schema of
+    any object; what cannot be enforced is a 400 naming response_format."""
     c = client(server)
     fmt = {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}}
     messages = [{"role": "user", "content": PROMPTS[1]}]
@@ -577,8 +578,16 @@ def test_response_format_json_schema_whole_and_streamed(server, reference):
         stream=True,
     )  # fmt: skip
     assert "".join(ch.choices[0].delta.content or "" for ch in stream) == want
+    want, _ = reference(PROMPTS[1], 16, chat=True, json_schema={"type": "object"})
+    got = c.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=0,
+        response_format={"type": "json_object"},
+    )  # fmt: skip
+    assert got.choices[0].message.content == want and want.startswith("{")
+    if got.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(want), dict)
     bad_schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"minimum": 1}}}
-    for bad, needle in ((bad_schema, "minimum"), ({"type": "json_object"}, "json_object")):
+    for bad, needle in ((bad_schema, "minimum"), ({"type": "json"}, "json_object")):
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(
                 model=MODEL, messages=messages, max_tokens=4, response_format=bad

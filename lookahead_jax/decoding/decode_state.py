@@ -202,7 +202,7 @@ def prefill(
         grammar=grammar,
     )
     if grammar is not None:
-        logits = grammar_rows.mask(logits, grammar.state_b[:, None], grammar.table_gv)
+        logits = grammar_rows.mask(logits, grammar.state_b[:, None], grammar.tables)
     first = choose_tokens(logits, sampling, rng_b2, jnp.zeros((B, 1), jnp.int32), spec.sampled)
     one_b = jnp.ones((B,), jnp.int32)
     return emit(state, spec, first, one_b, (logits, jnp.zeros((B, 1), jnp.int32)))

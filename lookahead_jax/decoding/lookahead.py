@@ -295,7 +295,7 @@ def grammar_mask(logits_brv, rows: grammar_rows.GrammarRows, config, tree, logit
         window_bk = jnp.full((B, config.layout.window_tokens), grammar_rows.FREE, jnp.int32)
         step_bt = jnp.concatenate([rows.state_b[:, None], window_bk, node_bz], axis=1)
         state_br = jnp.take_along_axis(step_bt, logits_rows_br, axis=1)
-        return grammar_rows.mask(logits_brv, state_br, rows.table_gv)
+        return grammar_rows.mask(logits_brv, state_br, rows.tables)
 
     # only in a step where some row follows a grammar (all FREE: every node FREE too, the
     # mask the identity): the node states' gathers are skipped with the mask

@@ -27,7 +27,7 @@ def plain_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     )
     if state.grammar is not None:
         rows = state.grammar
-        logits = grammar_rows.mask_if_any(logits, rows.state_b[:, None], rows.table_gv)
+        logits = grammar_rows.mask_if_any(logits, rows.state_b[:, None], rows.tables)
     nxt = choose_tokens(logits, state.sampling, state.rng, state.n_out[:, None], spec.sampled)
     one = active.astype(jnp.int32)
     cache = kv_cache.commit(state.cache, new_k, new_v, jnp.zeros((B, 1), jnp.int32), one)

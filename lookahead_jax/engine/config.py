@@ -27,6 +27,7 @@ DEFAULT_BATCH = 8  # slots (the server's and the dataset command's --batch defau
 # float32 keeps 46 KB a token, so 256 MB hold ~5,700 prompt tokens (a 7B model in
 # bfloat16: ~500)
 DEFAULT_PREFIX_CACHE_MB = 256
+MAX_GRAMMAR_STATES = 65_536  # an online grammar table's states (4 KiB each: 256 MiB)
 
 
 # the settings the command line sets by a flag of the same name (--batch, ...)
@@ -98,10 +99,11 @@ class EngineConfig:
     (Request.logprobs; vLLM's default limit, 20); None: requests may not ask. The
     programs keep logprobs online always (computed in a step only when a row asks),
     offline when some request asks.
-    grammar_states: online, the automaton states (all grammars in flight together) the
-    engine's table holds for requests with a json_schema or regex (grammar_bank.py: ~V x 4
-    bytes a state, 0.2 MB at SmolLM2's 49,152 tokens); 0: online requests may not ask.
-    Offline runs size their table for their own requests.
+    grammar_states: online, the automaton states (all grammars in flight together, at most
+    15 distinct ones) the engine's tables hold for requests with a json_schema or regex
+    (grammar_bank.py: 4 KiB a state; a schema of a few properties makes 300-1,000, any
+    JSON object 1,505 at SmolLM2's vocabulary); 0: online requests may not ask. At most
+    MAX_GRAMMAR_STATES. Offline runs size their tables for their own requests.
     chat: text prompts go through the tokenizer's chat template (False: as they are, as
     vLLM's LLM.generate sends them; the command line's default is the template, where
     the tokenizer has one). Chat messages always do.
@@ -136,6 +138,11 @@ class EngineConfig:
         _at_least("stream_steps", self.stream_steps, 1)
         _at_least("max_logprobs", self.max_logprobs, 0, optional=True)
         _at_least("grammar_states", self.grammar_states, 0)
+        if self.grammar_states > MAX_GRAMMAR_STATES:
+            raise UserInputError(
+                f"{_named('grammar_states')} must be at most {MAX_GRAMMAR_STATES} (4 KiB a "
+                f"state: {MAX_GRAMMAR_STATES * 4 // 1024} MiB), got {self.grammar_states}"
+            )
         mb = self.prefix_cache_mb
         if mb is not None and (
             isinstance(mb, bool) or not isinstance(mb, int | float) or not 0 <= mb < math.inf

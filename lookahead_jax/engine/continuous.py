@@ -317,8 +317,7 @@ class Engine:
             name = f"prompt {encoded.id!r}"  # the errors' ${request} (errors.py)
             if encoded.id in self._known:
                 raise UserInputError("${request}: the id is already in flight", "id", request=name)
-            states, vocab = self.config.grammar_states, self.model.lm.vocab_size
-            GrammarBank.check_online(encoded, name, states, vocab)
+            GrammarBank.check_online(encoded, name, self.config.grammar_states)
             n, limit = encoded.max_new_tokens, self.max_new_tokens
             if n > limit:
                 raise UserInputError(

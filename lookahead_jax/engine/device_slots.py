@@ -128,9 +128,7 @@ class DeviceSlots:
             RowSampling.shaped(R),
         )
         if self.grammars is not None:  # (after the prefix, None without one)
-            table = jax.ShapeDtypeStruct(self.grammars.table.shape, jnp.int32)
-            chains = jax.ShapeDtypeStruct(self.grammars.chains.shape, jnp.int32)
-            return (*args, prefix, GrammarRows(rows_of(), table, chains))
+            return (*args, prefix, GrammarRows(rows_of(), self.grammars.shaped()))
         return args if prefix is None else (*args, prefix)
 
     def grow(self, P: int) -> None:

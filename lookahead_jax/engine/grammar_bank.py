@@ -1,12 +1,15 @@
-"""`GrammarBank`: the grammars of one run's rows in the one table its programs read
-(decoding/grammar_rows.py). Row 0 is FREE (every token allowed, leading back to it: the
-rows with no grammar); each distinct automaton (grammar/automaton.py) follows at an
-offset, its states and next states shifted by it, its forbidden tokens still -1.
+"""`GrammarBank`: the grammars of one run's rows in the one set of tables its programs
+read (decoding/grammar_rows.py). State row 0 is FREE (every token allowed, leading back
+to it: the rows with no grammar); each distinct automaton (grammar/automaton.py) follows
+at an offset, its states and next states shifted by it, its forbidden classes still -1,
+and takes a class map of its own (its tokens' classes; map 0 is FREE's).
 
-Worked example: automata A (3 states) and B (2 states) over V tokens make a table of
-1 + 3 + 2 = 6 rows, padded to G = 16 (a multiple of ROWS_STEP, so that few program shapes meet):
-A at offset 1, B at 4; a row under B starts in state 4 + B.initial, and A's
-next_sv[s, v] = t becomes table[1 + s, v] = 1 + t.
+Worked example: automata A (3 states, 40 classes) and B (2 states, 90 classes) over V
+tokens make tables of 1 + 3 + 2 = 6 state rows padded to G = 16 (a multiple of
+ROWS_STEP, so that few program shapes meet), C = 128 class columns (a multiple of
+CLASSES_STEP) and M = 3 class maps padded to 4: A at offset 1 with map 1, B at 4 with map
+2; a row under B starts in state 4 + B.initial, A's next_sc[s, c] = t becomes
+next_gc[1 + s, c] = 1 + t, kind_g[1:4] = 1 and class_mv[1] = A.class_v.
 """
 
 from __future__ import annotations
@@ -15,98 +18,123 @@ import dataclasses
 
 import numpy as np
 
-from lookahead_jax.decoding.grammar_rows import FREE
+from lookahead_jax.decoding.grammar_rows import FREE, GrammarTables
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.grammar import MAX_TABLE_BYTES, TokenAutomaton, fixed_text
 
 ROWS_STEP = 16  # G is a multiple of this (few program shapes; a grammar's own bound holds)
+CLASSES_STEP = 64  # C too
+MAPS_STEP = 4  # K too
+ONLINE_CLASSES = 1024  # an online engine's class columns (schemas measured: 100-200)
+ONLINE_MAPS = 16  # an online engine's class maps: distinct grammars in flight at once, + FREE
 CHAIN = 8  # tokens of fixed text guessed from a state (grammar/fixed_text.py)
-_CHAINS: dict = {}  # id(automaton.next_sv) -> (its arrays, chains [S, CHAIN]): made once
+_CHAINS: dict = {}  # id(automaton.next_sc) -> (its arrays, chains [S, CHAIN]): made once
 
 
 def _chains(a: TokenAutomaton, tokenizer) -> np.ndarray:
     """The automaton's fixed-text guesses from every state (kept with the automaton)."""
-    known = _CHAINS.get(id(a.next_sv))
-    if known is None or known[0] is not a.next_sv:
+    known = _CHAINS.get(id(a.next_sc))
+    if known is None or known[0] is not a.next_sc:
         if len(_CHAINS) > 64:
             _CHAINS.clear()
 
         def encode(text: bytes) -> list[int]:
             return tokenizer.encode(text.decode("utf-8", "ignore"), add_special_tokens=False)
 
-        known = (a.next_sv, fixed_text.chains(a, tokenizer.token_bytes(), encode, CHAIN))
-        _CHAINS[id(a.next_sv)] = known
+        known = (a.next_sc, fixed_text.chains(a, tokenizer.token_bytes(), encode, CHAIN))
+        _CHAINS[id(a.next_sc)] = known
     return known[1]
 
 
-class GrammarBank:
-    """The automata of a run, placed (module docstring); `table` [G, V] int32 on the host."""
+def _up(n: int, step: int) -> int:
+    return -(-n // step) * step
 
-    def __init__(self, automata: list[TokenAutomaton], vocab_size: int, tokenizer=None, G=None):
-        """The bank of `automata` (an offline run's), or with `G` an online engine's of G
-        rows, empty until `place` puts automata in."""
+
+class GrammarBank:
+    """The automata of a run, placed (module docstring): `next_gc` [G, C], `kind_g` [G],
+    `class_mv` [M, V] and `chains` [G, CHAIN], int32 on the host."""
+
+    def __init__(self, automata: list[TokenAutomaton], vocab_size: int, tokenizer=None, shape=None):
+        """The bank of `automata` (an offline run's), or with `shape` (G, C, M) an online
+        engine's, empty until `place` puts automata in."""
         distinct: dict[int, TokenAutomaton] = {}
         for a in automata:
-            distinct.setdefault(id(a.next_sv), a)  # (the compile cache shares arrays)
+            distinct.setdefault(id(a.next_sc), a)  # (the compile cache shares arrays)
         used = 1 + sum(a.states for a in distinct.values())
-        G = G or -(-used // ROWS_STEP) * ROWS_STEP
-        if G * vocab_size * 4 > MAX_TABLE_BYTES + ROWS_STEP * vocab_size * 4:
+        widest = max((a.classes for a in distinct.values()), default=1)
+        G, C, M = shape or (
+            _up(used, ROWS_STEP), _up(widest, CLASSES_STEP), _up(1 + len(distinct), MAPS_STEP)
+        )  # fmt: skip
+        nbytes = table_bytes(G, C, M, vocab_size)
+        if nbytes > MAX_TABLE_BYTES + ROWS_STEP * C * 4:
             raise UserInputError(
                 f"the run's {len(distinct)} distinct grammars make {used} automaton states "
-                f"together, a table of {G * vocab_size * 4 / 2**20:.0f} MiB, over the bound of "
+                f"together, tables of {nbytes / 2**20:.0f} MiB, over the bound of "
                 f"{MAX_TABLE_BYTES / 2**20:.0f} MiB (lookahead_jax.grammar.MAX_TABLE_BYTES): "
                 "run fewer distinct grammars at once"
             )
         self.tokenizer = tokenizer
-        self.table = np.full((G, vocab_size), -1, np.int32)
-        self.table[FREE] = FREE
+        self.next_gc = np.full((G, C), -1, np.int32)
+        self.next_gc[FREE, 0] = FREE
+        self.kind_g = np.zeros((G,), np.int32)
+        self.class_mv = np.zeros((M, vocab_size), np.int32)
         self.chains = np.full((G, CHAIN), -1, np.int32)  # FREE's: none
-        self.blocks: dict[int, tuple[int, TokenAutomaton]] = {}  # key -> (offset, automaton)
+        # key -> (offset, class map, automaton)
+        self.blocks: dict[int, tuple[int, int, TokenAutomaton]] = {}
         self._on_device = None
-        for a in distinct.values():  # (G holds them all: each goes in)
+        for a in distinct.values():  # (the shape holds them all: each goes in)
             placed = self.place(a, set())
             assert placed
 
     @classmethod
     def online(cls, states: int, vocab_size: int, tokenizer=None) -> GrammarBank:
-        """An online engine's bank: room for `states` automaton states (beside FREE), at
-        most what MAX_TABLE_BYTES holds at this vocabulary (~1,360 at 49,152 tokens, ~520
-        at 128,256)."""
-        return cls([], vocab_size, tokenizer, G=online_rows(states, vocab_size))
+        """An online engine's bank: room for `states` automaton states (beside FREE) of
+        grammars of up to ONLINE_CLASSES classes, ONLINE_MAPS - 1 of them at once."""
+        return cls([], vocab_size, tokenizer, shape=online_shape(states))
 
     def place(self, a: TokenAutomaton, in_use: set[int]) -> bool:
-        """Put `a` in the table unless it is there (first fit after FREE); when no gap
-        holds it, the automata whose keys are not `in_use` (no row follows them) are
-        dropped first. False: it does not fit beside those in use."""
-        key = id(a.next_sv)
+        """Put `a` in the tables unless it is there (first fit after FREE, and a free class
+        map); when there is no room, the automata whose keys are not `in_use` (no row
+        follows them) are dropped first. False: it does not fit beside those in use."""
+        key = id(a.next_sc)
         if key in self.blocks:
             return True
-        at = self._gap(a.states)
-        if at is None:
-            for old in [k for k in self.blocks if k not in in_use]:
-                off, gone = self.blocks.pop(old)
-                self.table[off : off + gone.states] = -1
-            at = self._gap(a.states)
-            if at is None:
+        if a.classes > self.next_gc.shape[1]:
+            return False
+        at, m = self._gap(a.states), self._free_map()
+        if at is None or m is None:
+            for old in [other for other in self.blocks if other not in in_use]:
+                off, _, gone = self.blocks.pop(old)
+                self.next_gc[off : off + gone.states] = -1
+                self.kind_g[off : off + gone.states] = 0
+            at, m = self._gap(a.states), self._free_map()
+            if at is None or m is None:
                 return False
-        block = a.next_sv
         rows = slice(at, at + a.states)
-        self.table[rows, : block.shape[1]] = np.where(block >= 0, block + at, -1)
+        self.next_gc[rows] = -1
+        self.next_gc[rows, : a.classes] = np.where(a.next_sc >= 0, a.next_sc + at, -1)
+        self.kind_g[rows] = m
+        self.class_mv[m] = a.class_v
         if self.tokenizer is not None:
             self.chains[rows] = _chains(a, self.tokenizer)
-        self.blocks[key] = (at, a)
+        self.blocks[key] = (at, m, a)
         self._on_device = None
         return True
 
     def _gap(self, size: int) -> int | None:
         """The first offset past FREE where `size` rows are free, or None."""
-        taken = sorted((off, off + a.states) for off, a in self.blocks.values())
+        taken = sorted((off, off + a.states) for off, _, a in self.blocks.values())
         at = 1
         for start, end in taken:
             if start - at >= size:
                 return at
             at = max(at, end)
-        return at if self.table.shape[0] - at >= size else None
+        return at if self.next_gc.shape[0] - at >= size else None
+
+    def _free_map(self) -> int | None:
+        """A class map no placed automaton holds (past FREE's 0), or None."""
+        used = {m for _, m, _ in self.blocks.values()}
+        return next((m for m in range(1, self.class_mv.shape[0]) if m not in used), None)
 
     @classmethod
     def for_run(cls, encoded, model, lookahead) -> GrammarBank | None:
@@ -131,36 +159,49 @@ class GrammarBank:
         return cls.online(config.grammar_states, model.lm.vocab_size, model.tokenizer)
 
     @staticmethod
-    def check_online(encoded, name: str, states: int, vocab_size: int) -> None:
-        """Refuse a request whose grammar an online engine's table cannot hold."""
+    def check_online(encoded, name: str, states: int) -> None:
+        """Refuse a request whose grammar an online engine's tables cannot hold."""
         a = encoded.grammar
-        if states:
-            states = online_rows(states, vocab_size) - 1
-        if a is None or a.states <= states:
+        room = online_shape(states)[0] - 1
+        if a is None or (states and a.states <= room and a.classes <= ONLINE_CLASSES):
             return
+        if not states:
+            raise UserInputError(
+                "${request}: this engine serves no structured output (json_schema, regex): "
+                "make it with grammar_states > 0 (the server's --grammar-states)",
+                "json_schema",
+                request=name,
+            )
         raise UserInputError(
-            f"${{request}}: its grammar makes {a.states} automaton states; this engine holds "
-            f"{states} (grammar_states; the server's --grammar-states)"
-            if states
-            else "${request}: this engine serves no structured output (json_schema, regex): "
-            "make it with grammar_states > 0 (the server's --grammar-states)",
+            f"${{request}}: its grammar makes {a.states} automaton states of {a.classes} token "
+            f"classes; this engine holds {room} states (grammar_states; "
+            f"the server's --grammar-states) of at most {ONLINE_CLASSES} classes",
             "json_schema",
             request=name,
         )
 
-    def on_device(self):
-        """(table, chains) as device arrays, put there once (a prefill passes them)."""
+    def on_device(self) -> GrammarTables:
+        """The tables as device arrays, put there once (a prefill passes them)."""
         if self._on_device is None:
             import jax.numpy as jnp
 
-            self._on_device = (jnp.asarray(self.table), jnp.asarray(self.chains))
+            arrays = (self.next_gc, self.kind_g, self.class_mv, self.chains)
+            self._on_device = GrammarTables(*(jnp.asarray(x) for x in arrays))
         return self._on_device
+
+    def shaped(self) -> GrammarTables:
+        """The tables' shapes (a program's arguments, compiled before a prefill)."""
+        import jax
+        import jax.numpy as jnp
+
+        arrays = (self.next_gc, self.kind_g, self.class_mv, self.chains)
+        return GrammarTables(*(jax.ShapeDtypeStruct(x.shape, jnp.int32) for x in arrays))
 
     def initial_state(self, automaton: TokenAutomaton | None) -> int:
         """The state a row under `automaton` (placed) starts in (FREE for None)."""
         if automaton is None:
             return FREE
-        return self.blocks[id(automaton.next_sv)][0] + automaton.initial
+        return self.blocks[id(automaton.next_sc)][0] + automaton.initial
 
 
 def _one_device(model) -> None:
@@ -168,11 +209,16 @@ def _one_device(model) -> None:
         raise UserInputError("structured output (json_schema, regex) runs on one device")
 
 
-def online_rows(states: int, vocab_size: int) -> int:
-    """G, the rows of an online table with room for `states` states beside FREE: a
-    multiple of ROWS_STEP, at most what MAX_TABLE_BYTES holds at this vocabulary."""
-    most = (MAX_TABLE_BYTES // (vocab_size * 4)) // ROWS_STEP * ROWS_STEP
-    return min(-(-(states + 1) // ROWS_STEP) * ROWS_STEP, most)
+def table_bytes(G: int, C: int, M: int, vocab_size: int) -> int:
+    """The bytes of a bank's tables (next_gc, class_mv, kind_g and the chains)."""
+    return 4 * (G * C + M * vocab_size + G + G * CHAIN)
+
+
+def online_shape(states: int) -> tuple[int, int, int]:
+    """(G, C, M): an online bank's tables with room for `states` states beside FREE (a
+    multiple of ROWS_STEP rows), ONLINE_CLASSES columns, ONLINE_MAPS class maps. 4,096
+    states take 16 MiB, the maps 3 MiB at SmolLM2's 49,152 tokens."""
+    return _up(states + 1, ROWS_STEP), ONLINE_CLASSES, ONLINE_MAPS
 
 
 def with_guesses(lookahead, max_context: int):

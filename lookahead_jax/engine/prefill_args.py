@@ -80,8 +80,8 @@ def cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int, T: int) -
 
 def grammar_rows(requests: list[Encoded], n: int, bank: GrammarBank) -> GrammarRows:
     """The n rows' initial grammar states (FREE for a request without a grammar and for
-    padding rows) and the bank's table."""
+    padding rows) and the bank's tables."""
     state_n = np.zeros((n,), np.int32)
     for i, r in enumerate(requests):
         state_n[i] = bank.initial_state(r.grammar)
-    return GrammarRows(state_n, *bank.on_device())
+    return GrammarRows(state_n, bank.on_device())

@@ -289,13 +289,13 @@ class Scheduler:
         bank = self.device.grammars
         if bank is None or all(r.grammar is None for r in taken):
             return taken
-        in_use = {id(a.request.grammar.next_sv) for a in self.active if a and a.request.grammar}
+        in_use = {id(a.request.grammar.next_sc) for a in self.active if a and a.request.grammar}
         fits, back = [], []
         for r in taken:
             if r.grammar is None or bank.place(r.grammar, in_use):
                 fits.append(r)
                 if r.grammar is not None:
-                    in_use.add(id(r.grammar.next_sv))
+                    in_use.add(id(r.grammar.next_sc))
             else:
                 back.append(r)
         self.queue.extendleft(reversed(back))

@@ -24,15 +24,14 @@ def _rows(state: DecodeState) -> tuple[DecodeState, object]:
     if state.grammar is None:
         return state, None
     g = state.grammar
-    rows = dataclasses.replace(g, table_gv=None, chains_gl=None)
-    return dataclasses.replace(state, grammar=rows), (g.table_gv, g.chains_gl)
+    rows = dataclasses.replace(g, tables=None)
+    return dataclasses.replace(state, grammar=rows), g.tables
 
 
 def _with_table(state: DecodeState, tables) -> DecodeState:
     if tables is None:
         return state
-    table_gv, chains_gl = tables
-    grammar = dataclasses.replace(state.grammar, table_gv=table_gv, chains_gl=chains_gl)
+    grammar = dataclasses.replace(state.grammar, tables=tables)
     return dataclasses.replace(state, grammar=grammar)
 
 

@@ -50,11 +50,13 @@ class JsonSchemaFormat(BaseModel):
     strict: bool | None = None  # every answer is held to the schema, strict or not
 
 
+JSON_OBJECT = {"type": "object"}  # response_format json_object's schema: any JSON object
+
+
 class ResponseFormat(BaseModel):
     """OpenAI's response_format: "text" (none), "json_schema" (structured output: the
-    engine's grammar, lookahead_jax/grammar); "json_object" (any JSON object) is refused
-    for now: its automaton (1,505 states over SmolLM2's vocabulary) passes the table's
-    bound."""
+    engine's grammar, lookahead_jax/grammar) or "json_object" (any JSON object: the schema
+    JSON_OBJECT, objects nested up to outlines-core's depth)."""
 
     model_config = STRICT
     type: str
@@ -62,12 +64,10 @@ class ResponseFormat(BaseModel):
 
     @model_validator(mode="after")
     def _known(self):
-        if self.type == "json_object":
+        if self.type not in ("text", "json_schema", "json_object"):
             raise ValueError(
-                'type "json_object" is not supported yet: give "json_schema" with the schema'
+                f'type must be "text", "json_schema" or "json_object", got {self.type!r}'
             )
-        if self.type not in ("text", "json_schema"):
-            raise ValueError(f'type must be "text" or "json_schema", got {self.type!r}')
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError('"json_schema" goes with type "json_schema", and only with it')
         return self
@@ -119,6 +119,8 @@ class _Sampling(BaseModel):
     def json_schema(self) -> dict | None:
         """The schema response_format holds the answer to (None: free text)."""
         fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            return JSON_OBJECT
         return None if fmt is None or fmt.json_schema is None else fmt.json_schema.schema_
 
 
