@@ -33,7 +33,7 @@ MAX_GRAMMAR_STATES = 65_536  # an online grammar table's states (4 KiB each: 256
 # the settings the command line sets by a flag of the same name (--batch, ...)
 FLAGGED = {
     "batch", "max_new_tokens", "steps_per_call", "stream_steps", "max_prompt_tokens",
-    "prefix_cache_mb", "prefill_chunk", "shared_guesses", "row_buckets",
+    "prefix_cache_mb", "prefill_chunk", "shared_guesses", "row_buckets", "grammar_states",
 }  # fmt: skip
 
 
