@@ -69,6 +69,9 @@ def test_constrained_lookahead_equals_constrained_plain(model64, kind, temperatu
     assert any(len(ids) < MAX_NEW for ids in plain.token_ids)  # some ended with EOS
     assert accepted_guesses(la.stats) > 0  # not vacuous: guesses were accepted
     assert sum(la.steps) < sum(plain.steps)
+    # every row counted; the grammar compiled once (the second run's came from the cache)
+    assert plain.stats.grammar_requests == la.stats.grammar_requests == len(PROMPTS)
+    assert la.stats.grammar_compile_s == 0.0 and la.stats.as_dict()["grammar_compile_s"] == 0.0
     if kind == "json_schema":  # the schema's fixed text was guessed, and paid
         assert la.stats.sources["grammar"].tokens > 0, la.stats.sources
 

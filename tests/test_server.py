@@ -584,6 +584,8 @@ def test_response_format_json_schema_whole_and_streamed(server, reference):
         response_format={"type": "json_object"},
     )  # fmt: skip
     assert got.choices[0].message.content == want and want.startswith("{")
+    assert metric(server, "lookahead_grammar_requests") >= 3  # the schema's twice, this one
+    assert metric(server, "lookahead_grammar_compile_seconds") > 0
     if got.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(want), dict)
     bad_schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"minimum": 1}}}

@@ -37,7 +37,9 @@ def stats_line(out, total_s: float) -> str:
         f"[{mode}] {s.new_tokens} tokens in {s.decode_s + s.prefill_s:.2f} s "
         f"({s.tokens_per_s:.1f} tokens/s), {s.row_steps} steps, compression "
         f"{s.compression:.2f}, prefill {s.prefill_s:.2f} s, compile {s.compile_s:.2f} s, "
-        f"total {total_s:.1f} s" + (" (interrupted)" if s.interrupted else "")
+        + (f"grammar {s.grammar_compile_s:.2f} s, " if s.grammar_requests else "")
+        + f"total {total_s:.1f} s"
+        + (" (interrupted)" if s.interrupted else "")
     )
 
 
@@ -54,6 +56,7 @@ def json_record(out, load_s: float, total_s: float) -> dict:
         "tokens_per_s": s["tokens_per_s"],
         "prefill_s": s["prefill_s"],
         "compile_s": s["compile_s"],
+        "grammar_compile_s": s["grammar_compile_s"],
         "load_s": load_s,
         "total_s": total_s,
         "accepted_hist": s["accepted_hist"],

@@ -252,6 +252,9 @@ class Scheduler:
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
         taken = self._placed(taken)
         self.dequeued += len(taken)
+        for r in taken:
+            if r.grammar is not None:
+                self.stats.count_grammar(r.grammar.compile_s)
         ready = []  # [(slot, Active)]: chunked requests whose rest now fits one chunk
         if self.prefix is not None:
             ready = self.prefix.chunk(self.active, self.cancelled)

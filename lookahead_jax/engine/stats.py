@@ -60,6 +60,9 @@ class Stats:
     prefix_hit_tokens: int = 0  # prompt tokens taken from the cache, not computed
     prompt_tokens: int = 0  # prompt tokens of those requests
     prefill_chunks: int = 0  # chunks of long prompts prefilled between decode rounds
+    grammar_requests: int = 0  # requests admitted under a json_schema or regex
+    grammar_compile_s: float = 0.0  # compiling their grammars to automata on the host
+    # (grammar/compile.py; 0 for a grammar kept from before: one schema compiles once)
     compile_s: float = 0.0  # waiting for the prefill and loop programs to compile in this
     # run (the loop compiles in the background beside the prefill's; 0 when every one was
     # compiled already; the small insert / retire programs are left out)
@@ -125,6 +128,11 @@ class Stats:
     def count_chunk(self) -> None:
         """A chunk of a long prompt was prefilled between decode rounds."""
         self.prefill_chunks += 1
+
+    def count_grammar(self, compile_s: float) -> None:
+        """A request under a grammar was admitted; compiling it took `compile_s`."""
+        self.grammar_requests += 1
+        self.grammar_compile_s += compile_s
 
     def count_prefill_time(self, seconds: float) -> None:
         """A round's prefills, inserts and chunks took `seconds` (compiles left out)."""

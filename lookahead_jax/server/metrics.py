@@ -103,6 +103,17 @@ class Metrics:
             "Seconds spent compiling programs for new shapes, since the server started",
             registry=r,
         )
+        self.grammar_requests = Gauge(
+            "lookahead_grammar_requests",
+            "Requests admitted under a response_format grammar, since the server started",
+            registry=r,
+        )
+        self.grammar_compile_s = Gauge(
+            "lookahead_grammar_compile_seconds",
+            "Seconds spent compiling response_format grammars to automata (each distinct "
+            "schema once), since the server started",
+            registry=r,
+        )
 
     def scrape(self) -> bytes:
         stats = self.engine.online_stats  # (an offline run on this engine has its own)
@@ -116,6 +127,8 @@ class Metrics:
         self.prefix_misses.set(stats.prefix_lookups - stats.prefix_hits)
         self.prefix_hit_tokens.set(stats.prefix_hit_tokens)
         self.compile_s.set(stats.compile_s)
+        self.grammar_requests.set(stats.grammar_requests)
+        self.grammar_compile_s.set(stats.grammar_compile_s)
         for rows, n in dict(stats.rounds_by_rows).items():
             self.rounds.labels(rows=str(rows)).set(n)
         for rows, modes in dict(stats.per_round).items():
