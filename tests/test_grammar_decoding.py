@@ -76,6 +76,19 @@ def test_constrained_lookahead_equals_constrained_plain(model64, kind, temperatu
         assert la.stats.sources["grammar"].tokens > 0, la.stats.sources
 
 
+def test_one_compiled_loop_serves_grammars_of_different_sizes(model64):
+    """An offline run's tables are bucketed (grammar_bank.MIN_SHAPE): a second
+    `lj.generate` under another grammar, of another size, compiles no program."""
+    la = lj.LookaheadConfig.for_tokens(8)
+    args = (model64.tokenizer.token_bytes(), tuple(model64.eos_ids), model64.lm.vocab_size)
+    longer = r"[abc]{1,90}\."
+    assert grammar.from_regex(longer, *args).states > 2 * automaton(model64, "regex").states
+    with jax.enable_x64(True):
+        for regex in (REGEX, longer):
+            out = lj.generate(model64, PROMPTS, max_new_tokens=MAX_NEW, lookahead=la, regex=regex)
+    assert out.stats.compile_s == 0.0, out.stats.compile_s
+
+
 def test_rows_with_and_without_grammars_share_a_batch(model64):
     """One engine batch: a regex row, a schema row and two free rows; each row's tokens
     are those of its own decode alone (greedy, lookahead and plain)."""

@@ -4,12 +4,15 @@ to it: the rows with no grammar); each distinct automaton (grammar/automaton.py)
 at an offset, its states and next states shifted by it, its forbidden classes still -1,
 and takes a class map of its own (its tokens' classes; map 0 is FREE's).
 
+The tables' shapes are the programs' (an offline run's: powers of two, at least
+MIN_SHAPE, so that one compiled decode loop serves most grammars: one `lj.generate` a
+schema does not compile a loop a schema; an online engine's: fixed, online_shape).
+
 Worked example: automata A (3 states, 40 classes) and B (2 states, 90 classes) over V
-tokens make tables of 1 + 3 + 2 = 6 state rows padded to G = 16 (a multiple of
-ROWS_STEP, so that few program shapes meet), C = 128 class columns (a multiple of
-CLASSES_STEP) and M = 3 class maps padded to 4: A at offset 1 with map 1, B at 4 with map
-2; a row under B starts in state 4 + B.initial, A's next_sc[s, c] = t becomes
-next_gc[1 + s, c] = 1 + t, kind_g[1:4] = 1 and class_mv[1] = A.class_v.
+tokens make tables of 1 + 3 + 2 = 6 state rows padded to G = 1,024, C = 256 class columns
+and M = 3 class maps padded to 4: A at offset 1 with map 1, B at 4 with map 2; a row
+under B starts in state 4 + B.initial, A's next_sc[s, c] = t becomes next_gc[1 + s, c] =
+1 + t, kind_g[1:4] = 1 and class_mv[1] = A.class_v.
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from lookahead_jax.decoding.grammar_rows import FREE, GrammarTables
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.grammar import MAX_TABLE_BYTES, TokenAutomaton, fixed_text
 
-ROWS_STEP = 16  # G is a multiple of this (few program shapes; a grammar's own bound holds)
-CLASSES_STEP = 64  # C too
-MAPS_STEP = 4  # K too
+MIN_SHAPE = (1024, 256, 4)  # an offline run's least (G, C, M): 1 MiB (22 schemas measured:
+# 32-1,558 states, 28-212 classes; docs/engine.md)
+ROWS_STEP = 16  # an online engine's G is a multiple of this
 ONLINE_CLASSES = 1024  # an online engine's class columns (schemas measured: 100-200)
 ONLINE_MAPS = 16  # an online engine's class maps: distinct grammars in flight at once, + FREE
 CHAIN = 8  # tokens of fixed text guessed from a state (grammar/fixed_text.py)
@@ -50,6 +53,11 @@ def _up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
+def _octave(n: int, least: int) -> int:
+    """The smallest power of two >= n, at least `least`."""
+    return max(least, 1 << max(n - 1, 0).bit_length())
+
+
 class GrammarBank:
     """The automata of a run, placed (module docstring): `next_gc` [G, C], `kind_g` [G],
     `class_mv` [M, V] and `chains` [G, CHAIN], int32 on the host."""
@@ -62,11 +70,10 @@ class GrammarBank:
             distinct.setdefault(id(a.next_sc), a)  # (the compile cache shares arrays)
         used = 1 + sum(a.states for a in distinct.values())
         widest = max((a.classes for a in distinct.values()), default=1)
-        G, C, M = shape or (
-            _up(used, ROWS_STEP), _up(widest, CLASSES_STEP), _up(1 + len(distinct), MAPS_STEP)
-        )  # fmt: skip
+        needed = (used, widest, 1 + len(distinct))
+        G, C, M = shape or (_octave(n, least) for n, least in zip(needed, MIN_SHAPE, strict=True))
         nbytes = table_bytes(G, C, M, vocab_size)
-        if nbytes > MAX_TABLE_BYTES + ROWS_STEP * C * 4:
+        if nbytes > 2 * MAX_TABLE_BYTES:  # (a run's tables; the bound is each grammar's)
             raise UserInputError(
                 f"the run's {len(distinct)} distinct grammars make {used} automaton states "
                 f"together, tables of {nbytes / 2**20:.0f} MiB, over the bound of "
