@@ -173,3 +173,40 @@ def test_an_online_engine_swaps_grammars_in_its_table(model64):
         while engine.round():
             pass
     assert [done[i].token_ids for i in range(len(order))] == want
+
+
+def test_cached_prompt_blocks_serve_rows_under_grammars(model64, monkeypatch):
+    """The prefix cache with grammars (an online engine): a prompt's cached blocks serve
+    the next request under a schema and one under a regex (their suffixes' prefills mask
+    the first token as a prompt's does); each gets its lone decode's tokens."""
+    from lookahead_jax.engine.prefill_shapes import PaddedShapes
+
+    # (a suffix whose shape is not compiled would run from scratch: test_prefix_cache.py)
+    monkeypatch.setattr(PaddedShapes, "instead", lambda *a, **k: None)
+    stem = "a b c ab ba " * 2  # (two of the cache's 16-token blocks with the suffix)
+    asks = [(stem + "x", "json_schema"), (stem + "x", "json_schema"), (stem + "the cat", "regex")]
+    done = {}
+    with jax.enable_x64(True):
+        want = [
+            lj.generate(
+                model64, [p], max_new_tokens=MAX_NEW, lookahead=None, **GRAMMARS[k]
+            ).token_ids[0]
+            for p, k in asks
+        ]
+        engine = lj.Engine(
+            model64,
+            batch=2,
+            max_new_tokens=MAX_NEW,
+            lookahead=lj.LookaheadConfig.for_tokens(8),
+            grammar_states=max(automaton(model64, k).states for k in GRAMMARS),
+            prefix_cache_mb=1,
+        )  # fmt: skip  (the swap test's tables: its programs)
+        for i, (p, k) in enumerate(asks):  # one after the other: each finds the last cached
+            engine.submit(
+                lj.Request(p, id=i, **GRAMMARS[k]),
+                lambda u: u.result and done.__setitem__(u.id, u.result),
+            )
+            while engine.round():
+                pass
+    assert [done[i].token_ids for i in range(len(asks))] == want
+    assert engine.online_stats.prefix_hits == 2, engine.online_stats

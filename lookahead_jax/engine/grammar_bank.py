@@ -73,10 +73,10 @@ class GrammarBank:
         needed = (used, widest, 1 + len(distinct))
         G, C, M = shape or (_octave(n, least) for n, least in zip(needed, MIN_SHAPE, strict=True))
         nbytes = table_bytes(G, C, M, vocab_size)
-        if nbytes > 2 * MAX_TABLE_BYTES:  # (a run's tables; the bound is each grammar's)
+        if nbytes > 2 * MAX_TABLE_BYTES:  # (each grammar's bound, and the octave's room)
             raise UserInputError(
                 f"the run's {len(distinct)} distinct grammars make {used} automaton states "
-                f"together, tables of {nbytes / 2**20:.0f} MiB, over the bound of "
+                f"together, tables of {nbytes / 2**20:.0f} MiB, over twice the bound of "
                 f"{MAX_TABLE_BYTES / 2**20:.0f} MiB (lookahead_jax.grammar.MAX_TABLE_BYTES): "
                 "run fewer distinct grammars at once"
             )
