@@ -113,6 +113,10 @@ def test_the_fixed_text_ahead_and_its_tokens():
     chains = fixed_text.chains(a, TOY, longest_first, 4)
     assert chains[a.initial].tolist() == [10, 11, 12, -1]
     assert chains[after_one].tolist() == [12, -1, -1, -1]
+    # an encoder whose first token the grammar forbids (sentencepiece's leading "▁"):
+    # the text is written by the longest allowed tokens instead
+    spaced = fixed_text.chains(a, TOY, lambda text: [1, *longest_first(text)], 4)
+    assert np.array_equal(spaced, chains)
 
 
 @pytest.fixture(scope="module")
@@ -261,3 +265,19 @@ def test_bad_regexes_and_oversized_tables_are_refused(monkeypatch):
         UserInputError, match=r"makes \d+ automaton states: its table .* over the bound"
     ):
         grammar.from_regex("(no|yes){2}", TOY, (EOS,), len(TOY))
+
+
+def test_a_bank_too_large_in_octaves_fits_closely(monkeypatch):
+    """engine/grammar_bank.py: an offline run's tables are powers of two (at least
+    MIN_SHAPE) unless that passes the bound, then fitted to what its grammars need."""
+    from lookahead_jax.engine import grammar_bank
+
+    a = toy('\\{"a":1\\}')
+    assert grammar_bank.GrammarBank([a], len(TOY)).next_gc.shape == (1024, 256)
+    monkeypatch.setattr(grammar_bank, "MAX_TABLE_BYTES", 64 << 10)
+    bank = grammar_bank.GrammarBank([a], len(TOY))
+    assert bank.next_gc.shape == (-(-(1 + a.states) // 16) * 16, 16)
+    state = bank.initial_state(a)
+    assert np.flatnonzero(bank.next_gc[state][bank.class_mv[bank.kind_g[state]]] >= 0).tolist() == (
+        a.allowed(a.initial).tolist()
+    )

@@ -210,3 +210,15 @@ def test_cached_prompt_blocks_serve_rows_under_grammars(model64, monkeypatch):
                 pass
     assert [done[i].token_ids for i in range(len(asks))] == want
     assert engine.online_stats.prefix_hits == 2, engine.online_stats
+
+
+def test_constrained_lookahead_in_float32_up_to_near_ties(tiny_text_ckpt):
+    """float32 (the product's dtype): constrained lookahead == constrained plain but where
+    plain decoding's two best logits were a near-tie (lj.testing's harness)."""
+    model = lj.load(tiny_text_ckpt)
+    for kind in GRAMMARS:
+        accepted = lj.testing.assert_lookahead_matches_plain(
+            model, PROMPTS, configs=(lj.LookaheadConfig.for_tokens(8),), max_new_tokens=MAX_NEW,
+            batch_sizes=(4,), near_tie=1e-3, **GRAMMARS[kind],
+        )  # fmt: skip
+        assert all(n > 0 for n in accepted.values()), (kind, accepted)

@@ -132,11 +132,11 @@ def build_parser(prog: str = "python -m lookahead_jax.serve") -> argparse.Argume
         "--grammar-states",
         type=int,
         default=4096,
-        help="structured output (response_format json_schema): the automaton states of the "
-        "grammars in flight (at most 15 distinct) that the device tables hold, 4 KiB a state "
-        "(a schema of a few properties makes 300-1,000, any JSON object 1,505 at SmolLM2's "
-        "vocabulary); a step masks logits only while some row follows a grammar; 0: off "
-        "(default 4096: 19 MiB)",
+        help="structured output (response_format json_schema, json_object): the automaton "
+        "states of the grammars in flight (at most 15 distinct) that the device tables hold, 4 "
+        "KiB a state (a schema of a few properties makes 300-1,000, any JSON object 1,505 at "
+        "SmolLM2's vocabulary); a step masks logits only while some row follows a grammar; 0: "
+        "off (default 4096: 19 MiB at SmolLM2's vocabulary)",
     )
     p.add_argument(
         "--dtype",

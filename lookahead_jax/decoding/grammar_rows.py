@@ -1,6 +1,6 @@
-"""Structured output on the device: each row's state in its grammar, and the table of the
-grammars' automata it reads (lookahead_jax/grammar/: a TokenAutomaton each, placed at an
-offset of one table by the engine's GrammarBank).
+"""Structured output on the device: each row's state in its grammar, and the tables of
+the grammars' automata it reads (lookahead_jax/grammar/: a TokenAutomaton each, placed at
+an offset of one set of tables by the engine's GrammarBank).
 
 Every token a constrained row chooses comes from logits masked by its state — the
 prefill's first token, a plain step's, and in a lookahead step the input's row and every
@@ -9,15 +9,16 @@ emitted tokens (decode_state.emit). A guess the grammar forbids can never match 
 token chosen before it, so it is never accepted: constrained lookahead emits exactly the
 tokens of constrained plain decoding, greedy and sampled alike.
 
-    state_b   [B] int32     row b's state: a row of the tables; FREE (0) for a row with no
-                            grammar (its class map puts every token in class 0, which
-                            leads from FREE back to FREE)
-    next_gc   [G, C] int32  the state after a token of class c in state g; -1: not allowed
-    kind_g    [G] int32     the class map m that state g reads (its grammar's; FREE's: 0)
-    class_mv  [M, V] int32  token v's class under class map m (grammar/automaton.py)
-    chains_gl [G, L] int32  the tokens of the text the grammar fixes ahead of state g, as
-                            the tokenizer writes it (-1 after): a lookahead step's guesses
-                            (grammar/fixed_text.py, guesses/grammar_source.py)
+    state_b   [B] int32        row b's state: a row of the tables; FREE (0) for a row with
+                               no grammar (its class map puts every token in class 0,
+                               which leads from FREE back to FREE)
+    next_gc   [Gs, Gc] int32   the state after a token of class c in state g; -1: not
+                               allowed
+    kind_g    [Gs] int32       the class map m that state g reads (its grammar's; FREE's 0)
+    class_mv  [Gm, V] int32    token v's class under class map m (grammar/automaton.py)
+    chains_gl [Gs, Gl] int32   the tokens of the text the grammar fixes ahead of state g,
+                               as the tokenizer writes it (-1 after): a lookahead step's
+                               guesses (grammar/fixed_text.py, guesses/grammar_source.py)
 
 Worked example: a row in state g = 5 of a grammar placed with class map m = 2 (kind_g[5]
 = 2) may choose token v where next_gc[5, class_mv[2, v]] >= 0, and moves there.
@@ -40,10 +41,10 @@ class GrammarTables:
     """The grammars' tables (module docstring): not per row, so the slot edits
     (engine/slot_state.py) keep them whole."""
 
-    next_gc: Int[Array, "G Classes"]
-    kind_g: Int[Array, " G"]
-    class_mv: Int[Array, "Maps V"]
-    chains_gl: Int[Array, "G L"]
+    next_gc: Int[Array, "Gs Gc"]
+    kind_g: Int[Array, " Gs"]
+    class_mv: Int[Array, "Gm V"]
+    chains_gl: Int[Array, "Gs Gl"]
 
 
 @jax.tree_util.register_dataclass

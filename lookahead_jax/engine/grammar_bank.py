@@ -25,8 +25,8 @@ from lookahead_jax.decoding.grammar_rows import FREE, GrammarTables
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.grammar import MAX_TABLE_BYTES, TokenAutomaton, fixed_text
 
-MIN_SHAPE = (1024, 256, 4)  # an offline run's least (G, C, M): 1 MiB (22 schemas measured:
-# 32-1,558 states, 28-212 classes; docs/engine.md)
+MIN_SHAPE = (1024, 256, 4)  # an offline run's least (G, C, M): 1 MiB of states and 0.75
+# of class maps at 49,152 tokens (22 schemas measured: 32-1,558 states, 28-212 classes)
 ROWS_STEP = 16  # an online engine's G is a multiple of this
 ONLINE_CLASSES = 1024  # an online engine's class columns (schemas measured: 100-200)
 ONLINE_MAPS = 16  # an online engine's class maps: distinct grammars in flight at once, + FREE
@@ -72,13 +72,15 @@ class GrammarBank:
         widest = max((a.classes for a in distinct.values()), default=1)
         needed = (used, widest, 1 + len(distinct))
         G, C, M = shape or (_octave(n, least) for n, least in zip(needed, MIN_SHAPE, strict=True))
+        if table_bytes(G, C, M, vocab_size) > MAX_TABLE_BYTES:  # large ones: a close fit
+            G, C, M = _up(used, ROWS_STEP), _up(widest, ROWS_STEP), _up(needed[2], ROWS_STEP)
         nbytes = table_bytes(G, C, M, vocab_size)
-        if nbytes > 2 * MAX_TABLE_BYTES:  # (each grammar's bound, and the octave's room)
+        if nbytes > MAX_TABLE_BYTES * max(1, len(distinct)):  # (each grammar within it)
             raise UserInputError(
                 f"the run's {len(distinct)} distinct grammars make {used} automaton states "
-                f"together, tables of {nbytes / 2**20:.0f} MiB, over twice the bound of "
-                f"{MAX_TABLE_BYTES / 2**20:.0f} MiB (lookahead_jax.grammar.MAX_TABLE_BYTES): "
-                "run fewer distinct grammars at once"
+                f"together, tables of {nbytes / 2**20:.0f} MiB, over {len(distinct)} x the "
+                f"bound of {MAX_TABLE_BYTES / 2**20:.0f} MiB "
+                "(lookahead_jax.grammar.MAX_TABLE_BYTES): run fewer distinct grammars at once"
             )
         self.tokenizer = tokenizer
         self.next_gc = np.full((G, C), -1, np.int32)
@@ -224,7 +226,7 @@ def table_bytes(G: int, C: int, M: int, vocab_size: int) -> int:
 def online_shape(states: int) -> tuple[int, int, int]:
     """(G, C, M): an online bank's tables with room for `states` states beside FREE (a
     multiple of ROWS_STEP rows), ONLINE_CLASSES columns, ONLINE_MAPS class maps. 4,096
-    states take 16 MiB, the maps 3 MiB at SmolLM2's 49,152 tokens."""
+    states take 16 MiB, the maps 3 MiB at SmolLM2's 49,152 tokens (8 MiB at 128k)."""
     return _up(states + 1, ROWS_STEP), ONLINE_CLASSES, ONLINE_MAPS
 
 

@@ -252,9 +252,6 @@ class Scheduler:
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
         taken = self._placed(taken)
         self.dequeued += len(taken)
-        for r in taken:
-            if r.grammar is not None:
-                self.stats.count_grammar(r.grammar.compile_s)
         ready = []  # [(slot, Active)]: chunked requests whose rest now fits one chunk
         if self.prefix is not None:
             ready = self.prefix.chunk(self.active, self.cancelled)
@@ -286,9 +283,8 @@ class Scheduler:
         return admitted
 
     def _placed(self, taken: list[Encoded]) -> list[Encoded]:
-        """The requests whose grammars the table holds (placed now, dropping those no row
-        follows if need be); the others go back to the front of the queue, to wait for
-        rows to finish (an online engine's bank: grammar_bank.py)."""
+        """The requests whose grammars the bank (grammar_bank.py) holds, placed now and counted
+        (those no row follows dropped if need be); the others wait at the queue's front."""
         bank = self.device.grammars
         if bank is None or all(r.grammar is None for r in taken):
             return taken
@@ -299,6 +295,7 @@ class Scheduler:
                 fits.append(r)
                 if r.grammar is not None:
                     in_use.add(id(r.grammar.next_sc))
+                    self.stats.count_grammar(r.grammar.compile_s)
             else:
                 back.append(r)
         self.queue.extendleft(reversed(back))

@@ -133,7 +133,19 @@ def from_transitions(
     eos = np.asarray([e for e in eos_ids if 0 <= e < vocab_size], np.int64)
     # (a tokenizer entry past the model's logits is never chosen; EOS is set below)
     keep = (tokens < vocab_size) & ~np.isin(tokens, eos)
-    class_v, next_sc = token_classes(froms[keep], tokens[keep], tos[keep], S, vocab_size)
+
+    def check(classes: int) -> None:  # (EOS's class beside them)
+        nbytes = S * (classes + 1) * 4 + vocab_size * 4
+        if nbytes > MAX_TABLE_BYTES:
+            raise UserInputError(
+                f"{what} makes {S} automaton states: its table ({S} x {classes + 1} token "
+                f"classes x 4 bytes, and {vocab_size} tokens' classes = {nbytes / 2**20:.0f} "
+                f"MiB) is over the bound of {MAX_TABLE_BYTES / 2**20:.0f} MiB "
+                "(lookahead_jax.grammar.MAX_TABLE_BYTES); bound its strings and arrays "
+                "(maxLength, maxItems) or split it"
+            )
+
+    class_v, next_sc = token_classes(froms[keep], tokens[keep], tos[keep], S, vocab_size, check)
     final_s = np.zeros((S,), bool)
     finals = np.asarray(list(finals), np.int64)
     final_s[dense_of_rank[np.searchsorted(ids, finals[np.isin(finals, ids)])]] = True
@@ -142,23 +154,17 @@ def from_transitions(
         next_sc = np.concatenate(
             [next_sc, np.where(final_s, np.arange(S, dtype=np.int32), -1)[:, None]], axis=1
         )
-    nbytes = next_sc.nbytes + class_v.nbytes
-    if nbytes > MAX_TABLE_BYTES:
-        raise UserInputError(
-            f"{what} makes {S} automaton states: its table ({S} x {next_sc.shape[1]} token "
-            f"classes x 4 bytes, and {vocab_size} tokens' classes = {nbytes / 2**20:.0f} MiB) "
-            f"is over the bound of {MAX_TABLE_BYTES / 2**20:.0f} MiB "
-            "(lookahead_jax.grammar.MAX_TABLE_BYTES); bound its strings and arrays "
-            "(maxLength, maxItems) or split it"
-        )
     for a in (next_sc, class_v, final_s):
         a.flags.writeable = False
     return TokenAutomaton(next_sc=next_sc, class_v=class_v, final_s=final_s, initial=0, what=what)
 
 
-def token_classes(froms, tokens, tos, S: int, V: int) -> tuple[np.ndarray, np.ndarray]:
+def token_classes(
+    froms, tokens, tos, S: int, V: int, check=lambda classes: None
+) -> tuple[np.ndarray, np.ndarray]:
     """(class_v [V], next_sc [S, C]) of the moves (froms[i], tokens[i]) -> tos[i]: tokens
     with the same moves in every state share a class; class 0 holds those with none.
+    `check(C)` runs before a table of C classes is made (to refuse one too large).
 
     Each token's moves are summed as 64-bit hashes of (state, next state) (numpy, no
     Python loop over ~3 million moves: each 32-bit half summed exactly); two different
@@ -166,9 +172,11 @@ def token_classes(froms, tokens, tos, S: int, V: int) -> tuple[np.ndarray, np.nd
     fewer moves than its class, which the check below finds, and then the classes are
     made exactly by the moves' bytes."""
     class_v = _classes_by_hash(froms, tokens, tos, V)
+    check(int(class_v.max(initial=0)) + 1)
     next_sc = _table(froms, tokens, tos, S, class_v)
     if not _consistent(froms, tokens, tos, class_v, next_sc):
         class_v = _classes_exact(froms, tokens, tos, V)
+        check(int(class_v.max(initial=0)) + 1)
         next_sc = _table(froms, tokens, tos, S, class_v)
     return class_v, next_sc
 
@@ -184,7 +192,8 @@ def _mix(x):
 
 def _classes_by_hash(froms, tokens, tos, V: int) -> np.ndarray:
     move = _mix((froms.astype(np.uint64) << np.uint64(32)) | tos.astype(np.uint64))
-    # each half summed exactly in float64 (< 2**32 x the states: under 2**53)
+    # each half summed in float64: exact below 2**21 states (a wrong sum beyond is a
+    # collision like any other: the check in token_classes finds it)
     low = np.bincount(tokens, (move & np.uint64(0xFFFFFFFF)).astype(np.float64), V)
     high = np.bincount(tokens, (move >> np.uint64(32)).astype(np.float64), V)
     present = np.flatnonzero(np.bincount(tokens, minlength=V))

@@ -10,6 +10,10 @@ Worked example (a schema with properties "name" then "age", compact JSON): in th
 after `{"name":"Ava"`, every allowed token's bytes start with `"` (the string may only
 end), and the one equal to it leads on to a state where every allowed token starts with
 `,`, then `"age":`: the fixed text is `","age":`, encoded e.g. as [`","`, `age`, `":`].
+
+Where the encoding's first token is not allowed — a sentencepiece tokenizer writes a
+fragment with a leading "▁" (a space), which compact JSON never has — the text is
+written instead by the longest allowed token at each point (`longest_match`).
 """
 
 from __future__ import annotations
@@ -42,16 +46,40 @@ def fixed_bytes(a: TokenAutomaton, token_bytes, state: int) -> bytes:
 
 def chains(a: TokenAutomaton, token_bytes, encode, length: int) -> np.ndarray:
     """[S, length] int32: from each state, the tokens of its fixed text as `encode` (bytes
-    -> token ids) writes them, as far as the automaton allows them; -1 after."""
+    -> token ids) writes them, as far as the automaton allows them (or, where it allows
+    none of them, as `longest_match` does); -1 after."""
     out = np.full((a.states, length), -1, np.int32)
+    by_bytes: dict[bytes, list[int]] = {}
+    for i, b in enumerate(token_bytes):
+        if b:
+            by_bytes.setdefault(b, []).append(i)
     for s in range(a.states):
         text = fixed_bytes(a, token_bytes, s)
         if not text:
             continue
-        state = s
-        for i, t in enumerate(encode(text)[:length]):
+        run, state = [], s
+        for t in encode(text)[:length]:
             state = a.advance(state, t)
             if state < 0:
                 break
-            out[s, i] = t
+            run.append(t)
+        run = run or longest_match(a, by_bytes, s, text, length)
+        out[s, : len(run)] = run
     return out
+
+
+def longest_match(a: TokenAutomaton, by_bytes: dict, state: int, text: bytes, length: int):
+    """Up to `length` tokens writing `text` from `state`: at each point the longest token
+    (by_bytes: bytes -> token ids) that is a prefix of the rest and that the automaton
+    allows; stops where none is."""
+    run: list[int] = []
+    while text and len(run) < length:
+        for k in range(len(text), 0, -1):
+            t = next((i for i in by_bytes.get(text[:k], ()) if a.advance(state, i) >= 0), None)
+            if t is not None:
+                break
+        else:
+            break
+        run.append(t)
+        state, text = a.advance(state, t), text[k:]
+    return run

@@ -183,15 +183,15 @@ class Answers:
             for i in range(len(prompts) * body.n)
         ]
 
-    def submit(self, requests: list[EngineRequest], body, chat: bool, updates: asyncio.Queue):
-        """Queue the requests, all reporting to `updates`: their ids in choice order. The
-        engine's refusal of one is a 400 naming the API's field (max_tokens or
+    def submit(self, requests: list[EngineRequest], body, chat: bool, updates: asyncio.Queue, loop):
+        """Queue the requests, all reporting to `updates` on `loop`: their ids in choice
+        order. The engine's refusal of one is a 400 naming the API's field (max_tokens or
         max_completion_tokens for max_new_tokens), and those queued before it are
         cancelled."""
         rids = []
         try:
             for request in requests:
-                rids.append(self.runner.submit(request, body.stream, updates))
+                rids.append(self.runner.submit(request, body.stream, updates, loop))
         except UserInputError as e:
             for rid in rids:
                 self.runner.cancel(rid)
@@ -213,6 +213,22 @@ class Answers:
             ) from None
         return rids
 
+    async def _submit_off_loop(self, *args) -> list[str]:
+        """`submit` on a worker thread; a client that leaves meanwhile has what it queued
+        cancelled once the thread is done."""
+        job = asyncio.ensure_future(asyncio.to_thread(self.submit, *args))
+
+        def cancel_queued(done) -> None:
+            if not done.cancelled() and done.exception() is None:
+                for rid in done.result():
+                    self.runner.cancel(rid)
+
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            job.add_done_callback(cancel_queued)
+            raise
+
     async def answer(self, http: Request, body, chat: bool):
         t0 = time.perf_counter()
         self.check_model(body.model)
@@ -225,7 +241,12 @@ class Answers:
                 429, "too many requests are waiting; try again later", type_="rate_limit_error"
             )
         updates: asyncio.Queue = asyncio.Queue()
-        rids = self.submit(requests, body, chat, updates)
+        loop = asyncio.get_running_loop()
+        if body.json_schema() is None:
+            rids = self.submit(requests, body, chat, updates, loop)
+        else:  # its grammar compiles as it is queued (~6 s for any JSON object at a 49k
+            # vocabulary, once a process): on a worker thread, not the event loop's
+            rids = await self._submit_off_loop(requests, body, chat, updates, loop)
         # each prompt counted once, however many choices it has
         n_prompt = sum(len(r.prompt) for r in requests[:: body.n])
         metrics.prompt_tokens.inc(n_prompt)

@@ -98,6 +98,9 @@ class Metrics:
             ["rows"],
             registry=r,
         )
+        self._compile_gauges(r)
+
+    def _compile_gauges(self, r) -> None:
         self.compile_s = Gauge(
             "lookahead_compile_seconds",
             "Seconds spent compiling programs for new shapes, since the server started",
@@ -110,8 +113,9 @@ class Metrics:
         )
         self.grammar_compile_s = Gauge(
             "lookahead_grammar_compile_seconds",
-            "Seconds spent compiling response_format grammars to automata (each distinct "
-            "schema once), since the server started",
+            "Seconds spent compiling response_format grammars to automata (a schema kept "
+            "from before compiles in none), counted as requests are admitted, since the "
+            "server started",
             registry=r,
         )
 

@@ -86,12 +86,13 @@ class EngineRunner:
         free = self.engine.batch - self.engine.slots_in_use
         return self.engine.queued + new > self.max_queue + free
 
-    def submit(self, request: Request, stream: bool, updates: asyncio.Queue) -> str:
-        """Queue `request` under a fresh id, its updates to arrive on `updates` (to be
-        called on the event loop; several requests may share one queue: an update names
-        its request); returns the id. stream: its tokens as they come (else only its
-        result). Raises UserInputError for bad input."""
-        loop = asyncio.get_running_loop()
+    def submit(self, request: Request, stream: bool, updates: asyncio.Queue, loop=None) -> str:
+        """Queue `request` under a fresh id, its updates to arrive on `updates` of `loop`
+        (default: the running one: called on the event loop; from another thread, name
+        it; several requests may share one queue: an update names its request); returns
+        the id. stream: its tokens as they come (else only its result). Raises
+        UserInputError for bad input."""
+        loop = loop or asyncio.get_running_loop()
 
         def listener(update: Update) -> None:
             if update.result is not None:

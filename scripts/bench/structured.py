@@ -110,41 +110,46 @@ def start_server(flags) -> tuple:
             time.sleep(0.5)
 
 
+def one_pass(url: str, rows, t: float) -> tuple[list, float]:
+    jobs = [(x, t) for x in enumerate(rows)]
+    start = time.perf_counter()
+    with cf.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(ask, [url] * len(jobs), jobs))
+    return got, time.perf_counter() - start
+
+
 def server(rows, passes: int = 3) -> dict:
     """Both servers up at once, their passes interleaved (an idle one costs nothing),
     after a pass of each temperature that compiles: the figures are the passes' median."""
     import httpx
 
-    servers = {mode: start_server(flags) for mode, flags in SERVERS}
-
-    def one_pass(url, t):
-        jobs = [(x, t) for x in enumerate(rows)]
-        start = time.perf_counter()
-        with cf.ThreadPoolExecutor(4) as pool:
-            got = list(pool.map(ask, [url] * len(jobs), jobs))
-        return got, time.perf_counter() - start
-
-    for t in (0.0, 1.0):  # warm: programs and grammars compiled (some in the background)
-        for _, url in servers.values():
-            one_pass(url, t)
-    out = {}
-    for t in (0.0, 1.0):
-        walls: dict = {mode: [] for mode in servers}
-        last = {}
-        for _ in range(passes):
-            for mode, (_, url) in servers.items():
-                last[mode], wall = one_pass(url, t)
-                walls[mode].append(wall)
-        for mode in servers:
-            texts, finishes, tokens = zip(*last[mode], strict=True)
-            counts = {"tokens": sum(tokens), "wall_s": sorted(walls[mode])[passes // 2]}
-            out[f"{mode} t={t}"] = summary(texts, finishes, rows, counts | {"walls": walls[mode]})
-    metrics = httpx.get(servers["auto"][1] + "/metrics").text.splitlines()
-    out["auto_metrics"] = [m for m in metrics if m.startswith("lookahead_auto")]
-    for proc, _ in servers.values():
-        proc.terminate()
-        proc.wait(60)
-    return out
+    servers = {}
+    try:
+        for mode, flags in SERVERS:
+            servers[mode] = start_server(flags)
+        for t in (0.0, 1.0):  # warm: programs and grammars compiled (some in the background)
+            for _, url in servers.values():
+                one_pass(url, rows, t)
+        out = {}
+        for t in (0.0, 1.0):
+            walls: dict = {mode: [] for mode in servers}
+            last = {}
+            for _ in range(passes):
+                for mode, (_, url) in servers.items():
+                    last[mode], wall = one_pass(url, rows, t)
+                    walls[mode].append(wall)
+            for mode in servers:
+                texts, finishes, tokens = zip(*last[mode], strict=True)
+                counts = {"tokens": sum(tokens), "wall_s": sorted(walls[mode])[passes // 2]}
+                counts["walls"] = walls[mode]
+                out[f"{mode} t={t}"] = summary(texts, finishes, rows, counts)
+        metrics = httpx.get(servers["auto"][1] + "/metrics").text.splitlines()
+        out["auto_metrics"] = [m for m in metrics if m.startswith("lookahead_auto")]
+        return out
+    finally:  # (a failing pass leaves no server behind)
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(60)
 
 
 def table(result: dict) -> str:
