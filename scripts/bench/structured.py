@@ -7,7 +7,7 @@ lookahead emits plain's tokens under each schema, and what each costs.
   of 4 free rows against 3 free rows beside one under a schema (lj.Engine, plain, 3 runs
   interleaved, min): what the mask costs rows that have no grammar.
 * --server: `serve --batch 4`, plain (--no-lookahead) and auto, both up, the 22 requests
-  4 at a time, temperature 0 and 1.0 (seeded), passes interleaved (the median of 3 after
+  4 at a time, temperature 0 and 1.0 (seeded), passes interleaved (the median of --passes after
   a pass of each temperature that compiles).
 
     python scripts/bench/structured.py --out benchmarks/cpu/structured_schemas [--server]
@@ -184,6 +184,7 @@ if __name__ == "__main__":
     p.add_argument("--out", default="benchmarks/cpu/structured_schemas")
     p.add_argument("--server", action="store_true", help="also through the server")
     p.add_argument("--server-only", action="store_true", help="the server's figures only")
+    p.add_argument("--passes", type=int, default=3, help="the server's measured passes")
     args = p.parse_args()
     rows = [json.loads(line) for line in SCHEMAS.read_text().splitlines() if line.strip()]
     if args.server_only:  # (the library's figures kept from OUT.json)
@@ -192,5 +193,5 @@ if __name__ == "__main__":
         result = {**run_header(), "library": library(lj.load("smollm2-135m"), rows)}
         write_results(args.out, result, table(result))
     if args.server or args.server_only:
-        result["server"] = server(rows)
+        result["server"] = server(rows, args.passes)
         write_results(args.out, result, table(result))
