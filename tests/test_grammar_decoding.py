@@ -222,3 +222,17 @@ def test_constrained_lookahead_in_float32_up_to_near_ties(tiny_text_ckpt):
             batch_sizes=(4,), near_tie=1e-3, **GRAMMARS[kind],
         )  # fmt: skip
         assert all(n > 0 for n in accepted.values()), (kind, accepted)
+
+
+def test_a_grammars_guesses_are_made_as_it_is_submitted(model64):
+    """The fixed-text chains (0.4-1.2 s a schema at a 49k vocabulary) are made with the
+    automaton on the submitting thread, not when the engine's thread places it; their
+    time counts in the grammar's compile_s."""
+    from lookahead_jax.engine import grammar_bank
+
+    regex = r"[abc]{3,7} done\."  # (compiled nowhere else)
+    engine = lj.Engine(model64, batch=2, max_new_tokens=4, lookahead=None, grammar_states=64)
+    engine.submit(lj.Request("x", regex=regex))
+    vocab = (model64.tokenizer.token_bytes(), tuple(model64.eos_ids), model64.lm.vocab_size)
+    a = grammar.from_regex(regex, *vocab)  # (the compile cache's)
+    assert id(a.next_sc) in grammar_bank._CHAINS  # before any round ran

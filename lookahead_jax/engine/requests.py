@@ -20,6 +20,7 @@ from lookahead_jax import grammar
 from lookahead_jax.decoding.sampling import SamplingConfig
 from lookahead_jax.distributed import multihost
 from lookahead_jax.engine import inputs
+from lookahead_jax.engine.grammar_bank import chains_of
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.grammar import TokenAutomaton
 
@@ -223,7 +224,8 @@ def _encode(model, defaults: Defaults, r: Request, pid, listener, stream) -> Enc
 
 
 def _grammar(model, r: Request, what: str) -> TokenAutomaton | None:
-    """The request's json_schema or regex as an automaton over the model's tokens."""
+    """The request's json_schema or regex as an automaton over the model's tokens, its
+    fixed-text guesses made with it (grammar_bank.chains_of; their time in compile_s)."""
     if r.json_schema is None and r.regex is None:
         return None
     field = "json_schema" if r.json_schema is not None else "regex"
@@ -234,10 +236,15 @@ def _grammar(model, r: Request, what: str) -> TokenAutomaton | None:
     vocab = (model.tokenizer.token_bytes(), tuple(model.eos_ids), model.lm.vocab_size)
     try:
         if r.json_schema is not None:
-            return grammar.from_json_schema(r.json_schema, *vocab)
-        return grammar.from_regex(r.regex, *vocab)
+            automaton = grammar.from_json_schema(r.json_schema, *vocab)
+        else:
+            automaton = grammar.from_regex(r.regex, *vocab)
     except UserInputError as e:
         raise UserInputError(f"{what}: {e}", field) from None
+    _, chains_s = chains_of(automaton, model.tokenizer)
+    if not chains_s:
+        return automaton
+    return dataclasses.replace(automaton, compile_s=automaton.compile_s + chains_s)
 
 
 def _check_logprobs(what: str, name: str, value, limit: int | None) -> None:
