@@ -224,15 +224,25 @@ def test_constrained_lookahead_in_float32_up_to_near_ties(tiny_text_ckpt):
         assert all(n > 0 for n in accepted.values()), (kind, accepted)
 
 
-def test_a_grammars_guesses_are_made_as_it_is_submitted(model64):
+def test_a_grammars_guesses_are_made_as_it_is_submitted(model64, monkeypatch):
     """The fixed-text chains (0.4-1.2 s a schema at a 49k vocabulary) are made with the
     automaton on the submitting thread, not when the engine's thread places it; their
-    time counts in the grammar's compile_s."""
+    time counts in the grammar's compile_s; and the compile does not hold the engine's
+    lock (its thread takes it as requests finish; the server's event loop, to submit)."""
     from lookahead_jax.engine import grammar_bank
 
     regex = r"[abc]{3,7} done\."  # (compiled nowhere else)
     engine = lj.Engine(model64, batch=2, max_new_tokens=4, lookahead=None, grammar_states=64)
+    locked, compile_regex = [], grammar.from_regex
+
+    def compiling(*args, **kwargs):
+        locked.append(engine._known_lock.locked())
+        return compile_regex(*args, **kwargs)
+
+    monkeypatch.setattr(grammar, "from_regex", compiling)
     engine.submit(lj.Request("x", regex=regex))
+    monkeypatch.undo()
+    assert locked == [False]
     vocab = (model64.tokenizer.token_bytes(), tuple(model64.eos_ids), model64.lm.vocab_size)
     a = grammar.from_regex(regex, *vocab)  # (the compile cache's)
     assert id(a.next_sc) in grammar_bank._CHAINS  # before any round ran

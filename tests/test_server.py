@@ -601,7 +601,8 @@ def test_response_format_json_schema_whole_and_streamed(server, reference):
 def test_a_grammar_compiles_off_the_event_loop(tiny_text_ckpt, monkeypatch):
     """A request's grammar compiles as it is queued (seconds, for a large schema at a real
     vocabulary): on a worker thread, so that the event loop goes on answering the others
-    (the app in process, its engine not started: the compile is refused here)."""
+    (the app in process, its engine not started: the compile is refused here); a shutdown
+    that begins while it compiles answers it 503 (it is not left open)."""
     import asyncio
     import threading
 
@@ -609,23 +610,31 @@ def test_a_grammar_compiles_off_the_event_loop(tiny_text_ckpt, monkeypatch):
     from lookahead_jax.server.app import create_app
     from lookahead_jax.server.runner import EngineRunner
 
-    on_main = []
+    on_main, compile_schema = [], grammar.from_json_schema
 
     def compiling(*args, **kwargs):
         on_main.append(threading.current_thread() is threading.main_thread())
+        if len(on_main) == 2:  # the second request: the server begins to stop meanwhile
+            runner.end_streams()
+            return compile_schema(*args, **kwargs)
         raise lj.UserInputError("json_schema: refused by the test")
 
     monkeypatch.setattr(grammar, "from_json_schema", compiling)
-    engine = lj.Engine(lj.load(tiny_text_ckpt), batch=1, lookahead=None, grammar_states=16)
-    app = create_app(EngineRunner(engine), MODEL)
+    engine = lj.Engine(lj.load(tiny_text_ckpt), batch=1, lookahead=None, grammar_states=64)
+    runner = EngineRunner(engine)
+    app = create_app(runner, MODEL)
     fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
     async def ask():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as c:
-            return await c.post("/v1/chat/completions", json={**body, "response_format": fmt})
+            return [
+                await c.post("/v1/chat/completions", json={**body, "response_format": fmt})
+                for _ in range(2)
+            ]
 
-    r = asyncio.run(ask())  # (the event loop: this thread)
-    assert r.status_code == 400 and "refused by the test" in r.text, r.text
-    assert on_main == [False]
+    refused, stopped = asyncio.run(ask())  # (the event loop: this thread)
+    assert refused.status_code == 400 and "refused by the test" in refused.text, refused.text
+    assert stopped.status_code == 503 and "shutting down" in stopped.text, stopped.text
+    assert on_main == [False, False] and not runner._open

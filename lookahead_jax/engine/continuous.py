@@ -312,8 +312,11 @@ class Engine:
                 pid = next(self._counter)
                 while pid in self._known:
                     pid = next(self._counter)
-            streams = listener is not None if stream is None else stream
-            encoded = self._encode_one(r, pid, listener, streams)
+        streams = listener is not None if stream is None else stream
+        # outside the lock: a grammar compiles here (seconds, the first time), and the
+        # engine's thread takes the lock as requests finish
+        encoded = self._encode_one(r, pid, listener, streams)
+        with self._known_lock:
             name = f"prompt {encoded.id!r}"  # the errors' ${request} (errors.py)
             if encoded.id in self._known:
                 raise UserInputError("${request}: the id is already in flight", "id", request=name)

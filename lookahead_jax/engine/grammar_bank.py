@@ -79,7 +79,7 @@ class GrammarBank:
         needed = (used, widest, 1 + len(distinct))
         G, C, M = shape or (_octave(n, least) for n, least in zip(needed, MIN_SHAPE, strict=True))
         if table_bytes(G, C, M, vocab_size) > MAX_TABLE_BYTES:  # large ones: a close fit
-            G, C, M = _up(used, ROWS_STEP), _up(widest, ROWS_STEP), _up(needed[2], ROWS_STEP)
+            G, C, M = _up(used, ROWS_STEP), _up(widest, ROWS_STEP), needed[2]
         nbytes = table_bytes(G, C, M, vocab_size)
         if nbytes > MAX_TABLE_BYTES * max(1, len(distinct)):  # (each grammar within it)
             raise UserInputError(

@@ -34,7 +34,7 @@ from lookahead_jax.server import protocol
 from lookahead_jax.server.logprobs import LogprobsJson
 from lookahead_jax.server.metrics import Metrics
 from lookahead_jax.server.protocol import ChatCompletionRequest, CompletionRequest, Reply
-from lookahead_jax.server.runner import Closed, EngineRunner
+from lookahead_jax.server.runner import Closed, EngineRunner, ShuttingDown
 from lookahead_jax.server.streamed_choice import StreamedChoice, listed
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks its client is there
@@ -192,6 +192,10 @@ class Answers:
         try:
             for request in requests:
                 rids.append(self.runner.submit(request, body.stream, updates, loop))
+        except ShuttingDown:
+            for rid in rids:
+                self.runner.cancel(rid)
+            raise ApiError(503, "the server is shutting down", type_="server_error") from None
         except UserInputError as e:
             for rid in rids:
                 self.runner.cancel(rid)

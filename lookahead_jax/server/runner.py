@@ -30,6 +30,11 @@ log = logging.getLogger("lookahead_jax.server")
 MAX_FAILURES = 3  # failing rounds in a row before the server gives up
 
 
+class ShuttingDown(Exception):
+    """A request submitted once `end_streams` began (one whose grammar was compiling on a
+    worker thread meanwhile): the server answers 503."""
+
+
 class Closed:
     """Put on a request's queue when the server shuts down before it finished."""
 
@@ -103,6 +108,8 @@ class EngineRunner:
 
         rid = f"req-{next(self._ids)}"
         with self._lock:  # open before the engine can finish it
+            if self.stopping:  # (end_streams sets it before it takes the lock)
+                raise ShuttingDown("the server is shutting down")
             self._open[rid] = (loop, updates)
         try:
             self.engine.submit(dataclasses.replace(request, id=rid), listener, stream=stream)
