@@ -93,7 +93,7 @@ def advance(rows: GrammarRows, new_be, count_b) -> GrammarRows:
 
 
 def chains(rows: GrammarRows):
-    """[B, L]: each row's guess, the tokens of the text its grammar fixes next (-1 after)."""
+    """[B, Gl]: each row's guess, the tokens of the text its grammar fixes next (-1 after)."""
     return rows.tables.chains_gl[jnp.maximum(rows.state_b, FREE)]
 
 

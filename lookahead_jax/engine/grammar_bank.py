@@ -195,22 +195,23 @@ class GrammarBank:
             request=name,
         )
 
+    def _host(self) -> GrammarTables:
+        return GrammarTables(self.next_gc, self.kind_g, self.class_mv, self.chains)
+
     def on_device(self) -> GrammarTables:
         """The tables as device arrays, put there once (a prefill passes them)."""
         if self._on_device is None:
+            import jax
             import jax.numpy as jnp
 
-            arrays = (self.next_gc, self.kind_g, self.class_mv, self.chains)
-            self._on_device = GrammarTables(*(jnp.asarray(x) for x in arrays))
+            self._on_device = jax.tree.map(jnp.asarray, self._host())
         return self._on_device
 
     def shaped(self) -> GrammarTables:
         """The tables' shapes (a program's arguments, compiled before a prefill)."""
         import jax
-        import jax.numpy as jnp
 
-        arrays = (self.next_gc, self.kind_g, self.class_mv, self.chains)
-        return GrammarTables(*(jax.ShapeDtypeStruct(x.shape, jnp.int32) for x in arrays))
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._host())
 
     def initial_state(self, automaton: TokenAutomaton | None) -> int:
         """The state a row under `automaton` (placed) starts in (FREE for None)."""

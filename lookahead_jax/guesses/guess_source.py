@@ -133,7 +133,7 @@ class Text:
     prev     [B] int32     the token before it
     active   [B] bool      rows still decoding
     sampler  Sampler, or None when no row can sample (DecodeSpec.sampled is False)
-    grammar  [B, L] int32  each row's grammar's fixed text ahead, as tokens (-1 after; a
+    grammar  [B, Gl] int32 each row's grammar's fixed text ahead, as tokens (-1 after; a
                            row with no grammar: all -1); None when no row can have one
                            (DecodeSpec.grammar is False)
     """
@@ -144,7 +144,7 @@ class Text:
     prev: Int[Array, " B"]
     active: Bool[Array, " B"]
     sampler: Sampler | None
-    grammar: Int[Array, "B L"] | None = None
+    grammar: Int[Array, "B Gl"] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
