@@ -19,6 +19,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lookahead_jax.models import packed, quantize
 from lookahead_jax.models.config import LlamaConfig
@@ -192,14 +193,32 @@ def split_layers(params: LlamaParams) -> LlamaParams:
         return params
     first = jax.tree.leaves(params.layers, is_leaf=_is_spec)[0]
     n = first.shape[0]
+    host = jax.tree.map(_host_view, params.layers, is_leaf=_is_spec)
 
     def layer(i):
-        def cut(x):
-            return ParamSpec(x.shape[1:], x.axes[1:]) if _is_spec(x) else x[i]
+        def cut(x, h):
+            if _is_spec(x):
+                return ParamSpec(x.shape[1:], x.axes[1:])
+            return x[i] if h is None else jax.device_put(h[i], x.sharding)
 
-        return jax.tree.map(cut, params.layers, is_leaf=_is_spec)
+        return jax.tree.map(cut, params.layers, host, is_leaf=_is_spec)
 
     return dataclasses.replace(params, layers=tuple(layer(i) for i in range(n)))
+
+
+def _host_view(x):
+    """x as a numpy array sharing its memory, where x lives whole on one CPU device (else
+    None): cut there, a layer is a view, put back without a compile. (Indexing the
+    jax array runs a program per weight shape: SmolLM2-135M's 270 cuts took 0.70 s in
+    a fresh process, 0.21 s in a warm one, against 0.02 s as views; 2-core Intel Xeon.)"""
+    if (
+        not isinstance(x, jax.Array)
+        or isinstance(x, jax.core.Tracer)
+        or len(x.devices()) != 1
+        or next(iter(x.devices())).platform != "cpu"
+    ):
+        return None
+    return np.asarray(x)
 
 
 def stack_layers(params: LlamaParams) -> LlamaParams:
