@@ -15,7 +15,7 @@ from lookahead_jax.checkpoints import checkpoint
 from lookahead_jax.checkpoints.tokenizer import Tokenizer
 from lookahead_jax.distributed.sharding import default_mesh, shardings_for
 from lookahead_jax.errors import UserInputError
-from lookahead_jax.models import fused, packed
+from lookahead_jax.models import cpu_matmul_warmup, fused, packed
 from lookahead_jax.models.bundle import Model
 from lookahead_jax.models.config import LlamaConfig
 from lookahead_jax.models.llama import LlamaLM, attention_block_for, head_rows_for
@@ -105,6 +105,8 @@ def load(
     info = ckpt if isinstance(ckpt, ModelInfo) else inspect(ckpt)
     devices = jax.devices() if not isinstance(mesh, jax.sharding.Mesh) else mesh.devices.flat
     platform = next(iter(devices)).platform
+    if platform == "cpu":
+        cpu_matmul_warmup.warm_soon()  # (its one-time set-up, beside the reading)
     lm = LlamaLM(
         info.cfg, weights, attention_block_for(platform), head_rows=head_rows_for(platform)
     )
