@@ -287,3 +287,29 @@ def test_auto_can_choose_plain(model, tmp_cache, monkeypatch):
     assert out.stats.config.lookahead is None
     assert out.stats.config.auto.config is None
     assert out.stats.as_dict()["config"]["lookahead_auto"]["chosen"] is None
+
+
+def test_a_low_acceptance_factor_recovers_over_plain_runs(model, tmp_cache, monkeypatch):
+    """Plain runs measure no acceptance: a factor that made auto choose plain moves back
+    toward the prior run by run, until a layout is tried (and measured) again — but not
+    where no layout could win even at the prior's acceptance."""
+    curve = {1: 0.010, 2: 0.0115, 4: 0.013, 8: 0.016, 12: 0.019, 16: 0.022, 32: 0.05}
+    monkeypatch.setattr(autotune, "cached_curve", lambda m, tokens, stop_above=None, batch=1: curve)
+    la = lj.LookaheadConfig.for_tokens(8)
+    for _ in range(8):  # runs that accepted nothing
+        autotune.record_acceptance(model, la, compression=1.0, steps=100)
+    low = autotune.acceptance_factor(model)
+    assert autotune.choose(model).config is None  # plain, for what was accepted
+    factors = [autotune.acceptance_factor(model)]
+    runs = 1
+    while autotune.choose(model).config is None:
+        factors.append(autotune.acceptance_factor(model))
+        runs += 1
+        assert runs < 30, factors
+    assert low < factors[0] < factors[-1] < 1.0 and factors == sorted(factors)
+    monkeypatch.setattr(autotune, "cached_curve", lambda m, tokens, stop_above=None, batch=1: STEEP)
+    for _ in range(8):
+        autotune.record_acceptance(model, la, compression=1.0, steps=100)
+    steep_low = autotune.acceptance_factor(model)
+    assert autotune.choose(model).config is None
+    assert autotune.acceptance_factor(model) == steep_low  # nothing could win: left as it is

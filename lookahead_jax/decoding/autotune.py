@@ -19,9 +19,11 @@ r). Both are estimated, never assumed:
 The choice is argmax c / r over the candidates; if no candidate is expected to
 beat plain decoding by MARGIN, plain decoding is chosen. The last choice (per model,
 decoding mode and batch) stays while the best is expected to beat it by less than STICKY:
-the same layout, and the same compiled programs, run to run on one machine. While generating, the
-`Guard` watches the real acceptance and switches to plain decoding for the rest
-of the generation if it is too low for the config's cost ratio.
+the same layout, and the same compiled programs, run to run on one machine. A run that
+chooses plain decoding for a low factor moves it back toward the prior (`_recover`):
+plain runs measure nothing, so a factor once low would otherwise hold for good. While
+generating, the `Guard` watches the real acceptance and switches to plain decoding for
+the rest of the generation if it is too low for the config's cost ratio.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ STICKY = 1.05
 # probe exactly the candidates' step sizes: XLA's speed is not smooth in T on every device
 PROBE_TOKENS = tuple(sorted({1} | {LookaheadConfig.for_tokens(t).tokens_per_step for t in PRIORS}))
 FACTOR_EMA = 0.3
+RECOVER = 0.15  # a plain choice's step back toward the prior's acceptance (_recover)
 
 
 @dataclasses.dataclass
@@ -166,6 +169,19 @@ def record_acceptance(
     _write_record(model, factors=factors)
 
 
+def _recover(model, sampling, factor: float) -> None:
+    """A run that chose plain decoding because earlier runs accepted little (a layout
+    would win at the prior's acceptance) moves the factor RECOVER of the way back to
+    1.0: plain runs measure no acceptance, so without this a low factor would hold
+    forever, whatever the prompts became (seen: six 64-token prose answers took the CLI's
+    factor to where every later run chose plain, code prompts that gain 1.5x included).
+    After a few such runs lookahead runs again, and is measured; where it still loses,
+    its guard hands the run over to plain decoding."""
+    factors = _factors(model)
+    factors[sampling_bucket(sampling)] = factor + RECOVER * (1.0 - factor)
+    _write_record(model, factors=factors)
+
+
 def expected_compression(config_key, factor: float) -> float:
     """The prior's gain over one token per step, scaled by the model's factor."""
     return 1.0 + (PRIORS[config_key] - 1.0) * factor
@@ -205,6 +221,11 @@ def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int 
     if last.get(mode, "unset") != chosen:
         _write_record(model, chosen={**last, mode: chosen})
     if chosen is None:
+        ratios = {k: cost_ratio(curve, choices[k].config.tokens_per_step) for k in table}
+        if factor < 1.0 and any(
+            expected_compression(k, 1.0) / r >= MARGIN for k, r in ratios.items()
+        ):
+            _recover(model, sampling, factor)  # (plain for what earlier runs accepted)
         return Choice(None, 1.0, 1.0, 1.0, table, factor, runner_up=best, kept=sticky)
     return dataclasses.replace(choices[chosen], kept=sticky)
 
