@@ -137,6 +137,37 @@ def test_scripts_stay_within_3000_lines():
     assert sum(lines.values()) <= 3000, sorted(lines.items(), key=lambda x: -x[1])[:5]
 
 
+def test_scripts_import_only_what_their_siblings_define():
+    """A script's `from sibling import name` (a module beside it, on its sys.path) names a
+    file that is there and defines `name`: three benchmarks once imported a retired one."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent / "scripts"
+    broken = []
+    for script in root.rglob("*.py"):
+        for node in ast.parse(script.read_text()).body:  # (imports in functions: packages)
+            if not isinstance(node, ast.ImportFrom) or node.level or "." in (node.module or "."):
+                continue
+            found = [d / f"{node.module}.py" for d in (script.parent, root / "bench")]
+            sibling = next((f for f in found if f.is_file()), None)
+            if sibling is None:
+                if importlib.util.find_spec(node.module) is None:
+                    broken.append(f"{script.name}: no {node.module}.py")
+                continue
+            tree = ast.parse(sibling.read_text())
+            kinds = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+            defined = {n.name for n in tree.body if isinstance(n, kinds)}
+            defined |= {
+                t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)
+            }  # fmt: skip
+            broken += [f"{script.name}: {sibling.name} has no {a.name}"
+                       for a in node.names if a.name not in defined]  # fmt: skip
+    assert not broken, broken
+
+
 def test_no_message_is_made_by_rewriting_another():
     """Errors carry their fields and each front end renders its own words (errors.py):
     the server and the command lines never build a message by str.replace on another's

@@ -7,8 +7,9 @@ modes alternating, min and median of `--repeats`.
 
 Reported per prompt: tokens/s as the CLI reports it (new tokens / (prefill_s + decode_s)),
 its prefill_s beside the prefill program's own time (the compiled `start` program for
-that prompt, run again after a first run in one process: what a prefill costs once
-everything around it is paid), compile_s, and auto's choice.
+that prompt, run again after a first run in one process, with the CLI's XLA flags: what
+a prefill costs once everything around it is paid), load_s, compile_s, the call's wall
+time (process start to exit), and auto's choice.
 """
 
 from __future__ import annotations
@@ -30,17 +31,23 @@ ROOT = HERE.parents[1]
 def cli(prompt: str, mode: list[str], max_new: int) -> dict:
     cmd = [sys.executable, "-m", "lookahead_jax.generate", "--prompt", prompt, "--chat",
            "--max-new-tokens", str(max_new), "--json", *mode]  # fmt: skip
+    t = time.perf_counter()
     out = subprocess.run(
         cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1")
     )
     if out.returncode != 0:
         raise SystemExit(out.stderr[-3000:])
-    return json.loads(out.stdout)
+    return {**json.loads(out.stdout), "wall_s": time.perf_counter() - t}
 
 
 def program_seconds(prompts: list[str], max_new: int, repeats: int = 3) -> list[float]:
     """Each prompt's compiled prefill program (plain `start`, batch 1, its bucket, the
     CLI's S), min over runs after a first one, in this process."""
+    from lookahead_jax.cli.generate import ONE_SHOT_XLA_FLAG
+
+    # the CLI's own flags (it turns XLA:CPU's YNN fusions off for a single prompt), set
+    # before JAX starts its backend here
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {ONE_SHOT_XLA_FLAG}".strip()
     import jax
     import numpy as np
 
@@ -100,7 +107,7 @@ def main() -> None:
         for m, rs in runs.items():
             row[m] = {
                 k: {"min": min(x[k] for x in rs), "median": statistics.median(x[k] for x in rs)}
-                for k in ("tokens_per_s", "prefill_s", "compile_s", "decode_s")
+                for k in ("tokens_per_s", "prefill_s", "compile_s", "decode_s", "load_s", "wall_s")
             }
             row[m]["new_tokens"] = rs[0]["new_tokens"]
             row[m]["steps"] = rs[0]["steps"]
@@ -121,8 +128,9 @@ def main() -> None:
         f"Command: `{result['command']}`",
         "",
         "| prompt | auto's choice | plain tokens/s | auto tokens/s | auto / plain | prefill_s "
-        "plain, auto | prefill program s | compile_s plain, auto | same tokens |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "plain, auto | prefill program s | load_s plain, auto | compile_s plain, auto | "
+        "wall s plain, auto | same tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ratios = []
     for row in result["rows"]:
@@ -133,8 +141,10 @@ def main() -> None:
             f"| {row['id']} ({row['category']}) | {a['chosen']} | "
             f"{p['tokens_per_s']['median']:.1f} | {a['tokens_per_s']['median']:.1f} | "
             f"**{ratio:.2f}x** | {p['prefill_s']['median']:.2f}, {a['prefill_s']['median']:.2f} | "
-            f"{row['prefill_program_s']:.2f} | {p['compile_s']['median']:.2f}, "
-            f"{a['compile_s']['median']:.2f} | {row['same_tokens']} |"
+            f"{row['prefill_program_s']:.2f} | {p['load_s']['median']:.2f}, "
+            f"{a['load_s']['median']:.2f} | {p['compile_s']['median']:.2f}, "
+            f"{a['compile_s']['median']:.2f} | {p['wall_s']['median']:.2f}, "
+            f"{a['wall_s']['median']:.2f} | {row['same_tokens']} |"
         )
     result["geomean"] = statistics.geometric_mean(ratios)
     lines += ["", f"Geometric mean auto / plain: **{result['geomean']:.2f}x**."]

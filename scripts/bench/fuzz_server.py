@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 
 from machine import cpu_model  # noqa: E402
 from results import write_results  # noqa: E402
-from serve_bench import start_server  # noqa: E402
+from server_load import start_server  # noqa: E402
 
 HOOKS = """import schemathesis
 

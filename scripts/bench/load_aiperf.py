@@ -26,48 +26,21 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_load import start_server  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SERVERS = {"lookahead": ["--lookahead", "auto"], "plain": ["--no-lookahead"]}
+SERVERS = {"lookahead": "auto", "plain": "plain"}  # server name -> start_server's mode
 METRICS = {  # aiperf's metric tag -> what the table calls it
     "time_to_first_token": "TTFT ms",
     "inter_token_latency": "ITL ms",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(flags: list[str], port: int, batch: int, max_new: int):
-    cmd = [sys.executable, "-m", "lookahead_jax.serve", "--port", str(port),
-           "--model-name", "smollm2", "--batch", str(batch), "--max-new-tokens", str(max_new),
-           "--auto-temperature", "0", "--log-level", "warning", *flags]  # fmt: skip
-    log = open(Path(tempfile.gettempdir()) / f"load_aiperf_server_{port}.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stderr=log, text=True)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited {proc.returncode}: see {log.name}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("the server did not come up in 600 s")
 
 
 def aiperf(exe: str, port: int, tokenizer: Path, prompts: Path, concurrency: int,
@@ -154,8 +127,11 @@ def main() -> None:
         "runs": {},
     }
     for name in args.servers:
-        port = free_port()
-        proc = start_server(SERVERS[name], port, args.batch, max(args.max_tokens, 128))
+        proc, url = start_server(
+            None, args.batch, SERVERS[name], max(args.max_tokens, 128), "--model-name",
+            "smollm2", "--auto-temperature", "0", log=f"load_aiperf_server_{name}.log",
+        )  # fmt: skip
+        port = int(url.rsplit(":", 1)[1])
         try:
             for c in args.concurrency:
                 n = max(16, 2 * c)

@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from serve_bench import drive, start_server, summarize  # noqa: E402
+from server_load import drive, start_server, summarize  # noqa: E402
 
 WORKLOADS = ("greedy", "mix t=1.0")
 

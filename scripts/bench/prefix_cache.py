@@ -37,7 +37,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from serve_bench import drive, start_server  # noqa: E402
+from server_load import drive, start_server  # noqa: E402
 
 CONCURRENCY = 16
 

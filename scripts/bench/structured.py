@@ -16,21 +16,19 @@ lookahead emits plain's tokens under each schema, and what each costs.
 import argparse
 import concurrent.futures as cf
 import json
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import jsonschema
 from machine import run_header
 from results import write_results
+from server_load import start_server
 
 import lookahead_jax as lj
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts" / "schemas.jsonl"
 N = 96  # new tokens at most
-SERVERS = (("plain", ["--no-lookahead"]), ("auto", []))
+SERVERS = ("plain", "auto")  # start_server's modes
 
 
 def valid(text, schema) -> bool:
@@ -92,24 +90,6 @@ def ask(url: str, job) -> tuple:
     return got.choices[0].message.content, got.choices[0].finish_reason, got.usage.completion_tokens
 
 
-def start_server(flags) -> tuple:
-    import httpx
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = str(s.getsockname()[1])
-    s.close()
-    cmd = [sys.executable, "-m", "lookahead_jax.serve", "--port", port, "--batch", "4", *flags]
-    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    while True:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.5)
-
-
 def one_pass(url: str, rows, t: float) -> tuple[list, float]:
     jobs = [(x, t) for x in enumerate(rows)]
     start = time.perf_counter()
@@ -125,8 +105,8 @@ def server(rows, passes: int = 3) -> dict:
 
     servers = {}
     try:
-        for mode, flags in SERVERS:
-            servers[mode] = start_server(flags)
+        for mode in SERVERS:  # (256: the server's default --max-new-tokens)
+            servers[mode] = start_server(None, 4, mode, 256, "--model-name", "smollm2-135m")
         for t in (0.0, 1.0):  # warm: programs and grammars compiled (some in the background)
             for _, url in servers.values():
                 one_pass(url, rows, t)

@@ -1,0 +1,137 @@
+"""A server in a subprocess (`start_server`) and a streamed chat load at a fixed concurrency
+(`drive`: per request its time to first token, its inter-token latency per token, not per
+chunk, and tokens/s; `summarize`: medians, 90th percentiles, the pass's tokens/s)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(ckpt, batch: int, mode: str, max_tokens: int, *extra: str, log=None):
+    """(process, url) of `python -m lookahead_jax.serve` up and healthy: ckpt None for the
+    bundled model; mode "plain", "auto" or a --lookahead value; extra: more of its flags;
+    log: a file name for its stderr, in the temporary directory (None: this process's)."""
+    import httpx
+
+    port = free_port()
+    flags = ["--no-lookahead"] if mode == "plain" else ["--lookahead", mode]
+    cmd = [sys.executable, "-m", "lookahead_jax.serve", "--port", str(port),
+           "--batch", str(batch), "--max-new-tokens", str(max_tokens), "--model-name", "m",
+           "--log-level", "warning", *flags, *extra]  # fmt: skip
+    if ckpt is not None:
+        cmd += ["--ckpt", str(ckpt)]
+    if log is not None:
+        log = os.path.join(tempfile.gettempdir(), log)
+    stderr = None if log is None else open(log, "w")  # noqa: SIM115 (the server's, until it ends)
+    proc = subprocess.Popen(cmd, env=dict(os.environ, HF_HUB_OFFLINE="1"), stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 1800  # auto may measure its cost curve first
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(
+                f"the server exited with {proc.returncode}" + (f": see {log}" if log else "")
+            )
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("the server did not come up")
+
+
+async def one(
+    client, url: str, prompt: str | list[dict], max_tokens: int, temperature: float = 0.0, seed=None
+) -> dict:
+    """One streamed chat completion of `prompt` (the user turn, or the messages)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    body = {"model": "m", "messages": messages,
+            "max_tokens": max_tokens, "temperature": temperature, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    if seed is not None:
+        body["seed"] = seed
+    t0 = time.perf_counter()
+    first = last = None
+    tokens, text = 0, []
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices", []):
+                if choice["delta"].get("content"):
+                    first = first or time.perf_counter()
+                    last = time.perf_counter()
+                    text.append(choice["delta"]["content"])
+    end = last or time.perf_counter()
+    return {
+        "ttft_s": (first or end) - t0,
+        "itl_s": (end - first) / (tokens - 1) if first and tokens > 1 else None,
+        "tokens": tokens,
+        "tokens_per_s": tokens / (end - t0) if end > t0 else 0.0,
+        "text": "".join(text),
+    }
+
+
+async def drive(
+    url: str, prompts: list, concurrency: int, max_tokens: int, temperatures=None
+) -> dict:
+    """Every prompt once, `concurrency` at a time; temperatures: each prompt's (default
+    greedy), a sampled one seeded by its index."""
+    import httpx
+
+    gate = asyncio.Semaphore(concurrency)
+    temperatures = temperatures or [0.0] * len(prompts)
+    async with httpx.AsyncClient(timeout=None) as client:
+
+        async def bounded(i, p):
+            async with gate:
+                t = temperatures[i]
+                return await one(client, url, p, max_tokens, t, i if t > 0 else None)
+
+        t0 = time.perf_counter()
+        rows = await asyncio.gather(*(bounded(i, p) for i, p in enumerate(prompts)))
+        wall = time.perf_counter() - t0
+    return {"wall_s": wall, "requests": rows}
+
+
+def summarize(run: dict) -> dict:
+    rows = run["requests"]
+    pct = lambda xs, q: float(np.percentile([x for x in xs if x is not None], q))  # noqa: E731
+    tokens = sum(r["tokens"] for r in rows)
+    return {
+        "requests": len(rows),
+        "tokens": tokens,
+        "wall_s": run["wall_s"],
+        "total_tokens_per_s": tokens / run["wall_s"],
+        "ttft_s": {
+            "median": pct([r["ttft_s"] for r in rows], 50),
+            "p90": pct([r["ttft_s"] for r in rows], 90),
+        },  # fmt: skip
+        "itl_ms": {
+            "median": 1000 * pct([r["itl_s"] for r in rows], 50),
+            "p90": 1000 * pct([r["itl_s"] for r in rows], 90),
+        },  # fmt: skip
+        "request_tokens_per_s": {
+            "median": pct([r["tokens_per_s"] for r in rows], 50),
+            "p10": pct([r["tokens_per_s"] for r in rows], 10),
+        },  # fmt: skip
+    }
