@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax.engine import inputs
+from lookahead_jax.engine import cached_prefill, inputs
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import BLOCK, PrefixCache, block_keys
 from tests.helpers import random_prompts
@@ -36,6 +36,13 @@ def never_from_scratch(*args, **kwargs):
     compile never runs from scratch instead (whether it would depends on which programs
     earlier tests left compiled; the rule's own test: below)."""
     return None
+
+
+def no_chunks_now(monkeypatch):
+    """For tests of when a prompt is chunked between rounds: none is chunked at once for
+    its padding (which it would be depends on which shapes earlier tests compiled; that
+    rule's own test: test_a_long_prompt_that_would_run_padded_is_chunked_at_once)."""
+    monkeypatch.setattr(cached_prefill, "PADDED_CHUNKS", float("inf"))
 
 
 def cached_blocks(prompt: list[int]) -> int:
@@ -172,12 +179,37 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(model64):
     assert engine.stats.prefix_hit_tokens == 0  # its chunks' blocks were computed, not found
 
 
+@pytest.mark.parametrize("padded", [True, False])
+def test_a_long_prompt_that_would_run_padded_is_chunked_at_once(model64, monkeypatch, padded):
+    """A long prompt alone, no row decoding: where its one-piece prefill would run at
+    PADDED_CHUNKS x its length or more (no compiled shape near it), its chunks run at
+    once, in its admission, and its last 10 tokens as a suffix after them; else it runs
+    in one piece. Its tokens are the cold decode's either way."""
+    from lookahead_jax.engine.device_slots import DeviceSlots
+
+    own = DeviceSlots.run_side
+    monkeypatch.setattr(DeviceSlots, "run_side", lambda *a: 4 * own(*a) if padded else own(*a))
+    kw = dict(batch=2, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
+    with jax.enable_x64(True):
+        cold = next(iter(lj.Engine(model64, **kw).run(LONG[1:2]))).token_ids
+        engine = lj.Engine(model64, prefix_cache_mb=1, prefill_chunk=16, **kw)
+        updates = []
+        engine.submit(LONG[1], updates.append)
+        engine.round()
+        assert updates, "its first token comes in its first round"
+        assert engine.stats.prefill_chunks == (5 if padded else 0)
+        while engine.round():
+            pass
+    assert updates[-1].result.token_ids == cold
+
+
 def test_requests_admitted_together_are_not_chunked_behind_each_other(model64, monkeypatch):
     """Three requests sharing a prefix nobody holds, arriving together: none is chunked
     (no other row decodes yet, though the rest of each prompt is longer than a chunk): the
     first is prefilled, the others from its blocks, all in the first round (before: the
     others were chunked, then admitted one a round)."""
     monkeypatch.setattr(PaddedShapes, "instead", never_from_scratch)
+    no_chunks_now(monkeypatch)
     kw = dict(batch=3, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
     together = [lj.Request(p, id=i) for i, p in enumerate(PROMPTS[1:4])]
     with jax.enable_x64(True):
@@ -403,6 +435,7 @@ def test_more_requests_arriving_than_rows_decoding_are_not_chunked(model64, monk
     more wait than decode, so both are prefilled in the next round, not a chunk a round
     (one arriving alone beside one decoding is chunked: the test above)."""
     monkeypatch.setattr(PaddedShapes, "instead", never_from_scratch)
+    no_chunks_now(monkeypatch)
     kw = dict(batch=3, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
     later = [lj.Request(p, id=i) for i, p in enumerate(PROMPTS[1:3], start=1)]
     with jax.enable_x64(True):

@@ -199,11 +199,22 @@ class DeviceSlots:
     ) -> list[list[int]]:
         """The requests of one admission cut into prefills (prefill_shapes.groups): lists
         of indices into `requests`, each list one `prefill` (hits and pool as there)."""
+        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool)
+        background = self._compile_soon(key_pool) is not None
+        return self.padded.groups(kind, sides, self.B, rate, ready, background)
+
+    def run_side(self, requests: list[Encoded], hits=None, pool=None) -> int:
+        """The side a prefill of these requests (as `prefill`'s) runs at now (a plan)."""
+        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool)
+        n, background = slot_state.prefill_rows(len(requests), self.B), self._compile_soon(key_pool)
+        return self.padded.plan(kind, n, max(sides), rate, ready, background is not None)[0][1]
+
+    def _planning(self, requests: list[Encoded], hits, pool) -> tuple:
+        """(kind, sides, the program's pool, this run's prefill rate, `_ready`): what
+        prefill_shapes.py plans a prefill of these requests from (as `prefill`'s)."""
         kind, sides = prefill_args.sides(requests, hits, pool)
-        pool = prefill_args.program_pool(hits, pool)
-        background = self._compile_soon(pool) is not None
-        rate = self._prefill_rate()
-        return self.padded.groups(kind, sides, self.B, rate, self._ready(pool), background)
+        key_pool = prefill_args.program_pool(hits, pool)
+        return kind, sides, key_pool, self._prefill_rate(), self._ready(key_pool)
 
     def prompt_instead(self, requests: list[Encoded], hits: list[list[int]], pool) -> bool:
         """Whether these requests, which have cached blocks, prefill from scratch (as
@@ -216,17 +227,15 @@ class DeviceSlots:
         n = slot_state.prefill_rows(len(requests), self.B)
         _, suffix_sides = prefill_args.sides(requests, hits, pool)
         _, prompt_sides = prefill_args.sides(requests, None, None)  # (<= P: _fill grew the state)
+        rate, ready = self._prefill_rate(), self._ready(pool)
         shape = self.padded.instead(
-            n, max(suffix_sides), max(prompt_sides), self._prefill_rate(),
-            self._ready(pool), self._ready(None),
-        )  # fmt: skip
+            n, max(suffix_sides), max(prompt_sides), rate, ready, self._ready(None)
+        )
         if shape is not None:
             soon(*shape)
         return shape is not None
 
-    def compile_prefill(
-        self, rows: int, side: int, pool: kv_pool.KVPool | None = None, wait: bool = True
-    ) -> None:
+    def compile_prefill(self, rows: int, side: int, pool=None, wait: bool = True) -> None:
         """Compile the start program of a prefill of (rows, side) — a prompt's, or with
         `pool` one after cached blocks — or with `wait` False start compiling it in the
         background where that is done (prefill_shapes.py then finds it: `_ready`)."""
@@ -253,9 +262,8 @@ class DeviceSlots:
         return self.new_positions, self.loop_args(rows, prefix=prefix)
 
     def _ready(self, pool: kv_pool.KVPool | None):
-        """ready(rows, side): whether the start program of a prefill of that shape is
-        compiled (programs.py): a prompt prefill's, or with `pool` one after cached
-        blocks."""
+        """ready(rows, side): whether the start program of a prefill of that shape (a
+        prompt's, or with `pool` one after cached blocks) is compiled (programs.py)."""
 
         def ready(rows: int, side: int) -> bool:
             key = self._start_key(rows, side, pool)
@@ -288,13 +296,9 @@ class DeviceSlots:
         the rest of its prompt runs, at the state's prompt side P. Either may run at a
         larger shape already compiled, padded (prefill_shapes.py)."""
         # the prompts' sides, or the suffixes' past the blocks
-        kind, sides = prefill_args.sides(requests, hits, pool)
+        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool)
         n = slot_state.prefill_rows(len(requests), self.B)
-        key_pool = prefill_args.program_pool(hits, pool)
-        n, side = self.padded.choose(
-            kind, n, max(sides), self._prefill_rate(), self._ready(key_pool),
-            self._compile_soon(key_pool),
-        )  # fmt: skip
+        n, side = self.padded.choose(kind, n, max(sides), rate, ready, self._compile_soon(key_pool))
         P = side if hits is None else self.P
         rows = prefill_args.rows(requests, n, P, self.model.mesh)
         if hits is not None:
