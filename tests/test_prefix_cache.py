@@ -326,6 +326,26 @@ def test_an_admission_is_cut_into_the_prefills_that_pad_least():
     assert sorted(map(len, shapes.groups("prompt", [128] * 9, 16, 1000.0))) == [1, 8]
 
 
+def test_a_run_whose_padding_alone_costs_a_compile_compiles_its_own_shape():
+    """Sixteen ~600-token prompts ran padded to a compiled [16, 1024] (48-53 s a burst on
+    a 2-core CPU): where one run's padding would cost more than a compile, its own shape
+    compiles now, also where nothing holds it (not its octave); small paddings still pad."""
+    shapes = PaddedShapes()
+    shapes.ran("prompt", 16, 1024, compile_s=3.0)
+    # 16 x 384 positions of padding at 1,000/s: 6.1 s against a 3 s compile
+    assert shapes.plan("prompt", 16, 640, 1000.0, lambda *a: False, True) == ((16, 640), "dear")
+    assert shapes.choose("prompt", 16, 640, 1000.0) == (16, 640)
+    # 2 x 64 in [16, 1024] pads 16,256 positions; in [2, 1024] (compiled now) 1,920: 1.9 s
+    shapes.ran("prompt", 2, 1024, compile_s=3.0)
+    assert shapes.plan("prompt", 2, 64, 1000.0, lambda *a: False, True) == ((2, 1024), "padded")
+    # nothing holds [16, 1280]; its octave [16, 2048] would pad 12,288 positions
+    assert shapes.choose("prompt", 16, 1280, 1000.0) == (16, 1280)
+    assert PaddedShapes().choose("prompt", 1, 80, 1000.0) == (1, 128)  # 48: the octave
+    # the cut prices a dear run with its compile: [16, 640] (10,256 + 3,000) over pairs
+    # of compiled [2, 1024] runs (8 x 2,064)
+    assert shapes.groups("prompt", [640] * 16, 16, 1000.0) == [list(range(16))]
+
+
 def test_a_side_with_nothing_compiled_to_hold_it_compiles_its_octave_first():
     """One program for 65..128 (later prompts of the octave run at it), a side's own only
     once its padding has paid for it: 48 positions an admission, 0.048 s at 1,000/s,

@@ -18,6 +18,8 @@ two in hindsight; the engine's prefills compile it in the background (`compile_s
 padded to the larger one until it is ready, so that no request's time to first token
 holds a compile it did not need; with no larger one compiled it compiles its side's
 power of two (one program for the octave, which the octave's other sides then pad to).
+Where one run's padding alone would cost more than a compile ("dear": sixteen prompts
+of ~600 tokens in [16, 1024]), its own shape compiles now instead of either.
 
 Worked example: compiles take 3 s, prefills run 1,000 positions/s, (8, 64) is compiled.
 Admissions of 2 prompts of side 32 run at (8, 64): 512 - 64 = 448 extra positions,
@@ -103,8 +105,9 @@ class PaddedShapes:
         """How `choose` runs a prefill of shape (n, side): the shape, and why —
         "compiled" (its own); "paid" (its own, compiled now: its padding paid for it);
         "soon" (paid, but a larger compiled one runs while its own compiles in the
-        background); "padded" (the smallest larger one compiled); "octave" (its side's
-        power of two, compiled now)."""
+        background); "dear" (its own, compiled now: this run's padding alone would cost
+        more than a compile); "padded" (the smallest larger one compiled); "octave" (its
+        side's power of two, compiled now)."""
         key = (kind, n, side)
         if self._known(key, ready):
             return (n, side), "compiled"
@@ -112,9 +115,21 @@ class PaddedShapes:
         larger = self._larger(kind, n, side)
         if self._paid(key, rate):
             return ((n, side), "paid") if larger is None or not background else (larger, "soon")
+        instead = larger if larger is not None else (n, inputs.bucket(side))
+        if self._dear(instead, n * side, rate):
+            return (n, side), "dear"
         if larger is not None:
             return larger, "padded"
-        return (n, inputs.bucket(side)), "octave"
+        return instead, "octave"
+
+    def _dear(self, shape: tuple[int, int], positions: int, rate: float) -> bool:
+        """Whether one run at `shape` of a prefill of `positions` would spend more on its
+        padding than a compile costs (at a measured rate): then its own shape compiles now,
+        whatever padding was spent before. (16 chats of ~600 tokens padded to a compiled
+        [16, 1024] ran 48-53 s a burst, where [16, 640] runs ~30 s; 2-core Intel Xeon.)"""
+        if rate <= 0:
+            return False
+        return (shape[0] * shape[1] - positions) / rate >= self._compile_seconds()
 
     def instead(
         self,
@@ -130,7 +145,7 @@ class PaddedShapes:
         side prompt_side) at a prompt shape compiled: that costs fewer extra positions than
         a compile (before one was measured: always); None: as `plan` says."""
         shape, how = self.plan("suffix", n, suffix_side, positions_per_s, ready_suffix, True)
-        if how not in ("paid", "octave"):
+        if how not in ("paid", "octave", "dear"):
             return None
         (rows, side), prompt_how = self.plan(
             "prompt", n, prompt_side, positions_per_s, ready_prompt, True
@@ -249,6 +264,8 @@ class PaddedShapes:
             return own, own, (kind, rows, side)  # (compiled at its run)
         if free:  # wanted (a compile, were it free: one more shape is still one more)
             return own + NEW_SHAPE_POSITIONS, own, (kind, rows, side)
+        if how == "dear":  # (compiled at its run, in the foreground: not paid for)
+            return own + self._compile_seconds() * rate, own, (kind, rows, side)
         ran = n * side_run + CALL_POSITIONS
         if how == "octave":  # a compile too, in the foreground: priced only once measured
             # (before, UNMEASURED: padding to a compiled shape is preferred; the default
