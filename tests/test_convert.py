@@ -62,6 +62,12 @@ def test_split_layers_cuts_cpu_arrays_without_a_program(caplog):
             np.testing.assert_array_equal(
                 getattr(layer, name), np.asarray(getattr(layers, name))[i]
             )
+    # on a mesh (one device here) the layers keep their mesh's sharding, cut by indexing
+    mesh = lj.make_mesh(data=1, model=1)
+    on_mesh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, None, "model"))
+    cut = split_layers(dataclasses.replace(stacked, layers=jax.device_put(layers, on_mesh))).layers
+    np.testing.assert_array_equal(cut[2].wq, np.asarray(layers.wq)[2])
+    assert isinstance(cut[2].wq.sharding, jax.sharding.NamedSharding)
 
 
 @pytest.mark.parametrize("layout", ["sharded_safetensors", "bin", "sharded_bin", "bf16"])

@@ -138,8 +138,9 @@ def test_scripts_stay_within_3000_lines():
 
 
 def test_scripts_import_only_what_their_siblings_define():
-    """A script's `from sibling import name` (a module beside it, on its sys.path) names a
-    file that is there and defines `name`: three benchmarks once imported a retired one."""
+    """A script's `from sibling import name` (a module beside it, or in bench/, on its
+    sys.path; in a function too) names a file that is there and defines `name`: three
+    benchmarks once imported a retired one."""
     import ast
     import importlib.util
     from pathlib import Path
@@ -147,20 +148,21 @@ def test_scripts_import_only_what_their_siblings_define():
     root = Path(__file__).parent.parent / "scripts"
     broken = []
     for script in root.rglob("*.py"):
-        for node in ast.parse(script.read_text()).body:  # (imports in functions: packages)
+        tree = ast.parse(script.read_text())
+        for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom) or node.level or "." in (node.module or "."):
                 continue
             found = [d / f"{node.module}.py" for d in (script.parent, root / "bench")]
             sibling = next((f for f in found if f.is_file()), None)
-            if sibling is None:
-                if importlib.util.find_spec(node.module) is None:
+            if sibling is None:  # a package (one imported in a function may be optional)
+                if node in tree.body and importlib.util.find_spec(node.module) is None:
                     broken.append(f"{script.name}: no {node.module}.py")
                 continue
-            tree = ast.parse(sibling.read_text())
+            body = ast.parse(sibling.read_text()).body
             kinds = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
-            defined = {n.name for n in tree.body if isinstance(n, kinds)}
+            defined = {n.name for n in body if isinstance(n, kinds)}
             defined |= {
-                t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+                t.id for n in body if isinstance(n, ast.Assign) for t in n.targets
                 if isinstance(t, ast.Name)
             }  # fmt: skip
             broken += [f"{script.name}: {sibling.name} has no {a.name}"

@@ -179,12 +179,14 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(model64):
     assert engine.stats.prefix_hit_tokens == 0  # its chunks' blocks were computed, not found
 
 
-@pytest.mark.parametrize("padded", [True, False])
-def test_a_long_prompt_that_would_run_padded_is_chunked_at_once(model64, monkeypatch, padded):
+@pytest.mark.parametrize("padded,chunk", [(True, 16), (False, 16), (True, None)])
+def test_a_long_prompt_that_would_run_padded_is_chunked_at_once(
+    model64, monkeypatch, padded, chunk
+):
     """A long prompt alone, no row decoding: where its one-piece prefill would run at
     PADDED_CHUNKS x its length or more (no compiled shape near it), its chunks run at
-    once, in its admission, and its last 10 tokens as a suffix after them; else it runs
-    in one piece. Its tokens are the cold decode's either way."""
+    once, in its admission, and its last 10 tokens as a suffix after them; else, or with
+    chunking off, it runs in one piece. Its tokens are the cold decode's either way."""
     from lookahead_jax.engine.device_slots import DeviceSlots
 
     own = DeviceSlots.run_side
@@ -192,12 +194,17 @@ def test_a_long_prompt_that_would_run_padded_is_chunked_at_once(model64, monkeyp
     kw = dict(batch=2, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
     with jax.enable_x64(True):
         cold = next(iter(lj.Engine(model64, **kw).run(LONG[1:2]))).token_ids
-        engine = lj.Engine(model64, prefix_cache_mb=1, prefill_chunk=16, **kw)
+        engine = lj.Engine(model64, prefix_cache_mb=1, prefill_chunk=chunk, **kw)
         updates = []
         engine.submit(LONG[1], updates.append)
         engine.round()
         assert updates, "its first token comes in its first round"
-        assert engine.stats.prefill_chunks == (5 if padded else 0)
+        chunks = 5 if padded and chunk else 0
+        assert engine.stats.prefill_chunks == chunks
+        assert engine.stats.prefix_hit_tokens == 0  # its chunks' blocks were computed
+        # its rest ran as a suffix after its blocks (the side run_side said), or whole
+        after = [s for s in engine.stats.prefill_shapes if s.endswith("after cache")]
+        assert bool(after) == bool(chunks), engine.stats.prefill_shapes
         while engine.round():
             pass
     assert updates[-1].result.token_ids == cold
@@ -341,9 +348,13 @@ def test_a_run_whose_padding_alone_costs_a_compile_compiles_its_own_shape():
     # nothing holds [16, 1280]; its octave [16, 2048] would pad 12,288 positions
     assert shapes.choose("prompt", 16, 1280, 1000.0) == (16, 1280)
     assert PaddedShapes().choose("prompt", 1, 80, 1000.0) == (1, 128)  # 48: the octave
-    # the cut prices a dear run with its compile: [16, 640] (10,256 + 3,000) over pairs
-    # of compiled [2, 1024] runs (8 x 2,064)
-    assert shapes.groups("prompt", [640] * 16, 16, 1000.0) == [list(range(16))]
+    # an admission of 16 at 640 runs at its own shape (the rule before: [16, 1024])
+    assert admit(shapes, "prompt", [640] * 16, 1000.0) == [(16, 640)]
+    # a paid shape pads meanwhile ("soon") only where that one run is cheaper than a compile
+    shapes.spent_s[("prompt", 16, 768)] = 10.0
+    assert shapes.plan("prompt", 16, 768, 1000.0, lambda *a: False, True) == ((16, 768), "dear")
+    shapes.spent_s[("prompt", 2, 512)] = 10.0
+    assert shapes.plan("prompt", 2, 512, 1000.0, lambda *a: False, True) == ((2, 1024), "soon")
 
 
 def test_a_side_with_nothing_compiled_to_hold_it_compiles_its_octave_first():

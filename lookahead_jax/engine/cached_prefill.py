@@ -13,8 +13,11 @@ when the cache is on, and what it adds.
     keep(...)         ended rows' blocks (their answers) stored, for a next turn
 
 A chunked request holds its slot from the start (`Active.chunking`): its row on the
-device stays done (nothing decodes there) until its prefill. Chunks run only while other
-rows decode: alone, a prompt is prefilled in one piece, which is faster.
+device stays done (nothing decodes there) until its prefill. Chunks run between rounds
+only while other rows decode; a prompt that prefills alone (the only one of its pass
+through the admission) runs in one piece, which is faster, unless that piece would run
+padded far past its length: then its chunks run at once, in the admission
+(`_chunk_now_if_padded`).
 """
 
 from __future__ import annotations
@@ -54,14 +57,14 @@ class CachedPrefill:
         admitting = {s for s, _ in placed}
         if not self._crowd(placed, active):
             placed = [(s, r) for s, r in placed if not self._to_chunk(s, r, admitting, active)]
-        for s, _ in placed:
-            self._chunk_now_if_padded(active[s])
         while placed:
             now = cache.split([r.ids for _, r in placed])
             placed, later = (
                 [x for x, go in zip(placed, now, strict=True) if go],
                 [x for x, go in zip(placed, now, strict=True) if not go],
             )
+            if len(placed) == 1:  # (with others, it prefills in their group: not alone)
+                self._chunk_now_if_padded(active[placed[0][0]])
             # [(slot, request, hits)] lists, each one prefill: the rows with hits apart
             # from those without (their suffixes run at the state's prompt side: each row
             # gathers P / Sb blocks, its own and ignored ones), each kind cut into
@@ -120,36 +123,39 @@ class CachedPrefill:
         new system prompt are prefilled together, the first alone and the rest from its
         blocks, not one per round behind chunks), and the pool holds its blocks twice over
         (else its own chunks would evict each other). (`admit` asks only when not `_crowd`.)"""
-        if self.chunk_tokens is None or not self._others_decode(slot, active, admitting):
-            return False
-        ids, block = request.ids, self.cache.block
-        if self._rest(ids) <= self.chunk_size() or self.cache.blocks < 2 * len(ids) // block:
+        if not self._others_decode(slot, active, admitting) or not self._chunkable(request.ids):
             return False
         active[slot].chunking = True
         return True
 
+    def _chunkable(self, ids) -> bool:
+        """Whether a prompt may prefill in chunks: chunking is on, its rest past its cached
+        blocks is longer than a chunk, and the pool holds its blocks twice over (else its
+        own chunks would evict each other)."""
+        if self.chunk_tokens is None or self._rest(ids) <= self.chunk_size():
+            return False
+        return self.cache.blocks >= 2 * len(ids) // self.cache.block
+
     def _chunk_now_if_padded(self, a) -> None:
-        """Prefill a long prompt's chunks now, all but its last, where one piece would run
-        padded to PADDED_CHUNKS x its rest or more (no compiled shape near its length:
-        prefill_shapes.py pads it to a larger one, or compiles its octave); its last part
-        then runs as a suffix after its own blocks. A server's burst of chats behind a new
-        497-token system prompt: the first one's prefill ran at 1 x 1024 in 3.2 s, as
-        chunks and a 1 x 128 suffix in 1.9 s (2-core Intel Xeon, SmolLM2-135M)."""
-        rest, C = self._rest(a.request.ids), self.chunk_size()
-        if rest <= C or self.cache.blocks < 2 * len(a.request.ids) // self.cache.block:
+        """A long prompt that prefills alone: its chunks now, all but its last, where one
+        piece would run padded to PADDED_CHUNKS x its rest or more (no compiled shape near
+        its length: prefill_shapes.py pads it to a larger one, or compiles its octave); its
+        last part then runs as a suffix after its own blocks. A server's burst of chats
+        behind a new 497-token system prompt: the first one's prefill ran at 1 x 1024 in
+        3.2 s, as chunks and a 1 x 128 suffix in 1.9 s (2-core Intel Xeon, SmolLM2-135M)."""
+        ids = a.request.ids
+        if not self._chunkable(ids):
             return
-        hits = self.cache.hits(a.request.ids)
-        request_hits = None if not hits else [hits]
-        side = self.device.run_side([a.request], request_hits, self.cache.pool)
-        if side < PADDED_CHUNKS * rest:
-            return
-        while self._one_chunk(a):
-            pass
+        hits = self.cache.hits(ids)
+        side = self.device.run_side([a.request], [hits] if hits else None, self.cache.pool)
+        if side >= PADDED_CHUNKS * self._rest(ids):
+            while self._one_chunk(a):
+                pass
 
     def _crowd(self, placed: list, active: list) -> bool:
         """Whether more of the requests admitted now are longer than a chunk than rows
-        decode: then admitting them comes first, none chunked (fifteen chats that came in
-        while one decoded were chunked one a round: a server's burst read 8.1 s median,
+        decode: then admitting them comes first, none chunked between rounds (fifteen chats
+        that came in while one decoded were chunked one a round: a server's burst read 8.1 s median,
         12.8 s p90 time to first token); counted once for the admission, and only the
         long ones (two short chats beside one long prompt do not unchunk it)."""
         if self.chunk_tokens is None:
@@ -216,7 +222,7 @@ class CachedPrefill:
         args = (self.params, cache.pool, _i32(blocks_m), _i32(done),
                 _i32(ids[done : done + C]), _i32(dst))  # fmt: skip
         cache.pool = self._compiled(args)(*args)
-        self.stats.count_chunk()
+        self.stats.count_chunk(C)
         a.chunked_tokens += C
         return len(ids) - done - C > C
 

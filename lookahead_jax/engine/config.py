@@ -82,8 +82,9 @@ class EngineConfig:
     share a prefix compute it once. None or 0: off. Kept across runs of this engine.
     prefill_chunk: with the prefix cache, a prompt longer than this many tokens (past its
     cached blocks) arriving while other rows decode is prefilled this many at a time
-    between decode rounds, so that they keep their pace; "auto": as many as this machine
-    prefills in one round (measured in the run); None: in one piece.
+    between decode rounds, so that they keep their pace (and one prefilling alone whose
+    one piece would run padded far past its length, at once); "auto": as many as this
+    machine prefills in one round (measured in the run); None: in one piece.
     shared_guesses: the guess sources that keep an engine-wide memory (token recycling's
     tables, suffix match's text of earlier outputs) start each new row from what the rows
     before it left (decoding/guess_memory.py), so that a prompt asked again or a

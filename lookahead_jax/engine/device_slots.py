@@ -206,8 +206,8 @@ class DeviceSlots:
     def run_side(self, requests: list[Encoded], hits=None, pool=None) -> int:
         """The side a prefill of these requests (as `prefill`'s) runs at now (a plan)."""
         kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool)
-        n, background = slot_state.prefill_rows(len(requests), self.B), self._compile_soon(key_pool)
-        return self.padded.plan(kind, n, max(sides), rate, ready, background is not None)[0][1]
+        n, soon = slot_state.prefill_rows(len(requests), self.B), self._compile_soon(key_pool)
+        return self.padded.plan(kind, n, max(sides), rate, ready, soon is not None)[0][1]
 
     def _planning(self, requests: list[Encoded], hits, pool) -> tuple:
         """(kind, sides, the program's pool, this run's prefill rate, `_ready`): what
@@ -235,7 +235,7 @@ class DeviceSlots:
             soon(*shape)
         return shape is not None
 
-    def compile_prefill(self, rows: int, side: int, pool=None, wait: bool = True) -> None:
+    def compile_prefill(self, rows: int, side: int, pool=None, wait=True) -> None:
         """Compile the start program of a prefill of (rows, side) — a prompt's, or with
         `pool` one after cached blocks — or with `wait` False start compiling it in the
         background where that is done (prefill_shapes.py then finds it: `_ready`)."""

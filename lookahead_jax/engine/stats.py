@@ -47,7 +47,7 @@ class Stats:
     # by row bucket, each mode's ("lookahead", "plain") rate and rounds (round_choice.py)
     prefill_calls: int = 0
     prefill_positions: int = 0  # rows x side of every prefill: the prompt (or suffix past
-    # cached blocks) positions it ran, padding included (engine/prefill_shapes.py)
+    # cached blocks) positions it ran, padding included, and the chunks' (prefill_shapes.py)
     prefill_shapes: dict[str, int] = dataclasses.field(default_factory=dict)  # prefills
     # by the shape they ran at, "rows x side" (a suffix's: "rows x side after cache")
     prompt_buckets: list[int] = dataclasses.field(default_factory=list)  # the prompts'
@@ -125,9 +125,12 @@ class Stats:
         self.prefill_shapes[shape] = self.prefill_shapes.get(shape, 0) + 1
         self.prompt_buckets += sorted(set(buckets) - set(self.prompt_buckets))
 
-    def count_chunk(self) -> None:
-        """A chunk of a long prompt was prefilled between decode rounds."""
+    def count_chunk(self, positions: int) -> None:
+        """A chunk of `positions` of a long prompt was prefilled (between decode rounds, or
+        at once where its one piece would run padded: cached_prefill.py); its positions
+        count among the prefills' (their rate prices padding: prefill_shapes.py)."""
         self.prefill_chunks += 1
+        self.prefill_positions += positions
 
     def count_grammar(self, compile_s: float) -> None:
         """A request under a grammar was admitted; compiling it took `compile_s`."""

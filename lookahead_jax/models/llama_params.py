@@ -214,7 +214,7 @@ def _host_view(x):
     if (
         not isinstance(x, jax.Array)
         or isinstance(x, jax.core.Tracer)
-        or len(x.devices()) != 1
+        or not isinstance(x.sharding, jax.sharding.SingleDeviceSharding)  # (not a mesh's)
         or next(iter(x.devices())).platform != "cpu"
     ):
         return None
