@@ -221,10 +221,8 @@ def choose(model, max_step_tokens: int | None = None, sampling=None, batch: int 
     if last.get(mode, "unset") != chosen:
         _write_record(model, chosen={**last, mode: chosen})
     if chosen is None:
-        ratios = {k: cost_ratio(curve, choices[k].config.tokens_per_step) for k in table}
-        if factor < 1.0 and any(
-            expected_compression(k, 1.0) / r >= MARGIN for k, r in ratios.items()
-        ):
+        at_prior = [expected_compression(k, 1.0) / choices[k].cost_ratio for k in table]
+        if factor < 1.0 and max(at_prior, default=0.0) >= MARGIN:
             _recover(model, sampling, factor)  # (plain for what earlier runs accepted)
         return Choice(None, 1.0, 1.0, 1.0, table, factor, runner_up=best, kept=sticky)
     return dataclasses.replace(choices[chosen], kept=sticky)

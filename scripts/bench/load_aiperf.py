@@ -128,8 +128,8 @@ def main() -> None:
     }
     for name in args.servers:
         proc, url = start_server(
-            None, args.batch, SERVERS[name], max(args.max_tokens, 128), "--model-name",
-            "smollm2", "--auto-temperature", "0", log=f"load_aiperf_server_{name}.log",
+            None, args.batch, SERVERS[name], max(args.max_tokens, 128), "--auto-temperature",
+            "0", log=f"load_aiperf_server_{name}.log", name="smollm2",
         )  # fmt: skip
         port = int(url.rsplit(":", 1)[1])
         try:

@@ -22,16 +22,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(ckpt, batch: int, mode: str, max_tokens: int, *extra: str, log=None):
+def start_server(ckpt, batch: int, mode: str, max_tokens: int, *extra: str, log=None, name="m"):
     """(process, url) of `python -m lookahead_jax.serve` up and healthy: ckpt None for the
     bundled model; mode "plain", "auto" or a --lookahead value; extra: more of its flags;
-    log: a file name for its stderr, in the temporary directory (None: this process's)."""
+    log: a file name for its stderr, in the temporary directory (None: this process's);
+    name: the model's name in requests."""
     import httpx
 
     port = free_port()
     flags = ["--no-lookahead"] if mode == "plain" else ["--lookahead", mode]
     cmd = [sys.executable, "-m", "lookahead_jax.serve", "--port", str(port),
-           "--batch", str(batch), "--max-new-tokens", str(max_tokens), "--model-name", "m",
+           "--batch", str(batch), "--max-new-tokens", str(max_tokens), "--model-name", name,
            "--log-level", "warning", *flags, *extra]  # fmt: skip
     if ckpt is not None:
         cmd += ["--ckpt", str(ckpt)]
@@ -115,7 +116,11 @@ async def drive(
 
 def summarize(run: dict) -> dict:
     rows = run["requests"]
-    pct = lambda xs, q: float(np.percentile([x for x in xs if x is not None], q))  # noqa: E731
+
+    def pct(xs, q):  # (None: a request of one token has no inter-token latency)
+        xs = [x for x in xs if x is not None]
+        return float(np.percentile(xs, q)) if xs else float("nan")
+
     tokens = sum(r["tokens"] for r in rows)
     return {
         "requests": len(rows),

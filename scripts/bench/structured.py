@@ -106,7 +106,7 @@ def server(rows, passes: int = 3) -> dict:
     servers = {}
     try:
         for mode in SERVERS:  # (256: the server's default --max-new-tokens)
-            servers[mode] = start_server(None, 4, mode, 256, "--model-name", "smollm2-135m")
+            servers[mode] = start_server(None, 4, mode, 256, name="smollm2-135m")
         for t in (0.0, 1.0):  # warm: programs and grammars compiled (some in the background)
             for _, url in servers.values():
                 one_pass(url, rows, t)
