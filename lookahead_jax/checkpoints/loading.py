@@ -105,8 +105,7 @@ def load(
     info = ckpt if isinstance(ckpt, ModelInfo) else inspect(ckpt)
     devices = jax.devices() if not isinstance(mesh, jax.sharding.Mesh) else mesh.devices.flat
     platform = next(iter(devices)).platform
-    if platform == "cpu":
-        cpu_matmul_warmup.warm_soon()  # (its one-time set-up, beside the reading)
+    cpu_matmul_warmup.warm_soon()  # (a CPU's one-time set-up, beside the reading)
     lm = LlamaLM(
         info.cfg, weights, attention_block_for(platform), head_rows=head_rows_for(platform)
     )

@@ -49,10 +49,7 @@ def chains(a: TokenAutomaton, token_bytes, encode, length: int) -> np.ndarray:
     -> token ids) writes them, as far as the automaton allows them (or, where it allows
     none of them, as `longest_match` does); -1 after."""
     out = np.full((a.states, length), -1, np.int32)
-    by_bytes: dict[bytes, list[int]] = {}
-    for i, b in enumerate(token_bytes):
-        if b:
-            by_bytes.setdefault(b, []).append(i)
+    by_bytes: dict[bytes, list[int]] = {}  # (made at the first state that needs it)
     for s in range(a.states):
         text = fixed_bytes(a, token_bytes, s)
         if not text:
@@ -63,9 +60,20 @@ def chains(a: TokenAutomaton, token_bytes, encode, length: int) -> np.ndarray:
             if state < 0:
                 break
             run.append(t)
-        run = run or longest_match(a, by_bytes, s, text, length)
+        if not run:
+            by_bytes = by_bytes or _by_bytes(token_bytes)
+            run = longest_match(a, by_bytes, s, text, length)
         out[s, : len(run)] = run
     return out
+
+
+def _by_bytes(token_bytes) -> dict[bytes, list[int]]:
+    """bytes -> the token ids that write them (a vocabulary's, every non-empty entry)."""
+    by_bytes: dict[bytes, list[int]] = {}
+    for i, b in enumerate(token_bytes):
+        if b:
+            by_bytes.setdefault(b, []).append(i)
+    return by_bytes
 
 
 def longest_match(a: TokenAutomaton, by_bytes: dict, state: int, text: bytes, length: int):
