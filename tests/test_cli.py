@@ -150,12 +150,12 @@ def test_a_single_prompt_turns_off_ynn_dot_fusions_unless_the_user_chose(monkeyp
     from lookahead_jax.cli import generate as cli
 
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
-    cli._one_shot_xla_flags()
+    cli.one_shot_xla_flags()
     assert (
         os.environ["XLA_FLAGS"]
         == f"--xla_force_host_platform_device_count=1 {cli.ONE_SHOT_XLA_FLAG}"
     )
     chosen = "--xla_cpu_experimental_ynn_fusion_type=dot"
     monkeypatch.setenv("XLA_FLAGS", chosen)
-    cli._one_shot_xla_flags()
+    cli.one_shot_xla_flags()
     assert os.environ["XLA_FLAGS"] == chosen

@@ -325,7 +325,7 @@ ONE_SHOT_XLA_FLAG = "--xla_cpu_experimental_ynn_fusion_type="
 ONE_SHOT_SINCE_JAXLIB = (0, 10)  # (a flag XLA does not know aborts the process)
 
 
-def _one_shot_xla_flags() -> None:
+def one_shot_xla_flags() -> None:
     """Add ONE_SHOT_XLA_FLAG to XLA_FLAGS (before JAX starts its backend), unless the
     user set that flag, or jaxlib is older than the versions known to have it."""
     from importlib.metadata import version
@@ -346,7 +346,7 @@ def _run(args, t_start: float) -> int:
 
     mesh_sizes = parse_mesh(args.mesh) if args.mesh else None
     if args.prompts is None:
-        _one_shot_xla_flags()
+        one_shot_xla_flags()
 
     import jax
 

@@ -43,11 +43,11 @@ def cli(prompt: str, mode: list[str], max_new: int) -> dict:
 def program_seconds(prompts: list[str], max_new: int, repeats: int = 3) -> list[float]:
     """Each prompt's compiled prefill program (plain `start`, batch 1, its bucket, the
     CLI's S), min over runs after a first one, in this process."""
-    from lookahead_jax.cli.generate import ONE_SHOT_XLA_FLAG
+    from lookahead_jax.cli.generate import one_shot_xla_flags
 
     # the CLI's own flags (it turns XLA:CPU's YNN fusions off for a single prompt), set
     # before JAX starts its backend here
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {ONE_SHOT_XLA_FLAG}".strip()
+    one_shot_xla_flags()
     import jax
     import numpy as np
 
