@@ -125,6 +125,8 @@ def test_engine_equals_plain_decoding_alone(
     assert sorted(stats.prompt_buckets) == sorted({bucket(len(p)) for p in PROMPTS})
     if batch < len(PROMPTS):  # slots were refilled while others decoded
         assert stats.rounds > 1
+    if batch > 1:  # the first admission's prompts ran packed in one pass
+        assert any(shape.endswith("ragged") for shape in stats.prefill_shapes), stats.prefill_shapes
     # growing: one S per prompt bucket, shortest first; fixed: one S for the run
     assert len(stats.cache_positions) == (1 if max_prompt else len(stats.prompt_buckets))
     assert stats.cache_positions == sorted(stats.cache_positions)

@@ -80,10 +80,10 @@ def test_programs_beyond_max_kept_are_dropped_and_their_code_unmapped(monkeypatc
     programs.clear()
     model = Model(LlamaLM(CFG), init_params(CFG, jax.random.PRNGKey(0), jnp.float32), eos_ids=())
 
-    def decode_batch(b: int) -> int:  # new shapes: a start and a loop program (prompts
-        # of a longer side each time: b prompts of one side could otherwise run as b
-        # prefills of a row at the start compiled for batch 1)
-        lj.generate(model, [[1, 2, 3] * 6 * b] * b, max_new_tokens=2, lookahead=None)
+    def decode_batch(b: int) -> int:  # new shapes: a start and a loop program (one
+        # prompt, of a longer bucket each time: several prompts would prefill packed, a
+        # start program keyed apart from its loop's)
+        lj.generate(model, [[1, 2, 3] * 6 * 2 ** (b - 1)], max_new_tokens=2, lookahead=None)
         gc.collect()
         return memory_maps()
 

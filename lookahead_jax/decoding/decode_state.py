@@ -71,6 +71,26 @@ class CachedPrefix:
     suffix: Int[Array, "B Ts"]  # prompt[b, length[b]:], right-padded to Ts
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class RaggedPrompts:
+    """A prefill's prompts one after another in one pass of Tr tokens (a ragged prefill:
+    no row is padded to the longest prompt, only the pass's tail). Row b's prompt is
+    tokens[0, start[b] : start[b] + prompt_len[b]]; token j is position position[0, j] of
+    row row[0, j]. Tail tokens (and a padding row's) have row B, where nothing is written,
+    and position 0 (each attends to itself alone).
+
+    Example (B = 2, prompts [5 6 7] and [8 9], Tr = 6):
+        tokens = [[5 6 7 8 9 0]]  row = [[0 0 0 1 1 2]]  position = [[0 1 2 0 1 0]]
+        start = [0 3]
+    """
+
+    tokens: Int[Array, "1 Tr"]
+    row: Int[Array, "1 Tr"]
+    position: Int[Array, "1 Tr"]
+    start: Int[Array, " B"]
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
     """Everything static about a decode: a jit static argument."""
@@ -162,7 +182,7 @@ def prefill(
     max_new_b: jax.Array,
     rng_b2: jax.Array,
     sampling: RowSampling,
-    prefix: CachedPrefix | None = None,
+    prefix: CachedPrefix | RaggedPrompts | None = None,
     grammar: GrammarRows | None = None,
     *,
     spec: DecodeSpec,
@@ -170,7 +190,9 @@ def prefill(
 ) -> DecodeState:
     """Run the prompts [B, P] (right-padded), fill the cache, emit the first new token.
     sampling: each row's settings ([B] arrays). prefix: the rows' cached prefixes, whose
-    prompt positions are not run again (None: every row runs its whole prompt).
+    prompt positions are not run again (None: every row runs its whole prompt), or the
+    same prompts packed one after another (RaggedPrompts: one pass without the rows'
+    padding; the model has seam.apply_ragged).
     grammar: the rows' initial grammar states and the table (spec.grammar; the first
     token is chosen under the mask too)."""
     B, P = prompt_bp.shape
@@ -181,6 +203,8 @@ def prefill(
         last = (prompt_len_b - 1)[:, None]
         logits, k, v = seam.apply(spec.lm, params, prompt_bp, positions, causal_mask(P), None, last)
         cache = write_prefix(cache, k, v, prompt_len_b)
+    elif isinstance(prefix, RaggedPrompts):
+        logits, cache = _prefill_ragged(params, prompt_len_b, prefix, cache, spec)
     else:
         logits, cache = _prefill_after_prefix(params, prompt_len_b, prefix, cache, spec)
     tokens = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt_bp)
@@ -221,6 +245,23 @@ def _prefill_after_prefix(params, prompt_len_b, prefix: CachedPrefix, cache: KVC
     mask = causal_mask(T)
     logits, k, v = seam.apply(spec.lm, params, prefix.suffix, positions, mask, cache, last)
     return logits, kv_cache.commit(cache, k, v, rows_bt, prompt_len_b - prefix.length)
+
+
+def _prefill_ragged(params, prompt_len_b, ragged: RaggedPrompts, cache: KVCache, spec):
+    """(the last prompt token's logits [B, 1, V], the filled cache) of prompts packed in
+    one pass (RaggedPrompts): each token's K/V scattered to its row and position."""
+    Tr = ragged.tokens.shape[1]
+    first = jnp.arange(Tr, dtype=jnp.int32)[None] - ragged.position
+    last = (ragged.start + prompt_len_b - 1)[None]  # [1, B]
+    logits, k, v = seam.apply_ragged(spec.lm, params, ragged.tokens, ragged.position, first, last)
+    row_t, at_t = ragged.row[0], ragged.position[0]
+
+    def put(dst, src):  # dst [B, K, S, Dh], src [1, K, Tr, Dh]; a tail token's row B: dropped
+        return dst.at[row_t, :, at_t].set(jnp.swapaxes(src[0], 0, 1).astype(dst.dtype), mode="drop")
+
+    lengths = prompt_len_b.astype(jnp.int32)
+    filled = KVCache(tuple(map(put, cache.k, k)), tuple(map(put, cache.v, v)), lengths)
+    return jnp.swapaxes(logits, 0, 1), filled
 
 
 def _prompt_logprobs(params, prompt_bp, S: int, spec: DecodeSpec, want_b) -> logprobs.Logprobs:

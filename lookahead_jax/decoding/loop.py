@@ -38,7 +38,13 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from lookahead_jax import shapes
-from lookahead_jax.decoding.decode_state import CachedPrefix, DecodeSpec, DecodeState, prefill
+from lookahead_jax.decoding.decode_state import (
+    CachedPrefix,
+    DecodeSpec,
+    DecodeState,
+    RaggedPrompts,
+    prefill,
+)
 from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.lookahead import init_lookahead, lookahead_step
 from lookahead_jax.decoding.plain import plain_step
@@ -54,7 +60,7 @@ def start(
     max_new_b,
     rng_b2,
     sampling: RowSampling,
-    prefix: CachedPrefix | None = None,
+    prefix: CachedPrefix | RaggedPrompts | None = None,
     grammar: GrammarRows | None = None,
     *,
     spec: DecodeSpec,
@@ -62,7 +68,8 @@ def start(
 ) -> DecodeState:
     """Prefill the right-padded prompts [B, P] and emit each row's first token; with
     lookahead, also set up the window, pool and recycling tables.
-    prefix: the rows' cached prefixes (decode_state.CachedPrefix; None: none).
+    prefix: the rows' cached prefixes (decode_state.CachedPrefix; None: none), or the
+    prompts packed in one ragged pass (decode_state.RaggedPrompts).
     grammar: the rows' grammar states and table (spec.grammar; grammar_rows.py).
 
     sampling: each row's settings ([B] arrays; sampling.RowSampling).

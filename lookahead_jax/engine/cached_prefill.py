@@ -30,7 +30,10 @@ import numpy as np
 
 from lookahead_jax.decoding import prefill_chunk, programs
 from lookahead_jax.decoding.program_caches import ProgramCache
+from lookahead_jax.engine import slot_state
 from lookahead_jax.engine.prefix_cache import PrefixCache
+from lookahead_jax.models import kv_pool
+from lookahead_jax.models.kv_pool import KVPool
 
 MAX_CHUNK = 1024  # tokens; auto's choice is at most this, at least two blocks
 # a long prompt whose one-piece prefill would run at this many times its length or more
@@ -101,7 +104,7 @@ class CachedPrefill:
             for state, (_, g) in zip(fresh, groups, strict=True):
                 entries = cache.claim([r.ids for _, r, _ in g])
                 if entries:
-                    cache.pool = device.store_blocks(cache.pool, state, entries)
+                    cache.pool = store_blocks(cache.pool, state, entries)
                 device.insert(state, [s for s, _, _ in g])
             placed = later
 
@@ -252,7 +255,20 @@ class CachedPrefill:
         entries = self.cache.claim([tokens_bs[s, : committed_b[s]] for s in slots])
         if entries:
             entries = [(slots[i], start, dst) for i, start, dst in entries]
-            self.cache.pool = self.device.store_blocks(self.cache.pool, self.device.state, entries)
+            self.cache.pool = store_blocks(self.cache.pool, self.device.state, entries)
+
+
+def store_blocks(pool: KVPool, fresh, entries) -> KVPool:
+    """The pool (donated) with the blocks `entries` [(row of `fresh`, a DecodeState, first
+    position, pool id)] cut out of its cache: one program for a power of two of them,
+    padded with entries that are dropped."""
+    m = max(8, 1 << max(len(entries) - 1, 0).bit_length())
+    rows_m, starts_m = np.zeros((m,), np.int32), np.zeros((m,), np.int32)
+    dst_m = np.full((m,), pool.blocks, np.int32)  # padding: dropped
+    for j, (row, start, dst) in enumerate(entries):
+        rows_m[j], starts_m[j], dst_m[j] = row, start, dst
+    store = slot_state.program(kv_pool.store_blocks, None, donate_argnums=0)
+    return store(pool, fresh.cache, rows_m, starts_m, dst_m)
 
 
 def _i32(x):

@@ -5,7 +5,8 @@ three verbs of JetStream's engine interface that change it, each one compiled pr
     prefill   `prefill(requests)`: decoding.start on n requests at their longest side
               P' (inputs.prefill_side), [n, P'] (n: slot_state.prefill_rows, padded with
               rows that are done at once; `prefill_groups` cuts an admission into
-              prefills): their K/V, first tokens and fresh guess sources
+              prefills), or several packed in one ragged pass (prefill_args.ragged):
+              their K/V, first tokens and fresh guess sources
     insert    `insert(fresh, slots)`: those n rows written over slots of the R-row state
               in one scatter, every field (a slot's old K/V, tokens, counters and
               guesses all replaced)
@@ -41,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lookahead_jax.decoding import autotune, guess_memory, logprobs, programs
-from lookahead_jax.decoding.decode_state import CachedPrefix, DecodeSpec, DecodeState
+from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState
 from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import multihost, sharding
@@ -51,7 +52,7 @@ from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.engine.round_read import RoundRead
 from lookahead_jax.engine.stats import Stats
-from lookahead_jax.models import kv_pool
+from lookahead_jax.models import kv_pool, seam
 
 _STATIC = ("spec", "bucket")
 
@@ -92,6 +93,9 @@ class DeviceSlots:
         # the prefill shapes compiled, and padding spent (an engine's, kept across runs)
         self.padded = PaddedShapes() if padded is None else padded
         self.state: DecodeState | None = None
+        # several prompts from scratch prefill packed in one pass (a ragged prefill:
+        # prefill_args.ragged) where the model runs those, on one device
+        self.ragged = seam.has_ragged(model.lm) and model.mesh is None
         self.to_retire_b = np.zeros((batch,), bool)  # rows to make done before generate [R]
         self._set_shape(P)
 
@@ -199,9 +203,16 @@ class DeviceSlots:
     ) -> list[list[int]]:
         """The requests of one admission cut into prefills (prefill_shapes.groups): lists
         of indices into `requests`, each list one `prefill` (hits and pool as there)."""
+        if self._is_ragged(requests, hits):  # one pass, whatever their lengths
+            return [list(range(len(requests)))]
         kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool)
         background = self._compile_soon(key_pool) is not None
         return self.padded.groups(kind, sides, self.B, rate, ready, background)
+
+    def _is_ragged(self, requests: list[Encoded], hits) -> bool:
+        """Whether these requests prefill packed in one ragged pass: several prompts from
+        scratch (one runs its own side either way, at the prompt shapes warm-up made)."""
+        return self.ragged and hits is None and len(requests) >= 2
 
     def run_side(self, requests: list[Encoded], hits=None, pool=None) -> int:
         """The side a prefill of these requests (as `prefill`'s) runs at now (a plan)."""
@@ -212,8 +223,9 @@ class DeviceSlots:
     def _planning(self, requests: list[Encoded], hits, pool) -> tuple:
         """(kind, sides, the program's pool, this run's prefill rate, `_ready`): what
         prefill_shapes.py plans a prefill of these requests from (as `prefill`'s)."""
-        kind, sides = prefill_args.sides(requests, hits, pool)
-        key_pool = prefill_args.program_pool(hits, pool)
+        ragged = self._is_ragged(requests, hits)
+        kind, sides = prefill_args.sides(requests, hits, pool, ragged)
+        key_pool = prefill_args.program_pool(hits, pool, ragged)
         return kind, sides, key_pool, self._prefill_rate(), self._ready(key_pool)
 
     def prompt_instead(self, requests: list[Encoded], hits: list[list[int]], pool) -> bool:
@@ -226,11 +238,12 @@ class DeviceSlots:
             return False
         n = slot_state.prefill_rows(len(requests), self.B)
         _, suffix_sides = prefill_args.sides(requests, hits, pool)
-        _, prompt_sides = prefill_args.sides(requests, None, None)  # (<= P: _fill grew the state)
-        rate, ready = self._prefill_rate(), self._ready(pool)
+        # (as `prefill` runs them from scratch; prompt sides <= P: _fill grew the state)
+        kind, scratch_sides, _, rate, scratch_ready = self._planning(requests, None, None)
         shape = self.padded.instead(
-            n, max(suffix_sides), max(prompt_sides), rate, ready, self._ready(None)
-        )
+            n, max(suffix_sides), (kind, max(scratch_sides)), rate, self._ready(pool),
+            scratch_ready,
+        )  # fmt: skip
         if shape is not None:
             soon(*shape)
         return shape is not None
@@ -246,19 +259,16 @@ class DeviceSlots:
             self._compiled(*self._start_key(rows, side, pool), "start")
             # (its seconds not among the compiles the padding rule averages: they may be
             # a wait for a compile started in the background)
-            self.padded.ran("prompt" if pool is None else "suffix", rows, side, 0.0)
+            self.padded.ran(prefill_args.kind_of(pool), rows, side, 0.0)
 
-    def _start_key(self, rows: int, side: int, pool: kv_pool.KVPool | None = None) -> tuple:
+    def _start_key(self, rows: int, side: int, pool: kv_pool.KVPool | str | None = None) -> tuple:
         """programs.py's (room for new positions, start arguments) of a prefill of this
         shape: a prompt prefill's (side: its prompt side); with `pool`, a prefill after
-        cached blocks (side: the suffixes'; the prompt side is the state's P)."""
+        cached blocks or a ragged one (prefill_args.RAGGED), whose prompt side is the
+        state's P (side: the suffixes', or the pass's tokens)."""
         if pool is None:
             return self.P + self.new_positions - side, self.loop_args(rows, side)
-        like = lambda *shape: jax.ShapeDtypeStruct((rows, *shape), jnp.int32)  # noqa: E731
-        pool_like = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), pool
-        )
-        prefix = CachedPrefix(pool_like, like(self.P // pool.block), like(), like(side))
+        prefix = prefill_args.prefix_shapes(rows, side, pool, self.P)
         return self.new_positions, self.loop_args(rows, prefix=prefix)
 
     def _ready(self, pool: kv_pool.KVPool | None):
@@ -293,23 +303,26 @@ class DeviceSlots:
         """One prefill of the requests at their longest side (inputs.prefill_side), padded
         to `prefill_rows` rows (a padding row has max_new_tokens 0: done at once). hits:
         each request's cached leading blocks, pool ids into `pool` (prefix_cache.py): only
-        the rest of its prompt runs, at the state's prompt side P. Either may run at a
+        the rest of its prompt runs, at the state's prompt side P. Several without hits
+        run packed in one ragged pass (`ragged`; side: all their tokens). Any may run at a
         larger shape already compiled, padded (prefill_shapes.py)."""
         # the prompts' sides, or the suffixes' past the blocks
         kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool)
         n = slot_state.prefill_rows(len(requests), self.B)
         n, side = self.padded.choose(kind, n, max(sides), rate, ready, self._compile_soon(key_pool))
-        P = side if hits is None else self.P
+        P = side if kind == "prompt" else self.P
         rows = prefill_args.rows(requests, n, P, self.model.mesh)
         if hits is not None:
             rows = (*rows, prefill_args.cached_prefix(P, requests, hits, pool, n, side))
+        elif kind == prefill_args.RAGGED:
+            rows = (*rows, prefill_args.ragged(requests, n, side))
         if self.grammars is not None:  # (after the prefix: None without one)
-            rows = (*rows, *([None] if hits is None else []))
+            rows = (*rows, *([None] if kind == "prompt" else []))
             rows = (*rows, prefill_args.grammar_rows(requests, n, self.grammars))
         args = (self.model.params, *rows)
         # (the prompts' own buckets, whatever shape they ran at)
         buckets = [inputs.bucket(len(r.ids)) for r in requests]
-        self.stats.count_prefill(n, side, hits is not None, buckets)
+        self.stats.count_prefill(n, side, kind, self.padded.positions(kind, n, side), buckets)
         # room for the new positions that gives rows of this prompt side the state's S
         start, compile_s = self._compiled(self.P + self.new_positions - P, args, "start")
         self.padded.ran(kind, n, side, compile_s)
@@ -342,18 +355,6 @@ class DeviceSlots:
         self.memory.store(
             self.spec, fold(self.memory.of(self.spec), self.state, rows_b, spec=self.spec)
         )
-
-    def store_blocks(self, pool: kv_pool.KVPool, fresh: DecodeState, entries) -> kv_pool.KVPool:
-        """The pool (donated) with the blocks `entries` [(row of `fresh`, first position,
-        pool id)] cut out of a prefill's cache: one program for a power of two of them,
-        padded with entries that are dropped."""
-        m = max(8, 1 << max(len(entries) - 1, 0).bit_length())
-        rows_m, starts_m = np.zeros((m,), np.int32), np.zeros((m,), np.int32)
-        dst_m = np.full((m,), pool.blocks, np.int32)  # padding: dropped
-        for j, (row, start, dst) in enumerate(entries):
-            rows_m[j], starts_m[j], dst_m[j] = row, start, dst
-        store = slot_state.program(kv_pool.store_blocks, None, donate_argnums=0)
-        return store(pool, fresh.cache, rows_m, starts_m, dst_m)
 
     def insert(self, fresh: DecodeState, slots: list[int]) -> None:
         """Write the prefilled rows `fresh` over `slots` (its first len(slots) rows; the

@@ -1,14 +1,20 @@
 """The host arrays of a prefill's start program (device_slots.py): the requests' prompts
 right-padded to the prompt side, lengths, budgets, PRNG keys and sampling settings, n
 rows (padding rows have max_new_tokens 0: done at once), and with the prefix cache each
-row's cached blocks and the rest of its prompt past them."""
+row's cached blocks and the rest of its prompt past them; or, for a ragged prefill, the
+prompts one after another (RaggedPrompts).
+
+A prefill is of one of three kinds, each its own programs and shapes (prefill_shapes.py):
+"prompt" (rows n, prompt side P), "suffix" (rows n, suffix side Ts, after cached blocks)
+and "ragged" (rows n, the pass's tokens Tr: several prompts from scratch, packed)."""
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.decoding.decode_state import CachedPrefix
+from lookahead_jax.decoding.decode_state import CachedPrefix, RaggedPrompts
 from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
 from lookahead_jax.distributed import multihost, sharding
@@ -47,19 +53,42 @@ def rows(requests: list[Encoded], n: int, P: int, mesh=None) -> tuple:
     return out
 
 
-def sides(requests: list[Encoded], hits, pool) -> tuple[str, list[int]]:
+RAGGED = "ragged"  # program_pool's marker of a ragged prefill's programs (no pool)
+
+
+def sides(requests: list[Encoded], hits, pool, ragged: bool = False) -> tuple[str, list[int]]:
     """(kind, each request's prefill side): "prompt" and its prompt's, or with hits
-    "suffix" and its prompt's rest past its cached blocks'."""
+    "suffix" and its prompt's rest past its cached blocks'; with `ragged` (no hits),
+    "ragged" and one side, the pass's: all the prompts' tokens."""
+    if ragged:
+        return RAGGED, [inputs.prefill_side(sum(len(r.ids) for r in requests))]
     if hits is None:
         return "prompt", [inputs.prefill_side(len(r.ids)) for r in requests]
     rest = [len(r.ids) - len(h) * pool.block for r, h in zip(requests, hits, strict=True)]
     return "suffix", [inputs.prefill_side(n) for n in rest]
 
 
-def program_pool(hits, pool) -> kv_pool.KVPool | None:
-    """The pool that keys a prefill's program (DeviceSlots._start_key): `pool` for
-    requests with hits, None (a prompt prefill's program) without, cache on or off."""
+def program_pool(hits, pool, ragged: bool = False) -> kv_pool.KVPool | str | None:
+    """What keys a prefill's program besides its shape (DeviceSlots._start_key): `pool`
+    for requests with hits, RAGGED for a ragged prefill, None (a prompt prefill's program)
+    otherwise, cache on or off."""
+    if ragged:
+        return RAGGED
     return None if hits is None else pool
+
+
+def ragged(requests: list[Encoded], n: int, Tr: int) -> RaggedPrompts:
+    """The requests' prompts one after another in Tr tokens (RaggedPrompts' example), for
+    n rows (padding rows have nothing there: start 0)."""
+    tokens, row = np.zeros((1, Tr), np.int32), np.full((1, Tr), n, np.int32)
+    position, start = np.zeros((1, Tr), np.int32), np.zeros((n,), np.int32)
+    at = 0
+    for i, r in enumerate(requests):
+        m = len(r.ids)
+        tokens[0, at : at + m], row[0, at : at + m] = r.ids, i
+        position[0, at : at + m], start[i] = np.arange(m), at
+        at += m
+    return RaggedPrompts(tokens, row, position, start)
 
 
 def cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int, T: int) -> CachedPrefix:
@@ -85,3 +114,24 @@ def grammar_rows(requests: list[Encoded], n: int, bank: GrammarBank) -> GrammarR
     for i, r in enumerate(requests):
         state_n[i] = bank.initial_state(r.grammar)
     return GrammarRows(state_n, bank.on_device())
+
+
+def kind_of(pool) -> str:
+    """The kind of prefill a program_pool value keys: "prompt", "suffix" or "ragged"."""
+    if pool is None:
+        return "prompt"
+    return RAGGED if isinstance(pool, str) else "suffix"
+
+
+def prefix_shapes(rows: int, side: int, pool, P: int) -> CachedPrefix | RaggedPrompts:
+    """The start program's `prefix` argument as shapes (jax.ShapeDtypeStruct leaves) for
+    a prefill of (rows, side) of the kind `pool` keys (program_pool; not a prompt's):
+    a CachedPrefix of rows at prompt side P, or RaggedPrompts of `side` tokens."""
+    like = lambda *shape: jax.ShapeDtypeStruct((rows, *shape), jnp.int32)  # noqa: E731
+    if kind_of(pool) == RAGGED:
+        one = jax.ShapeDtypeStruct((1, side), jnp.int32)
+        return RaggedPrompts(one, one, one, like())
+    pool_like = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), pool
+    )
+    return CachedPrefix(pool_like, like(P // pool.block), like(), like(side))

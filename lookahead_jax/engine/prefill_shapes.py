@@ -3,8 +3,10 @@ cut to pad least, each at its own shape, or a larger one already compiled, padde
 the padding spent for want of its own has cost a compile (ski rental).
 
 A prefill is one program per shape: (rows n, prompt side P) from scratch, (rows n,
-suffix side T) after cached blocks (device_slots.py; its prompt side is the state's);
-sides are inputs.prefill_side's (quarter octaves above 64). Traffic meets many such
+suffix side T) after cached blocks (device_slots.py; its prompt side is the state's),
+or (rows n, the pass's tokens Tr) of several prompts packed (a "ragged" prefill, whose
+rows cost nothing: it runs Tr positions, `positions`); sides are inputs.prefill_side's
+(quarter octaves above 64). Traffic meets many such
 pairs (how many requests an admission brings, how long each prompt is, how much of it
 was cached), and each pair's first prefill compiles, seconds on a CPU, inside some
 request's time to first token. A pair of the same kind already compiled, n' >= n and
@@ -17,7 +19,9 @@ compiles; 5 s before one was measured), then compiles — at most twice the bett
 two in hindsight; the engine's prefills compile it in the background (`compile_soon`),
 padded to the larger one until it is ready, so that no request's time to first token
 holds a compile it did not need; with no larger one compiled it compiles its side's
-power of two (one program for the octave, which the octave's other sides then pad to).
+power of two (one program for the octave, which the octave's other sides then pad to;
+a ragged pass its own side: padding a pass of packed prompts to its power of two ran 2,048
+positions for 1,323 tokens, and its sides vary with every admission anyway).
 Where one run's padding alone would cost more than a compile ("dear": sixteen prompts
 of ~600 tokens in [16, 1024]), its own shape compiles now instead of either.
 
@@ -107,7 +111,7 @@ class PaddedShapes:
         "soon" (paid, but a larger compiled one runs while its own compiles in the
         background); "dear" (its own, compiled now: this run's padding alone would cost
         more than a compile); "padded" (the smallest larger one compiled); "octave" (its
-        side's power of two, compiled now)."""
+        side's power of two, compiled now; a ragged pass's own side)."""
         key = (kind, n, side)
         if self._known(key, ready):
             return (n, side), "compiled"
@@ -116,8 +120,11 @@ class PaddedShapes:
         paid = self._paid(key, rate)
         if paid and (larger is None or not background):
             return (n, side), "paid"
-        over = larger if larger is not None else (n, inputs.bucket(side))
-        if self._dear(over, n * side, rate):  # (not padded meanwhile, "soon": too dear)
+        octave = side if kind == "ragged" else inputs.bucket(side)
+        over = larger if larger is not None else (n, octave)
+        if self._dear(
+            kind, over, self.positions(kind, n, side), rate
+        ):  # (not padded meanwhile, "soon": too dear)
             return (n, side), "dear"
         if paid:
             return larger, "soon"
@@ -125,37 +132,43 @@ class PaddedShapes:
             return larger, "padded"
         return over, "octave"
 
-    def _dear(self, shape: tuple[int, int], positions: int, rate: float) -> bool:
+    @staticmethod
+    def positions(kind: str, rows: int, side: int) -> int:
+        """The positions a prefill of (rows, side) runs: rows x side, or a ragged pass's
+        side (its rows are packed in it)."""
+        return side if kind == "ragged" else rows * side
+
+    def _dear(self, kind: str, shape: tuple[int, int], positions: int, rate: float) -> bool:
         """Whether one run at `shape` of a prefill of `positions` would spend more on its
         padding than a compile costs (at a measured rate): then its own shape compiles now,
         whatever padding was spent before. (16 chats of ~600 tokens padded to a compiled
         [16, 1024] ran 48-53 s a burst, where [16, 640] ran 19.4 s; 2-core Intel Xeon.)"""
         if rate <= 0:
             return False
-        return (shape[0] * shape[1] - positions) / rate >= self._compile_seconds()
+        return (self.positions(kind, *shape) - positions) / rate >= self._compile_seconds()
 
     def instead(
         self,
         n: int,
         suffix_side: int,
-        prompt_side: int,
+        scratch: tuple[str, int],
         positions_per_s: float,
         ready_suffix: Callable[[int, int], bool],
         ready_prompt: Callable[[int, int], bool],
     ) -> tuple[int, int] | None:
         """The suffix shape to compile in the background when a suffix prefill of (n,
-        suffix_side) would compile now and its rows run instead from scratch (prompts of
-        side prompt_side) at a prompt shape compiled: that costs fewer extra positions than
-        a compile (before one was measured: always); None: as `plan` says."""
+        suffix_side) would compile now and its rows run instead from scratch (`scratch`:
+        the kind, "prompt" or "ragged", and side they would run at) at a shape compiled:
+        that costs fewer extra positions than a compile (before one was measured:
+        always); None: as `plan` says."""
         shape, how = self.plan("suffix", n, suffix_side, positions_per_s, ready_suffix, True)
         if how not in ("paid", "octave", "dear"):
             return None
-        (rows, side), prompt_how = self.plan(
-            "prompt", n, prompt_side, positions_per_s, ready_prompt, True
-        )
+        kind, side = scratch
+        (rows, side), prompt_how = self.plan(kind, n, side, positions_per_s, ready_prompt, True)
         if prompt_how not in ("compiled", "padded", "soon"):
             return None
-        extra = rows * side - n * suffix_side
+        extra = self.positions(kind, rows, side) - n * suffix_side
         # (a measured compile only: with the default a first burst compiled inside it)
         compile_positions = self._compile_positions(positions_per_s, measured=True)
         if compile_positions is not None and extra >= compile_positions:
@@ -185,7 +198,7 @@ class PaddedShapes:
 
     def _larger(self, kind: str, n: int, side: int) -> tuple[int, int] | None:
         """The smallest compiled (rows, side) of this kind that holds (n, side), or None."""
-        larger = [(n2 * s2, n2, s2) for k, n2, s2 in self.compiled if k == kind]
+        larger = [(self.positions(k, n2, s2), n2, s2) for k, n2, s2 in self.compiled if k == kind]
         larger = [x for x in larger if x[1] >= n and x[2] >= side]
         return min(larger)[1:] if larger else None
 

@@ -119,7 +119,7 @@ class PrefixCache:
         id: [(prompt index, first position, pool id)], at most the pool's size. Free
         blocks go first, then the least recently used are evicted; then each prompt's
         chain is touched, deepest first, so that its first block is the most recent (see
-        `hits`). The caller stores them (DeviceSlots.store_blocks) before anything reads
+        `hits`). The caller stores them (cached_prefill.store_blocks) before anything reads
         them."""
         chains = [block_keys(ids, self.block) for ids in prompts]
         new = [(i, j, key) for i, keys in enumerate(chains) for j, key in enumerate(keys)]

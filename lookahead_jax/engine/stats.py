@@ -116,12 +116,13 @@ class Stats:
         """Seconds waited for a program to compile (0: it was compiled)."""
         self.compile_s += seconds
 
-    def count_prefill(self, rows: int, side: int, cached: bool, buckets) -> None:
-        """A prefill call ran at (rows, side) — a suffix's after cached blocks when
-        `cached` — for prompts of these buckets (inputs.bucket)."""
+    def count_prefill(self, rows: int, side: int, kind: str, positions: int, buckets) -> None:
+        """A prefill call of `kind` ("prompt", "suffix": after cached blocks, "ragged":
+        prompts packed) ran at (rows, side), `positions` positions, for prompts of these
+        buckets (inputs.bucket)."""
         self.prefill_calls += 1
-        self.prefill_positions += rows * side
-        shape = f"{rows}x{side}" + (" after cache" if cached else "")
+        self.prefill_positions += positions
+        shape = f"{rows}x{side}" + {"prompt": "", "suffix": " after cache"}.get(kind, f" {kind}")
         self.prefill_shapes[shape] = self.prefill_shapes.get(shape, 0) + 1
         self.prompt_buckets += sorted(set(buckets) - set(self.prompt_buckets))
 

@@ -14,8 +14,9 @@ cache as well, so a step moved its weights three times and its cache several
 (MaxText's `scan_layers=False` makes the same trade for serving).
 
 The forward knows nothing about lookahead: it takes explicit positions and a boolean
-mask among the new tokens, and attends to a row's cache positions below its length. A
-sliding window is applied here, from positions (a token at position p sees keys at
+mask among the new tokens, and attends to a row's cache positions below its length
+(attention.py; or, in a ragged pass, rows packed one after another: `apply_ragged`). A
+sliding window is applied there, from positions (a token at position p sees keys at
 positions p - window < k; the cache's entry s along S holds position s), so every
 caller — prefill, plain steps, each lookahead window and draft-tree node — gets it
 without knowing of it. A lookahead step is just a particular (tokens, positions, mask).
@@ -29,11 +30,17 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh
 
 from lookahead_jax.distributed import sharding
-from lookahead_jax.models import cpu_kernel, fused, kv_cache, packed
+from lookahead_jax.models import fused, kv_cache, packed
+from lookahead_jax.models.attention import (  # noqa: F401  (attention_block_for re-exported)
+    ATTENTION_BLOCK,
+    accum_dtype,
+    attention,
+    attention_block_for,
+    segment_attention,
+)
 from lookahead_jax.models.config import LlamaConfig
 from lookahead_jax.models.kv_cache import KVCache
 from lookahead_jax.models.llama_params import LlamaParams, param_specs, per_layer, split_layers
@@ -41,36 +48,11 @@ from lookahead_jax.models.packed import einsum
 from lookahead_jax.models.rope import apply_rope, rope_cos_sin
 
 
-def accum_dtype(dtype):
-    """float32 for bfloat16/float32 params; float64 stays float64 (the exactness tests)."""
-    return jnp.promote_types(dtype, jnp.float32)
-
-
 def rms_norm(x, weight, eps: float):
     """HF LlamaRMSNorm: normalise in float32, cast back, then scale."""
     xf = x.astype(accum_dtype(x.dtype))
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return weight * xf.astype(x.dtype)
-
-
-NEG_INF = -1e30
-
-# Cache positions one step of attention reads at a time: the attention runs over blocks of
-# this many positions up to the batch's longest row, so a step costs what the live rows hold,
-# not the cache's size S (a cache of at most this many positions is read whole). A block
-# of 0 reads the whole cache at once, masked past each row's length (no loop).
-ATTENTION_BLOCK = 64
-
-
-def attention_block_for(platform: str) -> int:
-    """How many cache positions the attention reads at a time on `platform` (a jax
-    Device.platform): ATTENTION_BLOCK on the CPU, where a loop over blocks up to the
-    longest row costs nothing per iteration; 0 (the whole cache) on GPU and TPU, where a
-    loop whose trip count is known only on the device reads its predicate back to the
-    host every iteration and splits the step's command buffer (CUDA graph), one loop per
-    layer (issue 49). The price: every step reads the cache's whole capacity S, and the
-    scores [B, K, T, Q, S] of a layer are whole (float32), not a block's."""
-    return ATTENTION_BLOCK if platform == "cpu" else 0
 
 
 def head_rows_for(platform: str) -> int:
@@ -81,133 +63,6 @@ def head_rows_for(platform: str) -> int:
     5.12 ms: benchmarks/gpu/step_report_h200/step_report_head.md). The CPU's kernel reads
     the head once for any row count up to its tile, so one row costs no more there."""
     return 2 if platform == "gpu" else 1
-
-
-def in_window(q_pos, k_pos, window: int):
-    """Whether keys at positions `k_pos` are inside the sliding window of queries at
-    `q_pos` (broadcast together): q - window < k."""
-    return q_pos - k_pos < window
-
-
-def attention(
-    q_btkqe,
-    k_new_bkue,
-    v_new_bkue,
-    self_mask_btu,
-    cache_k_bkse=None,
-    cache_v_bkse=None,
-    cache_len_b=None,
-    positions_bt=None,
-    window: int = 0,
-    block: int = ATTENTION_BLOCK,
-    kernel: bool = False,
-):
-    """Softmax attention over [cache positions below each row's length] + [new tokens under mask].
-
-    q          [B, T, K, Q, Dh]
-    k/v_new    [B, K, U, Dh]     the new tokens' keys/values (U = T)
-    self_mask  [B|1, T, U]       bool, which new tokens each new token sees
-    cache_k/v  [B, K, S, Dh]     or None (prefill); entry s along S holds position s
-    cache_len  [B]
-    positions  [B, T]            the new tokens' positions (needed with a window)
-    window     the sliding window in positions (0: this layer attends fully)
-    block      cache positions per block (ATTENTION_BLOCK; 0: the whole cache, no loop)
-    kernel     read the cache with the CPU kernel (cpu_kernel.cache_attention; float32)
-
-    Returns [B, T, K, Q, Dh]. The softmax is computed online (flash-decoding): per query
-    a running max `top` of the scores, `mass` = sum of exp(score - top) and `acc` = the
-    values weighted by exp(score - top), over the new tokens first and then the cache,
-    `block` positions at a time, as far as the longest row's length. A block past a row's
-    length is masked whole for it, which leaves its top, mass and acc exactly as they were
-    (its scores are NEG_INF: exp(NEG_INF - top) = 0 and the rescale is exp(0) = 1), so a
-    row's output does not depend on the other rows' lengths. With `kernel` the cache's
-    part is the CPU kernel's (top, mass, acc), merged into the new tokens' the same way.
-    """
-    scale = float(1.0 / np.sqrt(q_btkqe.shape[-1]))  # a Python float: weakly typed
-    f32 = accum_dtype(q_btkqe.dtype)
-    q_bktqe = jnp.swapaxes(q_btkqe, 1, 2)
-    if window:
-        near = in_window(positions_bt[:, :, None], positions_bt[:, None, :], window)
-        self_mask_btu = self_mask_btu & near
-    s_new = jnp.einsum("bktqe,bkue->bktqu", q_bktqe, k_new_bkue, preferred_element_type=f32)
-    s_new = jnp.where(self_mask_btu[:, None, :, None, :], s_new * scale, NEG_INF)
-    dtype = v_new_bkue.dtype
-    if cache_k_bkse is None:
-        p = jax.nn.softmax(s_new, axis=-1).astype(dtype)
-        return jnp.einsum("bktqu,bkue->btkqe", p, v_new_bkue)
-    # every token sees itself, so top is finite from here on
-    top = jnp.max(s_new, axis=-1, keepdims=True)  # [B, K, T, Q, 1]
-    p = jnp.exp(s_new - top)
-    carry = (
-        top,
-        jnp.sum(p, axis=-1, keepdims=True),
-        jnp.einsum("bktqu,bkue->bktqe", p.astype(dtype), v_new_bkue, preferred_element_type=f32),
-    )
-
-    def absorb(carry, k_bkse, v_bkse, at_s, fresh_s):
-        """Fold the cache positions `at_s` (K/V [B, K, S', Dh], S' positions of the cache)
-        into (top, mass, acc); positions where `fresh_s` is False were folded in already."""
-        top, mass, acc = carry
-        s = jnp.einsum("bktqe,bkse->bktqs", q_bktqe, k_bkse, preferred_element_type=f32)
-        visible = fresh_s[None, None, :] & (at_s[None, None, :] < cache_len_b[:, None, None])
-        if window:
-            visible = visible & in_window(positions_bt[:, :, None], at_s[None, None, :], window)
-        s = jnp.where(visible[:, None, :, None, :], s * scale, NEG_INF)  # [B, K, T, Q, S']
-        new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
-        rescale = jnp.exp(top - new_top)
-        p = jnp.exp(s - new_top)
-        acc = acc * rescale + jnp.einsum(
-            "bktqs,bkse->bktqe", p.astype(dtype), v_bkse, preferred_element_type=f32
-        )
-        return new_top, mass * rescale + jnp.sum(p, axis=-1, keepdims=True), acc
-
-    S = cache_k_bkse.shape[2]
-    if kernel:
-        cache = (cache_k_bkse, cache_v_bkse, cache_len_b)
-        carry = _kernel_cache_part(carry, q_bktqe, cache, positions_bt, window, scale)
-    elif block == 0 or block >= S:
-        at = jnp.arange(S)
-        carry = absorb(carry, cache_k_bkse, cache_v_bkse, at, at >= 0)
-    else:
-
-        def one_block(j, carry):
-            # the last block is moved back to end at S; its positions below j * block
-            # belong to the block before and are not folded in twice
-            start = jnp.minimum(j * block, S - block)
-            k = jax.lax.dynamic_slice_in_dim(cache_k_bkse, start, block, axis=2)
-            v = jax.lax.dynamic_slice_in_dim(cache_v_bkse, start, block, axis=2)
-            at = start + jnp.arange(block)
-            return absorb(carry, k, v, at, at >= j * block)
-
-        n_blocks = (jnp.max(cache_len_b) + block - 1) // block
-        carry = jax.lax.fori_loop(0, n_blocks, one_block, carry)
-    _, mass, acc = carry
-    return jnp.swapaxes(acc / mass, 1, 2).astype(dtype)
-
-
-def _kernel_cache_part(carry, q_bktqe, cache, positions_bt, window: int, scale: float):
-    """attention's (top, mass, acc) with the cache's part folded in by the CPU kernel
-    (cpu_kernel.cache_attention): its own (top, mass, acc) over the cache (K/V [B, K, S,
-    Dh], lengths [B]), merged with the new tokens' by the same rescaling."""
-    cache_k_bkse, cache_v_bkse, cache_len_b = cache
-    B, K, T, Q, Dh = q_bktqe.shape
-    if positions_bt is None:  # only a window reads them
-        assert not window, "a sliding window needs the tokens' positions"
-        positions_bt = jnp.zeros((B, T), jnp.int32)
-    parts = cpu_kernel.cache_attention(
-        q_bktqe.reshape(B, K, T * Q, Dh),
-        cache_k_bkse,
-        cache_v_bkse,
-        cache_len_b,
-        positions_bt,
-        window,
-        scale,
-    )
-    top_c, mass_c, acc_c = (x.reshape(B, K, T, Q, -1) for x in parts)
-    top, mass, acc = carry
-    new_top = jnp.maximum(top, top_c)
-    mine, theirs = jnp.exp(top - new_top), jnp.exp(top_c - new_top)
-    return new_top, mass * mine + mass_c * theirs, acc * mine + acc_c * theirs
 
 
 def forward(
@@ -221,6 +76,7 @@ def forward(
     attention_block: int = ATTENTION_BLOCK,
     layer_passes: int = 1,
     head_rows: int = 1,
+    first_bt: jax.Array | None = None,
 ):
     """One pass over T new tokens per row.
 
@@ -233,6 +89,9 @@ def forward(
                        only for autotune's probes, LlamaLM.first_layers)
     head_rows          the rows the LM head's matmul is given for a lone row (B = R = 1;
                        head_rows_for): it is padded with zero rows, their logits dropped
+    first              [B, T] int32, or None: a ragged pass (cache None, self_mask
+                       unused): rows packed one after another, token t seeing the tokens
+                       first[b, t] .. t (attention.segment_attention)
 
     Returns logits [B, R, V] (float32; float64 for float64 params) and the new tokens'
     K/V, each L arrays [B, K, T, Dh] (keys after RoPE; kv_cache.py's layout; of the last
@@ -244,8 +103,9 @@ def forward(
     """
     x_btd = packed.take_rows(params.embed, tokens_bt)
     cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), params.embed.dtype)
+    mask = self_mask_btu if first_bt is None else first_bt  # (_layers: which attention)
     layers = functools.partial(
-        _layers, params, cfg, positions_bt, self_mask_btu, cache, (cos, sin), attention_block
+        _layers, params, cfg, positions_bt, mask, cache, (cos, sin), attention_block
     )
     if layer_passes > 1:  # the passes before the last, whose K/V are not returned
         x_btd = jax.lax.fori_loop(0, layer_passes - 1, lambda _, x: layers(x)[0], x_btd)
@@ -264,8 +124,9 @@ def forward(
     return logits[:, :R], new_k, new_v
 
 
-def _layers(params, cfg, positions_bt, self_mask_btu, cache, rope, attention_block, x_btd):
-    """forward's layers over the hidden state x [B, T, D]: (x, new K, new V)."""
+def _layers(params, cfg, positions_bt, mask, cache, rope, attention_block, x_btd):
+    """forward's layers over the hidden state x [B, T, D]: (x, new K, new V). mask: the
+    new tokens' self mask [B|1, T, T] (bool), or a ragged pass's `first` [B, T] (int32)."""
     B, T = positions_bt.shape
     K, Q, Dh = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     kernel = _attention_kernel(params, cache, Dh)
@@ -282,17 +143,21 @@ def _layers(params, cfg, positions_bt, self_mask_btu, cache, rope, attention_blo
                 q, k = rms_norm(q, lp.q_norm, eps), rms_norm(k, lp.k_norm, eps)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             k_bkte, v_bkte = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-            o = attention(
-                q.reshape(B, T, K, Q, Dh),
-                k_bkte,
-                v_bkte,
-                self_mask_btu,
-                *cached,
-                positions_bt=positions_bt,
-                window=window,
-                block=attention_block,
-                kernel=kernel,
-            )
+            q = q.reshape(B, T, K, Q, Dh)
+            if mask.dtype != jnp.bool_:  # a ragged pass: mask is `first`
+                o = segment_attention(q, k_bkte, v_bkte, mask, window=window)
+            else:
+                o = attention(
+                    q,
+                    k_bkte,
+                    v_bkte,
+                    mask,
+                    *cached,
+                    positions_bt=positions_bt,
+                    window=window,
+                    block=attention_block,
+                    kernel=kernel,
+                )
             wo = packed.merge_leading(lp.wo, 2)  # [H * Dh, D]
             o = einsum("btf,fd->btd", o.reshape(B, T, K * Q * Dh), wo)
             x_btd = x_btd + _plus(o, lp.bo)
@@ -380,6 +245,23 @@ class LlamaLM:
             self.attention_block,
             self.layer_passes,
             self.head_rows,
+        )
+
+    def apply_ragged(self, params, tokens_bt, positions_bt, first_bt, logits_rows_br):
+        """`apply` of a ragged pass (seam.apply_ragged): rows packed one after another,
+        token t seeing the tokens first[b, t] .. t; no cache."""
+        return forward(
+            params,
+            self.cfg,
+            tokens_bt,
+            positions_bt,
+            None,
+            None,
+            logits_rows_br,
+            self.attention_block,
+            self.layer_passes,
+            self.head_rows,
+            first_bt,
         )
 
     def first_layers(self, params, n: int):

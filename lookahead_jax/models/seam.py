@@ -13,6 +13,14 @@ A model is any hashable object (it is a static argument of the jitted programs) 
     param_shardings(mesh) -> the params' structure, one jax Sharding per array (mesh None:
         one device)
 
+and, optionally (the engine prefills several prompts in one pass where a model has it):
+
+    apply_ragged(params, tokens [1, T], positions [1, T], first [1, T], logits_rows [1, R])
+        -> as `apply` with cache None and mask[0, t, u] = first[0, t] <= u <= t: rows
+           packed one after another (a ragged prefill), each token seeing its own row's
+           tokens up to itself; a model computes it without the T x T mask
+           (llama.LlamaLM: attention.segment_attention)
+
 The contract of `apply`, which exactness rests on:
 
 * tokens t of the pass sit at `positions[b, t]` and see the row's cache positions
@@ -118,4 +126,28 @@ def apply(lm: CausalLM, params, tokens_bt, positions_bt, mask_btu, cache, logits
             f"{name}: {len(new_k)} new K and {len(new_v)} new V layers for a cache of "
             f"{len(cache.k)} layers"
         )
+    return logits, new_k, new_v
+
+
+def has_ragged(lm) -> bool:
+    """Whether `lm` runs ragged passes (`apply_ragged`)."""
+    return callable(getattr(lm, "apply_ragged", None))
+
+
+def apply_ragged(lm, params, tokens_bt, positions_bt, first_bt, logits_rows_br):
+    """`lm.apply_ragged(...)` with its results' shapes checked as `apply`'s: logits
+    [B, R, V] and each layer's new K/V [B, K, T, Dh]."""
+    logits, new_k, new_v = lm.apply_ragged(
+        params, tokens_bt, positions_bt, first_bt, logits_rows_br
+    )
+    B, T = tokens_bt.shape
+    name = f"{type(lm).__name__}.apply_ragged"
+    if logits.shape != (B, logits_rows_br.shape[1], lm.vocab_size):
+        raise shapes.ShapeError(
+            f"{name}: logits {list(logits.shape)}, expected "
+            f"[{B}, {logits_rows_br.shape[1]}, {lm.vocab_size}]"
+        )
+    for x in (*new_k, *new_v):
+        if x.shape[0] != B or x.shape[2] != T:
+            raise shapes.ShapeError(f"{name}: new K/V {list(x.shape)}, expected [{B}, K, {T}, Dh]")
     return logits, new_k, new_v

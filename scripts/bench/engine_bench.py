@@ -13,11 +13,11 @@ Systems, each over the same prompts (chat template), greedy, float32:
                  TREE: a source tree, run in a process of its own)
 
 Tokens/s = all new tokens / the seconds of the whole set. Engine runs are timed after
-warm-up runs with the same shapes (every prompt bucket, prefilled as many at a time as
-the engine may; budgets of 1), so no timing holds a compilation, except a mid-run switch
-of auto to plain (part of auto's cost); static batches count prefill + decode seconds
-(generate reports compilation apart). Auto starts from an empty cache (--cache-dir): its
-cost curve at each B is measured in the warm-up, its acceptance factor starts at 1.
+a warm-up run of the same set (untimed), so no timing holds a compilation, except a
+mid-run switch of auto to plain (part of auto's cost); static batches count prefill +
+decode seconds (generate reports compilation apart). Auto starts from an empty cache
+(--cache-dir): its cost curve at each B and its acceptance factor are measured in the
+warm-up run (the timed run starts from what the warm-up learned).
 Every engine row is compared with a plain decode of its prompt alone (the static plain
 row, or engine plain at B = 1; float32: identical, or different from a near-tie on).
 Writes OUT.json after every measurement, OUT.md and OUT.png at the end.
@@ -26,8 +26,6 @@ Writes OUT.json after every measurement, OUT.md and OUT.png at the end.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import json
 import os
 import subprocess
@@ -83,30 +81,10 @@ def run_engine(model, ids, batch, lookahead, max_new):
         lookahead=lookahead,
         steps_per_call=64,
     )
-    # warm-up: the run's shapes, one token each: every prompt bucket (so every S the state
-    # grows to), each prefilled n at a time for every n the engine may prefill together
-    import importlib
-
-    from lookahead_jax.engine.inputs import bucket
-
-    def prefill_rows(n, batch):  # an engine that prefills one prompt at a time (--before)
-        return 1
-
-    for where in ("lookahead_jax.engine.continuous", "lookahead_jax.engine.slot_state"):
-        with contextlib.suppress(ImportError):  # where the version at hand keeps it
-            prefill_rows = getattr(importlib.import_module(where), "prefill_rows", prefill_rows)
-
-    buckets: dict[int, list[int]] = {}
-    for i, p in enumerate(ids):
-        buckets.setdefault(bucket(len(p)), []).append(i)
-    for members in buckets.values():
-        for n in sorted({prefill_rows(k, batch) for k in range(1, batch + 1)}):
-            warm = [lj.Request(ids[i], id=i, max_new_tokens=1) for i in (members * n)[:n]]
-            list(
-                lj.Engine(model, **kw).run(
-                    [dataclasses.replace(r, id=j) for j, r in enumerate(warm)]
-                )
-            )
+    # warm-up: the same run once, untimed, so that every shape the timed run prefills and
+    # decodes at is compiled (the admissions' shapes depend on which prompts arrive
+    # together: a ragged prefill's on the sum of their lengths)
+    list(lj.Engine(model, **kw).run(ids))
     engine = lj.Engine(model, **kw)
     t = time.perf_counter()
     results = list(engine.run(ids))
