@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax.models import cpu_kernel, packed, quantize
+from lookahead_jax.models import cpu_kernel, fused, packed, quantize
 from lookahead_jax.models.llama import attention, forward
 from lookahead_jax.models.packed import PackedWeight
 
@@ -61,7 +61,7 @@ def test_a_rows_result_does_not_depend_on_the_other_rows():
 _TILE_CHECK = """
 import os, sys
 import jax.numpy as jnp, numpy as np
-from lookahead_jax.models import cpu_kernel, packed, quantize
+from lookahead_jax.models import cpu_kernel, fused, packed, quantize
 rng = np.random.default_rng(7)
 # 4 x cores + 3 panels: every thread's chunk holds a pair of panels and a single one
 n = 16 * (4 * os.cpu_count() + 3)
@@ -191,16 +191,19 @@ def test_what_is_packed():
 @pytest.mark.parametrize("variant", ["gqa", "tied"])
 def test_load_packs_and_the_forward_agrees(tiny_ckpts, variant):
     """gqa: an untied LM head [D, V]; tied: the embedding packed from its transpose serves
-    the lookup and the LM head. Both int8 and float32 packed."""
+    the lookup and the LM head. Both int8 and float32 packed, Q/K/V and gate/up fused
+    (packed.pack_group): the same bits as the unfused panels."""
     path = tiny_ckpts[variant][1]
     plain, kern, int8 = (lj.load(path, cpu_kernel=False), lj.load(path),
                          lj.load(path, weights="int8"))  # fmt: skip
-    assert not packed.is_packed(plain.params)
+    apart = lj.load(path, fuse=False)
+    assert not packed.is_packed(plain.params) and not fused.has_fused(plain.params)
     lp = kern.params.layers[0]
-    assert all(isinstance(w, PackedWeight) for w in (lp.wq, lp.wo, lp.w_gate, lp.w_down))
+    assert all(isinstance(w, PackedWeight) for w in (lp.wqkv, lp.wo, lp.w_gate_up, lp.w_down))
     assert isinstance(kern.params.embed, PackedWeight)
-    assert isinstance(int8.params.layers[0].w_up, PackedWeight)
-    assert int8.params.layers[0].w_up.panels.dtype == jnp.int8
+    assert isinstance(apart.params.layers[0].wq, PackedWeight)
+    assert isinstance(int8.params.layers[0].w_gate_up, PackedWeight)
+    assert int8.params.layers[0].w_gate_up.panels.dtype == jnp.int8
     cfg = plain.lm.cfg
     tokens = jnp.asarray([[5, 9, 14, 3, 7, 2]], jnp.int32)
     pos = jnp.arange(6)[None]
@@ -208,6 +211,7 @@ def test_load_packs_and_the_forward_agrees(tiny_ckpts, variant):
     want = forward(plain.params, cfg, tokens, pos, mask)[0]
     got = forward(kern.params, cfg, tokens, pos, mask)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(got, forward(apart.params, cfg, tokens, pos, mask)[0])
 
 
 @pytest.mark.parametrize("weights", ["float", "int8"])

@@ -91,8 +91,9 @@ def load(
     where it applies (float32 or int8 weights, one CPU device, the kernel built here),
     False never (e.g. to differentiate through the model: the kernel has no gradient).
     fuse: each layer's Q/K/V and gate/up matrices as one matmul each (models/fused.py):
-    None on GPUs and TPUs with one device, True also elsewhere (not with the CPU
-    kernel), False never (e.g. to train or save the params: their checkpoint form).
+    None on GPUs and TPUs with one device and where the CPU kernel runs (its panels,
+    packed.pack_params), True also elsewhere on one device, False never (e.g. to train or
+    save the params: their checkpoint form).
     """
     dtype = resolve_dtype(dtype)
     check_weights(weights)
@@ -117,14 +118,9 @@ def load(
         per_param = {"float": itemsize, "int8": 1, "q8_0": 1 + itemsize / 32}[weights]
         n_params = sum(math.prod(t["shape"]) for t in info.manifest["tensors"].values())
         mesh = default_mesh(n_params * per_param)
-    if fuse is None:  # (not where the CPU kernel is asked for: it packs them its own way)
-        fuse = cpu_kernel is not True and fused.fuse_where_it_pays(platform, mesh)
-    if fuse and (mesh is not None or cpu_kernel):
-        raise UserInputError(
-            "fuse=True needs one device and no CPU kernel (mesh=None, cpu_kernel None or "
-            "False): a mesh shards the heads, the kernel packs the matrices its own way"
-        )
-    if cpu_kernel is not False and not fuse:
+    if fuse and mesh is not None:
+        raise UserInputError("fuse=True needs one device (mesh=None): a mesh shards the heads")
+    if cpu_kernel is not False:
         packed.build_kernel_soon(dtype, weights, mesh)
     # read and quantized in the checkpoint's stacked form, then one array per layer
     # (llama_params.split_layers: what the unrolled forward reads in place)
@@ -141,10 +137,11 @@ def load(
             "cpu_kernel=True needs float32 with float or int8 weights on one CPU device, "
             "and the kernel built here (models/cpu_kernel: x86-64 with AVX2 and FMA, g++)"
         )
-    if fuse:
+    if runs_here and cpu_kernel is not False:  # the kernel's panels, fused but with fuse=False
+        fuse_layer = None if fuse is False else fused.fuse_layer
+        params = packed.pack_params(params, info.cfg, free=True, fuse_layer=fuse_layer)
+    elif fuse or (fuse is None and fused.fuse_where_it_pays(platform, mesh)):
         params = fused.fuse_layers(params, free=True)
-    elif runs_here and cpu_kernel is not False:
-        params = packed.pack_params(params, info.cfg, free=True)
     return Model(
         lm=lm,
         params=params,

@@ -60,26 +60,32 @@ def fuse_layers(params: LlamaParams, free: bool = False) -> LlamaParams:
         if isinstance(lp, FusedLayer):
             layers.append(lp)
             continue
-        fused = FusedLayer(
-            attn_norm=lp.attn_norm,
-            wqkv=_concat((lp.wq, lp.wk, lp.wv), axis=-2),
-            wo=lp.wo,
-            mlp_norm=lp.mlp_norm,
-            w_gate_up=_concat((lp.w_gate, lp.w_up), axis=-1),
-            w_down=lp.w_down,
-            bqkv=None if lp.bq is None else _concat((lp.bq, lp.bk, lp.bv), axis=-2),
-            bo=lp.bo,
-            q_norm=lp.q_norm,
-            k_norm=lp.k_norm,
-            b_gate_up=None if lp.b_gate is None else _concat((lp.b_gate, lp.b_up), axis=-1),
-            b_down=lp.b_down,
-        )
+        fused = fuse_layer(lp, _concat((lp.wq, lp.wk, lp.wv), axis=-2))
         if free:
             for w in (lp.wq, lp.wk, lp.wv, lp.w_gate, lp.w_up):
                 for x in (w.q, w.scale) if isinstance(w, Int8Weight) else (w,):
                     x.delete()
         layers.append(fused)
     return dataclasses.replace(params, layers=tuple(layers))
+
+
+def fuse_layer(lp: LayerParams, wqkv, w_gate_up=None) -> FusedLayer:
+    """`lp` as a FusedLayer with these fused matrices (w_gate_up None: lp's gate and up
+    concatenated), its biases fused likewise and its other fields as they are."""
+    return FusedLayer(
+        attn_norm=lp.attn_norm,
+        wqkv=wqkv,
+        wo=lp.wo,
+        mlp_norm=lp.mlp_norm,
+        w_gate_up=_concat((lp.w_gate, lp.w_up), axis=-1) if w_gate_up is None else w_gate_up,
+        w_down=lp.w_down,
+        bqkv=None if lp.bq is None else _concat((lp.bq, lp.bk, lp.bv), axis=-2),
+        bo=lp.bo,
+        q_norm=lp.q_norm,
+        k_norm=lp.k_norm,
+        b_gate_up=None if lp.b_gate is None else _concat((lp.b_gate, lp.b_up), axis=-1),
+        b_down=lp.b_down,
+    )
 
 
 def is_fused(layer: LayerParams | FusedLayer) -> bool:

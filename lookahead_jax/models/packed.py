@@ -92,66 +92,104 @@ def wanted(dtype, weights: str, mesh) -> bool:
 def pack(w, contracted: tuple[int, ...]):
     """A float32 array or per-channel Int8Weight -> its PackedWeight; returned as it is
     where it cannot be packed (N not a multiple of 16, block scales, not float32)."""
-    values = w.q if isinstance(w, Int8Weight) else w
-    if isinstance(w, Int8Weight) and (w.block or w.dtype != jnp.float32):
-        return w
-    if not isinstance(w, Int8Weight) and w.dtype != jnp.float32:
-        return w
-    contracted = tuple(sorted(d % values.ndim for d in contracted))
-    kept = tuple(i for i in range(values.ndim) if i not in contracted)
-    K = math.prod(values.shape[i] for i in contracted)
-    N = math.prod(values.shape[i] for i in kept)
-    if N % PANEL:
-        return w
-    panels = _panels(values, contracted + kept, K, N)
-    scale = w.scale.reshape(N) if isinstance(w, Int8Weight) else None
-    return PackedWeight(panels, scale, tuple(values.shape), contracted)
+    out = pack_group((w,), contracted)
+    return w if out is None else out
+
+
+def pack_group(ws: tuple, contracted: tuple[int, ...]) -> PackedWeight | None:
+    """Weights of one contraction and form (float32 arrays, or per-channel Int8Weights)
+    packed as one matrix, in one program: one weight's PackedWeight, or several as their
+    outputs one after another along their first kept axis (fused.py's Q/K/V and gate/up:
+    a matrix's panels are its output columns 16 at a time, so the fused matrix's panels
+    are its parts' panels in turn, and its int8 scales their scales). None where any
+    cannot be packed (N not a multiple of 16, block scales, not float32)."""
+    values = tuple(w.q if isinstance(w, Int8Weight) else w for w in ws)
+    int8 = isinstance(ws[0], Int8Weight)
+    for w in ws:
+        if isinstance(w, Int8Weight) != int8 or w.dtype != jnp.float32:
+            return None
+        if int8 and w.block:
+            return None
+    contracted = tuple(sorted(d % values[0].ndim for d in contracted))
+    kept = tuple(i for i in range(values[0].ndim) if i not in contracted)
+    K = math.prod(values[0].shape[i] for i in contracted)
+    Ns = tuple(math.prod(v.shape[i] for i in kept) for v in values)
+    if any(N % PANEL for N in Ns):
+        return None
+    panels = _panels(values, contracted + kept, K, Ns)
+    scale = None
+    if int8:
+        scales = [w.scale.reshape(N) for w, N in zip(ws, Ns, strict=True)]
+        scale = scales[0] if len(scales) == 1 else jnp.concatenate(scales)
+    shape = list(values[0].shape)
+    shape[kept[0]] = sum(v.shape[kept[0]] for v in values)
+    return PackedWeight(panels, scale, tuple(shape), contracted)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _panels(values, order: tuple[int, ...], K: int, N: int):
-    """The weight's axes in `order` (contracted first) as W [K, N], cut into panels
-    [P = N / 16, K, 16]."""
-    w_kn = jnp.transpose(values, order).reshape(K, N)
-    return w_kn.reshape(K, N // PANEL, PANEL).transpose(1, 0, 2)
+def _panels(values: tuple, order: tuple[int, ...], K: int, Ns: tuple[int, ...]):
+    """Each weight's axes in `order` (contracted first) as W [K, N], cut into panels
+    [N / 16, K, 16], the weights' panels one after another [P = sum N / 16, K, 16]."""
+    parts = [
+        jnp.transpose(v, order).reshape(K, N // PANEL, PANEL).transpose(1, 0, 2)
+        for v, N in zip(values, Ns, strict=True)
+    ]
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
 
 
-def pack_params(params, cfg, free: bool = False):
+def pack_params(params, cfg, free: bool = False, fuse_layer=None):
     """Per-layer LlamaParams with every matrix of quantize.CONTRACTED packed (what can
     be). `free`: delete each original array once its panels are made (lj.load owns them),
     so packing holds one matrix twice at a time, not the whole model — but where the
     layers are views of stacked arrays (lj.load on a CPU), those live until the last
     layer is packed: the model twice at the peak, as when the layers were copies (peak
-    RSS 1.21 GB loading SmolLM2-135M, 1.26 GB with copies; 2-core Intel Xeon)."""
+    RSS 1.21 GB loading SmolLM2-135M, 1.26 GB with copies; 2-core Intel Xeon).
+
+    fuse_layer: fused.fuse_layer, to pack each layer's Q/K/V and gate/up as one matrix
+    each (`pack_group`), a FusedLayer: one kernel call where three and two ran, the same
+    bits (the kernel sums each output column over K alone). SmolLM2-135M's matmuls
+    alone, 2-core Intel Xeon: 20.6 -> 19.5 ms at one row, 30.4 -> 28.9 ms at 16. A layer
+    whose groups cannot be packed stays unfused. (Given, not imported: fused.py imports
+    llama_params.py, which imports this module.)"""
     specs = llama_params.flat_names(
         llama_params.param_specs(cfg)
     )  # stacked: layer weights lead with L
 
-    def pack_named(name: str, w):
-        if w is None:
-            return None
+    def dims(name: str) -> tuple[int, ...]:
         axes = specs[name].axes[1:] if name.startswith("layers/") else specs[name].axes
-        out = pack(w, quantize.contracted_dims(name, axes))
-        if free and out is not w:  # the values only: an int8 scale may live on in `out`
-            (w.q if isinstance(w, Int8Weight) else w).delete()
+        return quantize.contracted_dims(name, axes)
+
+    def freed(ws, out):
+        if free and out is not None and out is not ws[0]:  # (an int8 scale may live on)
+            for w in ws:
+                (w.q if isinstance(w, Int8Weight) else w).delete()
         return out
 
-    layers = tuple(
-        dataclasses.replace(
-            lp,
-            **{
-                f.name: pack_named(f"layers/{f.name}", getattr(lp, f.name))
-                for f in dataclasses.fields(lp)
-                if f"layers/{f.name}" in quantize.CONTRACTED
-            },
+    def pack_named(name: str, w):
+        return None if w is None else freed((w,), pack(w, dims(name)))
+
+    def pack_layer(lp):
+        names = [
+            f.name for f in dataclasses.fields(lp) if f"layers/{f.name}" in quantize.CONTRACTED
+        ]
+        if fuse_layer is not None:
+            qkv, gate_up = (lp.wq, lp.wk, lp.wv), (lp.w_gate, lp.w_up)
+            wqkv = pack_group(qkv, dims("layers/wq"))
+            w_gate_up = pack_group(gate_up, dims("layers/w_gate"))
+            if wqkv is not None and w_gate_up is not None:
+                freed(qkv, wqkv)
+                freed(gate_up, w_gate_up)
+                rest = {n: pack_named(f"layers/{n}", getattr(lp, n)) for n in ("wo", "w_down")}
+                return fuse_layer(dataclasses.replace(lp, **rest), wqkv, w_gate_up)
+        return dataclasses.replace(
+            lp, **{n: pack_named(f"layers/{n}", getattr(lp, n)) for n in names}
         )
-        for lp in params.layers
-    )
+
     return dataclasses.replace(
         params,
         embed=pack_named("embed", params.embed),
         lm_head=pack_named("lm_head", params.lm_head),
-        layers=layers,
+        layers=tuple(map(pack_layer, params.layers)),
     )
 
 
