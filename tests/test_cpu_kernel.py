@@ -212,6 +212,11 @@ def test_load_packs_and_the_forward_agrees(tiny_ckpts, variant):
     got = forward(kern.params, cfg, tokens, pos, mask)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(got, forward(apart.params, cfg, tokens, pos, mask)[0])
+    int8_apart = lj.load(path, weights="int8", fuse=False)  # (the scales fused in order)
+    np.testing.assert_array_equal(
+        forward(int8.params, cfg, tokens, pos, mask)[0],
+        forward(int8_apart.params, cfg, tokens, pos, mask)[0],
+    )
 
 
 @pytest.mark.parametrize("weights", ["float", "int8"])

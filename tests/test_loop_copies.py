@@ -165,7 +165,8 @@ def test_on_accelerators_the_attention_adds_no_loop_to_a_step(model):
 def test_the_check_finds_the_copies_of_a_scan_over_stacked_weights(model):
     """Stacked [L, ...] weights: the forward cuts each layer's matrices out of them inside
     the loop, and the check must name every one of them (so it can fail)."""
-    stacked = dataclasses.replace(model, params=stack_layers(model.params))
+    apart = lj.load(model.path, fuse=False)  # (stack_layers stacks unfused layers)
+    stacked = dataclasses.replace(apart, params=stack_layers(apart.params))
     found = copies(stacked, None, 3)
     layers, matrices = model.cfg.num_layers, 7  # wq wk wv wo gate up down
     assert len([c for c in found if "slice" in c.op]) >= layers * matrices, found

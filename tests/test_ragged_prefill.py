@@ -1,7 +1,9 @@
 """A ragged prefill — several prompts packed one after another in one pass
 (decode_state.RaggedPrompts, attention.segment_attention) — against the prefill of the
-same prompts right-padded in rows: the same first tokens and K/V, float64; and its
-attention against the masked softmax it stands for."""
+same prompts right-padded in rows: the same first tokens and K/V, float64; its attention
+against the masked softmax it stands for; and when the engine runs one (prefill_shapes.
+ragged_runs), compiled once. The engine's exactness with ragged passes (lookahead,
+sampling, grammars, logprobs) is test_engine's and the others' with batches > 1."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import lookahead_jax as lj
 from lookahead_jax.decoding.decode_state import DecodeSpec, RaggedPrompts, prefill
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, row_keys
+from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.models.attention import segment_attention
 from lookahead_jax.models.llama import LlamaLM
 from lookahead_jax.models.llama_params import init_params, split_layers
@@ -95,3 +99,56 @@ def test_a_ragged_prefill_fills_what_the_padded_one_does(windows):
         pairs = zip(packed.cache.k + packed.cache.v, padded.cache.k + padded.cache.v, strict=True)
         for a, b in pairs:
             np.testing.assert_allclose(a[i, :, : len(ids)], b[i, :, : len(ids)], atol=1e-12)
+
+
+def test_a_ragged_pass_runs_unless_only_it_would_compile_now():
+    """prefill_shapes.ragged_runs: packed when its shape is compiled (or a larger one is,
+    to pad to), or when the padded groups would compile too; not when only it would (a
+    burst right after warm-up, whose one-row prefills run at the warmed shape). Its
+    padding to a larger compiled pass counts towards its own shape."""
+    shapes = PaddedShapes()
+    warmed = lambda rows, side: (rows, side) == (1, 64)  # noqa: E731
+    nothing = lambda rows, side: False  # noqa: E731
+    sides = [32, 64, 48]
+    assert shapes.ragged_runs(4, 160, sides, 4, 0.0, nothing, nothing, None)  # both compile
+    assert not shapes.ragged_runs(4, 160, sides, 4, 0.0, nothing, warmed, None)
+    shapes.ran("ragged", 4, 256, 0.0)  # a larger pass compiled: padded to it
+    assert shapes.ragged_runs(4, 160, sides, 4, 0.0, nothing, warmed, None)
+    shapes.compile_s = [1.0]  # a compile: 1 s; padding 96 positions at 100 a second
+    assert shapes.choose("ragged", 4, 160, 100.0) == (4, 256)
+    assert shapes.spent_s[("ragged", 4, 160)] == pytest.approx(0.96)
+    shapes.choose("ragged", 4, 160, 100.0)  # 1.92 s spent: paid, compiled now
+    assert shapes.plan("ragged", 4, 160, 100.0, nothing, False)[1] == "paid"
+
+
+def test_a_burst_after_warm_up_runs_at_once_and_its_pass_compiles_meanwhile(tiny_ckpts):
+    """Right after an online engine's warm-up three prompts arriving together run as
+    one-row prefills at the warmed shape while their ragged pass compiles in the
+    background; three more of those lengths then run as one ragged pass at that very
+    program (its key, prefill_args.prefix_shapes, is the real call's: nothing compiles),
+    with the same tokens."""
+    from lookahead_jax.decoding import programs
+
+    model = lj.load(tiny_ckpts["gqa"][1])
+    engine = lj.Engine(
+        model, batch=4, max_new_tokens=4, lookahead=None, max_prompt_tokens=32, sampled=True
+    )
+    engine.warm_up(lj.Request([1], max_new_tokens=1, logprobs=0))  # (as the server's)
+    prompts = [[3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14, 15, 16, 17]]
+    results, shapes, compile_s = {}, [], []
+    listen = lambda u: u.result and results.setdefault(u.result.id, u.result)  # noqa: E731
+    for burst in range(2):
+        for i, ids in enumerate(prompts):
+            engine.submit(lj.Request(ids, id=f"{burst}-{i}"), listen)
+        while engine.round():
+            pass
+        for pending in list(programs._PENDING.values()):
+            pending.result()  # (the background compile, finished before the next burst)
+        shapes.append(dict(engine.online_stats.prefill_shapes))
+        compile_s.append(engine.online_stats.compile_s)
+    assert not any(shape.endswith("ragged") for shape in shapes[0]), shapes[0]
+    assert shapes[1].get("4x16 ragged") == 1, shapes[1]
+    assert compile_s[1] == compile_s[0]
+    assert [results[f"1-{i}"].token_ids for i in range(3)] == [
+        results[f"0-{i}"].token_ids for i in range(3)
+    ]

@@ -41,11 +41,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.decoding import autotune, guess_memory, logprobs, programs
+from lookahead_jax.decoding import autotune, guess_memory, programs
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState
 from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.sampling import RowSampling
-from lookahead_jax.distributed import multihost, sharding
+from lookahead_jax.distributed import sharding
 from lookahead_jax.engine import inputs, prefill_args, round_read, slot_state
 from lookahead_jax.engine.grammar_bank import GrammarBank
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
@@ -93,9 +93,12 @@ class DeviceSlots:
         # the prefill shapes compiled, and padding spent (an engine's, kept across runs)
         self.padded = PaddedShapes() if padded is None else padded
         self.state: DecodeState | None = None
-        # several prompts from scratch prefill packed in one pass (a ragged prefill:
-        # prefill_args.ragged) where the model runs those, on one device
-        self.ragged = seam.has_ragged(model.lm) and model.mesh is None
+        # several prompts from scratch may prefill packed in one pass (a ragged prefill:
+        # prefill_args.ragged) where the model runs those, on one CPU (on a GPU or TPU its
+        # attention's loop, whose trip count only the device knows, would read the
+        # predicate back every iteration: attention.attention_block_for)
+        on_cpu = jax.devices()[0].platform == "cpu"
+        self.ragged = seam.has_ragged(model.lm) and model.mesh is None and on_cpu
         self.to_retire_b = np.zeros((batch,), bool)  # rows to make done before generate [R]
         self._set_shape(P)
 
@@ -120,7 +123,7 @@ class DeviceSlots:
     def loop_args(self, rows: int | None = None, side: int | None = None, prefix=None) -> tuple:
         """The start program's argument shapes for a state of `rows` rows (default: B),
         which key its loop (programs.py); side: its prompts' (default: the state's P);
-        prefix: a CachedPrefix's shapes (a prefill after cached blocks)."""
+        prefix: a CachedPrefix's shapes (a prefill after cached blocks) or RaggedPrompts'."""
         R = self.B if rows is None else rows
         rows_of = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((R, *shape), dtype)  # noqa: E731
         args = (
@@ -203,16 +206,28 @@ class DeviceSlots:
     ) -> list[list[int]]:
         """The requests of one admission cut into prefills (prefill_shapes.groups): lists
         of indices into `requests`, each list one `prefill` (hits and pool as there)."""
-        if self._is_ragged(requests, hits):  # one pass, whatever their lengths
+        if self._is_ragged(requests, hits, compile_if_not=True):  # one pass, all of them
             return [list(range(len(requests)))]
         kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool)
         background = self._compile_soon(key_pool) is not None
         return self.padded.groups(kind, sides, self.B, rate, ready, background)
 
-    def _is_ragged(self, requests: list[Encoded], hits) -> bool:
+    def _is_ragged(self, requests: list[Encoded], hits, compile_if_not=False) -> bool:
         """Whether these requests prefill packed in one ragged pass: several prompts from
-        scratch (one runs its own side either way, at the prompt shapes warm-up made)."""
-        return self.ragged and hits is None and len(requests) >= 2
+        scratch (one runs its own side either way, at the prompt shapes warm-up made), as
+        prefill_shapes.ragged_runs decides; compile_if_not: where not, the pass's shape
+        compiles in the background, for later admissions."""
+        if not (self.ragged and hits is None and len(requests) >= 2):
+            return False
+        n = slot_state.prefill_rows(len(requests), self.B)
+        side = prefill_args.sides(requests, None, None, ragged=True)[1][0]
+        prompt_sides = prefill_args.sides(requests, None, None)[1]
+        soon, rate = self._compile_soon(prefill_args.RAGGED), self.stats.prefill_rate()
+        ready = (self._ready(prefill_args.RAGGED), self._ready(None))
+        runs = self.padded.ragged_runs(n, side, prompt_sides, self.B, rate, *ready, soon)
+        if not runs and compile_if_not and soon is not None:
+            soon(n, side)
+        return runs
 
     def run_side(self, requests: list[Encoded], hits=None, pool=None) -> int:
         """The side a prefill of these requests (as `prefill`'s) runs at now (a plan)."""
@@ -226,7 +241,7 @@ class DeviceSlots:
         ragged = self._is_ragged(requests, hits)
         kind, sides = prefill_args.sides(requests, hits, pool, ragged)
         key_pool = prefill_args.program_pool(hits, pool, ragged)
-        return kind, sides, key_pool, self._prefill_rate(), self._ready(key_pool)
+        return kind, sides, key_pool, self.stats.prefill_rate(), self._ready(key_pool)
 
     def prompt_instead(self, requests: list[Encoded], hits: list[list[int]], pool) -> bool:
         """Whether these requests, which have cached blocks, prefill from scratch (as
@@ -333,17 +348,6 @@ class DeviceSlots:
             fresh = recall(fresh, self.memory.of(self.spec), spec=self.spec, bucket=P)
         return fresh
 
-    def _prefill_rate(self) -> float:
-        """Positions (rows x prompt or suffix side, padding included) this run's prefills
-        ran a second: a rough rate (prefill_s also holds the inserts, stores and chunks;
-        a prompt's attention grows with P^2), low rather than high, so it errs towards
-        compiling. 0 (no padding) with several processes: each decides on its own
-        clock, and processes that chose different programs would wait on each other."""
-        seconds = self.stats.prefill_s
-        if seconds <= 0 or multihost.is_multiprocess():
-            return 0.0
-        return self.stats.prefill_positions / seconds
-
     def remember(self, slots: list[int]) -> None:
         """Fold the rows `slots` (ended, not yet refilled) into the guess sources'
         memories."""
@@ -422,14 +426,6 @@ class DeviceSlots:
         """Every row's tokens and counts on the host, every process's rows, in one
         transfer (round_read.py)."""
         return round_read.read(self.state)
-
-    def read_logprobs(self, first_b: np.ndarray, width: int) -> list[np.ndarray]:
-        """Each row's logprobs at positions first_b[b] .. + width - 1, every process's rows
-        on the host (token [R, W], top_ids and top [R, W, O]; logprobs.window): a round's
-        new ones, not the whole [R, S, O] buffers."""
-        window = slot_state.program(logprobs.window, None, static_argnums=2)
-        kept = window(self.state.logprobs, first_b, width)
-        return [multihost.all_rows(x) for x in (kept.token, kept.top_ids, kept.top)]
 
     def has_work(self, done_b: np.ndarray) -> bool:
         """Whether a generate would decode anything: some slot is neither done (`done_b`,

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from lookahead_jax.engine import inputs
+from lookahead_jax.decoding import logprobs
+from lookahead_jax.distributed import multihost
+from lookahead_jax.engine import inputs, slot_state
 from lookahead_jax.engine.requests import TokenLogprob
 
 
 class LogprobWindow:
-    """Row b's logprobs at positions first_b[b] .. (DeviceSlots.read_logprobs)."""
+    """Row b's logprobs at positions first_b[b] .. (`read`)."""
 
     def __init__(self, first_b, arrays):
         self.first_b = first_b
@@ -35,7 +37,7 @@ class LogprobWindow:
         if width <= 0:
             return None
         width = inputs.bucket(width, minimum=8)  # few window programs
-        return cls(first_b, device.read_logprobs(first_b, width))
+        return cls(first_b, _window(device.state, first_b, width))
 
     def at(self, slot: int, start: int, end: int, k: int) -> list[TokenLogprob]:
         """The TokenLogprobs at positions start .. end - 1 of `slot`, k alternatives each."""
@@ -47,3 +49,12 @@ class LogprobWindow:
             TokenLogprob(float(lp), tuple(zip(ids[:k].tolist(), top[:k].tolist(), strict=True)))
             for lp, ids, top in rows
         ]
+
+
+def _window(state, first_b: np.ndarray, width: int) -> list[np.ndarray]:
+    """Each row's logprobs at positions first_b[b] .. + width - 1, every process's rows
+    on the host (token [R, W], top_ids and top [R, W, O]; logprobs.window): a round's
+    new ones, not the whole [R, S, O] buffers."""
+    window = slot_state.program(logprobs.window, None, static_argnums=2)
+    kept = window(state.logprobs, first_b, width)
+    return [multihost.all_rows(x) for x in (kept.token, kept.top_ids, kept.top)]

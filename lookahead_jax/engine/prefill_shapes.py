@@ -45,7 +45,9 @@ positions for 16 prompts, where one [16, 128] runs all of them in 2,048. The req
 longest first, are cut into runs that cost least as `choose` will run them (positions,
 a call's fixed cost, a compile where one is due), and the padding that cut spends beside
 the cut that would run every run at its own shape is what is spent for want of those
-shapes (the only place padding is counted).
+shapes (the only place a prompt's or suffix's padding is counted; a ragged pass's is
+counted where it runs padded, `choose`: its admission is not cut). Whether several
+prompts run as one ragged pass or as padded groups: `ragged_runs`.
 """
 
 from __future__ import annotations
@@ -67,9 +69,9 @@ UNMEASURED = 1e9  # a compile's cost in positions before a rate was measured: ab
 
 class PaddedShapes:
     """The prefill shapes compiled for the state's current programs (`at`), by kind
-    ("prompt": (n, P), "suffix": (n, T)), and the padding spent on each pair for want of
-    it. An engine keeps one across its runs (and a server for its life), so that the
-    padding a traffic pattern keeps spending adds up to a compile."""
+    ("prompt": (n, P), "suffix": (n, T), "ragged": (n, Tr)), and the padding spent on each
+    pair for want of it. An engine keeps one across its runs (and a server for its life),
+    so that the padding a traffic pattern keeps spending adds up to a compile."""
 
     def __init__(self):
         self._at: dict = {}  # program key -> (compiled, spent_s)
@@ -103,6 +105,10 @@ class PaddedShapes:
         shape, how = self.plan(kind, n, side, positions_per_s, ready, compile_soon is not None)
         if how == "soon":  # beside the decode rounds, the prefills padded meanwhile
             compile_soon(n, side)
+        if kind == "ragged" and how in ("padded", "soon") and positions_per_s > 0:
+            # (a prompt's padding is counted where its admission is cut: `groups`)
+            key, extra = (kind, n, side), self.positions(kind, *shape) - side
+            self.spent_s[key] = self.spent_s.get(key, 0.0) + extra / positions_per_s
         return shape
 
     def plan(self, kind, n, side, rate, ready, background) -> tuple[tuple[int, int], str]:
@@ -202,6 +208,41 @@ class PaddedShapes:
         larger = [x for x in larger if x[1] >= n and x[2] >= side]
         return min(larger)[1:] if larger else None
 
+    def ragged_runs(
+        self,
+        n: int,
+        side: int,
+        prompt_sides: list[int],
+        batch: int,
+        positions_per_s: float,
+        ready: Callable[[int, int], bool],
+        ready_prompt: Callable[[int, int], bool],
+        compile_soon: Callable[[int, int], None] | None,
+    ) -> bool:
+        """Whether prompts from scratch (of prompt_sides) run packed in one ragged pass of
+        `side` tokens and n rows rather than cut into padded prefills (`groups`): unless
+        the ragged shape would compile now, in the foreground, where the padded ones would
+        not (the caller then compiles it in the background for later admissions: a burst
+        of sixteen short prompts right after a server's warm-up runs as one-row prefills
+        at the warmed shape, not behind seconds of compiling)."""
+        rate, background = positions_per_s, compile_soon is not None
+        if self.plan("ragged", n, side, rate, ready, background)[1] in (
+            "compiled",
+            "padded",
+            "soon",
+        ):
+            return True
+        runs = self.groups("prompt", prompt_sides, batch, rate, ready_prompt, background, False)
+        for run in runs:
+            rows, longest = prefill_rows(len(run), batch), max(prompt_sides[i] for i in run)
+            if self.plan("prompt", rows, longest, rate, ready_prompt, background)[1] in (
+                "paid",
+                "dear",
+                "octave",
+            ):
+                return True  # (a compile either way: the ragged pass's one)
+        return False
+
     def groups(
         self,
         kind: str,
@@ -210,6 +251,7 @@ class PaddedShapes:
         positions_per_s: float,
         ready: Callable[[int, int], bool] = lambda rows, side: False,
         background: bool = False,
+        charge: bool = True,
     ) -> list[list[int]]:
         """The requests of one admission cut into prefills: lists of indices into `sides`
         (one side a request: inputs.prefill_side), each list ascending, each to run as one
@@ -217,7 +259,7 @@ class PaddedShapes:
         whether a shape's program is compiled already (programs.py keeps them across
         runs; this object knows those it ran); background: as `choose`'s compile_soon
         is given. The padding the cut spends beside the cut with every compile free is
-        spent for want of that cut's new shapes."""
+        spent for want of that cut's new shapes (with `charge`; without, a plan only)."""
         order = sorted(range(len(sides)), key=lambda i: -sides[i])
         rate = positions_per_s
         # rows, side, whether compiles are free -> (cost, positions run, a shape wanted)
@@ -258,7 +300,7 @@ class PaddedShapes:
             return runs[::-1], best[-1][1], best[-1][2]
 
         runs, ran, _ = cut(free=False)
-        if self._compile_positions(rate) is not None:  # (a rate measured) the padding spent
+        if charge and self._compile_positions(rate) is not None:  # (a rate) the padding spent
             _, ran_free, wanted = cut(free=True)
             for key in set(wanted) if ran > ran_free else ():  # for want of these
                 share = (ran - ran_free) / rate / len(set(wanted))

@@ -16,6 +16,7 @@ import dataclasses
 
 from lookahead_jax.decoding.autotune import Choice
 from lookahead_jax.decoding.sampling import SamplingConfig
+from lookahead_jax.distributed import multihost
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 
 
@@ -137,6 +138,17 @@ class Stats:
         """A request under a grammar was admitted; compiling it took `compile_s`."""
         self.grammar_requests += 1
         self.grammar_compile_s += compile_s
+
+    def prefill_rate(self) -> float:
+        """Positions (padding included) this run's prefills ran a second: a rough rate
+        (prefill_s also holds the inserts, stores and chunks; a prompt's attention grows
+        with P^2), low rather than high, so it errs towards compiling (prefill_shapes.py
+        prices padding with it). 0 (no padding) with several processes: each decides on
+        its own clock, and processes that chose different programs would wait on each
+        other."""
+        if self.prefill_s <= 0 or multihost.is_multiprocess():
+            return 0.0
+        return self.prefill_positions / self.prefill_s
 
     def count_prefill_time(self, seconds: float) -> None:
         """A round's prefills, inserts and chunks took `seconds` (compiles left out)."""

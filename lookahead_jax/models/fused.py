@@ -15,9 +15,10 @@ wv [576, 3, 64] make wqkv [576, 15, 64]; a step's qkv [B, T, 15, 64] gives q = h
 int8 weights (quantize.Int8Weight) fuse the same way: their values along the same axes,
 and their scales too (per output channel, or per block of inputs: either way the output
 axes are the scales' last ones). Checkpoints keep the unfused form: `lj.load` fuses at
-load, on GPUs and TPUs with one device (on a mesh, the heads are sharded over `model`
+load, on GPUs and TPUs with one device, and where the CPU kernel runs its panels
+(packed.pack_group, through `fuse_layer`); on a mesh, the heads are sharded over `model`
 and a fused matrix would mix shards: FusedLayer declares no ParamSpec, so no sharding
-rule; the CPU's kernel has its own packed layout). Fused params have no checkpoint names
+rule. Fused params have no checkpoint names
 (llama_params.flat_names refuses them): training loads with fuse=False.
 """
 

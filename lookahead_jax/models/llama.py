@@ -103,9 +103,9 @@ def forward(
     """
     x_btd = packed.take_rows(params.embed, tokens_bt)
     cos, sin = rope_cos_sin(positions_bt, cfg.rope_inv_freq(), params.embed.dtype)
-    mask = self_mask_btu if first_bt is None else first_bt  # (_layers: which attention)
+    masks = (self_mask_btu, first_bt)
     layers = functools.partial(
-        _layers, params, cfg, positions_bt, mask, cache, (cos, sin), attention_block
+        _layers, params, cfg, positions_bt, masks, cache, (cos, sin), attention_block
     )
     if layer_passes > 1:  # the passes before the last, whose K/V are not returned
         x_btd = jax.lax.fori_loop(0, layer_passes - 1, lambda _, x: layers(x)[0], x_btd)
@@ -124,9 +124,10 @@ def forward(
     return logits[:, :R], new_k, new_v
 
 
-def _layers(params, cfg, positions_bt, mask, cache, rope, attention_block, x_btd):
-    """forward's layers over the hidden state x [B, T, D]: (x, new K, new V). mask: the
-    new tokens' self mask [B|1, T, T] (bool), or a ragged pass's `first` [B, T] (int32)."""
+def _layers(params, cfg, positions_bt, masks, cache, rope, attention_block, x_btd):
+    """forward's layers over the hidden state x [B, T, D]: (x, new K, new V). masks:
+    (the new tokens' self mask [B|1, T, T], a ragged pass's `first` [B, T] or None)."""
+    self_mask_btu, first_bt = masks
     B, T = positions_bt.shape
     K, Q, Dh = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     kernel = _attention_kernel(params, cache, Dh)
@@ -144,14 +145,14 @@ def _layers(params, cfg, positions_bt, mask, cache, rope, attention_block, x_btd
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             k_bkte, v_bkte = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
             q = q.reshape(B, T, K, Q, Dh)
-            if mask.dtype != jnp.bool_:  # a ragged pass: mask is `first`
-                o = segment_attention(q, k_bkte, v_bkte, mask, window=window)
+            if first_bt is not None:  # a ragged pass
+                o = segment_attention(q, k_bkte, v_bkte, first_bt, window=window)
             else:
                 o = attention(
                     q,
                     k_bkte,
                     v_bkte,
-                    mask,
+                    self_mask_btu,
                     *cached,
                     positions_bt=positions_bt,
                     window=window,
@@ -255,13 +256,12 @@ class LlamaLM:
             self.cfg,
             tokens_bt,
             positions_bt,
-            None,
-            None,
-            logits_rows_br,
-            self.attention_block,
-            self.layer_passes,
-            self.head_rows,
-            first_bt,
+            self_mask_btu=None,
+            logits_rows_br=logits_rows_br,
+            attention_block=self.attention_block,
+            layer_passes=self.layer_passes,
+            head_rows=self.head_rows,
+            first_bt=first_bt,
         )
 
     def first_layers(self, params, n: int):

@@ -21,7 +21,7 @@ kernels themselves compiled without XLA's header: kernels.h). `available()` is F
 where it cannot be: not x86-64, no AVX2 + FMA, no compiler, or `LOOKAHEAD_JAX_CPU_KERNEL=0`;
 the model then keeps XLA's matmuls. The weights it reads are packed in panels (packed.py).
 
-Why the attention (benchmarks/cpu/cache_attention.md): XLA:CPU runs llama.attention's
+Why the attention (benchmarks/cpu/cache_attention.md): XLA:CPU runs attention.attention's
 loop over 64-position blocks as a while loop of small YNNPACK dots: for SmolLM2-135M's 30
 layers over 256 cached positions (12 MB of K/V, under 1 ms of memory traffic) 4.3 ms at
 one token, 9.2 ms at 16 tokens and 33 ms at 16 rows, against the kernel's 1.9, 6.3 and
@@ -218,7 +218,7 @@ def matmul(x_mk: jax.Array, panels_pkj: jax.Array, scale_n: jax.Array | None = N
 
 def cache_attention(q_bkre, k_bkse, v_bkse, lengths_b, positions_bt, window: int, scale: float):
     """The part of a step's attention that reads the cache (cache_attention.cc), as the
-    online softmax's carry for llama.attention to merge with the new tokens' part:
+    online softmax's carry for attention.attention to merge with the new tokens' part:
 
     q          [B, K, R, Dh]  float32, R = T x Q: row r is token r // Q's query of head r % Q
     k, v       [B, K, S, Dh]  float32, the cache (entry s holds position s)

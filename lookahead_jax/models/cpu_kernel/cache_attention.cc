@@ -9,7 +9,7 @@
 // Results: top [B, K, R] (the largest visible score, or -1e30 where none is visible),
 // mass [B, K, R] (sum over visible s of exp(score - top)) and acc [B, K, R, Dh] (the
 // values weighted by the same exp), the online softmax's carry over the cache, which
-// llama.attention merges with the new tokens' part. Entry s is visible to the query of
+// attention.attention merges with the new tokens' part. Entry s is visible to the query of
 // a token at position p where s < lengths[b] and, with a window w > 0, p - s < w.
 //
 // One unit of work is a row, a kv head and a run of its queries, handed out to XLA's
@@ -42,7 +42,7 @@ using Problem = lookahead_jax::CacheAttention;
 
 constexpr int64_t kRows = 6;    // queries per register tile
 constexpr int64_t kCols = 16;   // positions (scores) or dims (p @ V) per tile
-constexpr float kNegInf = -1e30f;  // llama.NEG_INF
+constexpr float kNegInf = -1e30f;  // attention.NEG_INF
 
 // exp(x) for x <= 0 in float32 (Cephes' expf: a degree-6 polynomial on x - n ln 2 times
 // 2^n; relative error ~1e-7, as XLA's own exp).
