@@ -104,19 +104,12 @@ def attention(
     def absorb(carry, k_bkse, v_bkse, at_s, fresh_s):
         """Fold the cache positions `at_s` (K/V [B, K, S', Dh], S' positions of the cache)
         into (top, mass, acc); positions where `fresh_s` is False were folded in already."""
-        top, mass, acc = carry
         s = jnp.einsum("bktqe,bkse->bktqs", q_bktqe, k_bkse, preferred_element_type=f32)
         visible = fresh_s[None, None, :] & (at_s[None, None, :] < cache_len_b[:, None, None])
         if window:
             visible = visible & in_window(positions_bt[:, :, None], at_s[None, None, :], window)
         s = jnp.where(visible[:, None, :, None, :], s * scale, NEG_INF)  # [B, K, T, Q, S']
-        new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
-        rescale = jnp.exp(top - new_top)
-        p = jnp.exp(s - new_top)
-        acc = acc * rescale + jnp.einsum(
-            "bktqs,bkse->bktqe", p.astype(dtype), v_bkse, preferred_element_type=f32
-        )
-        return new_top, mass * rescale + jnp.sum(p, axis=-1, keepdims=True), acc
+        return online_fold(carry, s, v_bkse, "bktqs,bkse->bktqe", dtype)
 
     S = cache_k_bkse.shape[2]
     if kernel:
@@ -140,6 +133,22 @@ def attention(
         carry = jax.lax.fori_loop(0, n_blocks, one_block, carry)
     _, mass, acc = carry
     return jnp.swapaxes(acc / mass, 1, 2).astype(dtype)
+
+
+def online_fold(carry, s, v, pv_spec: str, dtype):
+    """The online softmax's (top, mass, acc) with more keys folded in: `s` their masked,
+    scaled scores (keys on the last axis; NEG_INF where hidden), `v` their values, and
+    pv_spec the einsum of the weights (cast to `dtype`, the new tokens' values') with `v`
+    into acc's shape. top and mass are
+    rescaled to the new running max; a key hidden from a query adds exp(NEG_INF - top) =
+    0 there (once its top is finite: a query's first fold must hold a key it sees)."""
+    top, mass, acc = carry
+    new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
+    rescale = jnp.exp(top - new_top)
+    p = jnp.exp(s - new_top)
+    f32 = acc.dtype
+    acc = acc * rescale + jnp.einsum(pv_spec, p.astype(dtype), v, preferred_element_type=f32)
+    return new_top, mass * rescale + jnp.sum(p, axis=-1, keepdims=True), acc
 
 
 def _kernel_cache_part(carry, q_bktqe, cache, positions_bt, window: int, scale: float):
@@ -216,7 +225,6 @@ def segment_attention(q_btkqe, k_bkue, v_bkue, first_bt, window: int = 0, block=
 
     def fold(d, carry):
         """Key block j - d into every query block j (none where j - d < 0)."""
-        top, mass, acc = carry
         src_n = jnp.arange(n) - d
         at_n = jnp.maximum(src_n, 0)
         k_blk, v_blk = (jnp.take(x, at_n, axis=2) for x in (k_bknue, v_bknue))
@@ -227,13 +235,7 @@ def segment_attention(q_btkqe, k_bkue, v_bkue, first_bt, window: int = 0, block=
             visible = visible & (t - u < window)
         s = jnp.einsum("bkncqe,bknue->bkncqu", q_bkncqe, k_blk, preferred_element_type=f32)
         s = jnp.where(visible[:, None, :, :, None, :], s * scale, NEG_INF)
-        new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
-        rescale = jnp.exp(top - new_top)
-        p = jnp.exp(s - new_top)
-        acc = acc * rescale + jnp.einsum(
-            "bkncqu,bknue->bkncqe", p.astype(dtype), v_blk, preferred_element_type=f32
-        )
-        return new_top, mass * rescale + jnp.sum(p, axis=-1, keepdims=True), acc
+        return online_fold(carry, s, v_blk, "bkncqu,bknue->bkncqe", dtype)
 
     reach = jnp.max(jnp.arange(n)[None] - first_bnc[:, :, 0] // C) + 1
     shape = (B, K, n, C, Q, 1)
