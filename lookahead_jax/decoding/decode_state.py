@@ -254,13 +254,7 @@ def _prefill_ragged(params, prompt_len_b, ragged: RaggedPrompts, cache: KVCache,
     first = jnp.arange(Tr, dtype=jnp.int32)[None] - ragged.position
     last = (ragged.start + prompt_len_b - 1)[None]  # [1, B]
     logits, k, v = seam.apply_ragged(spec.lm, params, ragged.tokens, ragged.position, first, last)
-    row_t, at_t = ragged.row[0], ragged.position[0]
-
-    def put(dst, src):  # dst [B, K, S, Dh], src [1, K, Tr, Dh]; a tail token's row B: dropped
-        return dst.at[row_t, :, at_t].set(jnp.swapaxes(src[0], 0, 1).astype(dst.dtype), mode="drop")
-
-    lengths = prompt_len_b.astype(jnp.int32)
-    filled = KVCache(tuple(map(put, cache.k, k)), tuple(map(put, cache.v, v)), lengths)
+    filled = kv_cache.write_ragged(cache, k, v, ragged.row[0], ragged.position[0], prompt_len_b)
     return jnp.swapaxes(logits, 0, 1), filled
 
 

@@ -208,7 +208,7 @@ class DeviceSlots:
         of indices into `requests`, each list one `prefill` (hits and pool as there)."""
         if self._is_ragged(requests, hits, compile_if_not=True):  # one pass, all of them
             return [list(range(len(requests)))]
-        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool)
+        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool, False)
         background = self._compile_soon(key_pool) is not None
         return self.padded.groups(kind, sides, self.B, rate, ready, background)
 
@@ -235,10 +235,12 @@ class DeviceSlots:
         n, soon = slot_state.prefill_rows(len(requests), self.B), self._compile_soon(key_pool)
         return self.padded.plan(kind, n, max(sides), rate, ready, soon is not None)[0][1]
 
-    def _planning(self, requests: list[Encoded], hits, pool) -> tuple:
+    def _planning(self, requests: list[Encoded], hits, pool, ragged=None) -> tuple:
         """(kind, sides, the program's pool, this run's prefill rate, `_ready`): what
-        prefill_shapes.py plans a prefill of these requests from (as `prefill`'s)."""
-        ragged = self._is_ragged(requests, hits)
+        prefill_shapes.py plans a prefill of these requests from (as `prefill`'s); ragged:
+        whether they run as a ragged pass, where the caller has decided it (None:
+        `_is_ragged`)."""
+        ragged = self._is_ragged(requests, hits) if ragged is None else ragged
         kind, sides = prefill_args.sides(requests, hits, pool, ragged)
         key_pool = prefill_args.program_pool(hits, pool, ragged)
         return kind, sides, key_pool, self.stats.prefill_rate(), self._ready(key_pool)

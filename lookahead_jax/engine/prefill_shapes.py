@@ -65,6 +65,10 @@ CALL_POSITIONS = 16  # a prefill call's own cost beside its positions (the inser
 # where [16] runs 1,040: four compiles, each paid by a quarter of the padding)
 NEW_SHAPE_POSITIONS = 64
 UNMEASURED = 1e9  # a compile's cost in positions before a rate was measured: above any padding
+# `plan`'s outcomes that run at a shape compiled (its own, or a larger one), and those that
+# compile the prefill's shape in the foreground, inside its admission
+RUNS_COMPILED = ("compiled", "padded", "soon")
+COMPILES_NOW = ("paid", "dear", "octave")
 
 
 class PaddedShapes:
@@ -128,9 +132,7 @@ class PaddedShapes:
             return (n, side), "paid"
         octave = side if kind == "ragged" else inputs.bucket(side)
         over = larger if larger is not None else (n, octave)
-        if self._dear(
-            kind, over, self.positions(kind, n, side), rate
-        ):  # (not padded meanwhile, "soon": too dear)
+        if self._dear(kind, over, self.positions(kind, n, side), rate):  # (not "soon")
             return (n, side), "dear"
         if paid:
             return larger, "soon"
@@ -168,11 +170,11 @@ class PaddedShapes:
         that costs fewer extra positions than a compile (before one was measured:
         always); None: as `plan` says."""
         shape, how = self.plan("suffix", n, suffix_side, positions_per_s, ready_suffix, True)
-        if how not in ("paid", "octave", "dear"):
+        if how not in COMPILES_NOW:
             return None
         kind, side = scratch
         (rows, side), prompt_how = self.plan(kind, n, side, positions_per_s, ready_prompt, True)
-        if prompt_how not in ("compiled", "padded", "soon"):
+        if prompt_how not in RUNS_COMPILED:
             return None
         extra = self.positions(kind, rows, side) - n * suffix_side
         # (a measured compile only: with the default a first burst compiled inside it)
@@ -226,19 +228,14 @@ class PaddedShapes:
         of sixteen short prompts right after a server's warm-up runs as one-row prefills
         at the warmed shape, not behind seconds of compiling)."""
         rate, background = positions_per_s, compile_soon is not None
-        if self.plan("ragged", n, side, rate, ready, background)[1] in (
-            "compiled",
-            "padded",
-            "soon",
-        ):
+        if self.plan("ragged", n, side, rate, ready, background)[1] in RUNS_COMPILED:
             return True
         runs = self.groups("prompt", prompt_sides, batch, rate, ready_prompt, background, False)
         for run in runs:
             rows, longest = prefill_rows(len(run), batch), max(prompt_sides[i] for i in run)
-            if self.plan("prompt", rows, longest, rate, ready_prompt, background)[1] in (
-                "paid",
-                "dear",
-                "octave",
+            if (
+                self.plan("prompt", rows, longest, rate, ready_prompt, background)[1]
+                in COMPILES_NOW
             ):
                 return True  # (a compile either way: the ragged pass's one)
         return False

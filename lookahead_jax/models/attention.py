@@ -231,8 +231,8 @@ def segment_attention(q_btkqe, k_bkue, v_bkue, first_bt, window: int = 0, block=
         u_nu = at_n[:, None] * C + jnp.arange(C)[None]
         t, u = t_nc[None, :, :, None], u_nu[None, :, None, :]  # [1, n, C, 1], [1, n, 1, C]
         visible = (u <= t) & (u >= first_bnc[..., None]) & (src_n >= 0)[None, :, None, None]
-        if window:
-            visible = visible & (t - u < window)
+        if window:  # (within a row, t - u is the positions' distance)
+            visible = visible & in_window(t, u, window)
         s = jnp.einsum("bkncqe,bknue->bkncqu", q_bkncqe, k_blk, preferred_element_type=f32)
         s = jnp.where(visible[:, None, :, :, None, :], s * scale, NEG_INF)
         return online_fold(carry, s, v_blk, "bkncqu,bknue->bkncqe", dtype)

@@ -67,6 +67,22 @@ def write_prefix(cache: KVCache, new_k, new_v, lengths_b) -> KVCache:
     )
 
 
+def write_ragged(cache: KVCache, new_k, new_v, row_t, position_t, lengths_b) -> KVCache:
+    """Write a ragged pass's K/V (L x [1, K, T, Dh]: rows packed one after another) token
+    by token: token t's at row row_t[t], position position_t[t] (row B or more: dropped,
+    the pass's tail); set lengths [B]."""
+
+    def put(dst, src):  # dst [B, K, S, Dh]; x[rows, :, at] indexes T pairs: [T, K, Dh]
+        update = jnp.swapaxes(src[0], 0, 1).astype(dst.dtype)
+        return dst.at[row_t, :, position_t].set(update, mode="drop")
+
+    return KVCache(
+        k=tuple(map(put, cache.k, new_k)),
+        v=tuple(map(put, cache.v, new_v)),
+        lengths=lengths_b.astype(jnp.int32),
+    )
+
+
 def commit(cache: KVCache, new_k, new_v, src_be, count_b) -> KVCache:
     """Append selected new tokens' K/V to each row at its own length.
 

@@ -96,7 +96,7 @@ class ForwardPass:
 
     tokens: Int[Array, "B T"]
     positions: Int[Array, "B T"]
-    mask: Bool[Array, "#B T T"]  # one mask for every row, or one per row
+    mask: Bool[Array, "#B T T"] | None  # one for every row, or one per row; None: ragged
     cache: KVCache | None
     logits_rows: Int[Array, "B R"] | None  # None: every one of the T rows (R = T)
     logits: Float[Array, "B R V"]
@@ -113,14 +113,20 @@ def apply(lm: CausalLM, params, tokens_bt, positions_bt, mask_btu, cache, logits
     call = ForwardPass(
         tokens_bt, positions_bt, mask_btu, cache, logits_rows_br, logits, tuple(new_k), tuple(new_v)
     )
-    name = f"{type(lm).__name__}.apply"
+    return _checked(lm, f"{type(lm).__name__}.apply", call)
+
+
+def _checked(lm, name: str, call: ForwardPass):
+    """The call's (logits, new_k, new_v), its shapes checked as `apply` says."""
+    logits, new_k, new_v = call.logits, call.new_k, call.new_v
     shapes.check(call, names=(name,))
-    rows = tokens_bt.shape[1] if logits_rows_br is None else logits_rows_br.shape[1]
+    rows = call.tokens.shape[1] if call.logits_rows is None else call.logits_rows.shape[1]
     if logits.shape[1:] != (rows, lm.vocab_size):
         raise shapes.ShapeError(
             f"{name}: logits {list(logits.shape)}, expected [B, {rows}, {lm.vocab_size}] "
             "(a row per logits_rows entry, vocab_size wide)"
         )
+    cache = call.cache
     if cache is not None and not len(new_k) == len(new_v) == len(cache.k):
         raise shapes.ShapeError(
             f"{name}: {len(new_k)} new K and {len(new_v)} new V layers for a cache of "
@@ -135,19 +141,12 @@ def has_ragged(lm) -> bool:
 
 
 def apply_ragged(lm, params, tokens_bt, positions_bt, first_bt, logits_rows_br):
-    """`lm.apply_ragged(...)` with its results' shapes checked as `apply`'s: logits
-    [B, R, V] and each layer's new K/V [B, K, T, Dh]."""
+    """`lm.apply_ragged(...)` with its shapes checked as `apply`'s (ForwardPass, with no
+    mask and no cache): logits [B, R, V] and each layer's new K/V [B, K, T, Dh]."""
     logits, new_k, new_v = lm.apply_ragged(
         params, tokens_bt, positions_bt, first_bt, logits_rows_br
     )
-    B, T = tokens_bt.shape
-    name = f"{type(lm).__name__}.apply_ragged"
-    if logits.shape != (B, logits_rows_br.shape[1], lm.vocab_size):
-        raise shapes.ShapeError(
-            f"{name}: logits {list(logits.shape)}, expected "
-            f"[{B}, {logits_rows_br.shape[1]}, {lm.vocab_size}]"
-        )
-    for x in (*new_k, *new_v):
-        if x.shape[0] != B or x.shape[2] != T:
-            raise shapes.ShapeError(f"{name}: new K/V {list(x.shape)}, expected [{B}, K, {T}, Dh]")
-    return logits, new_k, new_v
+    call = ForwardPass(
+        tokens_bt, positions_bt, None, None, logits_rows_br, logits, tuple(new_k), tuple(new_v)
+    )
+    return _checked(lm, f"{type(lm).__name__}.apply_ragged", call)
