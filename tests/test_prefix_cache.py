@@ -31,6 +31,14 @@ def model64(tiny_ckpts):
         yield lj.load(tiny_ckpts["gqa"][1], dtype="float64")
 
 
+@pytest.fixture(autouse=True)
+def hits_as_hits(monkeypatch):
+    """An admission's rows with cached blocks never run from scratch as one ragged pass
+    instead (whether they would depends on which ragged programs earlier tests left
+    compiled; that rule's own tests: test_ragged_prefill.py)."""
+    monkeypatch.setattr(PaddedShapes, "ragged_instead", lambda *args, **kwargs: False)
+
+
 def never_from_scratch(*args, **kwargs):
     """PaddedShapes.instead for tests of the cache's hits: a suffix whose shape would
     compile never runs from scratch instead (whether it would depends on which programs

@@ -152,3 +152,45 @@ def test_a_burst_after_warm_up_runs_at_once_and_its_pass_compiles_meanwhile(tiny
     assert [results[f"1-{i}"].token_ids for i in range(3)] == [
         results[f"0-{i}"].token_ids for i in range(3)
     ]
+
+
+def test_cached_rows_run_ragged_from_scratch_where_that_costs_less():
+    """prefill_shapes.ragged_instead: an admission whose rows have cached blocks runs as
+    one ragged pass from scratch when a compiled pass holds it for fewer positions than
+    its cut (`cut_cost`); cheaper only at its own shape, not compiled, what its absence
+    costs adds up until it has paid a compile, which then starts in the background."""
+    shapes, soon = PaddedShapes(), []
+    nothing = lambda rows, side: False  # noqa: E731
+    compile_soon = lambda rows, side: soon.append((rows, side))  # noqa: E731
+    shapes.compile_s = [1.0]  # a compile: 1 s; 100 positions a second
+    # (ragged side 160: 176 positions with a call's; the cut: 300)
+    assert not shapes.ragged_instead(4, 160, 150.0, 100.0, nothing, compile_soon)  # dearer
+    assert not shapes.ragged_instead(4, 160, 300.0, 100.0, nothing, None)  # (no background)
+    assert not shapes.ragged_instead(4, 160, 300.0, 100.0, nothing, compile_soon)
+    assert shapes.spent_s[("ragged", 4, 160)] == pytest.approx(1.24) and soon == [(4, 160)]
+    shapes.ran("ragged", 4, 256, 0.0)  # a larger pass compiled: 272 positions < 300
+    assert shapes.ragged_instead(4, 160, 300.0, 100.0, nothing, compile_soon)
+    assert not shapes.ragged_instead(4, 160, 250.0, 100.0, nothing, compile_soon)
+
+
+def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens(
+    tiny_ckpts, monkeypatch
+):
+    """Rows with cached blocks admitted together, run from scratch in one ragged pass
+    (the rule forced: its own test above) beside a row without: a cold decode's tokens,
+    float64, and their blocks not counted as hits."""
+    from tests.test_prefix_cache import MAX_NEW, PROMPTS
+
+    monkeypatch.setattr(PaddedShapes, "ragged_instead", lambda self, *a: True)
+    kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=None)
+    with jax.enable_x64(True):
+        model = lj.load(tiny_ckpts["gqa"][1], dtype="float64")
+        cold = {r.id: r.token_ids for r in lj.Engine(model, **kw).run(PROMPTS)}
+        engine = lj.Engine(model, prefix_cache_mb=1, **kw)
+        engine.run(PROMPTS[:1])  # its two blocks cached
+        hits = engine.stats.prefix_hits
+        later = [lj.Request(PROMPTS[i], id=i) for i in (1, 2, 3, 5)]
+        hot = {r.id: r.token_ids for r in engine.run(later)}
+    assert hot == {i: cold[i] for i in hot}
+    assert any(shape.endswith("ragged") for shape in engine.stats.prefill_shapes)
+    assert engine.stats.prefix_hits == hits, engine.stats.prefill_shapes

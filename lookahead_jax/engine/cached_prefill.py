@@ -77,6 +77,8 @@ class CachedPrefill:
             for s, r in placed:
                 hits = cache.hits(r.ids)
                 with_hits[bool(hits)].append((s, r, hits))
+            if self._ragged_instead(with_hits, active):  # one pass, their blocks again
+                with_hits = ([*with_hits[0], *with_hits[1]], [])
             groups = []
             for cached, rows in enumerate(with_hits):
                 requests = [r for _, r, _ in rows]
@@ -107,6 +109,16 @@ class CachedPrefill:
                     cache.pool = store_blocks(cache.pool, state, entries)
                 device.insert(state, [s for s, _, _ in g])
             placed = later
+
+    def _ragged_instead(self, with_hits: tuple[list, list], active: list) -> bool:
+        """Whether an admission's rows without and with cached blocks ([(slot, request,
+        hits)] each) prefill from scratch in one ragged pass (device_slots.ragged_instead)
+        — not where a chunked prompt is among them (as `_from_scratch`)."""
+        rows = [*with_hits[0], *with_hits[1]]
+        if not with_hits[1] or any(active[s].chunked_tokens for s, _, _ in rows):
+            return False
+        requests, hits = [r for _, r, _ in rows], [h for _, _, h in rows]
+        return self.device.ragged_instead(requests, hits, self.cache.pool)
 
     def _from_scratch(self, rows: list, group: list[int], active: list) -> bool:
         """Whether the rows `group` of `rows` [(slot, request, hits)], which have cached

@@ -20,6 +20,7 @@ from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_fo
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs
 from lookahead_jax.engine.grammar_bank import GrammarBank
+from lookahead_jax.engine.prefill_shapes import RAGGED  # program_pool's marker of a ragged pass
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.models import kv_pool
 
@@ -51,9 +52,6 @@ def rows(requests: list[Encoded], n: int, P: int, mesh=None) -> tuple:
             lambda a: multihost.replicated(mesh, a, sharding.batch_major(a, mesh)), out
         )
     return out
-
-
-RAGGED = "ragged"  # program_pool's marker of a ragged prefill's programs (no pool)
 
 
 def sides(requests: list[Encoded], hits, pool, ragged: bool = False) -> tuple[str, list[int]]:

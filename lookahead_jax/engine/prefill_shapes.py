@@ -69,6 +69,7 @@ UNMEASURED = 1e9  # a compile's cost in positions before a rate was measured: ab
 # compile the prefill's shape in the foreground, inside its admission
 RUNS_COMPILED = ("compiled", "padded", "soon")
 COMPILES_NOW = ("paid", "dear", "octave")
+RAGGED = "ragged"  # the kind of a ragged pass (prefill_args.RAGGED)
 
 
 class PaddedShapes:
@@ -109,7 +110,7 @@ class PaddedShapes:
         shape, how = self.plan(kind, n, side, positions_per_s, ready, compile_soon is not None)
         if how == "soon":  # beside the decode rounds, the prefills padded meanwhile
             compile_soon(n, side)
-        if kind == "ragged" and how in ("padded", "soon") and positions_per_s > 0:
+        if kind == RAGGED and how in ("padded", "soon") and positions_per_s > 0:
             # (a prompt's padding is counted where its admission is cut: `groups`)
             key, extra = (kind, n, side), self.positions(kind, *shape) - side
             self.spent_s[key] = self.spent_s.get(key, 0.0) + extra / positions_per_s
@@ -130,7 +131,7 @@ class PaddedShapes:
         paid = self._paid(key, rate)
         if paid and (larger is None or not background):
             return (n, side), "paid"
-        octave = side if kind == "ragged" else inputs.bucket(side)
+        octave = side if kind == RAGGED else inputs.bucket(side)
         over = larger if larger is not None else (n, octave)
         if self._dear(kind, over, self.positions(kind, n, side), rate):  # (not "soon")
             return (n, side), "dear"
@@ -144,7 +145,7 @@ class PaddedShapes:
     def positions(kind: str, rows: int, side: int) -> int:
         """The positions a prefill of (rows, side) runs: rows x side, or a ragged pass's
         side (its rows are packed in it)."""
-        return side if kind == "ragged" else rows * side
+        return side if kind == RAGGED else rows * side
 
     def _dear(self, kind: str, shape: tuple[int, int], positions: int, rate: float) -> bool:
         """Whether one run at `shape` of a prefill of `positions` would spend more on its
@@ -228,7 +229,7 @@ class PaddedShapes:
         of sixteen short prompts right after a server's warm-up runs as one-row prefills
         at the warmed shape, not behind seconds of compiling)."""
         rate, background = positions_per_s, compile_soon is not None
-        if self.plan("ragged", n, side, rate, ready, background)[1] in RUNS_COMPILED:
+        if self.plan(RAGGED, n, side, rate, ready, background)[1] in RUNS_COMPILED:
             return True
         runs = self.groups("prompt", prompt_sides, batch, rate, ready_prompt, background, False)
         for run in runs:
@@ -239,6 +240,63 @@ class PaddedShapes:
             ):
                 return True  # (a compile either way: the ragged pass's one)
         return False
+
+    def ragged_instead(
+        self,
+        n: int,
+        side: int,
+        cut_cost: float,
+        positions_per_s: float,
+        ready: Callable[[int, int], bool],
+        compile_soon: Callable[[int, int], None] | None,
+    ) -> bool:
+        """Whether an admission's prompts, some with cached blocks, run from scratch in one
+        ragged pass of (n rows, `side` tokens), their blocks computed again, rather than
+        as they are cut (`cut_cost`: what those prefills cost, `cost`): where the pass
+        runs at a shape compiled and costs less. Where only its own shape would cost less,
+        what its absence costs is spent for want of it, and once that has paid a compile
+        it compiles in the background (compile_soon; none: it never runs). A chat
+        template's system prompt is one cached block: sixteen MT-bench chats ran as
+        suffixes padded to [16, 128] (2,048 positions for 1,202 prompt tokens, 3.6 s; a
+        2-core Intel Xeon)."""
+        rate = positions_per_s
+        own = self.positions(RAGGED, n, side) + CALL_POSITIONS
+        if compile_soon is None or own >= cut_cost:
+            return False
+        shape, how = self.plan(RAGGED, n, side, rate, ready, True)
+        if how in RUNS_COMPILED and self.positions(RAGGED, *shape) + CALL_POSITIONS < cut_cost:
+            return True  # (`choose` counts its padding, and compiles its own once paid)
+        if rate > 0:
+            key = (RAGGED, n, side)
+            self.spent_s[key] = self.spent_s.get(key, 0.0) + (cut_cost - own) / rate
+            if self._paid(key, rate):
+                compile_soon(n, side)
+        return False
+
+    def cost(
+        self,
+        kind: str,
+        sides: list[int],
+        batch: int,
+        positions_per_s: float,
+        ready: Callable[[int, int], bool],
+        background: bool,
+        rows: int | None = None,
+    ) -> float:
+        """What prefills of these sides cost in positions (a call's own, a compile due in
+        the foreground: `_cost`), cut as `groups` cuts them (charging nothing); of a
+        ragged pass (sides: its one side) with `rows` rows."""
+        rate = positions_per_s
+        if kind == RAGGED:
+            return self._cost(kind, rows, sides[0], False, ready, rate, background)[0]
+        runs = self.groups(kind, sides, batch, rate, ready, background, charge=False)
+        return sum(
+            self._cost(
+                kind, prefill_rows(len(run), batch), max(sides[i] for i in run), False,
+                ready, rate, background,
+            )[0]
+            for run in runs
+        )  # fmt: skip
 
     def groups(
         self,
@@ -311,7 +369,7 @@ class PaddedShapes:
         compile free, at its own shape; background: whether choose compiles a paid shape
         in the background): (cost in positions, positions run, the shape it wants
         compiled, or None)."""
-        own = rows * side + CALL_POSITIONS
+        own = self.positions(kind, rows, side) + CALL_POSITIONS
         (n, side_run), how = self.plan(kind, rows, side, rate, ready, background)
         if how == "compiled":
             return own, own, None
@@ -321,7 +379,7 @@ class PaddedShapes:
             return own + NEW_SHAPE_POSITIONS, own, (kind, rows, side)
         if how == "dear":  # (compiled at its run, in the foreground: not paid for)
             return own + self._compile_seconds() * rate, own, (kind, rows, side)
-        ran = n * side_run + CALL_POSITIONS
+        ran = self.positions(kind, n, side_run) + CALL_POSITIONS
         if how == "octave":  # a compile too, in the foreground: priced only once measured
             # (before, UNMEASURED: padding to a compiled shape is preferred; the default
             # compile cost only lets padding pay, `_paid`)

@@ -105,6 +105,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
+    ap.add_argument("--before", help="a source tree of an earlier version, whose servers run "
+                    "too, as NAME_before, each after its own")  # fmt: skip
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -126,10 +128,14 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "runs": {},
     }
-    for name in args.servers:
+    servers = [(n, None) for n in args.servers]
+    if args.before:
+        servers = [x for n in args.servers for x in ((f"{n}_before", args.before), (n, None))]
+    for name, tree in servers:
         proc, url = start_server(
-            None, args.batch, SERVERS[name], max(args.max_tokens, 128), "--auto-temperature",
-            "0", log=f"load_aiperf_server_{name}.log", name="smollm2",
+            None, args.batch, SERVERS[name.removesuffix("_before")], max(args.max_tokens, 128),
+            "--auto-temperature", "0", log=f"load_aiperf_server_{name}.log", name="smollm2",
+            cwd=tree,
         )  # fmt: skip
         port = int(url.rsplit(":", 1)[1])
         try:
@@ -155,7 +161,8 @@ def markdown(result: dict, args) -> str:
     lines = [
         "# The server under load (aiperf)",
         "",
-        f"Command: `python scripts/bench/load_aiperf.py --aiperf AIPERF --out {args.out}`",
+        f"Command: `python scripts/bench/load_aiperf.py --aiperf AIPERF --out {args.out}"
+        + (f" --before {args.before}`" if args.before else "`"),
         f"CPU: {result['cpu']} ({os.cpu_count()} cores); {result['aiperf']}; SmolLM2-135M "
         f"float32; server --batch {result['batch']}; streaming chat completions of the 80 "
         f"MT-bench first turns, greedy, max_tokens {result['max_tokens']}; max(16, 2 C) "

@@ -22,11 +22,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(ckpt, batch: int, mode: str, max_tokens: int, *extra: str, log=None, name="m"):
+def start_server(
+    ckpt, batch: int, mode: str, max_tokens: int, *extra: str, log=None, name="m", cwd=None
+):
     """(process, url) of `python -m lookahead_jax.serve` up and healthy: ckpt None for the
     bundled model; mode "plain", "auto" or a --lookahead value; extra: more of its flags;
     log: a file name for its stderr, in the temporary directory (None: this process's);
-    name: the model's name in requests."""
+    name: the model's name in requests; cwd: a source tree to run it from (an earlier
+    version's lookahead_jax: `python -m` finds the package there first)."""
     import httpx
 
     port = free_port()
@@ -39,7 +42,7 @@ def start_server(ckpt, batch: int, mode: str, max_tokens: int, *extra: str, log=
     if log is not None:
         log = os.path.join(tempfile.gettempdir(), log)
     stderr = None if log is None else open(log, "w")  # noqa: SIM115 (the server's, until it ends)
-    proc = subprocess.Popen(cmd, env=dict(os.environ, HF_HUB_OFFLINE="1"), stderr=stderr)
+    proc = subprocess.Popen(cmd, env=dict(os.environ, HF_HUB_OFFLINE="1"), stderr=stderr, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 1800  # auto may measure its cost curve first
     while time.time() < deadline:

@@ -1,0 +1,113 @@
+"""How an admission's prefills are cut and run (DeviceSlots' base class): which requests
+share a prefill (`prefill_groups`), whether several prompts run packed in one ragged pass
+(`_is_ragged`), and when requests with cached blocks prefill from scratch instead — as
+prompts, while their suffix shape compiles in the background (`prompt_instead`), or all
+of an admission in one ragged pass (`ragged_instead`). The rules are prefill_shapes.py's
+(PaddedShapes: `padded`); this class asks them with what the device side knows: which
+programs are compiled (`_ready`), how to compile one in the background (`_compile_soon`),
+this run's prefill rate (`stats`), the batch B and whether the model runs ragged passes
+on this device (`ragged`): DeviceSlots sets all of them.
+"""
+
+from __future__ import annotations
+
+from lookahead_jax.engine import prefill_args, slot_state
+from lookahead_jax.engine.requests import Encoded
+from lookahead_jax.models import kv_pool
+
+
+class PrefillPlanning:
+    """The admission's prefill plans of a DeviceSlots (module docstring)."""
+
+    def prefill_groups(
+        self,
+        requests: list[Encoded],
+        hits: list[list[int]] | None = None,
+        pool: kv_pool.KVPool | None = None,
+    ) -> list[list[int]]:
+        """The requests of one admission cut into prefills (prefill_shapes.groups): lists
+        of indices into `requests`, each list one `prefill` (hits and pool as there)."""
+        if self._is_ragged(requests, hits, compile_if_not=True):  # one pass, all of them
+            return [list(range(len(requests)))]
+        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool, False)
+        background = self._compile_soon(key_pool) is not None
+        return self.padded.groups(kind, sides, self.B, rate, ready, background)
+
+    def _is_ragged(self, requests: list[Encoded], hits, compile_if_not=False) -> bool:
+        """Whether these requests prefill packed in one ragged pass: several prompts from
+        scratch (one runs its own side either way, at the prompt shapes warm-up made), as
+        prefill_shapes.ragged_runs decides; compile_if_not: where not, the pass's shape
+        compiles in the background, for later admissions."""
+        if not (self.ragged and hits is None and len(requests) >= 2):
+            return False
+        n = slot_state.prefill_rows(len(requests), self.B)
+        side = prefill_args.sides(requests, None, None, ragged=True)[1][0]
+        prompt_sides = prefill_args.sides(requests, None, None)[1]
+        soon, rate = self._compile_soon(prefill_args.RAGGED), self.stats.prefill_rate()
+        ready = (self._ready(prefill_args.RAGGED), self._ready(None))
+        runs = self.padded.ragged_runs(n, side, prompt_sides, self.B, rate, *ready, soon)
+        if not runs and compile_if_not and soon is not None:
+            soon(n, side)
+        return runs
+
+    def run_side(self, requests: list[Encoded], hits=None, pool=None) -> int:
+        """The side a prefill of these requests (as `prefill`'s) runs at now (a plan)."""
+        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool)
+        n, soon = slot_state.prefill_rows(len(requests), self.B), self._compile_soon(key_pool)
+        return self.padded.plan(kind, n, max(sides), rate, ready, soon is not None)[0][1]
+
+    def _planning(self, requests: list[Encoded], hits, pool, ragged=None) -> tuple:
+        """(kind, sides, the program's pool, this run's prefill rate, `_ready`): what
+        prefill_shapes.py plans a prefill of these requests from (as `prefill`'s); ragged:
+        whether they run as a ragged pass, where the caller has decided it (None:
+        `_is_ragged`)."""
+        ragged = self._is_ragged(requests, hits) if ragged is None else ragged
+        kind, sides = prefill_args.sides(requests, hits, pool, ragged)
+        key_pool = prefill_args.program_pool(hits, pool, ragged)
+        return kind, sides, key_pool, self.stats.prefill_rate(), self._ready(key_pool)
+
+    def prompt_instead(self, requests: list[Encoded], hits: list[list[int]], pool) -> bool:
+        """Whether these requests, which have cached blocks, prefill from scratch (as
+        prompts, hits ignored) because their suffix shape would compile now and a prompt
+        shape compiled runs them for fewer positions than a compile costs
+        (prefill_shapes.instead); their suffix shape then compiles in the background."""
+        soon = self._compile_soon(pool)
+        if soon is None:
+            return False
+        n = slot_state.prefill_rows(len(requests), self.B)
+        _, suffix_sides = prefill_args.sides(requests, hits, pool)
+        # (as `prefill` runs them from scratch; prompt sides <= P: _fill grew the state)
+        kind, scratch_sides, _, rate, scratch_ready = self._planning(requests, None, None)
+        shape = self.padded.instead(
+            n, max(suffix_sides), (kind, max(scratch_sides)), rate, self._ready(pool),
+            scratch_ready,
+        )  # fmt: skip
+        if shape is not None:
+            soon(*shape)
+        return shape is not None
+
+    def ragged_instead(self, requests: list[Encoded], hits: list[list[int]], pool) -> bool:
+        """Whether an admission's requests, some with cached blocks (hits; [] where none),
+        prefill from scratch in one ragged pass (hits ignored) rather than as suffixes
+        beside the others' prompts: where it costs less (prefill_shapes.ragged_instead)."""
+        if not (self.ragged and len(requests) >= 2 and any(hits)):
+            return False
+        cut = 0.0
+        for cached in (False, True):
+            part = [i for i, h in enumerate(hits) if bool(h) is cached]
+            if part:
+                part_hits = [hits[i] for i in part] if cached else None
+                cut += self._cost([requests[i] for i in part], part_hits, pool)
+        n = slot_state.prefill_rows(len(requests), self.B)
+        side, RAGGED = prefill_args.sides(requests, None, None, True)[1][0], prefill_args.RAGGED
+        rate, ready = self.stats.prefill_rate(), self._ready(RAGGED)
+        return self.padded.ragged_instead(n, side, cut, rate, ready, self._compile_soon(RAGGED))
+
+    def _cost(self, requests: list[Encoded], hits, pool) -> float:
+        """What the prefills of these requests cost now in positions, as prefill_groups
+        cuts them (prefill_shapes.cost)."""
+        ragged = self._is_ragged(requests, hits)
+        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool, ragged)
+        background, n = self._compile_soon(key_pool) is not None, len(requests)
+        rows = slot_state.prefill_rows(n, self.B)
+        return self.padded.cost(kind, sides, self.B, rate, ready, background, rows)
