@@ -195,10 +195,10 @@ def test_a_long_prompt_that_would_run_padded_is_chunked_at_once(
     PADDED_CHUNKS x its length or more (no compiled shape near it), its chunks run at
     once, in its admission, and its last 10 tokens as a suffix after them; else, or with
     chunking off, it runs in one piece. Its tokens are the cold decode's either way."""
-    from lookahead_jax.engine.device_slots import DeviceSlots
+    from lookahead_jax.engine.prefill_planning import PrefillPlanner
 
-    own = DeviceSlots.run_side
-    monkeypatch.setattr(DeviceSlots, "run_side", lambda *a: 4 * own(*a) if padded else own(*a))
+    own = PrefillPlanner.run_side
+    monkeypatch.setattr(PrefillPlanner, "run_side", lambda *a: 4 * own(*a) if padded else own(*a))
     kw = dict(batch=2, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
     with jax.enable_x64(True):
         cold = next(iter(lj.Engine(model64, **kw).run(LONG[1:2]))).token_ids

@@ -1,9 +1,11 @@
 """A ragged prefill — several prompts packed one after another in one pass
 (decode_state.RaggedPrompts, attention.segment_attention) — against the prefill of the
 same prompts right-padded in rows: the same first tokens and K/V, float64; its attention
-against the masked softmax it stands for; and when the engine runs one (prefill_shapes.
-ragged_runs), compiled once. The engine's exactness with ragged passes (lookahead,
-sampling, grammars, logprobs) is test_engine's and the others' with batches > 1."""
+against the masked softmax it stands for; when the engine runs one (prefill_shapes.
+ragged_runs: at the shape warm-up compiled, nothing compiling) and when rows with cached
+blocks run in one from scratch (prefill_shapes.ragged_instead), with a lone decode's
+tokens. The engine's exactness with ragged passes (lookahead, sampling, grammars,
+logprobs) is test_engine's and the others' with batches > 1."""
 
 from __future__ import annotations
 
@@ -121,56 +123,49 @@ def test_a_ragged_pass_runs_unless_only_it_would_compile_now():
     assert shapes.plan("ragged", 4, 160, 100.0, nothing, False)[1] == "paid"
 
 
-def test_a_burst_after_warm_up_runs_at_once_and_its_pass_compiles_meanwhile(tiny_ckpts):
-    """Right after an online engine's warm-up three prompts arriving together run as
-    one-row prefills at the warmed shape while their ragged pass compiles in the
-    background; three more of those lengths then run as one ragged pass at that very
-    program (its key, prefill_args.prefix_shapes, is the real call's: nothing compiles),
-    with the same tokens."""
-    from lookahead_jax.decoding import programs
-
-    model = lj.load(tiny_ckpts["gqa"][1])
-    engine = lj.Engine(
-        model, batch=4, max_new_tokens=4, lookahead=None, max_prompt_tokens=32, sampled=True
-    )
-    engine.warm_up(lj.Request([1], max_new_tokens=1, logprobs=0))  # (as the server's)
+def test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape(tiny_ckpts):
+    """An online engine's warm-up compiles every row's chat-sized prompt in one ragged
+    pass; three prompts arriving together right after it run as one pass padded to that
+    very program (its key, prefill_args.prefix_shapes, is the real call's: nothing
+    compiles), with the tokens of each decoded alone, float64."""
+    model = lj.load(tiny_ckpts["gqa"][1], dtype="float64")
+    kw = dict(max_new_tokens=4, lookahead=None, max_prompt_tokens=32)
     prompts = [[3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14, 15, 16, 17]]
-    results, shapes, compile_s = {}, [], []
-    listen = lambda u: u.result and results.setdefault(u.result.id, u.result)  # noqa: E731
-    for burst in range(2):
+    results = {}
+    listen = lambda u: u.result and results.setdefault(u.result.id, u.result)
+    with jax.enable_x64(True):
+        alone = [next(iter(lj.Engine(model, batch=1, **kw).run([p]))).token_ids for p in prompts]
+        engine = lj.Engine(model, batch=4, sampled=True, **kw)
+        engine.warm_up(lj.Request([1], max_new_tokens=1, logprobs=0))  # (as the server's)
         for i, ids in enumerate(prompts):
-            engine.submit(lj.Request(ids, id=f"{burst}-{i}"), listen)
+            engine.submit(lj.Request(ids, id=i), listen)
         while engine.round():
             pass
-        for pending in list(programs._PENDING.values()):
-            pending.result()  # (the background compile, finished before the next burst)
-        shapes.append(dict(engine.online_stats.prefill_shapes))
-        compile_s.append(engine.online_stats.compile_s)
-    assert not any(shape.endswith("ragged") for shape in shapes[0]), shapes[0]
-    assert shapes[1].get("4x16 ragged") == 1, shapes[1]
-    assert compile_s[1] == compile_s[0]
-    assert [results[f"1-{i}"].token_ids for i in range(3)] == [
-        results[f"0-{i}"].token_ids for i in range(3)
-    ]
+    assert engine.online_stats.prefill_shapes == {"4x128 ragged": 1}  # (4 x 32 tokens)
+    assert engine.online_stats.compile_s == 0
+    assert [results[i].token_ids for i in range(3)] == alone
 
 
 def test_cached_rows_run_ragged_from_scratch_where_that_costs_less():
     """prefill_shapes.ragged_instead: an admission whose rows have cached blocks runs as
     one ragged pass from scratch when a compiled pass holds it for fewer positions than
-    its cut (`cut_cost`); cheaper only at its own shape, not compiled, what its absence
-    costs adds up until it has paid a compile, which then starts in the background."""
+    its cut costs; cheaper only at its own shape, not compiled, the positions the cut
+    runs beyond it (not the cut's compile prices) add up until they have paid a compile,
+    which then starts in the background."""
     shapes, soon = PaddedShapes(), []
-    nothing = lambda rows, side: False  # noqa: E731
-    compile_soon = lambda rows, side: soon.append((rows, side))  # noqa: E731
+    nothing = lambda rows, side: False
+    compile_soon = lambda rows, side: soon.append((rows, side))
     shapes.compile_s = [1.0]  # a compile: 1 s; 100 positions a second
-    # (ragged side 160: 176 positions with a call's; the cut: 300)
-    assert not shapes.ragged_instead(4, 160, 150.0, 100.0, nothing, compile_soon)  # dearer
-    assert not shapes.ragged_instead(4, 160, 300.0, 100.0, nothing, None)  # (no background)
-    assert not shapes.ragged_instead(4, 160, 300.0, 100.0, nothing, compile_soon)
+    # (ragged side 160: 176 positions with a call's; the cut costs 300 or 1e9, runs 238)
+    assert not shapes.ragged_instead(4, 160, 150.0, 150, 100.0, nothing, compile_soon)
+    assert not shapes.ragged_instead(4, 160, 300.0, 238, 100.0, nothing, None)  # no background
+    assert not shapes.ragged_instead(4, 160, 1e9, 238, 100.0, nothing, compile_soon)
+    assert shapes.spent_s[("ragged", 4, 160)] == pytest.approx(0.62) and not soon
+    assert not shapes.ragged_instead(4, 160, 300.0, 238, 100.0, nothing, compile_soon)
     assert shapes.spent_s[("ragged", 4, 160)] == pytest.approx(1.24) and soon == [(4, 160)]
     shapes.ran("ragged", 4, 256, 0.0)  # a larger pass compiled: 272 positions < 300
-    assert shapes.ragged_instead(4, 160, 300.0, 100.0, nothing, compile_soon)
-    assert not shapes.ragged_instead(4, 160, 250.0, 100.0, nothing, compile_soon)
+    assert shapes.ragged_instead(4, 160, 300.0, 238, 100.0, nothing, compile_soon)
+    assert not shapes.ragged_instead(4, 160, 250.0, 250, 100.0, nothing, compile_soon)
 
 
 def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens(
@@ -178,7 +173,9 @@ def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens
 ):
     """Rows with cached blocks admitted together, run from scratch in one ragged pass
     (the rule forced: its own test above) beside a row without: a cold decode's tokens,
-    float64, and their blocks not counted as hits."""
+    float64, their blocks not counted as hits; the blocks the pass stored serve a later
+    request."""
+    from lookahead_jax.engine.prefix_cache import BLOCK
     from tests.test_prefix_cache import MAX_NEW, PROMPTS
 
     monkeypatch.setattr(PaddedShapes, "ragged_instead", lambda self, *a: True)
@@ -191,6 +188,10 @@ def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens
         hits = engine.stats.prefix_hits
         later = [lj.Request(PROMPTS[i], id=i) for i in (1, 2, 3, 5)]
         hot = {r.id: r.token_ids for r in engine.run(later)}
+        assert any(shape.endswith("ragged") for shape in engine.stats.prefill_shapes)
+        assert engine.stats.prefix_hits == hits, engine.stats.prefill_shapes
+        # alone, from three blocks: two of the first prompt's, one the ragged pass stored
+        again = next(iter(engine.run([lj.Request(PROMPTS[2], id=2)])))
+        assert engine.stats.prefix_hit_tokens == 3 * BLOCK
     assert hot == {i: cold[i] for i in hot}
-    assert any(shape.endswith("ragged") for shape in engine.stats.prefill_shapes)
-    assert engine.stats.prefix_hits == hits, engine.stats.prefill_shapes
+    assert again.token_ids == cold[2]

@@ -4,7 +4,9 @@ when the cache is on, and what it adds.
     admit(placed, active)  prefill requests into their slots, each from its longest run of
                       cached blocks; requests of one admission that share blocks nobody
                       holds wait for the first of them (a second prefill runs only their
-                      own parts); long prompts may be set to prefill in chunks instead
+                      own parts); long prompts may be set to prefill in chunks instead;
+                      an admission whose cached blocks are short may run from scratch,
+                      all of it one ragged pass, where that costs less (_ragged_instead)
     chunk(active, ..) one chunk of the first long prompt waiting whose rest needs one
                       (prefill_chunk.py): its next C positions' K/V into the pool, between
                       decode rounds, so the streams in flight keep their pace; returns
@@ -68,29 +70,15 @@ class CachedPrefill:
             )
             if len(placed) == 1:  # (with others, it prefills in their group: not alone)
                 self._chunk_now_if_padded(active[placed[0][0]])
-            # [(slot, request, hits)] lists, each one prefill: the rows with hits apart
-            # from those without (their suffixes run at the state's prompt side: each row
-            # gathers P / Sb blocks, its own and ignored ones), each kind cut into
-            # prefills by device.prefill_groups; a group with hits may run from scratch
-            # (_from_scratch), and is counted so
-            with_hits: tuple[list, list] = ([], [])
+            with_hits: tuple[list, list] = ([], [])  # [(slot, request, hits)] without, with
             for s, r in placed:
                 hits = cache.hits(r.ids)
                 with_hits[bool(hits)].append((s, r, hits))
             if self._ragged_instead(with_hits, active):  # one pass, their blocks again
-                with_hits = ([*with_hits[0], *with_hits[1]], [])
-            groups = []
-            for cached, rows in enumerate(with_hits):
-                requests = [r for _, r, _ in rows]
-                hits = [h for _, _, h in rows] if cached else None
-                for group in device.prefill_groups(requests, hits, cache.pool):
-                    groups.append(
-                        (
-                            bool(cached) and not self._from_scratch(rows, group, active),
-                            [rows[i] for i in group],
-                        )
-                    )
-            for cached, g in groups:
+                groups = [(False, [*with_hits[0], *with_hits[1]], True)]
+            else:
+                groups = self._groups(with_hits, active)
+            for cached, g, _ in groups:
                 for s, r, hits in g:  # a chunked prompt's own blocks were computed, not found
                     own = active[s].chunked_tokens
                     found = len(hits) * cache.block - own if cached else 0
@@ -99,37 +87,56 @@ class CachedPrefill:
             # another group's prefill reads (device calls run in order)
             fresh = [
                 device.prefill(
-                    [r for _, r, _ in g], [h for _, _, h in g] if cached else None, cache.pool
-                )
-                for cached, g in groups
+                    [r for _, r, _ in g],
+                    [h for _, _, h in g] if cached else None,
+                    cache.pool,
+                    ragged,
+                )  # fmt: skip
+                for cached, g, ragged in groups
             ]
-            for state, (_, g) in zip(fresh, groups, strict=True):
+            for state, (_, g, _) in zip(fresh, groups, strict=True):
                 entries = cache.claim([r.ids for _, r, _ in g])
                 if entries:
                     cache.pool = store_blocks(cache.pool, state, entries)
                 device.insert(state, [s for s, _, _ in g])
             placed = later
 
+    def _groups(self, with_hits: tuple[list, list], active: list) -> list[tuple]:
+        """An admission's rows without and with cached blocks ([(slot, request, hits)]
+        each) as prefills, [(from its cached blocks, rows, None: ragged as the device
+        decides)]: each kind apart (the suffixes run at the state's prompt side: each row
+        gathers P / Sb blocks, its own and ignored ones), cut by the planner; a group
+        with hits may run from scratch (_from_scratch), and is counted so."""
+        groups = []
+        for cached, rows in enumerate(with_hits):
+            requests = [r for _, r, _ in rows]
+            hits = [h for _, _, h in rows] if cached else None
+            for group in self.device.planner.prefill_groups(requests, hits, self.cache.pool):
+                from_blocks = bool(cached) and not self._from_scratch(rows, group, active)
+                groups.append((from_blocks, [rows[i] for i in group], None))
+        return groups
+
     def _ragged_instead(self, with_hits: tuple[list, list], active: list) -> bool:
         """Whether an admission's rows without and with cached blocks ([(slot, request,
-        hits)] each) prefill from scratch in one ragged pass (device_slots.ragged_instead)
-        — not where a chunked prompt is among them (as `_from_scratch`)."""
+        hits)] each) prefill from scratch in one ragged pass
+        (prefill_planning.ragged_instead) — not where a chunked prompt is among them (as
+        `_from_scratch`)."""
         rows = [*with_hits[0], *with_hits[1]]
         if not with_hits[1] or any(active[s].chunked_tokens for s, _, _ in rows):
             return False
         requests, hits = [r for _, r, _ in rows], [h for _, _, h in rows]
-        return self.device.ragged_instead(requests, hits, self.cache.pool)
+        return self.device.planner.ragged_instead(requests, hits, self.cache.pool)
 
     def _from_scratch(self, rows: list, group: list[int], active: list) -> bool:
         """Whether the rows `group` of `rows` [(slot, request, hits)], which have cached
         blocks, prefill from scratch instead, their suffix shape compiling in the
-        background (device_slots.prompt_instead) — not a chunked prompt's: its rest is
+        background (prefill_planning.prompt_instead) — not a chunked prompt's: its rest is
         long, and computing its chunks again is what chunking avoids."""
         g = [rows[i] for i in group]
         if any(active[s].chunked_tokens for s, _, _ in g):
             return False
         requests, hits = [r for _, r, _ in g], [h for _, _, h in g]
-        return self.device.prompt_instead(requests, hits, self.cache.pool)
+        return self.device.planner.prompt_instead(requests, hits, self.cache.pool)
 
     def _to_chunk(self, slot: int, request, admitting: AbstractSet[int], active: list) -> bool:
         """Whether to prefill this request in chunks (and mark it so): its prompt past
@@ -162,7 +169,7 @@ class CachedPrefill:
         if not self._chunkable(ids):
             return
         hits = self.cache.hits(ids)
-        side = self.device.run_side([a.request], [hits] if hits else None, self.cache.pool)
+        side = self.device.planner.run_side([a.request], [hits] if hits else None, self.cache.pool)
         if side >= PADDED_CHUNKS * self._rest(ids):
             while self._one_chunk(a):
                 pass

@@ -33,7 +33,7 @@ from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import describe, inputs, requests, row_buckets
 from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.grammar_bank import GrammarBank
-from lookahead_jax.engine.prefill_shapes import PaddedShapes
+from lookahead_jax.engine.prefill_shapes import RAGGED, PaddedShapes
 from lookahead_jax.engine.prefix_cache import PrefixCache
 from lookahead_jax.engine.requests import Encoded, Listener, Request, Result, Update
 from lookahead_jax.engine.scheduler import Active, Kept, Scheduler
@@ -262,23 +262,24 @@ class Engine:
         """Decode `request` offline, then compile what the first requests use: the decode
         loops of every row bucket (with max_prompt_tokens: the online rounds' shapes;
         with auto its plain rounds' too), one row's prefill of a chat-sized prompt
-        (WARM_SIDE) from scratch and, with the prefix cache, past cached blocks, and
-        every row's short turn (WARM_BURST_SIDE) past them: prefills pad to these rather
-        than compile their own (prefill_shapes.py compiles those in the background once
-        their padding has paid). The stats start afresh after it: call it before
-        serving, as the server does."""
+        (WARM_SIDE) from scratch and, with the prefix cache, past cached blocks, every
+        row's short turn (WARM_BURST_SIDE) past them, and (ragged passes) every row's
+        chat-sized prompt in one pass: prefills pad to these rather than compile their own
+        (prefill_shapes.py compiles those in the background once their padding has paid).
+        The stats start afresh after it: call it before serving, as the server does."""
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass
         self._auto_choice = None if scheduler.auto is None else scheduler.auto.choice
         rows = row_buckets.buckets(self.batch) if scheduler.buckets.mode is not False else []
-        device = scheduler.device
+        device, side = scheduler.device, min(WARM_SIDE, scheduler.device.P)
         names = device.loop_names(scheduler.round_choice is not None)
         pool = None if scheduler.prefix is None else scheduler.prefix.cache.pool
-        side = min(WARM_SIDE, device.P)
         prefills = [(1, side, None)]  # (rows, side, pool): from scratch
         if pool is not None:  # past cached blocks: one row, and a burst of short turns
             prefills += [(1, side, pool), (self.batch, min(WARM_BURST_SIDE, side), pool)]
+        if device.ragged:  # (a pass costs its tokens: a burst of any rows pads to it)
+            prefills.append((self.batch, self.batch * side, RAGGED))
         for rows_, side_, p in prefills:  # in the background, beside the loops
             device.compile_prefill(rows_, side_, p, wait=False)
         device.compile_loops(rows or [self.batch], names)

@@ -4,8 +4,8 @@ three verbs of JetStream's engine interface that change it, each one compiled pr
 
     prefill   `prefill(requests)`: decoding.start on n requests at their longest side
               P' (inputs.prefill_side), [n, P'] (n: slot_state.prefill_rows, padded with
-              rows that are done at once; `prefill_groups` cuts an admission into
-              prefills), or several packed in one ragged pass (prefill_args.ragged):
+              rows that are done at once; `planner` cuts an admission into prefills:
+              prefill_planning.py), or several packed in one ragged pass (prefill_args.ragged):
               their K/V, first tokens and fresh guess sources
     insert    `insert(fresh, slots)`: those n rows written over slots of the R-row state
               in one scatter, every field (a slot's old K/V, tokens, counters and
@@ -48,7 +48,7 @@ from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import sharding
 from lookahead_jax.engine import inputs, prefill_args, round_read, slot_state
 from lookahead_jax.engine.grammar_bank import GrammarBank
-from lookahead_jax.engine.prefill_planning import PrefillPlanning
+from lookahead_jax.engine.prefill_planning import PrefillPlanner
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.engine.round_read import RoundRead
@@ -66,7 +66,7 @@ def recall_program():
     return slot_state.program(guess_memory.recall, None, static_argnames=_STATIC, donate_argnums=0)
 
 
-class DeviceSlots(PrefillPlanning):
+class DeviceSlots:
     """The B slots on the device: their state (R rows), and the programs for its shapes."""
 
     def __init__(
@@ -100,6 +100,10 @@ class DeviceSlots(PrefillPlanning):
         # predicate back every iteration: attention.attention_block_for)
         on_cpu = jax.devices()[0].platform == "cpu"
         self.ragged = seam.has_ragged(model.lm) and model.mesh is None and on_cpu
+        # how an admission is cut into prefills, and of which kind each is
+        self.planner = PrefillPlanner(
+            self.padded, batch, self.ragged, stats, self._ready, self._compile_soon
+        )
         self.to_retire_b = np.zeros((batch,), bool)  # rows to make done before generate [R]
         self._set_shape(P)
 
@@ -250,15 +254,17 @@ class DeviceSlots(PrefillPlanning):
         requests: list[Encoded],
         hits: list[list[int]] | None = None,
         pool: kv_pool.KVPool | None = None,
+        ragged: bool | None = None,
     ) -> DecodeState:
         """One prefill of the requests at their longest side (inputs.prefill_side), padded
         to `prefill_rows` rows (a padding row has max_new_tokens 0: done at once). hits:
         each request's cached leading blocks, pool ids into `pool` (prefix_cache.py): only
         the rest of its prompt runs, at the state's prompt side P. Several without hits
-        run packed in one ragged pass (`ragged`; side: all their tokens). Any may run at a
-        larger shape already compiled, padded (prefill_shapes.py)."""
+        may run packed in one ragged pass (side: all their tokens): where `ragged` says
+        so, or (None) where the planner decides so. Any may run at a larger shape already
+        compiled, padded (prefill_shapes.py)."""
         # the prompts' sides, or the suffixes' past the blocks
-        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool)
+        kind, sides, key_pool, rate, ready = self.planner.planning(requests, hits, pool, ragged)
         n = slot_state.prefill_rows(len(requests), self.B)
         n, side = self.padded.choose(kind, n, max(sides), rate, ready, self._compile_soon(key_pool))
         P = side if kind == "prompt" else self.P

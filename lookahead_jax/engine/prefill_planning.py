@@ -1,23 +1,48 @@
-"""How an admission's prefills are cut and run (DeviceSlots' base class): which requests
-share a prefill (`prefill_groups`), whether several prompts run packed in one ragged pass
-(`_is_ragged`), and when requests with cached blocks prefill from scratch instead — as
-prompts, while their suffix shape compiles in the background (`prompt_instead`), or all
-of an admission in one ragged pass (`ragged_instead`). The rules are prefill_shapes.py's
-(PaddedShapes: `padded`); this class asks them with what the device side knows: which
-programs are compiled (`_ready`), how to compile one in the background (`_compile_soon`),
-this run's prefill rate (`stats`), the batch B and whether the model runs ragged passes
-on this device (`ragged`): DeviceSlots sets all of them.
+"""How an admission's requests are cut into prefills, and of which kind each is (a
+DeviceSlots' `planner`): which requests share a prefill (`prefill_groups`), whether several
+prompts run packed in one ragged pass (`_is_ragged`), and when requests with cached
+blocks prefill from scratch instead — as prompts, while their suffix shape compiles in
+the background (`prompt_instead`), or with the rest of their admission in one ragged
+pass (`ragged_instead`). The rules are prefill_shapes.py's (PaddedShapes); a planner
+asks them with what its device side gives it: which programs are compiled and how one
+compiles in the background (`ready` and `compile_soon`, DeviceSlots' for the state's
+current shapes), this run's prefill rate (`stats`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from lookahead_jax.engine import prefill_args, slot_state
+from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.requests import Encoded
+from lookahead_jax.engine.stats import Stats
 from lookahead_jax.models import kv_pool
 
+# ready(pool) -> ready(rows, side): whether the start program of a prefill of that shape
+# (its kind keyed by prefill_args.program_pool's value) is compiled
+Ready = Callable[[object], Callable[[int, int], bool]]
+# compile_soon(pool) -> compile_soon(rows, side), or None where nothing compiles in the
+# background (a mesh)
+CompileSoon = Callable[[object], Callable[[int, int], None] | None]
 
-class PrefillPlanning:
-    """The admission's prefill plans of a DeviceSlots (module docstring)."""
+
+class PrefillPlanner:
+    """The prefill plans of one DeviceSlots: its `padded` shapes (the engine's), its batch
+    B, whether its model runs ragged passes here (`ragged`), its `stats` (the prefill
+    rate), and its programs' `ready` and `compile_soon` (module docstring)."""
+
+    def __init__(
+        self,
+        padded: PaddedShapes,
+        batch: int,
+        ragged: bool,
+        stats: Stats,
+        ready: Ready,
+        compile_soon: CompileSoon,
+    ):
+        self.padded, self.B, self.ragged, self.stats = padded, batch, ragged, stats
+        self._ready, self._compile_soon = ready, compile_soon
 
     def prefill_groups(
         self,
@@ -29,7 +54,7 @@ class PrefillPlanning:
         of indices into `requests`, each list one `prefill` (hits and pool as there)."""
         if self._is_ragged(requests, hits, compile_if_not=True):  # one pass, all of them
             return [list(range(len(requests)))]
-        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool, False)
+        kind, sides, key_pool, rate, ready = self.planning(requests, hits, pool, False)
         background = self._compile_soon(key_pool) is not None
         return self.padded.groups(kind, sides, self.B, rate, ready, background)
 
@@ -52,11 +77,11 @@ class PrefillPlanning:
 
     def run_side(self, requests: list[Encoded], hits=None, pool=None) -> int:
         """The side a prefill of these requests (as `prefill`'s) runs at now (a plan)."""
-        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool)
+        kind, sides, key_pool, rate, ready = self.planning(requests, hits, pool)
         n, soon = slot_state.prefill_rows(len(requests), self.B), self._compile_soon(key_pool)
         return self.padded.plan(kind, n, max(sides), rate, ready, soon is not None)[0][1]
 
-    def _planning(self, requests: list[Encoded], hits, pool, ragged=None) -> tuple:
+    def planning(self, requests: list[Encoded], hits, pool, ragged=None) -> tuple:
         """(kind, sides, the program's pool, this run's prefill rate, `_ready`): what
         prefill_shapes.py plans a prefill of these requests from (as `prefill`'s); ragged:
         whether they run as a ragged pass, where the caller has decided it (None:
@@ -77,7 +102,7 @@ class PrefillPlanning:
         n = slot_state.prefill_rows(len(requests), self.B)
         _, suffix_sides = prefill_args.sides(requests, hits, pool)
         # (as `prefill` runs them from scratch; prompt sides <= P: _fill grew the state)
-        kind, scratch_sides, _, rate, scratch_ready = self._planning(requests, None, None)
+        kind, scratch_sides, _, rate, scratch_ready = self.planning(requests, None, None)
         shape = self.padded.instead(
             n, max(suffix_sides), (kind, max(scratch_sides)), rate, self._ready(pool),
             scratch_ready,
@@ -92,22 +117,24 @@ class PrefillPlanning:
         beside the others' prompts: where it costs less (prefill_shapes.ragged_instead)."""
         if not (self.ragged and len(requests) >= 2 and any(hits)):
             return False
-        cut = 0.0
+        cut = (0.0, 0)  # (cost, positions run) of the rows with hits and the others apart
         for cached in (False, True):
             part = [i for i, h in enumerate(hits) if bool(h) is cached]
             if part:
                 part_hits = [hits[i] for i in part] if cached else None
-                cut += self._cost([requests[i] for i in part], part_hits, pool)
+                cost = self._cost([requests[i] for i in part], part_hits, pool)
+                cut = (cut[0] + cost[0], cut[1] + cost[1])
         n = slot_state.prefill_rows(len(requests), self.B)
-        side, RAGGED = prefill_args.sides(requests, None, None, True)[1][0], prefill_args.RAGGED
-        rate, ready = self.stats.prefill_rate(), self._ready(RAGGED)
-        return self.padded.ragged_instead(n, side, cut, rate, ready, self._compile_soon(RAGGED))
+        side = prefill_args.sides(requests, None, None, ragged=True)[1][0]
+        rate, ready = self.stats.prefill_rate(), self._ready(prefill_args.RAGGED)
+        soon = self._compile_soon(prefill_args.RAGGED)
+        return self.padded.ragged_instead(n, side, *cut, rate, ready, soon)
 
-    def _cost(self, requests: list[Encoded], hits, pool) -> float:
-        """What the prefills of these requests cost now in positions, as prefill_groups
-        cuts them (prefill_shapes.cost)."""
+    def _cost(self, requests: list[Encoded], hits, pool) -> tuple[float, int]:
+        """What the prefills of these requests cost now in positions, and the positions
+        they run, as prefill_groups cuts them (prefill_shapes.cost)."""
         ragged = self._is_ragged(requests, hits)
-        kind, sides, key_pool, rate, ready = self._planning(requests, hits, pool, ragged)
+        kind, sides, key_pool, rate, ready = self.planning(requests, hits, pool, ragged)
         background, n = self._compile_soon(key_pool) is not None, len(requests)
         rows = slot_state.prefill_rows(n, self.B)
         return self.padded.cost(kind, sides, self.B, rate, ready, background, rows)

@@ -46,8 +46,15 @@ longest first, are cut into runs that cost least as `choose` will run them (posi
 a call's fixed cost, a compile where one is due), and the padding that cut spends beside
 the cut that would run every run at its own shape is what is spent for want of those
 shapes (the only place a prompt's or suffix's padding is counted; a ragged pass's is
-counted where it runs padded, `choose`: its admission is not cut). Whether several
-prompts run as one ragged pass or as padded groups: `ragged_runs`.
+counted where it runs padded, `choose`: its admission is not cut, and where its cached
+rows' suffixes run instead, `ragged_instead`). Whether several prompts run as one
+ragged pass or as padded groups: `ragged_runs`.
+
+An admission whose rows have cached blocks may run from scratch as one ragged pass
+instead (`ragged_instead`), their blocks computed again, where that costs fewer
+positions than their suffixes' padded prefills: a chat template's system prompt is one
+cached block, so every chat after a server's first is a suffix, and sixteen MT-bench
+chats ran as [16, 128], 2,048 positions for 1,202 prompt tokens (a 2-core Intel Xeon).
 """
 
 from __future__ import annotations
@@ -246,19 +253,21 @@ class PaddedShapes:
         n: int,
         side: int,
         cut_cost: float,
+        cut_positions: int,
         positions_per_s: float,
         ready: Callable[[int, int], bool],
         compile_soon: Callable[[int, int], None] | None,
     ) -> bool:
         """Whether an admission's prompts, some with cached blocks, run from scratch in one
         ragged pass of (n rows, `side` tokens), their blocks computed again, rather than
-        as they are cut (`cut_cost`: what those prefills cost, `cost`): where the pass
-        runs at a shape compiled and costs less. Where only its own shape would cost less,
-        what its absence costs is spent for want of it, and once that has paid a compile
-        it compiles in the background (compile_soon; none: it never runs). A chat
-        template's system prompt is one cached block: sixteen MT-bench chats ran as
-        suffixes padded to [16, 128] (2,048 positions for 1,202 prompt tokens, 3.6 s; a
-        2-core Intel Xeon)."""
+        as they are cut (`cost`: what those prefills cost, `cut_cost`, and the positions
+        they run, `cut_positions`): where the pass runs at a shape compiled and costs less.
+        Where only its own shape would cost less, the positions the cut runs beyond it are
+        spent for want of it (not the cut's compile prices: before a compile was measured
+        those are placeholders), and once that has paid a compile it compiles in the
+        background (compile_soon; none: it never runs). The cut's own padding is spent for
+        want of its shapes too (`groups`), so one admission's waste may pay towards both:
+        whichever pays first compiles, and the other may later."""
         rate = positions_per_s
         own = self.positions(RAGGED, n, side) + CALL_POSITIONS
         if compile_soon is None or own >= cut_cost:
@@ -266,9 +275,9 @@ class PaddedShapes:
         shape, how = self.plan(RAGGED, n, side, rate, ready, True)
         if how in RUNS_COMPILED and self.positions(RAGGED, *shape) + CALL_POSITIONS < cut_cost:
             return True  # (`choose` counts its padding, and compiles its own once paid)
-        if rate > 0:
+        if rate > 0 and cut_positions > own:
             key = (RAGGED, n, side)
-            self.spent_s[key] = self.spent_s.get(key, 0.0) + (cut_cost - own) / rate
+            self.spent_s[key] = self.spent_s.get(key, 0.0) + (cut_positions - own) / rate
             if self._paid(key, rate):
                 compile_soon(n, side)
         return False
@@ -282,21 +291,19 @@ class PaddedShapes:
         ready: Callable[[int, int], bool],
         background: bool,
         rows: int | None = None,
-    ) -> float:
+    ) -> tuple[float, int]:
         """What prefills of these sides cost in positions (a call's own, a compile due in
-        the foreground: `_cost`), cut as `groups` cuts them (charging nothing); of a
-        ragged pass (sides: its one side) with `rows` rows."""
+        the foreground: `_cost`), and the positions they run (a call's own included), cut
+        as `groups` cuts them (charging nothing); of a ragged pass (sides: its one side)
+        with `rows` rows."""
         rate = positions_per_s
         if kind == RAGGED:
-            return self._cost(kind, rows, sides[0], False, ready, rate, background)[0]
-        runs = self.groups(kind, sides, batch, rate, ready, background, charge=False)
-        return sum(
-            self._cost(
-                kind, prefill_rows(len(run), batch), max(sides[i] for i in run), False,
-                ready, rate, background,
-            )[0]
-            for run in runs
-        )  # fmt: skip
+            runs = [(rows, sides[0])]
+        else:
+            cut = self.groups(kind, sides, batch, rate, ready, background, charge=False)
+            runs = [(prefill_rows(len(run), batch), max(sides[i] for i in run)) for run in cut]
+        costs = [self._cost(kind, n, side, False, ready, rate, background) for n, side in runs]
+        return sum(c[0] for c in costs), sum(c[1] for c in costs)
 
     def groups(
         self,

@@ -246,7 +246,7 @@ class Scheduler:
 
     def _fill(self) -> list[Active]:
         """Prefill the queue's next requests into the free slots: a prefill and an insert
-        per group of them (device_slots.prefill_groups)."""
+        per group of them (prefill_planning.prefill_groups)."""
         device = self.device
         free = [s for s in range(self.B) if self.active[s] is None]
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
@@ -277,7 +277,7 @@ class Scheduler:
             self.prefix.admit(placed, self.active)
             return [a for a in admitted if not a.chunking] + [a for _, a in ready]
         # taken[i] goes to free[i]; a group of all B rows into no state is the state
-        for group in device.prefill_groups(taken):
+        for group in device.planner.prefill_groups(taken):
             fresh = device.prefill([taken[i] for i in group])
             device.insert(fresh, [free[i] for i in group])
         return admitted
