@@ -128,12 +128,12 @@ def test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape(tiny_
     pass; three prompts arriving together right after it run as one pass padded to that
     very program (its key, prefill_args.prefix_shapes, is the real call's: nothing
     compiles), with the tokens of each decoded alone, float64."""
-    model = lj.load(tiny_ckpts["gqa"][1], dtype="float64")
     kw = dict(max_new_tokens=4, lookahead=None, max_prompt_tokens=32)
     prompts = [[3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14, 15, 16, 17]]
     results = {}
     listen = lambda u: u.result and results.setdefault(u.result.id, u.result)
     with jax.enable_x64(True):
+        model = lj.load(tiny_ckpts["gqa"][1], dtype="float64")
         alone = [next(iter(lj.Engine(model, batch=1, **kw).run([p]))).token_ids for p in prompts]
         engine = lj.Engine(model, batch=4, sampled=True, **kw)
         engine.warm_up(lj.Request([1], max_new_tokens=1, logprobs=0))  # (as the server's)
