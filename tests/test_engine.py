@@ -23,7 +23,7 @@ import pytest
 import lookahead_jax as lj
 from lookahead_jax.decoding import autotune
 from lookahead_jax.engine.inputs import bucket
-from lookahead_jax.engine.prefill_shapes import PaddedShapes
+from lookahead_jax.engine.prefill_planning import PrefillPlanner
 from lookahead_jax.engine.round_choice import RoundChoice
 from tests import tiny
 from tests.helpers import accepted_guesses, random_prompts, with_eos
@@ -321,11 +321,11 @@ def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64,
 
     real, failed = DeviceSlots.prefill, []
 
-    def prefill_failing_once(self, requests):
+    def prefill_failing_once(self, requests, *args, **kwargs):
         if not failed:
             failed.append(True)
             raise RuntimeError("device lost")
-        return real(self, requests)
+        return real(self, requests, *args, **kwargs)
 
     monkeypatch.setattr(DeviceSlots, "prefill", prefill_failing_once)
     ends: dict = {}
@@ -379,7 +379,7 @@ def test_after_warm_up_the_first_requests_compile_nothing(model64, monkeypatch):
     chats behind one system prompt ran as one-row prefills)."""
     longest = max(PROMPTS, key=len)
     # (the burst could run as one ragged pass, where an earlier test compiled one)
-    monkeypatch.setattr(PaddedShapes, "ragged_instead", lambda *args, **kwargs: False)
+    monkeypatch.setattr(PrefillPlanner, "ragged_instead", lambda *args, **kwargs: False)
     with jax.enable_x64(True):  # (the shapes of the tests above, with the prefix cache)
         engine = lj.Engine(
             model64, batch=3, max_new_tokens=MAX_NEW, lookahead=None, max_prompt_tokens=LONGEST,

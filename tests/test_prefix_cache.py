@@ -14,6 +14,7 @@ import pytest
 
 import lookahead_jax as lj
 from lookahead_jax.engine import cached_prefill, inputs
+from lookahead_jax.engine.prefill_planning import PrefillPlanner
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import BLOCK, PrefixCache, block_keys
 from tests.helpers import random_prompts
@@ -36,7 +37,7 @@ def hits_as_hits(monkeypatch):
     """An admission's rows with cached blocks never run from scratch as one ragged pass
     instead (whether they would depends on which ragged programs earlier tests left
     compiled; that rule's own tests: test_ragged_prefill.py)."""
-    monkeypatch.setattr(PaddedShapes, "ragged_instead", lambda *args, **kwargs: False)
+    monkeypatch.setattr(PrefillPlanner, "ragged_instead", lambda *args, **kwargs: False)
 
 
 def never_from_scratch(*args, **kwargs):
@@ -195,8 +196,6 @@ def test_a_long_prompt_that_would_run_padded_is_chunked_at_once(
     PADDED_CHUNKS x its length or more (no compiled shape near it), its chunks run at
     once, in its admission, and its last 10 tokens as a suffix after them; else, or with
     chunking off, it runs in one piece. Its tokens are the cold decode's either way."""
-    from lookahead_jax.engine.prefill_planning import PrefillPlanner
-
     own = PrefillPlanner.run_side
     monkeypatch.setattr(PrefillPlanner, "run_side", lambda *a: 4 * own(*a) if padded else own(*a))
     kw = dict(batch=2, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)

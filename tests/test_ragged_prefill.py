@@ -2,10 +2,10 @@
 (decode_state.RaggedPrompts, attention.segment_attention) — against the prefill of the
 same prompts right-padded in rows: the same first tokens and K/V, float64; its attention
 against the masked softmax it stands for; when the engine runs one (prefill_shapes.
-ragged_runs: at the shape warm-up compiled, nothing compiling) and when rows with cached
-blocks run in one from scratch (prefill_shapes.ragged_instead), with a lone decode's
-tokens. The engine's exactness with ragged passes (lookahead, sampling, grammars,
-logprobs) is test_engine's and the others' with batches > 1."""
+ragged_pays: at the shape warm-up compiled, nothing compiling; rows with cached blocks
+in one from scratch), with a lone decode's tokens. The engine's exactness with ragged
+passes (lookahead, sampling, grammars, logprobs) is test_engine's and the others' with
+batches > 1."""
 
 from __future__ import annotations
 
@@ -103,33 +103,42 @@ def test_a_ragged_prefill_fills_what_the_padded_one_does(windows):
             np.testing.assert_allclose(a[i, :, : len(ids)], b[i, :, : len(ids)], atol=1e-12)
 
 
-def test_a_ragged_pass_runs_unless_only_it_would_compile_now():
-    """prefill_shapes.ragged_runs: packed when its shape is compiled (or a larger one is,
-    to pad to), or when the padded groups would compile too; not when only it would (a
-    burst right after warm-up, whose one-row prefills run at the warmed shape). Its
-    padding to a larger compiled pass counts towards its own shape."""
-    shapes = PaddedShapes()
-    warmed = lambda rows, side: (rows, side) == (1, 64)  # noqa: E731
-    nothing = lambda rows, side: False  # noqa: E731
-    sides = [32, 64, 48]
-    assert shapes.ragged_runs(4, 160, sides, 4, 0.0, nothing, nothing, None)  # both compile
-    assert not shapes.ragged_runs(4, 160, sides, 4, 0.0, nothing, warmed, None)
-    shapes.ran("ragged", 4, 256, 0.0)  # a larger pass compiled: padded to it
-    assert shapes.ragged_runs(4, 160, sides, 4, 0.0, nothing, warmed, None)
-    shapes.compile_s = [1.0]  # a compile: 1 s; padding 96 positions at 100 a second
-    assert shapes.choose("ragged", 4, 160, 100.0) == (4, 256)
-    assert shapes.spent_s[("ragged", 4, 160)] == pytest.approx(0.96)
-    shapes.choose("ragged", 4, 160, 100.0)  # 1.92 s spent: paid, compiled now
-    assert shapes.plan("ragged", 4, 160, 100.0, nothing, False)[1] == "paid"
+def test_a_ragged_pass_runs_where_it_costs_less_than_the_cut():
+    """prefill_shapes.ragged_pays: prompts run as one ragged pass where it costs less
+    than their cut, priced alike (positions, a call's, a compile in the foreground): a
+    pass that compiles beats a cut that compiles and runs more; a compiled cut beats it;
+    a warmed pass that holds it beats a cut that would compile, not a compiled cut of two
+    short prompts. Where only its own shape would cost less, the positions it would have
+    saved (charged once an admission) pay for its compile, in the background."""
+    shapes, soon = PaddedShapes(), []
+    nothing = lambda rows, side: False
+    compile_soon = lambda rows, side: soon.append((rows, side))
+    shapes.compile_s = [10.0]  # a compile: 10 s, 1,000 positions at 100 a second
+    pays = lambda n, side, cut, charge=False: shapes.ragged_pays(
+        n, side, cut, 100.0, nothing, compile_soon, charge
+    )
+    assert pays(4, 160, (1300.0, 300))  # 176 + a compile against 300 + one
+    assert not pays(4, 160, (200.0, 200), charge=True)  # a compiled cut
+    assert shapes.spent_s[("ragged", 4, 160)] == pytest.approx(0.24) and not soon
+    shapes.ran("ragged", 16, 2048, 0.0)  # the warmed pass: any rows, up to 2,048 tokens
+    assert pays(16, 1536, (3064.0, 2064))  # 2,064 against [16, 128] and its compile
+    assert not pays(2, 96, (144.0, 144))  # against a compiled [2, 64]: nothing charged
+    assert ("ragged", 2, 96) not in shapes.spent_s
+    shapes.compile_s = [1.0]
+    for _ in range(4):  # 32 positions an admission: 0.32 s, until a compile's 1 s
+        assert not pays(2, 96, (144.0, 144), charge=True)
+    assert soon == [(2, 96)]
 
 
 def test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape(tiny_ckpts):
     """An online engine's warm-up compiles every row's chat-sized prompt in one ragged
-    pass; three prompts arriving together right after it run as one pass padded to that
-    very program (its key, prefill_args.prefix_shapes, is the real call's: nothing
-    compiles), with the tokens of each decoded alone, float64."""
+    pass; four prompts arriving together right after it, whose one-row prefills at the
+    warmed side would run more positions, run as one pass at that very program (its key,
+    prefill_args.prefix_shapes, is the real call's: nothing compiles), with the tokens of
+    each decoded alone, float64."""
     kw = dict(max_new_tokens=4, lookahead=None, max_prompt_tokens=32)
-    prompts = [[3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14, 15, 16, 17]]
+    # 114 tokens: a pass of 128 (144 positions with a call's), four [1, 32] run 192
+    prompts = [list(range(3, 3 + n)) for n in (30, 28, 31, 25)]
     results = {}
     listen = lambda u: u.result and results.setdefault(u.result.id, u.result)
     with jax.enable_x64(True):
@@ -143,29 +152,7 @@ def test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape(tiny_
             pass
     assert engine.online_stats.prefill_shapes == {"4x128 ragged": 1}  # (4 x 32 tokens)
     assert engine.online_stats.compile_s == 0
-    assert [results[i].token_ids for i in range(3)] == alone
-
-
-def test_cached_rows_run_ragged_from_scratch_where_that_costs_less():
-    """prefill_shapes.ragged_instead: an admission whose rows have cached blocks runs as
-    one ragged pass from scratch when a compiled pass holds it for fewer positions than
-    its cut costs; cheaper only at its own shape, not compiled, the positions the cut
-    runs beyond it (not the cut's compile prices) add up until they have paid a compile,
-    which then starts in the background."""
-    shapes, soon = PaddedShapes(), []
-    nothing = lambda rows, side: False
-    compile_soon = lambda rows, side: soon.append((rows, side))
-    shapes.compile_s = [1.0]  # a compile: 1 s; 100 positions a second
-    # (ragged side 160: 176 positions with a call's; the cut costs 300 or 1e9, runs 238)
-    assert not shapes.ragged_instead(4, 160, 150.0, 150, 100.0, nothing, compile_soon)
-    assert not shapes.ragged_instead(4, 160, 300.0, 238, 100.0, nothing, None)  # no background
-    assert not shapes.ragged_instead(4, 160, 1e9, 238, 100.0, nothing, compile_soon)
-    assert shapes.spent_s[("ragged", 4, 160)] == pytest.approx(0.62) and not soon
-    assert not shapes.ragged_instead(4, 160, 300.0, 238, 100.0, nothing, compile_soon)
-    assert shapes.spent_s[("ragged", 4, 160)] == pytest.approx(1.24) and soon == [(4, 160)]
-    shapes.ran("ragged", 4, 256, 0.0)  # a larger pass compiled: 272 positions < 300
-    assert shapes.ragged_instead(4, 160, 300.0, 238, 100.0, nothing, compile_soon)
-    assert not shapes.ragged_instead(4, 160, 250.0, 250, 100.0, nothing, compile_soon)
+    assert [results[i].token_ids for i in range(4)] == alone
 
 
 def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens(
@@ -178,7 +165,8 @@ def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens
     from lookahead_jax.engine.prefix_cache import BLOCK
     from tests.test_prefix_cache import MAX_NEW, PROMPTS
 
-    monkeypatch.setattr(PaddedShapes, "ragged_instead", lambda self, *a: True)
+    # (an admission of several rows runs as one pass: a lone one as a suffix)
+    monkeypatch.setattr(PaddedShapes, "ragged_pays", lambda self, n, *a, **k: n > 1)
     kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=None)
     with jax.enable_x64(True):
         model = lj.load(tiny_ckpts["gqa"][1], dtype="float64")

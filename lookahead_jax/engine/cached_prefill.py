@@ -103,17 +103,20 @@ class CachedPrefill:
 
     def _groups(self, with_hits: tuple[list, list], active: list) -> list[tuple]:
         """An admission's rows without and with cached blocks ([(slot, request, hits)]
-        each) as prefills, [(from its cached blocks, rows, None: ragged as the device
-        decides)]: each kind apart (the suffixes run at the state's prompt side: each row
-        gathers P / Sb blocks, its own and ignored ones), cut by the planner; a group
-        with hits may run from scratch (_from_scratch), and is counted so."""
+        each) as prefills, [(from its cached blocks, rows, whether a ragged pass)]: each
+        kind apart (the suffixes run at the state's prompt side: each row gathers P / Sb
+        blocks, its own and ignored ones), cut by the planner; a group with hits may run
+        from scratch (_from_scratch), and is counted so."""
         groups = []
         for cached, rows in enumerate(with_hits):
             requests = [r for _, r, _ in rows]
             hits = [h for _, _, h in rows] if cached else None
-            for group in self.device.planner.prefill_groups(requests, hits, self.cache.pool):
+            cut = self.device.planner.prefill_groups(requests, hits, self.cache.pool)
+            for group, ragged in cut:
                 from_blocks = bool(cached) and not self._from_scratch(rows, group, active)
-                groups.append((from_blocks, [rows[i] for i in group], None))
+                # (a group with hits run from scratch: ragged as the device decides then)
+                ragged = None if cached and not from_blocks else ragged
+                groups.append((from_blocks, [rows[i] for i in group], ragged))
         return groups
 
     def _ragged_instead(self, with_hits: tuple[list, list], active: list) -> bool:

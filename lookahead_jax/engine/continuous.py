@@ -241,8 +241,8 @@ class Engine:
             max(self.max_new_tokens, *(r.max_new_tokens for r in encoded))
         )
         sampled = self.sampled
-        if sampled is None:
-            sampled = any(not r.sampling.greedy for r in encoded)
+        if sampled is None:  # (warm_up: as online, where any request may sample)
+            sampled = per_round or any(not r.sampling.greedy for r in encoded)
         asked = any(r.logprobs is not None or r.prompt_logprobs is not None for r in encoded)
         logprobs = self.max_logprobs if asked else None  # the online programs' when asked
         if fixed_P is None:  # shortest bucket first: the cache grows once per bucket at most

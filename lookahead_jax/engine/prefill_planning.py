@@ -49,31 +49,25 @@ class PrefillPlanner:
         requests: list[Encoded],
         hits: list[list[int]] | None = None,
         pool: kv_pool.KVPool | None = None,
-    ) -> list[list[int]]:
-        """The requests of one admission cut into prefills (prefill_shapes.groups): lists
-        of indices into `requests`, each list one `prefill` (hits and pool as there)."""
-        if self._is_ragged(requests, hits, compile_if_not=True):  # one pass, all of them
-            return [list(range(len(requests)))]
+    ) -> list[tuple[list[int], bool]]:
+        """The requests of one admission cut into prefills (prefill_shapes.groups), each
+        (indices into `requests`, whether it is one ragged pass of them all): each one
+        `prefill` (hits and pool as there; its `ragged` this decision). The padding an
+        admission's cut spends is spent for want of better shapes here, once."""
+        if self._is_ragged(requests, hits, charge=True):  # one pass, all of them
+            return [(list(range(len(requests))), True)]
         kind, sides, key_pool, rate, ready = self.planning(requests, hits, pool, False)
         background = self._compile_soon(key_pool) is not None
-        return self.padded.groups(kind, sides, self.B, rate, ready, background)
+        cut = self.padded.groups(kind, sides, self.B, rate, ready, background)
+        return [(group, False) for group in cut]
 
-    def _is_ragged(self, requests: list[Encoded], hits, compile_if_not=False) -> bool:
+    def _is_ragged(self, requests: list[Encoded], hits, charge: bool = False) -> bool:
         """Whether these requests prefill packed in one ragged pass: several prompts from
-        scratch (one runs its own side either way, at the prompt shapes warm-up made), as
-        prefill_shapes.ragged_runs decides; compile_if_not: where not, the pass's shape
-        compiles in the background, for later admissions."""
+        scratch, where that costs less than their padded cut (prefill_shapes.ragged_pays;
+        charge: the positions its shape would have saved are spent for want of it)."""
         if not (self.ragged and hits is None and len(requests) >= 2):
             return False
-        n = slot_state.prefill_rows(len(requests), self.B)
-        side = prefill_args.sides(requests, None, None, ragged=True)[1][0]
-        prompt_sides = prefill_args.sides(requests, None, None)[1]
-        soon, rate = self._compile_soon(prefill_args.RAGGED), self.stats.prefill_rate()
-        ready = (self._ready(prefill_args.RAGGED), self._ready(None))
-        runs = self.padded.ragged_runs(n, side, prompt_sides, self.B, rate, *ready, soon)
-        if not runs and compile_if_not and soon is not None:
-            soon(n, side)
-        return runs
+        return self._ragged_pays(requests, self._cut(requests, None, None), charge)
 
     def run_side(self, requests: list[Encoded], hits=None, pool=None) -> int:
         """The side a prefill of these requests (as `prefill`'s) runs at now (a plan)."""
@@ -114,27 +108,33 @@ class PrefillPlanner:
     def ragged_instead(self, requests: list[Encoded], hits: list[list[int]], pool) -> bool:
         """Whether an admission's requests, some with cached blocks (hits; [] where none),
         prefill from scratch in one ragged pass (hits ignored) rather than as suffixes
-        beside the others' prompts: where it costs less (prefill_shapes.ragged_instead)."""
-        if not (self.ragged and len(requests) >= 2 and any(hits)):
+        beside the others' prompts, each cut as prefill_groups cuts them (the others'
+        costed as padded prompts): where it costs less (prefill_shapes.ragged_pays; a lone
+        suffix too, where its own shape would compile: a pass of the warmed shape held
+        it). Called once an admission: the positions it would save are spent for want of
+        its shape."""
+        if not (self.ragged and any(hits)):
             return False
         cut = (0.0, 0)  # (cost, positions run) of the rows with hits and the others apart
         for cached in (False, True):
             part = [i for i, h in enumerate(hits) if bool(h) is cached]
             if part:
                 part_hits = [hits[i] for i in part] if cached else None
-                cost = self._cost([requests[i] for i in part], part_hits, pool)
+                cost = self._cut([requests[i] for i in part], part_hits, pool)
                 cut = (cut[0] + cost[0], cut[1] + cost[1])
+        return self._ragged_pays(requests, cut, charge=True)
+
+    def _ragged_pays(self, requests: list[Encoded], cut: tuple[float, int], charge: bool) -> bool:
+        """prefill_shapes.ragged_pays for these requests in one ragged pass against `cut`."""
         n = slot_state.prefill_rows(len(requests), self.B)
         side = prefill_args.sides(requests, None, None, ragged=True)[1][0]
         rate, ready = self.stats.prefill_rate(), self._ready(prefill_args.RAGGED)
         soon = self._compile_soon(prefill_args.RAGGED)
-        return self.padded.ragged_instead(n, side, *cut, rate, ready, soon)
+        return self.padded.ragged_pays(n, side, cut, rate, ready, soon, charge)
 
-    def _cost(self, requests: list[Encoded], hits, pool) -> tuple[float, int]:
-        """What the prefills of these requests cost now in positions, and the positions
+    def _cut(self, requests: list[Encoded], hits, pool) -> tuple[float, int]:
+        """What padded prefills of these requests cost now in positions, and the positions
         they run, as prefill_groups cuts them (prefill_shapes.cost)."""
-        ragged = self._is_ragged(requests, hits)
-        kind, sides, key_pool, rate, ready = self.planning(requests, hits, pool, ragged)
-        background, n = self._compile_soon(key_pool) is not None, len(requests)
-        rows = slot_state.prefill_rows(n, self.B)
-        return self.padded.cost(kind, sides, self.B, rate, ready, background, rows)
+        kind, sides, key_pool, rate, ready = self.planning(requests, hits, pool, False)
+        background = self._compile_soon(key_pool) is not None
+        return self.padded.cost(kind, sides, self.B, rate, ready, background)

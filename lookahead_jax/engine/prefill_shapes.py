@@ -46,15 +46,17 @@ longest first, are cut into runs that cost least as `choose` will run them (posi
 a call's fixed cost, a compile where one is due), and the padding that cut spends beside
 the cut that would run every run at its own shape is what is spent for want of those
 shapes (the only place a prompt's or suffix's padding is counted; a ragged pass's is
-counted where it runs padded, `choose`: its admission is not cut, and where its cached
-rows' suffixes run instead, `ragged_instead`). Whether several prompts run as one
-ragged pass or as padded groups: `ragged_runs`.
+counted where it runs padded, `choose`: its admission is not cut, and where it would
+have run fewer positions than the cut that ran instead, `ragged_pays`).
 
-An admission whose rows have cached blocks may run from scratch as one ragged pass
-instead (`ragged_instead`), their blocks computed again, where that costs fewer
-positions than their suffixes' padded prefills: a chat template's system prompt is one
-cached block, so every chat after a server's first is a suffix, and sixteen MT-bench
-chats ran as [16, 128], 2,048 positions for 1,202 prompt tokens (a 2-core Intel Xeon).
+Whether an admission runs as one ragged pass or cut (`ragged_pays`): where the pass
+costs less, priced as the cut is (positions, a call's cost, a compile in the
+foreground). Several prompts from scratch; or rows with cached blocks, from scratch, their
+blocks computed again, against their suffixes' prefills: a chat template's system prompt
+is one cached block, so every chat after a server's first is a suffix, and sixteen
+MT-bench chats ran as [16, 128], 2,048 positions for 1,202 prompt tokens (a 2-core Intel
+Xeon). A pass costs only its tokens, so a server's warm-up compiles one of every row's
+chat-sized prompt (continuous.py), and any burst pads to it rather than compile.
 """
 
 from __future__ import annotations
@@ -218,66 +220,41 @@ class PaddedShapes:
         larger = [x for x in larger if x[1] >= n and x[2] >= side]
         return min(larger)[1:] if larger else None
 
-    def ragged_runs(
+    def ragged_pays(
         self,
         n: int,
         side: int,
-        prompt_sides: list[int],
-        batch: int,
+        cut: tuple[float, int],
         positions_per_s: float,
         ready: Callable[[int, int], bool],
-        ready_prompt: Callable[[int, int], bool],
         compile_soon: Callable[[int, int], None] | None,
+        charge: bool = False,
     ) -> bool:
-        """Whether prompts from scratch (of prompt_sides) run packed in one ragged pass of
-        `side` tokens and n rows rather than cut into padded prefills (`groups`): unless
-        the ragged shape would compile now, in the foreground, where the padded ones would
-        not (the caller then compiles it in the background for later admissions: a burst
-        of sixteen short prompts right after a server's warm-up runs as one-row prefills
-        at the warmed shape, not behind seconds of compiling)."""
-        rate, background = positions_per_s, compile_soon is not None
-        if self.plan(RAGGED, n, side, rate, ready, background)[1] in RUNS_COMPILED:
-            return True
-        runs = self.groups("prompt", prompt_sides, batch, rate, ready_prompt, background, False)
-        for run in runs:
-            rows, longest = prefill_rows(len(run), batch), max(prompt_sides[i] for i in run)
-            if (
-                self.plan("prompt", rows, longest, rate, ready_prompt, background)[1]
-                in COMPILES_NOW
-            ):
-                return True  # (a compile either way: the ragged pass's one)
-        return False
+        """Whether prompts run packed in one ragged pass of (n rows, `side` tokens) rather
+        than as they are cut otherwise, `cut` = (what those prefills cost, the positions
+        they run: `cost`): where the pass costs no more as `choose` would run it (its own
+        shape compiled, a larger one padded, a compile priced as `_cost` prices one; a
+        tie goes to the pass, whose rows are never padded). Where it costs more but its
+        own shape would run fewer positions than
+        the cut, those positions are spent for want of it (with `charge`: once an
+        admission), and once that has paid a compile it compiles in the background
+        (compile_soon; none: only a compiled pass runs). Not the cut's compile prices:
+        before a compile was measured those are a placeholder. The cut's own padding is
+        spent for want of its shapes too (`groups`): whichever pays first compiles.
 
-    def ragged_instead(
-        self,
-        n: int,
-        side: int,
-        cut_cost: float,
-        cut_positions: int,
-        positions_per_s: float,
-        ready: Callable[[int, int], bool],
-        compile_soon: Callable[[int, int], None] | None,
-    ) -> bool:
-        """Whether an admission's prompts, some with cached blocks, run from scratch in one
-        ragged pass of (n rows, `side` tokens), their blocks computed again, rather than
-        as they are cut (`cost`: what those prefills cost, `cut_cost`, and the positions
-        they run, `cut_positions`): where the pass runs at a shape compiled and costs less.
-        Where only its own shape would cost less, the positions the cut runs beyond it are
-        spent for want of it (not the cut's compile prices: before a compile was measured
-        those are placeholders), and once that has paid a compile it compiles in the
-        background (compile_soon; none: it never runs). The cut's own padding is spent for
-        want of its shapes too (`groups`), so one admission's waste may pay towards both:
-        whichever pays first compiles, and the other may later."""
-        rate = positions_per_s
+        Worked example (100 positions a second, a compile 1 s; the warmed pass (16, 2048)):
+        sixteen chats of 1,300 tokens whose cut would compile [16, 128] (2,064 positions
+        and a compile: 2,164) run in the warmed pass (2,064); two short prompts whose
+        compiled [2, 64] runs 144 positions do not, and the 144 - 112 = 32 positions a
+        pass (2, 96) would have run fewer go towards compiling it."""
+        rate, background = positions_per_s, compile_soon is not None
+        cost = self._cost(RAGGED, n, side, False, ready, rate, background)[0]
+        if cost <= cut[0]:
+            return True
         own = self.positions(RAGGED, n, side) + CALL_POSITIONS
-        if compile_soon is None or own >= cut_cost:
-            return False
-        shape, how = self.plan(RAGGED, n, side, rate, ready, True)
-        if how in RUNS_COMPILED and self.positions(RAGGED, *shape) + CALL_POSITIONS < cut_cost:
-            return True  # (`choose` counts its padding, and compiles its own once paid)
-        if rate > 0 and cut_positions > own:
+        if charge and background and rate > 0 and cut[1] > own:
             key = (RAGGED, n, side)
-            self.spent_s[key] = self.spent_s.get(key, 0.0) + (cut_positions - own) / rate
+            self.spent_s[key] = self.spent_s.get(key, 0.0) + (cut[1] - own) / rate
             if self._paid(key, rate):
                 compile_soon(n, side)
         return False
@@ -290,18 +267,13 @@ class PaddedShapes:
         positions_per_s: float,
         ready: Callable[[int, int], bool],
         background: bool,
-        rows: int | None = None,
     ) -> tuple[float, int]:
         """What prefills of these sides cost in positions (a call's own, a compile due in
         the foreground: `_cost`), and the positions they run (a call's own included), cut
-        as `groups` cuts them (charging nothing); of a ragged pass (sides: its one side)
-        with `rows` rows."""
+        as `groups` cuts them (charging nothing)."""
         rate = positions_per_s
-        if kind == RAGGED:
-            runs = [(rows, sides[0])]
-        else:
-            cut = self.groups(kind, sides, batch, rate, ready, background, charge=False)
-            runs = [(prefill_rows(len(run), batch), max(sides[i] for i in run)) for run in cut]
+        cut = self.groups(kind, sides, batch, rate, ready, background, charge=False)
+        runs = [(prefill_rows(len(run), batch), max(sides[i] for i in run)) for run in cut]
         costs = [self._cost(kind, n, side, False, ready, rate, background) for n, side in runs]
         return sum(c[0] for c in costs), sum(c[1] for c in costs)
 

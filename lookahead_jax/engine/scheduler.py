@@ -277,8 +277,8 @@ class Scheduler:
             self.prefix.admit(placed, self.active)
             return [a for a in admitted if not a.chunking] + [a for _, a in ready]
         # taken[i] goes to free[i]; a group of all B rows into no state is the state
-        for group in device.planner.prefill_groups(taken):
-            fresh = device.prefill([taken[i] for i in group])
+        for group, ragged in device.planner.prefill_groups(taken):
+            fresh = device.prefill([taken[i] for i in group], ragged=ragged)
             device.insert(fresh, [free[i] for i in group])
         return admitted
 
