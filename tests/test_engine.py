@@ -378,7 +378,8 @@ def test_after_warm_up_the_first_requests_compile_nothing(model64, monkeypatch):
     a server's first chats), and every row's short turn past cached blocks (a burst of
     chats behind one system prompt ran as one-row prefills)."""
     longest = max(PROMPTS, key=len)
-    # (the burst could run as one ragged pass, where an earlier test compiled one)
+    # (the burst could run from scratch as warm-up's ragged pass: that rule's tests are
+    # test_ragged_prefill.py's; this one is of the shapes past cached blocks)
     monkeypatch.setattr(PrefillPlanner, "ragged_instead", lambda *args, **kwargs: False)
     with jax.enable_x64(True):  # (the shapes of the tests above, with the prefix cache)
         engine = lj.Engine(

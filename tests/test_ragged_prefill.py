@@ -160,13 +160,21 @@ def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens
 ):
     """Rows with cached blocks admitted together, run from scratch in one ragged pass
     (the rule forced: its own test above) beside a row without: a cold decode's tokens,
-    float64, their blocks not counted as hits; the blocks the pass stored serve a later
-    request."""
+    float64, their blocks not counted as hits, their suffix shapes set compiling; the
+    blocks the pass stored serve a later request."""
+    from lookahead_jax.engine.prefill_planning import PrefillPlanner
     from lookahead_jax.engine.prefix_cache import BLOCK
     from tests.test_prefix_cache import MAX_NEW, PROMPTS
 
     # (an admission of several rows runs as one pass: a lone one as a suffix)
     monkeypatch.setattr(PaddedShapes, "ragged_pays", lambda self, n, *a, **k: n > 1)
+    real, soon = PrefillPlanner._suffixes_soon, []
+
+    def suffixes_soon(self, requests, hits, pool):
+        soon.append([r.id for r in requests])
+        real(self, requests, hits, pool)
+
+    monkeypatch.setattr(PrefillPlanner, "_suffixes_soon", suffixes_soon)
     kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=None)
     with jax.enable_x64(True):
         model = lj.load(tiny_ckpts["gqa"][1], dtype="float64")
@@ -178,6 +186,7 @@ def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens
         hot = {r.id: r.token_ids for r in engine.run(later)}
         assert any(shape.endswith("ragged") for shape in engine.stats.prefill_shapes)
         assert engine.stats.prefix_hits == hits, engine.stats.prefill_shapes
+        assert soon == [[1, 2, 3]]  # their suffix shapes: compiling, for later admissions
         # alone, from three blocks: two of the first prompt's, one the ragged pass stored
         again = next(iter(engine.run([lj.Request(PROMPTS[2], id=2)])))
         assert engine.stats.prefix_hit_tokens == 3 * BLOCK

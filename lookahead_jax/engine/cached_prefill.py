@@ -5,8 +5,8 @@ when the cache is on, and what it adds.
                       cached blocks; requests of one admission that share blocks nobody
                       holds wait for the first of them (a second prefill runs only their
                       own parts); long prompts may be set to prefill in chunks instead;
-                      an admission whose cached blocks are short may run from scratch,
-                      all of it one ragged pass, where that costs less (_ragged_instead)
+                      an admission with cached blocks may run from scratch, all of it one
+                      ragged pass, where that costs less (_ragged_instead)
     chunk(active, ..) one chunk of the first long prompt waiting whose rest needs one
                       (prefill_chunk.py): its next C positions' K/V into the pool, between
                       decode rounds, so the streams in flight keep their pace; returns
@@ -101,7 +101,9 @@ class CachedPrefill:
                 device.insert(state, [s for s, _, _ in g])
             placed = later
 
-    def _groups(self, with_hits: tuple[list, list], active: list) -> list[tuple]:
+    def _groups(
+        self, with_hits: tuple[list, list], active: list
+    ) -> list[tuple[bool, list, bool | None]]:
         """An admission's rows without and with cached blocks ([(slot, request, hits)]
         each) as prefills, [(from its cached blocks, rows, whether a ragged pass)]: each
         kind apart (the suffixes run at the state's prompt side: each row gathers P / Sb

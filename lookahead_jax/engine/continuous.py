@@ -263,8 +263,8 @@ class Engine:
         loops of every row bucket (with max_prompt_tokens: the online rounds' shapes;
         with auto its plain rounds' too), one row's prefill of a chat-sized prompt
         (WARM_SIDE) from scratch and, with the prefix cache, past cached blocks, every
-        row's short turn (WARM_BURST_SIDE) past them, and (ragged passes) every row's
-        chat-sized prompt in one pass: prefills pad to these rather than compile their own
+        row's short turn (WARM_BURST_SIDE) past them, and (ragged passes) up to sixteen
+        rows' chat-sized prompts in one pass: prefills pad to these, not compile their own
         (prefill_shapes.py compiles those in the background once their padding has paid).
         The stats start afresh after it: call it before serving, as the server does."""
         scheduler = self._offline(self.encode([request]), per_round=True)
@@ -279,7 +279,7 @@ class Engine:
         if pool is not None:  # past cached blocks: one row, and a burst of short turns
             prefills += [(1, side, pool), (self.batch, min(WARM_BURST_SIDE, side), pool)]
         if device.ragged:  # (a pass costs its tokens: a burst of any rows pads to it)
-            prefills.append((self.batch, self.batch * side, RAGGED))
+            prefills.append((self.batch, min(self.batch, 16) * side, RAGGED))
         for rows_, side_, p in prefills:  # in the background, beside the loops
             device.compile_prefill(rows_, side_, p, wait=False)
         device.compile_loops(rows or [self.batch], names)

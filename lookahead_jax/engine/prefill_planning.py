@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lookahead_jax.engine import prefill_args, slot_state
-from lookahead_jax.engine.prefill_shapes import PaddedShapes
+from lookahead_jax.engine.prefill_shapes import COMPILES_NOW, PaddedShapes
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.models import kv_pool
@@ -108,21 +108,50 @@ class PrefillPlanner:
     def ragged_instead(self, requests: list[Encoded], hits: list[list[int]], pool) -> bool:
         """Whether an admission's requests, some with cached blocks (hits; [] where none),
         prefill from scratch in one ragged pass (hits ignored) rather than as suffixes
-        beside the others' prompts, each cut as prefill_groups cuts them (the others'
-        costed as padded prompts): where it costs less (prefill_shapes.ragged_pays; a lone
-        suffix too, where its own shape would compile: a pass of the warmed shape held
-        it). Called once an admission: the positions it would save are spent for want of
-        its shape."""
+        beside the others' prompts, each cut as prefill_groups cuts them (the others
+        as padded prompts, or their own pass where that costs less): where it costs less
+        (prefill_shapes.ragged_pays; a lone suffix too, where its own shape would
+        compile: a pass of the warmed shape holds it). Called once an admission: the
+        positions it would save are spent for want of its shape; where it runs, the
+        suffix shapes that would have compiled now compile in the background (as
+        `prompt_instead`'s), so that later admissions take their blocks from the cache
+        rather than compute them again, pass after pass."""
         if not (self.ragged and any(hits)):
             return False
-        cut = (0.0, 0)  # (cost, positions run) of the rows with hits and the others apart
-        for cached in (False, True):
-            part = [i for i, h in enumerate(hits) if bool(h) is cached]
-            if part:
-                part_hits = [hits[i] for i in part] if cached else None
-                cost = self._cut([requests[i] for i in part], part_hits, pool)
-                cut = (cut[0] + cost[0], cut[1] + cost[1])
-        return self._ragged_pays(requests, cut, charge=True)
+        fresh = [i for i, h in enumerate(hits) if not h]
+        cached = [i for i, h in enumerate(hits) if h]
+        suffixes = ([requests[i] for i in cached], [hits[i] for i in cached])
+        cut = self._cut(*suffixes, pool)  # (cost, positions run)
+        if fresh:
+            prompts = [requests[i] for i in fresh]
+            cost = self._cut(prompts, None, None)
+            if len(fresh) >= 2:  # (their own pass, where it costs less: not charged)
+                cost = min(cost, self._pass_cost(prompts))
+            cut = (cut[0] + cost[0], cut[1] + cost[1])
+        if not self._ragged_pays(requests, cut, charge=True):
+            return False
+        self._suffixes_soon(*suffixes, pool)
+        return True
+
+    def _suffixes_soon(self, requests: list[Encoded], hits: list[list[int]], pool) -> None:
+        """Start compiling in the background the suffix shapes of these requests' cut
+        that would compile now (a ragged pass ran them instead)."""
+        soon = self._compile_soon(pool)
+        if soon is None:
+            return
+        kind, sides, _, rate, ready = self.planning(requests, hits, pool, False)
+        for group in self.padded.groups(kind, sides, self.B, rate, ready, True, charge=False):
+            n, side = slot_state.prefill_rows(len(group), self.B), max(sides[i] for i in group)
+            if self.padded.plan(kind, n, side, rate, ready, True)[1] in COMPILES_NOW:
+                soon(n, side)
+
+    def _pass_cost(self, requests: list[Encoded]) -> tuple[float, int]:
+        """What one ragged pass of these requests costs now, and the positions it runs."""
+        n = slot_state.prefill_rows(len(requests), self.B)
+        side = prefill_args.sides(requests, None, None, ragged=True)[1][0]
+        rate, ready = self.stats.prefill_rate(), self._ready(prefill_args.RAGGED)
+        background = self._compile_soon(prefill_args.RAGGED) is not None
+        return self.padded.pass_cost(n, side, rate, ready, background)
 
     def _ragged_pays(self, requests: list[Encoded], cut: tuple[float, int], charge: bool) -> bool:
         """prefill_shapes.ragged_pays for these requests in one ragged pass against `cut`."""

@@ -56,7 +56,8 @@ blocks computed again, against their suffixes' prefills: a chat template's syste
 is one cached block, so every chat after a server's first is a suffix, and sixteen
 MT-bench chats ran as [16, 128], 2,048 positions for 1,202 prompt tokens (a 2-core Intel
 Xeon). A pass costs only its tokens, so a server's warm-up compiles one of every row's
-chat-sized prompt (continuous.py), and any burst pads to it rather than compile.
+chat-sized prompt (continuous.py), which a burst of up to that many tokens may pad to
+rather than compile (where that costs no more than its cut).
 """
 
 from __future__ import annotations
@@ -243,12 +244,12 @@ class PaddedShapes:
         spent for want of its shapes too (`groups`): whichever pays first compiles.
 
         Worked example (100 positions a second, a compile 1 s; the warmed pass (16, 2048)):
-        sixteen chats of 1,300 tokens whose cut would compile [16, 128] (2,064 positions
+        sixteen chats of 1,300 tokens in all, whose cut would compile [16, 128] (2,064 positions
         and a compile: 2,164) run in the warmed pass (2,064); two short prompts whose
         compiled [2, 64] runs 144 positions do not, and the 144 - 112 = 32 positions a
         pass (2, 96) would have run fewer go towards compiling it."""
         rate, background = positions_per_s, compile_soon is not None
-        cost = self._cost(RAGGED, n, side, False, ready, rate, background)[0]
+        cost = self.pass_cost(n, side, rate, ready, background)[0]
         if cost <= cut[0]:
             return True
         own = self.positions(RAGGED, n, side) + CALL_POSITIONS
@@ -258,6 +259,11 @@ class PaddedShapes:
             if self._paid(key, rate):
                 compile_soon(n, side)
         return False
+
+    def pass_cost(self, n, side, positions_per_s, ready, background) -> tuple[float, int]:
+        """What a ragged pass of (n rows, `side` tokens) costs in positions as `choose`
+        would run it (`_cost`), and the positions it runs."""
+        return self._cost(RAGGED, n, side, False, ready, positions_per_s, background)[:2]
 
     def cost(
         self,
