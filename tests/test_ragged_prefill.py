@@ -186,7 +186,8 @@ def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens
         hot = {r.id: r.token_ids for r in engine.run(later)}
         assert any(shape.endswith("ragged") for shape in engine.stats.prefill_shapes)
         assert engine.stats.prefix_hits == hits, engine.stats.prefill_shapes
-        assert soon == [[1, 2, 3]]  # their suffix shapes: compiling, for later admissions
+        # the rows with hits of a pass: their suffix shapes compiling, for later admissions
+        assert soon and all(set(ids) <= {1, 2, 3} for ids in soon), soon
         # alone, from three blocks: two of the first prompt's, one the ragged pass stored
         again = next(iter(engine.run([lj.Request(PROMPTS[2], id=2)])))
         assert engine.stats.prefix_hit_tokens == 3 * BLOCK
