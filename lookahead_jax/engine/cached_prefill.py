@@ -91,7 +91,7 @@ class CachedPrefill:
                     [h for _, _, h in g] if cached else None,
                     cache.pool,
                     ragged,
-                )  # fmt: skip
+                )
                 for cached, g, ragged in groups
             ]
             for state, (_, g, _) in zip(fresh, groups, strict=True):

@@ -132,8 +132,10 @@ class PrefillPlanner:
         if fresh:
             prompts = [requests[i] for i in fresh]
             cost = self._cut(prompts, None, None)
-            if len(fresh) >= 2:  # (their own pass, where it costs less: not charged)
-                cost = min(cost, self._pass_cost(prompts))
+            ragged = self._pass(prompts) if len(fresh) >= 2 else None
+            if ragged is not None:  # (their own pass, where it costs less: not charged)
+                n, side, rate, ready, soon = ragged
+                cost = min(cost, self.padded.pass_cost(n, side, rate, ready, soon is not None))
             cut = (cut[0] + cost[0], cut[1] + cost[1])
         if not self._ragged_pays(requests, cut, charge=True):
             return False
@@ -147,27 +149,27 @@ class PrefillPlanner:
         if soon is None:
             return
         kind, sides, _, rate, ready = self.planning(requests, hits, pool, False)
-        for group in self.padded.groups(kind, sides, self.B, rate, ready, True, charge=False):
-            n, side = slot_state.prefill_rows(len(group), self.B), max(sides[i] for i in group)
+        for n, side in self.padded.runs(kind, sides, self.B, rate, ready, True):
             if self.padded.plan(kind, n, side, rate, ready, True)[1] in COMPILES_NOW:
                 soon(n, side)
 
-    def _pass_cost(self, requests: list[Encoded]) -> tuple[float, int]:
-        """What one ragged pass of these requests costs now, and the positions it runs."""
-        n = slot_state.prefill_rows(len(requests), self.B)
+    def _pass(self, requests: list[Encoded]) -> tuple | None:
+        """(rows, tokens, this run's prefill rate, `_ready`, `_compile_soon`) of one ragged
+        pass of these requests, what prefill_shapes.py prices it from; None where it would
+        hold more than MAX_PASS_TOKENS (it never runs)."""
         side = prefill_args.sides(requests, None, None, ragged=True)[1][0]
+        if side > MAX_PASS_TOKENS:
+            return None
+        n = slot_state.prefill_rows(len(requests), self.B)
         rate, ready = self.stats.prefill_rate(), self._ready(prefill_args.RAGGED)
-        background = self._compile_soon(prefill_args.RAGGED) is not None
-        return self.padded.pass_cost(n, side, rate, ready, background)
+        return n, side, rate, ready, self._compile_soon(prefill_args.RAGGED)
 
     def _ragged_pays(self, requests: list[Encoded], cut: tuple[float, int], charge: bool) -> bool:
         """prefill_shapes.ragged_pays for these requests in one ragged pass against `cut`."""
-        n = slot_state.prefill_rows(len(requests), self.B)
-        side = prefill_args.sides(requests, None, None, ragged=True)[1][0]
-        if side > MAX_PASS_TOKENS:
+        ragged = self._pass(requests)
+        if ragged is None:
             return False
-        rate, ready = self.stats.prefill_rate(), self._ready(prefill_args.RAGGED)
-        soon = self._compile_soon(prefill_args.RAGGED)
+        n, side, rate, ready, soon = ragged
         return self.padded.ragged_pays(n, side, cut, rate, ready, soon, charge)
 
     def _cut(self, requests: list[Encoded], hits, pool) -> tuple[float, int]:

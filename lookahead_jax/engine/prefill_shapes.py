@@ -122,8 +122,8 @@ class PaddedShapes:
             compile_soon(n, side)
         if kind == RAGGED and how in ("padded", "soon") and positions_per_s > 0:
             # (a prompt's padding is counted where its admission is cut: `groups`)
-            key, extra = (kind, n, side), self.positions(kind, *shape) - side
-            self.spent_s[key] = self.spent_s.get(key, 0.0) + extra / positions_per_s
+            extra = self.positions(kind, *shape) - side
+            self._spend((kind, n, side), extra / positions_per_s)
         return shape
 
     def plan(self, kind, n, side, rate, ready, background) -> tuple[tuple[int, int], str]:
@@ -209,6 +209,10 @@ class PaddedShapes:
             return None
         return self._compile_seconds() * positions_per_s
 
+    def _spend(self, key: tuple[str, int, int], seconds: float) -> None:
+        """Add `seconds` to what was spent for want of the shape `key`."""
+        self.spent_s[key] = self.spent_s.get(key, 0.0) + seconds
+
     def _paid(self, key: tuple[str, int, int], positions_per_s: float) -> bool:
         """Whether the padding spent for want of `key` has cost a compile."""
         if positions_per_s <= 0:
@@ -236,18 +240,18 @@ class PaddedShapes:
         they run: `cost`): where the pass costs no more as `choose` would run it (its own
         shape compiled, a larger one padded, a compile priced as `_cost` prices one; a
         tie goes to the pass, whose rows are never padded). Where it costs more but its
-        own shape would run fewer positions than
-        the cut, those positions are spent for want of it (with `charge`: once an
-        admission), and once that has paid a compile it compiles in the background
-        (compile_soon; none: only a compiled pass runs). Not the cut's compile prices:
-        before a compile was measured those are a placeholder. The cut's own padding is
-        spent for want of its shapes too (`groups`): whichever pays first compiles.
+        own shape would run fewer positions than the cut, those positions are spent for
+        want of it (with `charge`: once an admission), and once that has paid a compile
+        it compiles in the background (compile_soon; none: only a compiled pass runs).
+        Not the cut's compile prices: before a compile was measured those are a
+        placeholder. The cut's own padding is spent for want of its shapes too
+        (`groups`): whichever pays first compiles.
 
         Worked example (100 positions a second, a compile 1 s; the warmed pass (16, 2048)):
-        sixteen chats of 1,300 tokens in all, whose cut would compile [16, 128] (2,064 positions
-        and a compile: 2,164) run in the warmed pass (2,064); two short prompts whose
-        compiled [2, 64] runs 144 positions do not, and the 144 - 112 = 32 positions a
-        pass (2, 96) would have run fewer go towards compiling it."""
+        sixteen chats of 1,300 tokens in all, whose cut would compile [16, 128] (2,064
+        positions and a compile: 2,164) run in the warmed pass (2,064); two short prompts
+        whose compiled [2, 64] runs 144 positions do not, and the 144 - 112 = 32
+        positions a pass (2, 96) would have run fewer go towards compiling it."""
         rate, background = positions_per_s, compile_soon is not None
         cost = self.pass_cost(n, side, rate, ready, background)[0]
         if cost <= cut[0]:
@@ -255,7 +259,7 @@ class PaddedShapes:
         own = self.positions(RAGGED, n, side) + CALL_POSITIONS
         if charge and background and rate > 0 and cut[1] > own:
             key = (RAGGED, n, side)
-            self.spent_s[key] = self.spent_s.get(key, 0.0) + (cut[1] - own) / rate
+            self._spend(key, (cut[1] - own) / rate)
             if self._paid(key, rate):
                 compile_soon(n, side)
         return False
@@ -278,10 +282,15 @@ class PaddedShapes:
         the foreground: `_cost`), and the positions they run (a call's own included), cut
         as `groups` cuts them (charging nothing)."""
         rate = positions_per_s
-        cut = self.groups(kind, sides, batch, rate, ready, background, charge=False)
-        runs = [(prefill_rows(len(run), batch), max(sides[i] for i in run)) for run in cut]
+        runs = self.runs(kind, sides, batch, rate, ready, background)
         costs = [self._cost(kind, n, side, False, ready, rate, background) for n, side in runs]
         return sum(c[0] for c in costs), sum(c[1] for c in costs)
+
+    def runs(self, kind, sides, batch, positions_per_s, ready, background) -> list[tuple]:
+        """The (rows, side) of each prefill `groups` cuts these sides into (charging
+        nothing), before `choose` says at which shape each runs."""
+        cut = self.groups(kind, sides, batch, positions_per_s, ready, background, charge=False)
+        return [(prefill_rows(len(run), batch), max(sides[i] for i in run)) for run in cut]
 
     def groups(
         self,
@@ -344,7 +353,7 @@ class PaddedShapes:
             _, ran_free, wanted = cut(free=True)
             for key in set(wanted) if ran > ran_free else ():  # for want of these
                 share = (ran - ran_free) / rate / len(set(wanted))
-                self.spent_s[key] = self.spent_s.get(key, 0.0) + share
+                self._spend(key, share)
         return runs
 
     def _cost(
