@@ -8,6 +8,8 @@ next turn that carries an answer; a budget of a few blocks (eviction). The block
 rules are tested on the host alone.
 """
 
+import types
+
 import jax
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from lookahead_jax.engine import cached_prefill, inputs
 from lookahead_jax.engine.prefill_planning import PrefillPlanner
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import BLOCK, PrefixCache, block_keys
+from lookahead_jax.engine.stats import Stats
 from tests.helpers import random_prompts
 
 MAX_NEW = 16
@@ -487,3 +490,18 @@ def test_more_requests_arriving_than_rows_decoding_are_not_chunked(model64, monk
         assert first == {0, 1, 2} and engine.stats.prefill_chunks == 0
         while engine.round():
             pass
+
+
+def test_auto_chunks_are_never_shorter_than_min_chunk():
+    """ "auto" sizes a chunk from the run's rates (half a round's prefill), but never below
+    MIN_CHUNK: a chunked request's slot sits idle until its last chunk, and a server's
+    first rounds measured 32-token chunks, leaving chat prompts out for rounds."""
+
+    def size(prefill_s: float) -> int:
+        stats = Stats(batch=16)
+        stats.prompt_tokens, stats.rounds, stats.decode_s, stats.prefill_s = 1200, 1, 0.2, prefill_s
+        cache = types.SimpleNamespace(block=BLOCK)  # (chunk_size reads only its block)
+        return cached_prefill.CachedPrefill(None, stats, None, cache, "auto").chunk_size()
+
+    assert size(4.9) == cached_prefill.MIN_CHUNK  # 1,200 tokens in 4.9 s: 24 fit
+    assert size(0.05) == cached_prefill.MAX_CHUNK  # 2,400 fit: the cap
