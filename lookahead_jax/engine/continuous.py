@@ -260,13 +260,12 @@ class Engine:
 
     def warm_up(self, request: Request) -> None:
         """Decode `request` offline, then compile what the first requests use: the decode
-        loops of every row bucket (with max_prompt_tokens: the online rounds' shapes;
-        with auto its plain rounds' too), one row's prefill of a chat-sized prompt
-        (WARM_SIDE) from scratch and, with the prefix cache, past cached blocks, every
-        row's short turn (WARM_BURST_SIDE) past them, and (ragged passes) up to sixteen
-        rows' chat-sized prompts in one pass: prefills pad to these, not compile their own
-        (prefill_shapes.py compiles those in the background once their padding has paid).
-        The stats start afresh after it: call it before serving, as the server does."""
+        loops of every row bucket (with max_prompt_tokens: the online rounds' shapes; with
+        auto its plain rounds' too) and the programs around them (warm_rows), one row's
+        prefill of a chat-sized prompt (WARM_SIDE) from scratch and, with the prefix cache,
+        past cached blocks, every row's short turn (WARM_BURST_SIDE) past them, and (ragged
+        passes) up to sixteen rows' chat-sized prompts in one pass: prefills pad to these
+        (prefill_shapes.py). Stats start afresh: call it before serving."""
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass
@@ -274,9 +273,10 @@ class Engine:
         rows = row_buckets.buckets(self.batch) if scheduler.buckets.mode is not False else []
         device, side = scheduler.device, min(WARM_SIDE, scheduler.device.P)
         names = device.loop_names(scheduler.round_choice is not None)
-        pool = None if scheduler.prefix is None else scheduler.prefix.cache.pool
+        prefix = scheduler.prefix
         prefills = [(1, side, None)]  # (rows, side, pool): from scratch
-        if pool is not None:  # past cached blocks: one row, and a burst of short turns
+        if prefix is not None:  # past cached blocks: one row, and a burst of short turns
+            pool = prefix.cache.pool
             prefills += [(1, side, pool), (self.batch, min(WARM_BURST_SIDE, side), pool)]
         if device.ragged:  # (a pass costs its tokens: a burst of any rows pads to it)
             prefills.append((self.batch, min(self.batch, 16) * side, RAGGED))
@@ -285,6 +285,7 @@ class Engine:
         device.compile_loops(rows or [self.batch], names)
         for rows_, side_, p in prefills:  # (waits for them; known to prefill_shapes.py)
             device.compile_prefill(rows_, side_, p)
+        device.warm_rows(rows, None if prefix is None else prefix.warm_store)
         self.online_stats = self.stats = Stats(batch=self.batch)
 
     def decoding(self) -> str:
@@ -422,9 +423,8 @@ class Engine:
 
     def _forget_device_memories(self) -> None:
         """After a failed device call: the prefix cache's pool may be half-written (its
-        stores donate it), and a guess memory folded by the failed round may hold arrays
-        that carry its error (JAX reports a computation's failure where its results are
-        used): both start again empty."""
+        stores donate it), and a guess memory folded by the failed round may carry its error
+        (JAX reports a failure where its results are used): both start again empty."""
         self._prefix_cache = None
         self.guess_memory = GuessMemory()
 

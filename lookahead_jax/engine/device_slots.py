@@ -362,6 +362,27 @@ class DeviceSlots:
         retire_r[: len(order)] = self.to_retire_b[list(order)]
         self.to_retire_b, self.rows = retire_r, rows
 
+    def warm_rows(self, rows_list: list[int], store=None) -> None:
+        """Run once the small programs a round runs around its loop, each compiled per
+        state shape, at each row bucket of rows_list (B among them): the state's gather
+        to the next smaller bucket, to each from B and back (take_rows), its read-back
+        and, `store(state)` given, a store of blocks that stores none
+        (cached_prefill.store_blocks). A server's warm-up: as requests end and the state
+        shrinks bucket by bucket, each compiled inside some round (0.3-0.8 s each; a
+        2-core Intel Xeon). The state's rows are garbage after it; it ends at B rows."""
+        if self.state is None or self.model.mesh is not None:  # (take_rows: no shardings)
+            return
+        smaller = sorted((r for r in rows_list if r < self.B), reverse=True)
+        for rows in [self.B, *smaller]:  # B, then down bucket by bucket
+            self.resize([0], rows)
+            self.read_round()
+            if store is not None:
+                store(self.state)
+        for rows in smaller:  # each from B (the first from 1) and back
+            self.resize([0], rows)
+            self.resize([0], self.B)
+        jax.block_until_ready(self.state)
+
     # ------------------------------------------------------------------ around them
 
     def read_round(self) -> RoundRead:
