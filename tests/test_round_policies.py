@@ -3,6 +3,7 @@
 (engine/round_choice.py). Their device side is tests/test_engine.py's."""
 
 import collections
+import itertools
 
 import pytest
 
@@ -196,3 +197,18 @@ def test_a_buckets_calibration_scales_what_its_rows_figures_predict():
     assert run(rule, 16, cost, rows, [2.75] * 16)[0] is True  # 0.83 * 3.46 < 3.38: plain
     assert rule.calibration(1) == 1.0
     assert rule.describe()["16"]["lookahead"]["calibration"] == 0.833
+
+
+def test_lookahead_is_re_measured_at_a_share_of_the_time_where_plain_is_chosen():
+    """Where plain wins at a bucket whose lookahead step is dear (2.7x), lookahead is
+    re-measured no more often than costs EXPLORE_SHARE of the time: every (2.7 - 1) /
+    0.05 = 34 rounds, not every 4-32 (one row repeating its prompt keeps it from being
+    hopeless, the other fifteen accept nothing)."""
+    rule = RoundChoice(prior=1.0)
+    cost, rows = {"plain": 60.0, "lookahead": 162.0}, fresh(16)
+    accept = [3.0] + [1.0] * 15
+    runs = [run(rule, 16, cost, rows, accept) for _ in range(120)]
+    assert not rule.hopeless(16)
+    explored = [i for i, (plain, _) in enumerate(runs) if not plain][3:]  # (past the probes)
+    gaps = [b - a for a, b in itertools.pairwise(explored)]
+    assert len(gaps) >= 1 and min(gaps) >= 34, explored

@@ -34,7 +34,11 @@ one run of benchmarks/cpu/load_levels_suffixes (a 2-core Intel Xeon, greedy and 
 code chats) it ended at 0.87 at one row, 1.00-1.05 at 2 to 16 rows.
 
 The mode not chosen runs again now and then to keep its figures fresh: after 4 rounds,
-then 8, 16 up to 32 while the choice holds, back to 4 when it flips. Lookahead is
+then 8, 16 up to 32 while the choice holds, back to 4 when it flips; lookahead, where
+plain is chosen, no more often than spends EXPLORE_SHARE of the time on it: every
+(cost ratio - 1) / EXPLORE_SHARE rounds at the most (a server under 16 chats at
+R = 16, a lookahead step 2.7x a plain one, re-measured it every 4-8 rounds and spent a
+third of its time there: every 34 now). Lookahead is
 *hopeless* at R when its cost ratio there is above the best acceptance any row showed in
 the last WINDOW lookahead rounds, HOPELESS_AFTER of them at least (even rows like that
 one could not pay for its steps):
@@ -64,20 +68,22 @@ Calibrated: at R = 16, plain 70 ms and lookahead 230 ms a step (3.3x; break-even
 step run lookahead, and emit 2.75 a step for 4 steps. Their own figures barely move
 (3.46: a long record), but the bucket's calibration becomes (176 + 64) / (224 + 64) =
 0.83 (176 tokens emitted, 224 predicted, 64 the prior's), and 0.83 * 3.46 = 2.88 < 3.38:
-plain runs, and lookahead is re-measured after 4 rounds, which keeps the calibration
-fresh.
+plain runs, and lookahead is re-measured after (3.3 - 1) / EXPLORE_SHARE = 46 rounds,
+which keeps the calibration fresh at 5 % of the time.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 
 MARGIN = 1.03  # lookahead's expected rate over plain's needed to run it (as autotune.MARGIN)
 WINDOW = 8  # rounds a cost is measured over
 FIRST_INTERVAL, MAX_INTERVAL = 4, 32  # rounds between runs of the mode not chosen
 HOPELESS_INTERVAL = 128  # ... where lookahead cannot pay (then a one-step probe)
 HOPELESS_AFTER = 4  # lookahead rounds (not probes) seen before it may be judged hopeless
+EXPLORE_SHARE = 0.05  # of the time, at most, re-measuring lookahead where plain is chosen
 ROW_DECAY = 0.7  # a row's earlier lookahead rounds' weight, per newer round
 PRIOR_STEPS = 4  # the weight, in steps, of a row's kind's acceptance in its own figure
 KIND_ROWS = 16  # the recent rows a kind's acceptance is the mean of
@@ -197,6 +203,9 @@ class RoundChoice:
             self._since[R], self._interval[R] = 0, FIRST_INTERVAL
         hopeless = self.hopeless(R)
         interval = HOPELESS_INTERVAL if hopeless else self._interval.get(R, FIRST_INTERVAL)
+        if plain_wins and not hopeless:  # (a hopeless bucket's probes are one step)
+            ratio = self.step_s(R, "lookahead") / self.step_s(R, "plain")
+            interval = max(interval, math.ceil((ratio - 1) / EXPLORE_SHARE))
         explore = self._since.get(R, 0) >= interval
         self._last[R] = (plain_wins, explore)
         plain = plain_wins != explore
