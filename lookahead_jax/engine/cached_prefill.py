@@ -44,6 +44,11 @@ MAX_CHUNK = 1024  # tokens; auto's choice is at most this
 # from its first rounds' rates, and a mean 9.3 of its 16 rows decoded: chat prompts of
 # 50-250 tokens sat out two to eight rounds each.)
 MIN_CHUNK = 256
+# blocks one store program call cuts out: one program a state's row count (a prompt's
+# and an answer's few blocks a row), where a power of two of them compiled a program
+# for every count and state shape met (0.6-0.8 s each, ~9 s in a 30 s run of a server
+# under 16 concurrent chats; 2-core Intel Xeon)
+STORE_ENTRIES = 32
 # a long prompt whose one-piece prefill would run at this many times its length or more
 # is prefilled in chunks at once (_chunk_now_if_padded)
 PADDED_CHUNKS = 1.5
@@ -209,13 +214,14 @@ class CachedPrefill:
         """C: the tokens one chunk runs. "auto": as many as this machine prefills in half
         a decode round (a power of two, from this run's prefill rate and round time so
         far; MIN_CHUNK to MAX_CHUNK), so that a round with a chunk takes well under twice
-        one without: a chunk deep in a long prompt attends to all the positions before
-        it, so it runs slower than the rate measured on the run's prompts."""
+        one without (but for MIN_CHUNK: on a slow machine several times): a chunk deep in
+        a long prompt attends to all the positions before it, so it runs slower than the
+        rate measured on the run's prompts."""
         if self.chunk_tokens == "auto":
             s = self.stats
             computed = s.prompt_tokens - s.prefix_hit_tokens
             if s.rounds == 0 or s.prefill_s <= 0 or computed <= 0:
-                return 256  # nothing measured yet: not fixed
+                return MIN_CHUNK  # nothing measured yet: not fixed
             fits = computed / s.prefill_s * (s.decode_s / s.rounds) / 2
             size = 1 << max(int(fits), 1).bit_length() - 1
             self.chunk_tokens = min(max(size, MIN_CHUNK, 2 * self.cache.block), MAX_CHUNK)
@@ -295,13 +301,6 @@ class CachedPrefill:
         if claimed:
             entries = [(slots[i], start, dst) for i, start, dst in claimed]
             self.cache.pool = store_blocks(self.cache.pool, self.device.state, entries)
-
-
-# blocks one store program call cuts out: one program a state's row count (a prompt's
-# and an answer's few blocks a row), where a power of two of them compiled a program
-# for every count and state shape met (0.6-0.8 s each, ~9 s in a 30 s run of a server
-# under 16 concurrent chats; 2-core Intel Xeon)
-STORE_ENTRIES = 32
 
 
 def store_blocks(pool: KVPool, state, entries) -> KVPool:

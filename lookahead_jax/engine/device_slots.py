@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -362,19 +363,23 @@ class DeviceSlots:
         retire_r[: len(order)] = self.to_retire_b[list(order)]
         self.to_retire_b, self.rows = retire_r, rows
 
-    def warm_rows(self, rows_list: list[int], store=None) -> None:
+    def warm_rows(self, rows_list: list[int], store: Callable | None = None) -> None:
         """Run once the small programs a round runs around its loop, each compiled per
-        state shape, at each row bucket of rows_list (B among them): the state's gather
-        to the next smaller bucket, to each from B and back (take_rows), its read-back
-        and, `store(state)` given, a store of blocks that stores none
-        (cached_prefill.store_blocks). A server's warm-up: as requests end and the state
-        shrinks bucket by bucket, each compiled inside some round (0.3-0.8 s each; a
-        2-core Intel Xeon). The state's rows are garbage after it; it ends at B rows."""
+        state shape, at B and each smaller row bucket of rows_list: the state's gather to
+        the next smaller bucket, and to each from B and back (take_rows), the retire of
+        ended rows (retiring none), the read-back and, `store(state)` given, a store of
+        blocks that stores none (cached_prefill.store_blocks). A server's warm-up: as
+        requests end and the state shrinks bucket by bucket, each compiled inside some
+        round (0.3-0.8 s each; a 2-core Intel Xeon). (Not warmed: an insert per prefill
+        shape, growth from one bucket to the next.) The state's rows are garbage after
+        it; it ends at B rows."""
         if self.state is None or self.model.mesh is not None:  # (take_rows: no shardings)
             return
         smaller = sorted((r for r in rows_list if r < self.B), reverse=True)
         for rows in [self.B, *smaller]:  # B, then down bucket by bucket
-            self.resize([0], rows)
+            if rows != self.rows:
+                self.resize([0], rows)
+            self.state = self._retire(self.state, np.zeros((rows,), bool))
             self.read_round()
             if store is not None:
                 store(self.state)

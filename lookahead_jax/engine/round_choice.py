@@ -35,10 +35,10 @@ code chats) it ended at 0.87 at one row, 1.00-1.05 at 2 to 16 rows.
 
 The mode not chosen runs again now and then to keep its figures fresh: after 4 rounds,
 then 8, 16 up to 32 while the choice holds, back to 4 when it flips; lookahead, where
-plain is chosen, no more often than spends EXPLORE_SHARE of the time on it: every
-(cost ratio - 1) / EXPLORE_SHARE rounds at the most (a server under 16 chats at
-R = 16, a lookahead step 2.7x a plain one, re-measured it every 4-8 rounds and spent a
-third of its time there: every 34 now). Lookahead is
+plain is chosen, no sooner than every (cost ratio - 1) / EXPLORE_SHARE rounds, so that
+its steps' extra cost over plain ones stays under EXPLORE_SHARE of the time (a server
+under 16 chats at R = 16, a lookahead step 2.7x a plain one, re-measured it every 4-8
+rounds, a third of its time: every 34 now). Lookahead is
 *hopeless* at R when its cost ratio there is above the best acceptance any row showed in
 the last WINDOW lookahead rounds, HOPELESS_AFTER of them at least (even rows like that
 one could not pay for its steps):
@@ -69,7 +69,7 @@ step run lookahead, and emit 2.75 a step for 4 steps. Their own figures barely m
 (3.46: a long record), but the bucket's calibration becomes (176 + 64) / (224 + 64) =
 0.83 (176 tokens emitted, 224 predicted, 64 the prior's), and 0.83 * 3.46 = 2.88 < 3.38:
 plain runs, and lookahead is re-measured after (3.3 - 1) / EXPLORE_SHARE = 46 rounds,
-which keeps the calibration fresh at 5 % of the time.
+which keeps the calibration fresh for 5 % of the time.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ WINDOW = 8  # rounds a cost is measured over
 FIRST_INTERVAL, MAX_INTERVAL = 4, 32  # rounds between runs of the mode not chosen
 HOPELESS_INTERVAL = 128  # ... where lookahead cannot pay (then a one-step probe)
 HOPELESS_AFTER = 4  # lookahead rounds (not probes) seen before it may be judged hopeless
-EXPLORE_SHARE = 0.05  # of the time, at most, re-measuring lookahead where plain is chosen
+EXPLORE_SHARE = 0.05  # of the time, at most, that re-measuring lookahead costs over plain
 ROW_DECAY = 0.7  # a row's earlier lookahead rounds' weight, per newer round
 PRIOR_STEPS = 4  # the weight, in steps, of a row's kind's acceptance in its own figure
 KIND_ROWS = 16  # the recent rows a kind's acceptance is the mean of
