@@ -130,6 +130,20 @@ def test_a_ragged_pass_runs_where_it_costs_less_than_the_cut():
     assert soon == [(2, 96)]
 
 
+def test_a_ragged_pass_pads_to_a_compiled_one_rather_than_compile_in_the_foreground():
+    """A prompt's run whose padding alone costs more than a compile compiles its own
+    shape now ("dear"); a ragged pass never does: its side is its admission's tokens, met
+    once, and its compile costs more than the mean (4 rows of 448 tokens: 1,600 positions
+    padded, 3.2 s at 500 a second, against a 2.9 s mean compile)."""
+    shapes = PaddedShapes()
+    shapes.compile_s = [2.9]
+    shapes.ran("ragged", 16, 2048, 0.0)  # the warmed pass
+    shapes.ran("prompt", 16, 2048, 0.0)
+    nothing = lambda rows, side: False
+    assert shapes.plan("ragged", 4, 448, 500.0, nothing, True) == ((16, 2048), "padded")
+    assert shapes.plan("prompt", 1, 448, 500.0, nothing, True) == ((1, 448), "dear")
+
+
 def test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape(tiny_ckpts):
     """An online engine's warm-up compiles every row's chat-sized prompt in one ragged
     pass; four prompts arriving together right after it, whose one-row prefills at the
