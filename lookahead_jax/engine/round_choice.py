@@ -174,12 +174,17 @@ class RoundChoice:
         one noisy probe must not shut it out for HOPELESS_INTERVAL rounds; and
         HOPELESS_AFTER lookahead rounds run, at any R: a request's first round accepts
         little, its guess pools empty)."""
-        la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
-        if la is None or pl is None or len(self._timed[(R, "lookahead")]) < 2:
+        ratio = self.cost_ratio(R)
+        if ratio is None or len(self._timed[(R, "lookahead")]) < 2:
             return False
         if len(self._best) < HOPELESS_AFTER:  # too few lookahead rounds seen (probes: none)
             return False
-        return la / pl > max(max(self._best), 1.0)
+        return ratio > max(max(self._best), 1.0)
+
+    def cost_ratio(self, R: int) -> float | None:
+        """A lookahead step's cost over a plain one's at R, None until both are measured."""
+        la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
+        return None if la is None or pl is None else la / pl
 
     def _plain_wins(self, R: int, rows: list[RowRound]) -> bool:
         """Whether plain steps would emit these rows' tokens faster at R (both costs
@@ -204,8 +209,7 @@ class RoundChoice:
         hopeless = self.hopeless(R)
         interval = HOPELESS_INTERVAL if hopeless else self._interval.get(R, FIRST_INTERVAL)
         if plain_wins and not hopeless:  # (a hopeless bucket's probes are one step)
-            ratio = self.step_s(R, "lookahead") / self.step_s(R, "plain")
-            interval = max(interval, math.ceil((ratio - 1) / EXPLORE_SHARE))
+            interval = max(interval, math.ceil((self.cost_ratio(R) - 1) / EXPLORE_SHARE))
         explore = self._since.get(R, 0) >= interval
         self._last[R] = (plain_wins, explore)
         plain = plain_wins != explore
