@@ -380,7 +380,7 @@ def test_after_warm_up_the_first_requests_compile_nothing(model64, monkeypatch):
     longest = max(PROMPTS, key=len)
     # (the burst could run from scratch as warm-up's ragged pass: that rule's tests are
     # test_ragged_prefill.py's; this one is of the shapes past cached blocks)
-    monkeypatch.setattr(PrefillPlanner, "ragged_instead", lambda *args, **kwargs: False)
+    monkeypatch.setattr(PrefillPlanner, "ragged_instead", lambda *args, **kwargs: None)
     with jax.enable_x64(True):  # (the shapes of the tests above, with the prefix cache)
         engine = lj.Engine(
             model64, batch=3, max_new_tokens=MAX_NEW, lookahead=None, max_prompt_tokens=LONGEST,

@@ -40,7 +40,7 @@ def hits_as_hits(monkeypatch):
     """An admission's rows with cached blocks never run from scratch as one ragged pass
     instead (whether they would depends on which ragged programs earlier tests left
     compiled; that rule's own tests: test_ragged_prefill.py)."""
-    monkeypatch.setattr(PrefillPlanner, "ragged_instead", lambda *args, **kwargs: False)
+    monkeypatch.setattr(PrefillPlanner, "ragged_instead", lambda *args, **kwargs: None)
 
 
 def never_from_scratch(*args, **kwargs):

@@ -144,12 +144,52 @@ def test_a_ragged_pass_pads_to_a_compiled_one_rather_than_compile_in_the_foregro
     assert shapes.plan("prompt", 1, 448, 500.0, nothing, True) == ((1, 448), "dear")
 
 
-def test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape(tiny_ckpts):
+def test_an_admission_longer_than_the_compiled_pass_runs_in_passes_that_fit_it():
+    """A ragged admission whose own pass would compile in the foreground runs instead in
+    passes packed to fit the largest compiled one, where that costs less, padding
+    included (sixteen chats of 3,072 tokens in all compiled for 8.5 s inside a server's
+    admission); one pass where it is compiled, or a prompt alone does not fit."""
+    import types
+
+    from lookahead_jax.engine.prefill_planning import PrefillPlanner
+
+    shapes = PaddedShapes()
+    shapes.compile_s = [3.0]  # 1,920 positions at 640 a second
+    shapes.ran("ragged", 16, 2048, 0.0)  # the warmed pass
+    stats = types.SimpleNamespace(prefill_rate=lambda: 640.0)
+    nothing = lambda pool: lambda rows, side: False
+    planner = PrefillPlanner(shapes, 16, True, stats, nothing, lambda pool: lambda r, s: None)
+    chats = [types.SimpleNamespace(ids=[1] * 192) for _ in range(16)]  # 3,072 tokens
+    # 3,088 + 1,920 for its own pass, against two runs of the warmed one: 4,128
+    groups = planner.prefill_groups(chats)
+    assert [len(g) for g, _ in groups] == [10, 6] and all(ragged for _, ragged in groups)
+    assert sorted(i for g, _ in groups for i in g) == list(range(16))
+    shapes.compile_s = [1.0]  # 3,088 + 640 against 4,128: its own pass compiles
+    assert planner.prefill_groups(chats) == [(list(range(16)), True)]
+    shapes.compile_s = [3.0]
+    long = [types.SimpleNamespace(ids=[1] * n) for n in (2100, 300)]  # one does not fit
+    assert planner.prefill_groups(long) == [([0, 1], True)]
+    shapes.ran("ragged", 16, 3072, 0.0)
+    assert planner.prefill_groups(chats) == [(list(range(16)), True)]  # compiled
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape(
+    tiny_ckpts, monkeypatch, split
+):
     """An online engine's warm-up compiles every row's chat-sized prompt in one ragged
     pass; four prompts arriving together right after it, whose one-row prefills at the
     warmed side would run more positions, run as one pass at that very program (its key,
     prefill_args.prefix_shapes, is the real call's: nothing compiles), with the tokens of
-    each decoded alone, float64."""
+    each decoded alone, float64. `split`: the admission cut in two passes (as one too
+    long for the compiled pass is: the test above), rows 0 and 2, 1 and 3, each padded
+    to that program: the same tokens."""
+    from lookahead_jax.engine.prefill_planning import PrefillPlanner
+
+    if split:
+        real = PrefillPlanner._passes
+        halves = lambda self, requests: ([[0, 2], [1, 3]], real(self, requests)[1])
+        monkeypatch.setattr(PrefillPlanner, "_passes", halves)
     kw = dict(max_new_tokens=4, lookahead=None, max_prompt_tokens=32)
     # 114 tokens: a pass of 128 (144 positions with a call's), four [1, 32] run 192
     prompts = [list(range(3, 3 + n)) for n in (30, 28, 31, 25)]
@@ -164,7 +204,8 @@ def test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape(tiny_
             engine.submit(lj.Request(ids, id=i), listen)
         while engine.round():
             pass
-    assert engine.online_stats.prefill_shapes == {"4x128 ragged": 1}  # (4 x 32 tokens)
+    runs = {"4x128 ragged": 2 if split else 1}  # (4 x 32 tokens)
+    assert engine.online_stats.prefill_shapes == runs
     assert engine.online_stats.compile_s == 0
     assert [results[i].token_ids for i in range(4)] == alone
 

@@ -5,8 +5,8 @@ when the cache is on, and what it adds.
                       cached blocks; requests of one admission that share blocks nobody
                       holds wait for the first of them (a second prefill runs only their
                       own parts); long prompts may be set to prefill in chunks instead;
-                      an admission with cached blocks may run from scratch, all of it one
-                      ragged pass, where that costs less (_ragged_instead)
+                      an admission with cached blocks may run from scratch, all of it in
+                      ragged passes, where that costs less (_ragged_instead)
     chunk(active, ..) one chunk of the first long prompt waiting whose rest needs one
                       (prefill_chunk.py): its next C positions' K/V into the pool, between
                       decode rounds, so the streams in flight keep their pace; returns
@@ -85,8 +85,10 @@ class CachedPrefill:
             for s, r in placed:
                 hits = cache.hits(r.ids)
                 with_hits[bool(hits)].append((s, r, hits))
-            if self._ragged_instead(with_hits, active):  # one pass, their blocks again
-                groups = [(False, [*with_hits[0], *with_hits[1]], True)]
+            parts = self._ragged_instead(with_hits, active)
+            if parts is not None:  # ragged passes, their blocks computed again
+                rows = [*with_hits[0], *with_hits[1]]
+                groups = [(False, [rows[i] for i in part], True) for part in parts]
             else:
                 groups = self._groups(with_hits, active)
             for cached, g, _ in groups:
@@ -133,14 +135,14 @@ class CachedPrefill:
                 groups.append((from_blocks, [rows[i] for i in group], ragged))
         return groups
 
-    def _ragged_instead(self, with_hits: tuple[list, list], active: list) -> bool:
-        """Whether an admission's rows without and with cached blocks ([(slot, request,
-        hits)] each) prefill from scratch in one ragged pass
-        (prefill_planning.ragged_instead) — not where a chunked prompt is among them (as
-        `_from_scratch`)."""
+    def _ragged_instead(self, with_hits: tuple[list, list], active: list):
+        """The ragged passes an admission's rows without and with cached blocks ([(slot,
+        request, hits)] each) prefill in from scratch ([indices into both, in order] each:
+        prefill_planning.ragged_instead), or None — always where a chunked prompt is among
+        them (as `_from_scratch`)."""
         rows = [*with_hits[0], *with_hits[1]]
         if not with_hits[1] or any(active[s].chunked_tokens for s, _, _ in rows):
-            return False
+            return None
         requests, hits = [r for _, r, _ in rows], [h for _, _, h in rows]
         return self.device.planner.ragged_instead(requests, hits, self.cache.pool)
 

@@ -1,9 +1,10 @@
 """How an admission's requests are cut into prefills, and of which kind each is (a
 DeviceSlots' `planner`): which requests share a prefill (`prefill_groups`), whether several
-prompts run packed in one ragged pass (`_is_ragged`), and when requests with cached
-blocks prefill from scratch instead — as prompts, while their suffix shape compiles in
-the background (`prompt_instead`), or with the rest of their admission in one ragged
-pass (`ragged_instead`). The rules are prefill_shapes.py's (PaddedShapes); a planner
+prompts run packed in ragged passes (`_ragged_parts`: one, or several that fit a compiled
+pass where one would compile: `_passes`), and when requests with cached blocks prefill
+from scratch instead — as prompts, while their suffix shape compiles in the background
+(`prompt_instead`), or with the rest of their admission in ragged passes
+(`ragged_instead`). The rules are prefill_shapes.py's (PaddedShapes); a planner
 asks them with what its device side gives it: which programs are compiled and how one
 compiles in the background (`ready` and `compile_soon`, DeviceSlots' for the state's
 current shapes), this run's prefill rate (`stats`).
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lookahead_jax.engine import prefill_args, slot_state
-from lookahead_jax.engine.prefill_shapes import COMPILES_NOW, PaddedShapes
+from lookahead_jax.engine import inputs, prefill_args, slot_state
+from lookahead_jax.engine.prefill_shapes import COMPILES_NOW, RAGGED, PaddedShapes
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.models import kv_pool
@@ -58,22 +59,24 @@ class PrefillPlanner:
         pool: kv_pool.KVPool | None = None,
     ) -> list[tuple[list[int], bool]]:
         """The requests of one admission cut into prefills (prefill_shapes.groups), each
-        (indices into `requests`, whether it is one ragged pass of them all): each one
+        (indices into `requests`, whether it is one ragged pass of them): each one
         `prefill` (hits and pool as there; its `ragged` this decision). The padding an
         admission's cut spends is spent for want of better shapes here, once."""
-        if self._is_ragged(requests, hits, charge=True):  # one pass, all of them
-            return [(list(range(len(requests))), True)]
+        parts = self._ragged_parts(requests, hits, charge=True)
+        if parts is not None:  # ragged passes of them all
+            return [(part, True) for part in parts]
         kind, sides, key_pool, rate, ready = self.planning(requests, hits, pool, False)
         background = self._compile_soon(key_pool) is not None
         cut = self.padded.groups(kind, sides, self.B, rate, ready, background)
         return [(group, False) for group in cut]
 
-    def _is_ragged(self, requests: list[Encoded], hits, charge: bool = False) -> bool:
-        """Whether these requests prefill packed in one ragged pass: several prompts from
-        scratch, where that costs less than their padded cut (prefill_shapes.ragged_pays;
-        charge: the positions its shape would have saved are spent for want of it)."""
+    def _ragged_parts(self, requests: list[Encoded], hits, charge: bool = False):
+        """The ragged passes these requests prefill packed in ([indices] each: `_passes`),
+        or None where they do not: several prompts from scratch, where that costs less
+        than their padded cut (prefill_shapes.ragged_pays; charge: the positions one
+        pass's shape would have saved are spent for want of it)."""
         if not (self.ragged and hits is None and len(requests) >= 2):
-            return False
+            return None
         return self._ragged_pays(requests, self._cut(requests, None, None), charge)
 
     def run_side(self, requests: list[Encoded], hits=None, pool=None) -> int:
@@ -85,9 +88,10 @@ class PrefillPlanner:
     def planning(self, requests: list[Encoded], hits, pool, ragged=None) -> tuple:
         """(kind, sides, the program's pool, this run's prefill rate, `_ready`): what
         prefill_shapes.py plans a prefill of these requests from (as `prefill`'s); ragged:
-        whether they run as a ragged pass, where the caller has decided it (None:
-        `_is_ragged`)."""
-        ragged = self._is_ragged(requests, hits) if ragged is None else ragged
+        whether they run as one ragged pass, where the caller has decided it (None: where
+        `_ragged_parts` says one pass)."""
+        if ragged is None:
+            ragged = len(self._ragged_parts(requests, hits) or ()) == 1
         kind, sides = prefill_args.sides(requests, hits, pool, ragged)
         key_pool = prefill_args.program_pool(hits, pool, ragged)
         return kind, sides, key_pool, self.stats.prefill_rate(), self._ready(key_pool)
@@ -112,9 +116,10 @@ class PrefillPlanner:
             soon(*shape)
         return shape is not None
 
-    def ragged_instead(self, requests: list[Encoded], hits: list[list[int]], pool) -> bool:
-        """Whether an admission's requests, some with cached blocks (hits; [] where none),
-        prefill from scratch in one ragged pass (hits ignored) rather than as suffixes
+    def ragged_instead(self, requests: list[Encoded], hits: list[list[int]], pool):
+        """The ragged passes ([indices] each, `_passes`) an admission's requests, some with
+        cached blocks (hits; [] where none), prefill in from scratch (hits ignored), or
+        None where they run as suffixes
         beside the others' prompts, each cut as prefill_groups cuts them (the others
         as padded prompts, or their own pass where that costs less): where it costs less
         (prefill_shapes.ragged_pays; a lone suffix too, where its own shape would
@@ -124,7 +129,7 @@ class PrefillPlanner:
         `prompt_instead`'s), so that later admissions take their blocks from the cache
         rather than compute them again, pass after pass."""
         if not (self.ragged and any(hits)):
-            return False
+            return None
         fresh = [i for i, h in enumerate(hits) if not h]
         cached = [i for i, h in enumerate(hits) if h]
         suffixes = ([requests[i] for i in cached], [hits[i] for i in cached])
@@ -132,15 +137,14 @@ class PrefillPlanner:
         if fresh:
             prompts = [requests[i] for i in fresh]
             cost = self._cut(prompts, None, None)
-            ragged = self._pass(prompts) if len(fresh) >= 2 else None
-            if ragged is not None:  # (their own pass, where it costs less: not charged)
-                n, side, rate, ready, soon = ragged
-                cost = min(cost, self.padded.pass_cost(n, side, rate, ready, soon is not None))
+            ragged = self._passes(prompts) if len(fresh) >= 2 else None
+            if ragged is not None:  # (their own passes, where they cost less: not charged)
+                cost = min(cost, ragged[1])
             cut = (cut[0] + cost[0], cut[1] + cost[1])
-        if not self._ragged_pays(requests, cut, charge=True):
-            return False
-        self._suffixes_soon(*suffixes, pool)
-        return True
+        parts = self._ragged_pays(requests, cut, charge=True)
+        if parts is not None:
+            self._suffixes_soon(*suffixes, pool)
+        return parts
 
     def _suffixes_soon(self, requests: list[Encoded], hits: list[list[int]], pool) -> None:
         """Start compiling in the background the suffix shapes of these requests' cut
@@ -164,13 +168,70 @@ class PrefillPlanner:
         rate, ready = self.stats.prefill_rate(), self._ready(prefill_args.RAGGED)
         return n, side, rate, ready, self._compile_soon(prefill_args.RAGGED)
 
-    def _ragged_pays(self, requests: list[Encoded], cut: tuple[float, int], charge: bool) -> bool:
-        """prefill_shapes.ragged_pays for these requests in one ragged pass against `cut`."""
-        ragged = self._pass(requests)
-        if ragged is None:
-            return False
-        n, side, rate, ready, soon = ragged
-        return self.padded.ragged_pays(n, side, cut, rate, ready, soon, charge)
+    def _passes(self, requests: list[Encoded]) -> tuple[list[list[int]], tuple] | None:
+        """The ragged passes these requests run in ([indices into `requests`] each,
+        ascending) and what they cost (positions as prefill_shapes prices them, positions
+        run); None where one pass would hold more than MAX_PASS_TOKENS. One pass, unless
+        its shape would compile in the foreground and passes packed to fit the largest
+        compiled one (`_packed`) cost less, their padding included: sixteen MT-bench
+        chats of 3,072 tokens in all compiled their pass for 8.5 s inside a server's
+        admission (2-core Intel Xeon), where two runs of the warmed 2,048-token pass
+        take ~6 s."""
+        one = self._pass(requests)
+        if one is None:
+            return None
+        n, side, rate, ready, soon = one
+        whole = ([list(range(len(requests)))], self._pass_cost(one))
+        if self.padded.plan(RAGGED, n, side, rate, ready, soon is not None)[1] not in COMPILES_NOW:
+            return whole
+        parts = self._packed(requests)
+        if parts is None:
+            return whole
+        costs = [self._pass_cost(self._pass([requests[i] for i in part])) for part in parts]
+        cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
+        return (parts, cost) if cost[0] < whole[1][0] else whole
+
+    def _pass_cost(self, ragged_pass: tuple) -> tuple[float, int]:
+        """prefill_shapes.pass_cost of a pass as `_pass` gives it."""
+        n, side, rate, ready, soon = ragged_pass
+        return self.padded.pass_cost(n, side, rate, ready, soon is not None)
+
+    def _packed(self, requests: list[Encoded]) -> list[list[int]] | None:
+        """These requests packed, longest first, into passes that each fit the largest
+        compiled ragged pass (its rows, its tokens: first fit), or None where none is
+        compiled or a prompt alone is longer."""
+        largest = self.padded.largest(RAGGED)
+        if largest is None:
+            return None
+        rows, side = largest
+        parts: list[list[int]] = []
+        tokens: list[int] = []  # each part's
+        for i in sorted(range(len(requests)), key=lambda i: -len(requests[i].ids)):
+            n = len(requests[i].ids)
+            fits = [
+                k for k, part in enumerate(parts)
+                if len(part) < rows and inputs.prefill_side(tokens[k] + n) <= side
+            ]  # fmt: skip
+            if fits:
+                parts[fits[0]].append(i)
+                tokens[fits[0]] += n
+            elif inputs.prefill_side(n) <= side:
+                parts.append([i])
+                tokens.append(n)
+            else:
+                return None
+        return [sorted(part) for part in parts]
+
+    def _ragged_pays(self, requests: list[Encoded], cut: tuple[float, int], charge: bool):
+        """prefill_shapes.ragged_pays for these requests in ragged passes (`_passes`)
+        against `cut`: the passes ([indices] each), or None where the cut runs."""
+        passes = self._passes(requests)
+        if passes is None:
+            return None
+        parts, (cost, _) = passes
+        n, side, rate, ready, soon = self._pass(requests)
+        pays = self.padded.ragged_pays(n, side, cut, rate, ready, soon, charge, cost)
+        return parts if pays else None
 
     def _cut(self, requests: list[Encoded], hits, pool) -> tuple[float, int]:
         """What padded prefills of these requests cost now in positions, and the positions

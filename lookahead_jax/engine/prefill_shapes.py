@@ -224,6 +224,11 @@ class PaddedShapes:
             return False
         return self.spent_s.get(key, 0.0) >= self._compile_seconds()
 
+    def largest(self, kind: str) -> tuple[int, int] | None:
+        """The compiled (rows, side) of this kind that runs the most positions, or None."""
+        shapes = [(self.positions(k, n, s), n, s) for k, n, s in self.compiled if k == kind]
+        return max(shapes)[1:] if shapes else None
+
     def _larger(self, kind: str, n: int, side: int) -> tuple[int, int] | None:
         """The smallest compiled (rows, side) of this kind that holds (n, side), or None."""
         larger = [(self.positions(k, n2, s2), n2, s2) for k, n2, s2 in self.compiled if k == kind]
@@ -239,6 +244,7 @@ class PaddedShapes:
         ready: Callable[[int, int], bool],
         compile_soon: Callable[[int, int], None] | None,
         charge: bool = False,
+        cost: float | None = None,
     ) -> bool:
         """Whether prompts run packed in one ragged pass of (n rows, `side` tokens) rather
         than as they are cut otherwise, `cut` = (what those prefills cost, the positions
@@ -250,7 +256,9 @@ class PaddedShapes:
         it compiles in the background (compile_soon; none: only a compiled pass runs).
         Not the cut's compile prices: before a compile was measured those are a
         placeholder. The cut's own padding is spent for want of its shapes too
-        (`groups`): whichever pays first compiles.
+        (`groups`): whichever pays first compiles. `cost`: what the prompts cost run as
+        several compiled passes instead, where the planner found that cheaper
+        (prefill_planning's `_passes`).
 
         Worked example (100 positions a second, a compile 1 s; the warmed pass (16, 2048)):
         sixteen chats of 1,300 tokens in all, whose cut would compile [16, 128] (2,064
@@ -258,7 +266,8 @@ class PaddedShapes:
         whose compiled [2, 64] runs 144 positions do not, and the 144 - 112 = 32
         positions a pass (2, 96) would have run fewer go towards compiling it."""
         rate, background = positions_per_s, compile_soon is not None
-        cost = self.pass_cost(n, side, rate, ready, background)[0]
+        if cost is None:
+            cost = self.pass_cost(n, side, rate, ready, background)[0]
         if cost <= cut[0]:
             return True
         own = self.positions(RAGGED, n, side) + CALL_POSITIONS
