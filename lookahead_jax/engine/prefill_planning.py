@@ -176,7 +176,8 @@ class PrefillPlanner:
         compiled one (`_packed`) cost less, their padding included: sixteen MT-bench
         chats of 3,072 tokens in all compiled their pass for 8.5 s inside a server's
         admission (2-core Intel Xeon), where two runs of the warmed 2,048-token pass
-        take ~6 s."""
+        take ~6 s. What the passes run beyond the one pass's shape is spent for want of
+        it (`_ragged_pays`): it compiles in the background once that has paid a compile."""
         one = self._pass(requests)
         if one is None:
             return None
@@ -228,9 +229,10 @@ class PrefillPlanner:
         passes = self._passes(requests)
         if passes is None:
             return None
-        parts, (cost, _) = passes
+        parts, cost = passes
         n, side, rate, ready, soon = self._pass(requests)
-        pays = self.padded.ragged_pays(n, side, cut, rate, ready, soon, charge, cost)
+        several = cost if len(parts) > 1 else None
+        pays = self.padded.ragged_pays(n, side, cut, rate, ready, soon, charge, several)
         return parts if pays else None
 
     def _cut(self, requests: list[Encoded], hits, pool) -> tuple[float, int]:

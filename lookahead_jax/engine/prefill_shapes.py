@@ -244,21 +244,21 @@ class PaddedShapes:
         ready: Callable[[int, int], bool],
         compile_soon: Callable[[int, int], None] | None,
         charge: bool = False,
-        cost: float | None = None,
+        passes: tuple[float, int] | None = None,
     ) -> bool:
         """Whether prompts run packed in one ragged pass of (n rows, `side` tokens) rather
         than as they are cut otherwise, `cut` = (what those prefills cost, the positions
         they run: `cost`): where the pass costs no more as `choose` would run it (its own
         shape compiled, a larger one padded, a compile priced as `_cost` prices one; a
-        tie goes to the pass, whose rows are never padded). Where it costs more but its
-        own shape would run fewer positions than the cut, those positions are spent for
-        want of it (with `charge`: once an admission), and once that has paid a compile
-        it compiles in the background (compile_soon; none: only a compiled pass runs).
-        Not the cut's compile prices: before a compile was measured those are a
-        placeholder. The cut's own padding is spent for want of its shapes too
-        (`groups`): whichever pays first compiles. `cost`: what the prompts cost run as
-        several compiled passes instead, where the planner found that cheaper
-        (prefill_planning's `_passes`).
+        tie goes to the pass, whose rows are never padded). `passes`: (cost, positions
+        run) of the prompts in several passes of compiled shapes instead, where the
+        planner found that cheaper than one (prefill_planning's `_passes`). Where what
+        runs (the cut, or those passes) runs more positions than the pass's own shape
+        would, those positions are spent for want of it (with `charge`: once an
+        admission), and once that has paid a compile it compiles in the background
+        (compile_soon; none: only a compiled pass runs). Not the cut's compile prices:
+        before a compile was measured those are a placeholder. The cut's own padding is
+        spent for want of its shapes too (`groups`): whichever pays first compiles.
 
         Worked example (100 positions a second, a compile 1 s; the warmed pass (16, 2048)):
         sixteen chats of 1,300 tokens in all, whose cut would compile [16, 128] (2,064
@@ -266,17 +266,18 @@ class PaddedShapes:
         whose compiled [2, 64] runs 144 positions do not, and the 144 - 112 = 32
         positions a pass (2, 96) would have run fewer go towards compiling it."""
         rate, background = positions_per_s, compile_soon is not None
-        if cost is None:
-            cost = self.pass_cost(n, side, rate, ready, background)[0]
-        if cost <= cut[0]:
+        cost, ran = self.pass_cost(n, side, rate, ready, background) if passes is None else passes
+        pays = cost <= cut[0]
+        if pays and passes is None:  # (one pass: `choose` spends its padding)
             return True
         own = self.positions(RAGGED, n, side) + CALL_POSITIONS
-        if charge and background and rate > 0 and cut[1] > own:
+        extra = (ran if pays else cut[1]) - own
+        if charge and background and rate > 0 and extra > 0:
             key = (RAGGED, n, side)
-            self._spend(key, (cut[1] - own) / rate)
+            self._spend(key, extra / rate)
             if self._paid(key, rate):
                 compile_soon(n, side)
-        return False
+        return pays
 
     def pass_cost(self, n, side, positions_per_s, ready, background) -> tuple[float, int]:
         """What a ragged pass of (n rows, `side` tokens) costs in positions as `choose`
