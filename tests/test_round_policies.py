@@ -132,16 +132,17 @@ def test_probes_that_accept_nothing_do_not_make_lookahead_hopeless():
 
 
 def test_a_hopeless_spell_ends_when_rows_start_accepting():
-    """Lookahead becomes hopeless after HOPELESS_AFTER real rounds of rows that accept
-    nothing, not before; its re-probes count what rows accept, so rows that accept well
+    """Lookahead becomes hopeless after HOPELESS_AFTER lookahead rounds of rows that
+    accept nothing (its one-step re-measures among them, not the opening probes), not
+    before; its re-probes count what rows accept, so rows that accept well
     later end the spell (an opening probe measures cost only, a re-probe both)."""
     rule = RoundChoice(prior=2.0)
     cost, prose = {"plain": 30.0, "lookahead": 40.0}, fresh(1)
-    real = 0
+    rounds = 0
     while not rule.hopeless(1):
         plain, probe = run(rule, 1, cost, prose, [1.0])
-        real += not plain and not probe
-    assert real == HOPELESS_AFTER  # its own rounds, not the opening probes, decided it
+        rounds += not plain
+    assert rounds - 3 == HOPELESS_AFTER  # its own rounds, not the opening probes, decided it
     code = fresh(1)
     runs = [run(rule, 1, cost, code, [3.0]) for _ in range(HOPELESS_INTERVAL + 20)]
     assert not rule.hopeless(1)
@@ -201,13 +202,14 @@ def test_a_buckets_calibration_scales_what_its_rows_figures_predict():
 
 def test_lookahead_is_re_measured_at_a_share_of_the_time_where_plain_is_chosen():
     """Where plain wins at a bucket whose lookahead step is dear (2.7x), lookahead is
-    re-measured no sooner than every (2.7 - 1) / EXPLORE_SHARE = 34 rounds, not every
-    4-32 (one row that repeats its prompt, 4 tokens a step, keeps it from being
-    hopeless; the other fifteen accept nothing)."""
+    re-measured by a one-step probe no sooner than every (2.7 - 1) / EXPLORE_SHARE = 34
+    rounds, not every 4-32 (one row that repeats its prompt, 12 tokens a step, keeps it
+    from being hopeless; the other fifteen accept nothing)."""
     rule = RoundChoice(prior=1.0)
     cost, rows = {"plain": 60.0, "lookahead": 162.0}, fresh(16)
-    runs = [run(rule, 16, cost, rows, [4.0] + [1.0] * 15) for _ in range(200)]
+    runs = [run(rule, 16, cost, rows, [12.0] + [1.0] * 15) for _ in range(200)]
     assert not rule.hopeless(16)
     explored = [i for i, (plain, _) in enumerate(runs) if not plain][3:]  # (past the probes)
     gaps = [b - a for a, b in itertools.pairwise(explored)]
     assert len(gaps) >= 3 and all(34 <= g <= 36 for g in gaps), explored
+    assert all(runs[i][1] for i in explored)  # one step each
