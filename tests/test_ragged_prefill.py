@@ -169,10 +169,23 @@ def test_an_admission_longer_than_the_compiled_pass_runs_in_passes_that_fit_it()
     assert sorted(i for g, _ in groups for i in g) == list(range(16))
     assert shapes.spent_s[("ragged", 16, 3072)] == pytest.approx(1040 / 640) and not soon
     assert len(planner.prefill_groups(chats)) == 2 and soon == [(16, 3072)]  # 3.25 s: paid
+    assert len(planner.prefill_groups(chats)) == 2  # (paid: parts until it is compiled)
     long = [types.SimpleNamespace(ids=[1] * n) for n in (2100, 300)]  # one does not fit
     assert planner.prefill_groups(long) == [([0, 1], True)]
     shapes.ran("ragged", 16, 3072, 0.0)
     assert planner.prefill_groups(chats) == [(list(range(16)), True)]  # compiled
+    # parts fit a pass's rows too, and the compiled pass that costs them least
+    shapes = PaddedShapes()
+    shapes.compile_s = [6.0]  # 3,840 positions
+    shapes.ran("ragged", 4, 2048, 0.0)
+    planner = PrefillPlanner(shapes, 16, True, stats, nothing, compile_soon)
+    # 6 chats (8, 1280): 1,296 + 3,840 against two runs of (4, 2048) for 4 + 2 of them
+    assert [len(g) for g, _ in planner.prefill_groups(chats[:6])] == [4, 2]
+    shapes.ran("ragged", 16, 2048, 0.0)
+    shapes.compile_s = [0.5]  # 3,088 + 320 against 4,128: its own pass compiles
+    assert planner.prefill_groups(chats) == [(list(range(16)), True)]
+    shapes.compile_s = [6.0]
+    assert [len(g) for g, _ in planner.prefill_groups(chats)] == [10, 6]  # not 4 x (4, 2048)
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -212,19 +225,32 @@ def test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape(
     assert [results[i].token_ids for i in range(4)] == alone
 
 
+@pytest.mark.parametrize("split", [False, True])
 def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens(
-    tiny_ckpts, monkeypatch
+    tiny_ckpts, monkeypatch, split
 ):
     """Rows with cached blocks admitted together, run from scratch in one ragged pass
     (the rule forced: its own test above) beside a row without: a cold decode's tokens,
     float64, their blocks not counted as hits, their suffix shapes set compiling; the
-    blocks the pass stored serve a later request."""
+    blocks the pass stored serve a later request. `split`: in two passes (as an
+    admission too long for the compiled pass runs), the admission's first and third
+    rows, its second and fourth."""
     from lookahead_jax.engine.prefill_planning import PrefillPlanner
     from lookahead_jax.engine.prefix_cache import BLOCK
     from tests.test_prefix_cache import MAX_NEW, PROMPTS
 
     # (an admission of several rows runs as one pass: a lone one as a suffix)
     monkeypatch.setattr(PaddedShapes, "ragged_pays", lambda self, n, *a, **k: n > 1)
+    passes, halved = PrefillPlanner._passes, []
+
+    def halves(self, requests):  # (the admission of four; others as they come)
+        if len(requests) != 4:
+            return passes(self, requests)
+        halved.append(True)
+        return [[0, 2], [1, 3]], passes(self, requests)[1]
+
+    if split:
+        monkeypatch.setattr(PrefillPlanner, "_passes", halves)
     real, soon = PrefillPlanner._suffixes_soon, []
 
     def suffixes_soon(self, requests, hits, pool):
@@ -242,6 +268,7 @@ def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens
         later = [lj.Request(PROMPTS[i], id=i) for i in (1, 2, 3, 5)]
         hot = {r.id: r.token_ids for r in engine.run(later)}
         assert any(shape.endswith("ragged") for shape in engine.stats.prefill_shapes)
+        assert bool(halved) == split  # (the four in two passes, through the admission)
         assert engine.stats.prefix_hits == hits, engine.stats.prefill_shapes
         # the rows with hits of a pass: their suffix shapes compiling, for later admissions
         assert soon and all(set(ids) <= {1, 2, 3} for ids in soon), soon

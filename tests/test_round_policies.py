@@ -204,7 +204,9 @@ def test_lookahead_is_re_measured_at_a_share_of_the_time_where_plain_is_chosen()
     """Where plain wins at a bucket whose lookahead step is dear (2.7x), lookahead is
     re-measured by a one-step probe no sooner than every (2.7 - 1) / EXPLORE_SHARE = 34
     rounds, not every 4-32 (one row that repeats its prompt, 12 tokens a step, keeps it
-    from being hopeless; the other fifteen accept nothing)."""
+    from being hopeless; the other fifteen accept nothing. One accepting 4 would not:
+    after one-step re-measures a row's figure leans on its kind's, 2.59 there, under
+    the 2.7x step, and the bucket turns hopeless, re-probed every HOPELESS_INTERVAL)."""
     rule = RoundChoice(prior=1.0)
     cost, rows = {"plain": 60.0, "lookahead": 162.0}, fresh(16)
     runs = [run(rule, 16, cost, rows, [12.0] + [1.0] * 15) for _ in range(200)]

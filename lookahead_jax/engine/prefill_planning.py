@@ -70,7 +70,9 @@ class PrefillPlanner:
         cut = self.padded.groups(kind, sides, self.B, rate, ready, background)
         return [(group, False) for group in cut]
 
-    def _ragged_parts(self, requests: list[Encoded], hits, charge: bool = False):
+    def _ragged_parts(
+        self, requests: list[Encoded], hits, charge: bool = False
+    ) -> list[list[int]] | None:
         """The ragged passes these requests prefill packed in ([indices] each: `_passes`),
         or None where they do not: several prompts from scratch, where that costs less
         than their padded cut (prefill_shapes.ragged_pays; charge: the positions one
@@ -89,7 +91,8 @@ class PrefillPlanner:
         """(kind, sides, the program's pool, this run's prefill rate, `_ready`): what
         prefill_shapes.py plans a prefill of these requests from (as `prefill`'s); ragged:
         whether they run as one ragged pass, where the caller has decided it (None: where
-        `_ragged_parts` says one pass)."""
+        `_ragged_parts` says one pass; where it says several, these requests run as one
+        padded prompt prefill, as `prompt_instead` prices them)."""
         if ragged is None:
             ragged = len(self._ragged_parts(requests, hits) or ()) == 1
         kind, sides = prefill_args.sides(requests, hits, pool, ragged)
@@ -116,11 +119,13 @@ class PrefillPlanner:
             soon(*shape)
         return shape is not None
 
-    def ragged_instead(self, requests: list[Encoded], hits: list[list[int]], pool):
+    def ragged_instead(
+        self, requests: list[Encoded], hits: list[list[int]], pool
+    ) -> list[list[int]] | None:
         """The ragged passes ([indices] each, `_passes`) an admission's requests, some with
         cached blocks (hits; [] where none), prefill in from scratch (hits ignored), or
-        None where they run as suffixes
-        beside the others' prompts, each cut as prefill_groups cuts them (the others
+        None where they run as suffixes beside the others' prompts, each cut as
+        prefill_groups cuts them (the others
         as padded prompts, or their own pass where that costs less): where it costs less
         (prefill_shapes.ragged_pays; a lone suffix too, where its own shape would
         compile: a pass of the warmed shape holds it). Called once an admission: the
@@ -137,9 +142,9 @@ class PrefillPlanner:
         if fresh:
             prompts = [requests[i] for i in fresh]
             cost = self._cut(prompts, None, None)
-            ragged = self._passes(prompts) if len(fresh) >= 2 else None
-            if ragged is not None:  # (their own passes, where they cost less: not charged)
-                cost = min(cost, ragged[1])
+            passes = self._passes(prompts) if len(fresh) >= 2 else None
+            if passes is not None:  # (their own passes, where they cost less: not charged)
+                cost = min(cost, passes[1])
             cut = (cut[0] + cost[0], cut[1] + cost[1])
         parts = self._ragged_pays(requests, cut, charge=True)
         if parts is not None:
@@ -172,39 +177,51 @@ class PrefillPlanner:
         """The ragged passes these requests run in ([indices into `requests`] each,
         ascending) and what they cost (positions as prefill_shapes prices them, positions
         run); None where one pass would hold more than MAX_PASS_TOKENS. One pass, unless
-        its shape would compile in the foreground and passes packed to fit the largest
-        compiled one (`_packed`) cost less, their padding included: sixteen MT-bench
-        chats of 3,072 tokens in all compiled their pass for 8.5 s inside a server's
-        admission (2-core Intel Xeon), where two runs of the warmed 2,048-token pass
-        take ~6 s. What the passes run beyond the one pass's shape is spent for want of
-        it (`_ragged_pays`): it compiles in the background once that has paid a compile."""
+        its shape would compile in the foreground and passes packed to fit a compiled one
+        (`_packed`, the cheapest over the compiled passes) cost less, their padding
+        included; or, its shape paid for (its compile started in the background:
+        `_ragged_pays`), until that is ready. What the passes run beyond the one pass's
+        shape is spent for want of it (`_ragged_pays`).
+
+        Worked example (640 positions a second, a compile 3 s: 1,920 positions; the
+        warmed pass (16, 2048)): sixteen MT-bench chats of 192 tokens, 3,072 in all, whose
+        own pass (16, 3072) would compile in the foreground (3,088 + 1,920 = 5,008; one
+        such compiled for 8.5 s inside a server's admission, 2-core Intel Xeon), run as
+        ten and six chats in two runs of the warmed pass (2 x 2,064 = 4,128), and the
+        1,040 positions they run beyond (16, 3072)'s own go towards compiling it."""
         one = self._pass(requests)
         if one is None:
             return None
         n, side, rate, ready, soon = one
         whole = ([list(range(len(requests)))], self._pass_cost(one))
-        if self.padded.plan(RAGGED, n, side, rate, ready, soon is not None)[1] not in COMPILES_NOW:
+        how = self.padded.plan(RAGGED, n, side, rate, ready, soon is not None)[1]
+        if how not in COMPILES_NOW:
             return whole
-        parts = self._packed(requests)
-        if parts is None:
+        best = None
+        for rows, pass_side in self.padded.shapes(RAGGED):
+            parts = self._packed(requests, rows, pass_side)
+            if parts is None:
+                continue
+            costs = [self._pass_cost(self._pass([requests[i] for i in p])) for p in parts]
+            cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
+            if best is None or cost[0] < best[1][0]:
+                best = (parts, cost)
+        if best is None:
             return whole
-        costs = [self._pass_cost(self._pass([requests[i] for i in part])) for part in parts]
-        cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
-        return (parts, cost) if cost[0] < whole[1][0] else whole
+        if how == "paid" and soon is not None:  # (its compile under way: not in the foreground)
+            soon(n, side)
+            return best
+        return best if best[1][0] < whole[1][0] else whole
 
     def _pass_cost(self, ragged_pass: tuple) -> tuple[float, int]:
         """prefill_shapes.pass_cost of a pass as `_pass` gives it."""
         n, side, rate, ready, soon = ragged_pass
         return self.padded.pass_cost(n, side, rate, ready, soon is not None)
 
-    def _packed(self, requests: list[Encoded]) -> list[list[int]] | None:
-        """These requests packed, longest first, into passes that each fit the largest
-        compiled ragged pass (its rows, its tokens: first fit), or None where none is
-        compiled or a prompt alone is longer."""
-        largest = self.padded.largest(RAGGED)
-        if largest is None:
-            return None
-        rows, side = largest
+    def _packed(self, requests: list[Encoded], rows: int, side: int) -> list[list[int]] | None:
+        """These requests packed, longest first, into passes that each fit a pass of
+        `rows` rows and `side` tokens (first fit), or None where a prompt alone is
+        longer."""
         parts: list[list[int]] = []
         tokens: list[int] = []  # each part's
         for i in sorted(range(len(requests)), key=lambda i: -len(requests[i].ids)):
@@ -223,14 +240,16 @@ class PrefillPlanner:
                 return None
         return [sorted(part) for part in parts]
 
-    def _ragged_pays(self, requests: list[Encoded], cut: tuple[float, int], charge: bool):
+    def _ragged_pays(
+        self, requests: list[Encoded], cut: tuple[float, int], charge: bool
+    ) -> list[list[int]] | None:
         """prefill_shapes.ragged_pays for these requests in ragged passes (`_passes`)
         against `cut`: the passes ([indices] each), or None where the cut runs."""
-        passes = self._passes(requests)
+        one, passes = self._pass(requests), self._passes(requests)
         if passes is None:
             return None
         parts, cost = passes
-        n, side, rate, ready, soon = self._pass(requests)
+        n, side, rate, ready, soon = one
         several = cost if len(parts) > 1 else None
         pays = self.padded.ragged_pays(n, side, cut, rate, ready, soon, charge, several)
         return parts if pays else None

@@ -48,7 +48,7 @@ a call's fixed cost, a compile where one is due), and the padding that cut spend
 the cut that would run every run at its own shape is what is spent for want of those
 shapes (the only place a prompt's or suffix's padding is counted; a ragged pass's is
 counted where it runs padded, `choose`: its admission is not cut, and where it would
-have run fewer positions than the cut that ran instead, `ragged_pays`).
+have run fewer positions than the cut, or the passes, that ran instead, `ragged_pays`).
 
 Whether an admission runs as one ragged pass or cut (`ragged_pays`): where the pass
 costs less, priced as the cut is (positions, a call's cost, a compile in the
@@ -58,7 +58,9 @@ is one cached block, so every chat after a server's first is a suffix, and sixte
 MT-bench chats ran as [16, 128], 2,048 positions for 1,202 prompt tokens (a 2-core Intel
 Xeon). A pass costs only its tokens, so a server's warm-up compiles one of every row's
 chat-sized prompt (continuous.py), which a burst of up to that many tokens may pad to
-rather than compile (where that costs no more than its cut).
+rather than compile (where that costs no more than its cut); a burst of more may run in
+several passes packed to fit a compiled one, where their padding costs less than
+compiling its own (the planner's `_passes`, priced here as `passes`).
 """
 
 from __future__ import annotations
@@ -224,10 +226,10 @@ class PaddedShapes:
             return False
         return self.spent_s.get(key, 0.0) >= self._compile_seconds()
 
-    def largest(self, kind: str) -> tuple[int, int] | None:
-        """The compiled (rows, side) of this kind that runs the most positions, or None."""
-        shapes = [(self.positions(k, n, s), n, s) for k, n, s in self.compiled if k == kind]
-        return max(shapes)[1:] if shapes else None
+    def shapes(self, kind: str) -> list[tuple[int, int]]:
+        """The compiled (rows, side) of this kind, fewest positions first."""
+        shapes = [(n, s) for k, n, s in self.compiled if k == kind]
+        return sorted(shapes, key=lambda shape: self.positions(kind, *shape))
 
     def _larger(self, kind: str, n: int, side: int) -> tuple[int, int] | None:
         """The smallest compiled (rows, side) of this kind that holds (n, side), or None."""
@@ -246,9 +248,10 @@ class PaddedShapes:
         charge: bool = False,
         passes: tuple[float, int] | None = None,
     ) -> bool:
-        """Whether prompts run packed in one ragged pass of (n rows, `side` tokens) rather
-        than as they are cut otherwise, `cut` = (what those prefills cost, the positions
-        they run: `cost`): where the pass costs no more as `choose` would run it (its own
+        """Whether prompts run packed in one ragged pass of (n rows, `side` tokens), or in
+        `passes`, rather than as they are cut otherwise, `cut` = (what those prefills
+        cost, the positions they run: `cost`): where the pass costs no more as `choose`
+        would run it (its own
         shape compiled, a larger one padded, a compile priced as `_cost` prices one; a
         tie goes to the pass, whose rows are never padded). `passes`: (cost, positions
         run) of the prompts in several passes of compiled shapes instead, where the
@@ -264,7 +267,10 @@ class PaddedShapes:
         sixteen chats of 1,300 tokens in all, whose cut would compile [16, 128] (2,064
         positions and a compile: 2,164) run in the warmed pass (2,064); two short prompts
         whose compiled [2, 64] runs 144 positions do not, and the 144 - 112 = 32
-        positions a pass (2, 96) would have run fewer go towards compiling it."""
+        positions a pass (2, 96) would have run fewer go towards compiling it; sixteen
+        chats of 3,072 tokens, whose own pass would compile, run as two passes of the
+        warmed one (`passes` = (4,128, 4,128)) where their cut costs more, and the
+        4,128 - 3,088 = 1,040 positions beyond their own pass go towards compiling it."""
         rate, background = positions_per_s, compile_soon is not None
         cost, ran = self.pass_cost(n, side, rate, ready, background) if passes is None else passes
         pays = cost <= cut[0]

@@ -45,6 +45,9 @@ then with 4-step rounds every 34, ~4 %: with one step every 34 now, ~1 %). Looka
 the last WINDOW lookahead rounds, HOPELESS_AFTER of them at least (even rows like that
 one could not pay for its steps):
 then it is re-measured only every HOPELESS_INTERVAL rounds (by a probe of one step too).
+The one-step re-measures count among those rounds: after one step a row's figure leans
+on its kind's, so a bucket where plain is chosen may turn hopeless sooner than 4-step
+rounds would have made it (its re-probes still end the spell).
 A new R starts with three one-step lookahead probes (the first unmeasured: a program's
 first run may carry one-time costs), then plain rounds (the first unmeasured too). The
 opening probes measure the step's cost only: what they accept is not counted, since a
@@ -179,7 +182,7 @@ class RoundChoice:
         ratio = self.cost_ratio(R)
         if ratio is None or len(self._timed[(R, "lookahead")]) < 2:
             return False
-        if len(self._best) < HOPELESS_AFTER:  # too few lookahead rounds seen (probes: none)
+        if len(self._best) < HOPELESS_AFTER:  # too few seen (opening probes: none)
             return False
         return ratio > max(max(self._best), 1.0)
 
