@@ -132,17 +132,17 @@ def test_probes_that_accept_nothing_do_not_make_lookahead_hopeless():
 
 
 def test_a_hopeless_spell_ends_when_rows_start_accepting():
-    """Lookahead becomes hopeless after HOPELESS_AFTER lookahead rounds of rows that
-    accept nothing (its one-step re-measures among them, not the opening probes), not
-    before; its re-probes count what rows accept, so rows that accept well
-    later end the spell (an opening probe measures cost only, a re-probe both)."""
+    """Lookahead becomes hopeless after HOPELESS_AFTER real rounds of rows that accept
+    nothing, not before (a 1.33x step: re-measured by whole rounds, not one-step
+    probes, below PROBE_RATIO); its re-probes count what rows accept, so rows that accept
+    well later end the spell (an opening probe measures cost only, a re-probe both)."""
     rule = RoundChoice(prior=2.0)
     cost, prose = {"plain": 30.0, "lookahead": 40.0}, fresh(1)
-    rounds = 0
+    real = 0
     while not rule.hopeless(1):
         plain, probe = run(rule, 1, cost, prose, [1.0])
-        rounds += not plain
-    assert rounds - 3 == HOPELESS_AFTER  # its own rounds, not the opening probes, decided it
+        real += not plain and not probe
+    assert real == HOPELESS_AFTER  # its own rounds, not the opening probes, decided it
     code = fresh(1)
     runs = [run(rule, 1, cost, code, [3.0]) for _ in range(HOPELESS_INTERVAL + 20)]
     assert not rule.hopeless(1)

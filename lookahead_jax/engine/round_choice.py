@@ -35,12 +35,14 @@ code chats) it ended at 0.87 at one row, 1.00-1.05 at 2 to 16 rows.
 
 The mode not chosen runs again now and then to keep its figures fresh: after 4 rounds,
 then 8, 16 up to 32 while the choice holds, back to 4 when it flips; lookahead, where
-plain is chosen, as a one-step probe (its step's cost and what the rows accept in it, at
-a round's fraction of a full round's cost), no sooner than every (cost ratio - 1) /
-EXPLORE_SHARE rounds, so that its step's extra cost over plain ones stays well under
-EXPLORE_SHARE of the time (a server under 16 chats at R = 16, a lookahead step 2.7x a
-plain one, re-measured it with 4-step rounds every 4-8 rounds, a third of its time;
-then with 4-step rounds every 34, ~4 %: with one step every 34 now, ~1 %). Lookahead is
+plain is chosen, no sooner than every (cost ratio - 1) / EXPLORE_SHARE rounds, so that
+its steps' extra cost over plain ones stays under EXPLORE_SHARE of the time, and where
+its step costs PROBE_RATIO times a plain one or more, by a one-step probe (its step's
+cost and what the rows accept in it, at a quarter of a round's cost): a server under
+16 chats at R = 16, a lookahead step 2.7x a plain one, re-measured it with 4-step
+rounds every 4-8 rounds, a third of its time; then every 34, ~4 %; with one step every
+34 now, ~1 %. Below PROBE_RATIO a whole round costs little more and measures the rows
+better (their figures lean less on their kind's). Lookahead is
 *hopeless* at R when its cost ratio there is above the best acceptance any row showed in
 the last WINDOW lookahead rounds, HOPELESS_AFTER of them at least (even rows like that
 one could not pay for its steps):
@@ -73,8 +75,9 @@ Calibrated: at R = 16, plain 70 ms and lookahead 230 ms a step (3.3x; break-even
 step run lookahead, and emit 2.75 a step for 4 steps. Their own figures barely move
 (3.46: a long record), but the bucket's calibration becomes (176 + 64) / (224 + 64) =
 0.83 (176 tokens emitted, 224 predicted, 64 the prior's), and 0.83 * 3.46 = 2.88 < 3.38:
-plain runs, and lookahead is re-measured by a one-step probe after (3.3 - 1) /
-EXPLORE_SHARE = 46 rounds, which keeps the calibration fresh for ~1 % of the time.
+plain runs, and lookahead is re-measured by a one-step probe (3.3x >= PROBE_RATIO) after
+(3.3 - 1) / EXPLORE_SHARE = 46 rounds, which keeps the calibration fresh for ~1 % of
+the time.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ FIRST_INTERVAL, MAX_INTERVAL = 4, 32  # rounds between runs of the mode not chos
 HOPELESS_INTERVAL = 128  # ... where lookahead cannot pay (then a one-step probe)
 HOPELESS_AFTER = 4  # lookahead rounds (not opening probes) seen before it may be judged hopeless
 EXPLORE_SHARE = 0.05  # of the time, at most, that re-measuring lookahead costs over plain
+PROBE_RATIO = 2.0  # a lookahead step's cost over plain's from which a re-measure is one step
 ROW_DECAY = 0.7  # a row's earlier lookahead rounds' weight, per newer round
 PRIOR_STEPS = 4  # the weight, in steps, of a row's kind's acceptance in its own figure
 KIND_ROWS = 16  # the recent rows a kind's acceptance is the mean of
@@ -218,7 +222,8 @@ class RoundChoice:
         explore = self._since.get(R, 0) >= interval
         self._last[R] = (plain_wins, explore)
         plain = plain_wins != explore
-        return plain, not plain and (hopeless or plain_wins)  # (re-measuring: one step)
+        one_step = hopeless or (plain_wins and self.cost_ratio(R) >= PROBE_RATIO)
+        return plain, not plain and one_step
 
     def ran(
         self, R: int, plain: bool, seconds: float, rows: list[RowRound], probe: bool = False
