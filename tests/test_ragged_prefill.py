@@ -203,7 +203,7 @@ def test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape(
 
     if split:
         real = PrefillPlanner._passes
-        halves = lambda self, requests: ([[0, 2], [1, 3]], real(self, requests)[1])
+        halves = lambda self, requests, *one: ([[0, 2], [1, 3]], real(self, requests, *one)[1])
         monkeypatch.setattr(PrefillPlanner, "_passes", halves)
     kw = dict(max_new_tokens=4, lookahead=None, max_prompt_tokens=32)
     # 114 tokens: a pass of 128 (144 positions with a call's), four [1, 32] run 192
@@ -243,11 +243,11 @@ def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens
     monkeypatch.setattr(PaddedShapes, "ragged_pays", lambda self, n, *a, **k: n > 1)
     passes, halved = PrefillPlanner._passes, []
 
-    def halves(self, requests):  # (the admission of four; others as they come)
+    def halves(self, requests, *one):  # (the admission of four; others as they come)
         if len(requests) != 4:
-            return passes(self, requests)
+            return passes(self, requests, *one)
         halved.append(True)
-        return [[0, 2], [1, 3]], passes(self, requests)[1]
+        return [[0, 2], [1, 3]], passes(self, requests, *one)[1]
 
     if split:
         monkeypatch.setattr(PrefillPlanner, "_passes", halves)

@@ -125,8 +125,8 @@ class PrefillPlanner:
         """The ragged passes ([indices] each, `_passes`) an admission's requests, some with
         cached blocks (hits; [] where none), prefill in from scratch (hits ignored), or
         None where they run as suffixes beside the others' prompts, each cut as
-        prefill_groups cuts them (the others
-        as padded prompts, or their own pass where that costs less): where it costs less
+        prefill_groups cuts them (the others as padded prompts, or their own pass where
+        that costs less): where it costs less
         (prefill_shapes.ragged_pays; a lone suffix too, where its own shape would
         compile: a pass of the warmed shape holds it). Called once an admission: the
         positions it would save are spent for want of its shape; where it runs, the
@@ -173,7 +173,9 @@ class PrefillPlanner:
         rate, ready = self.stats.prefill_rate(), self._ready(prefill_args.RAGGED)
         return n, side, rate, ready, self._compile_soon(prefill_args.RAGGED)
 
-    def _passes(self, requests: list[Encoded]) -> tuple[list[list[int]], tuple] | None:
+    def _passes(
+        self, requests: list[Encoded], one: tuple | None = None
+    ) -> tuple[list[list[int]], tuple] | None:
         """The ragged passes these requests run in ([indices into `requests`] each,
         ascending) and what they cost (positions as prefill_shapes prices them, positions
         run); None where one pass would hold more than MAX_PASS_TOKENS. One pass, unless
@@ -188,8 +190,9 @@ class PrefillPlanner:
         own pass (16, 3072) would compile in the foreground (3,088 + 1,920 = 5,008; one
         such compiled for 8.5 s inside a server's admission, 2-core Intel Xeon), run as
         ten and six chats in two runs of the warmed pass (2 x 2,064 = 4,128), and the
-        1,040 positions they run beyond (16, 3072)'s own go towards compiling it."""
-        one = self._pass(requests)
+        1,040 positions they run beyond (16, 3072)'s own go towards compiling it. `one`:
+        their one pass as `_pass` gives it, where the caller has it."""
+        one = self._pass(requests) if one is None else one
         if one is None:
             return None
         n, side, rate, ready, soon = one
@@ -226,13 +229,14 @@ class PrefillPlanner:
         tokens: list[int] = []  # each part's
         for i in sorted(range(len(requests)), key=lambda i: -len(requests[i].ids)):
             n = len(requests[i].ids)
-            fits = [
+            fits = (
                 k for k, part in enumerate(parts)
                 if len(part) < rows and inputs.prefill_side(tokens[k] + n) <= side
-            ]  # fmt: skip
-            if fits:
-                parts[fits[0]].append(i)
-                tokens[fits[0]] += n
+            )  # fmt: skip
+            k = next(fits, None)
+            if k is not None:
+                parts[k].append(i)
+                tokens[k] += n
             elif inputs.prefill_side(n) <= side:
                 parts.append([i])
                 tokens.append(n)
@@ -245,7 +249,8 @@ class PrefillPlanner:
     ) -> list[list[int]] | None:
         """prefill_shapes.ragged_pays for these requests in ragged passes (`_passes`)
         against `cut`: the passes ([indices] each), or None where the cut runs."""
-        one, passes = self._pass(requests), self._passes(requests)
+        one = self._pass(requests)
+        passes = None if one is None else self._passes(requests, one)
         if passes is None:
             return None
         parts, cost = passes

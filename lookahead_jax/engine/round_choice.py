@@ -215,14 +215,14 @@ class RoundChoice:
         last = self._last.get(R)
         if last is not None and last[0] != plain_wins:  # the rows now choose the other mode
             self._since[R], self._interval[R] = 0, FIRST_INTERVAL
-        hopeless = self.hopeless(R)
+        hopeless, ratio = self.hopeless(R), self.cost_ratio(R)
         interval = HOPELESS_INTERVAL if hopeless else self._interval.get(R, FIRST_INTERVAL)
         if plain_wins and not hopeless:  # (a hopeless bucket's probes are one step)
-            interval = max(interval, math.ceil((self.cost_ratio(R) - 1) / EXPLORE_SHARE))
+            interval = max(interval, math.ceil((ratio - 1) / EXPLORE_SHARE))
         explore = self._since.get(R, 0) >= interval
         self._last[R] = (plain_wins, explore)
         plain = plain_wins != explore
-        one_step = hopeless or (plain_wins and self.cost_ratio(R) >= PROBE_RATIO)
+        one_step = hopeless or (plain_wins and ratio >= PROBE_RATIO)
         return plain, not plain and one_step
 
     def ran(
