@@ -1,0 +1,39 @@
+# Issue 58's check on a lent H200 (one session, two device calls; the bundled GGUF is
+# 94 MiB and a call carries at most 64 MiB, so call 1 parks half of it on the device,
+# which keeps its files while warm, ~30 s between calls):
+#
+#   on the CPU machine, once (as scripts/gpu/smollm2_setup.py's docstring says):
+#     split -b 48M <the GGUF> .gpu/part-; .gpu/1/gguf.part-aa, .gpu/2/gguf.part-ab,
+#     .gpu/2/gguf.sha256, .gpu/2/tok/ (tokenizer files); .whl/ (the gguf wheel)
+#   run(command="bash benchmarks/gpu/issue58_h200/run.sh tests", carry=[".gpu/1", ".whl"])
+#   run(command="bash benchmarks/gpu/issue58_h200/run.sh engine", carry=[".gpu/2", ".whl"])
+#
+# tests: the exactness tests of this issue's new paths (packed ragged prefill passes, row
+# buckets, per-round auto) on the GPU, tiny models in float64 / float32.
+# engine: lj.Engine on the real SmolLM2-135M (float32), plain against auto, B = 1 and 16.
+set -uo pipefail
+source scripts/gpu/env.sh
+export XLA_FLAGS=  # the suite's CPU-only compiler flags (tests/conftest.py) stay off here
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+case "${1:-}" in
+tests)
+    mkdir -p /tmp/parts && cp .gpu/1/gguf.part-aa /tmp/parts/  # for the engine call
+    timeout 260 python3 -m pytest -q -p no:cacheprovider --timeout 120 --durations 10 \
+        tests/test_ragged_prefill.py tests/test_engine.py tests/test_round_policies.py \
+        tests/test_lookahead_exactness.py -k "not smollm2" 2>&1 | tee "$OUT/gpu_tests.log" \
+        | grep -v -i warning | tail -40
+    ;;
+engine)
+    python3 scripts/gpu/smollm2_setup.py /tmp/site .gpu/2/tok .gpu/2/gguf.sha256 \
+        /tmp/parts/gguf.part-aa .gpu/2/gguf.part-ab || exit 1
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=.5
+    timeout 470 python3 scripts/bench/engine_bench.py --systems engine_plain,engine_auto \
+        --batches 1,16 --per-category 1 --max-new-tokens 128 --cache-dir /tmp/ljc \
+        --out "$OUT/engine_h200" 2>&1 \
+        | grep -v -i warning | tail -40
+    ;;
+*)
+    echo "usage: bash benchmarks/gpu/issue58_h200/run.sh tests|engine" >&2
+    exit 2
+    ;;
+esac
