@@ -14,5 +14,8 @@ cores="$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)"  # nproc: Linux; getco
 workers="${LOOKAHEAD_JAX_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
 # --durations: the slowest tests in every log, CI's included (the suite's budget is 15 min)
 # --dist loadfile: a file's tests run in one worker, so its module fixtures are made once
-# and its tests share the programs they compile (most tests of a file use the same shapes)
-exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --durations=25 "$@"
+# and its tests share the programs they compile (most tests of a file use the same shapes);
+# --no-loadscope-reorder: files go out in collection order, the longest first
+# (tests/conftest.py's LONGEST_FILES), not xdist's most-tests-first
+exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder \
+    --durations=25 "$@"

@@ -77,6 +77,38 @@ def _few_memory_maps():
         gc.collect()
 
 
+# The files that take longest, longest first (seconds of their tests summed, one run of
+# the suite on an AMD EPYC, 2 workers, junitxml): scripts/test.sh hands whole files to
+# the workers in collection order (--dist loadfile --no-loadscope-reorder), so these
+# start first and the suite ends on short files. In xdist's own order (most tests
+# first) a long file could start last: one worker ran it alone for ~45 s at the end.
+LONGEST_FILES = (
+    "test_lookahead_exactness.py",  # 138 s
+    "test_server.py",  # 88
+    "test_sampling_distribution.py",  # 72
+    "test_engine.py",  # 61
+    "test_consistency.py",  # 51
+    "test_lm_eval.py",  # 49
+    "test_bad_input.py",  # 48
+    "test_generation.py",  # 45
+    "test_grammar_decoding.py",  # 44
+    "test_loop_copies.py",  # 44
+    "test_sharding.py",  # 43
+    "test_prefix_cache.py",  # 37
+    "test_int8.py",  # 35
+    "test_model_parity.py",  # 32
+    "test_autotune.py",  # 30
+    "test_logprobs.py",  # 30
+)
+
+
+def pytest_collection_modifyitems(items):
+    """LONGEST_FILES first, in that order; the rest after, as collected (a stable sort:
+    each file's tests keep their order)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 # The tiny "gqa" model's cost curve {T: seconds}, measured by `auto` on an idle AMD EPYC
 # (2 cores). Seeded into the test cache for the batch sizes the tests decode at, so that
 # `auto` chooses from it instead of measuring: on a machine kept busy by the other worker
