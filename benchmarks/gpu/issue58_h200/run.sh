@@ -10,7 +10,8 @@
 #
 # tests: the exactness tests of this new paths (packed ragged prefill passes, row
 # buckets, per-round auto) on the GPU, tiny models in float64 / float32.
-# engine: lj.Engine on the real SmolLM2-135M (float32), plain against auto, B = 1 and 16.
+# engine: lj.Engine on the real SmolLM2-135M (float32), plain against auto, B = 1 and 16
+# (this session ran these lines inline, carry [".gpu/2", ".whl"], timeout_s 400).
 set -uo pipefail
 source scripts/gpu/env.sh
 export XLA_FLAGS=  # the suite's CPU-only compiler flags (tests/conftest.py) stay off here
@@ -27,7 +28,7 @@ engine)
     python3 scripts/gpu/smollm2_setup.py /tmp/site .gpu/2/tok .gpu/2/gguf.sha256 \
         /tmp/parts/gguf.part-aa .gpu/2/gguf.part-ab || exit 1
     export XLA_PYTHON_CLIENT_MEM_FRACTION=.5
-    timeout 470 python3 scripts/bench/engine_bench.py --systems engine_plain,engine_auto \
+    timeout 350 python3 scripts/bench/engine_bench.py --systems engine_plain,engine_auto \
         --batches 1,16 --per-category 1 --max-new-tokens 128 --cache-dir /tmp/ljc \
         --out "$OUT/engine_h200" 2>&1 \
         | grep -v -i warning | tail -40
