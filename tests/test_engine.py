@@ -172,7 +172,8 @@ def test_a_run_frees_its_device_state_by_reference_counting(model64):
     with jax.enable_x64(True):
         run()  # programs, and whatever a first run keeps for the next
         gc.collect()
-        before = {id(a) for a in jax.live_arrays()}
+        kept = jax.live_arrays()  # held: no new array can take a kept one's id
+        before = {id(a) for a in kept}
         gc.disable()
         try:
             run()
