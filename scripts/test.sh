@@ -16,6 +16,8 @@ workers="${LOOKAHEAD_JAX_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
 # --dist loadfile: a file's tests run in one worker, so its module fixtures are made once
 # and its tests share the programs they compile (most tests of a file use the same shapes);
 # --no-loadscope-reorder: files go out in collection order, the longest first
-# (tests/conftest.py's LONGEST_FILES), not xdist's most-tests-first
+# (tests/conftest.py's LONGEST_FILES), not xdist's most-tests-first;
+# --max-worker-restart 0: a worker that dies (or a test past pytest-timeout's limit)
+# ends the run at once with its name, where replacing it hung stop 76's CI to its limit
 exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder \
-    --durations=25 "$@"
+    --max-worker-restart 0 --durations=25 "$@"

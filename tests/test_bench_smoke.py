@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(*args, timeout=900):
+def run(*args, timeout=240):  # (under pytest's 300: the child is killed, its stderr shown)
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     r = subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout

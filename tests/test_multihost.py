@@ -64,7 +64,7 @@ def test_two_processes_equal_one(tiny_ckpts, tmp_path):
         for pid in (0, 1)
     ]
     try:
-        logs = [p.communicate(timeout=600)[0] for p in procs]
+        logs = [p.communicate(timeout=120)[0] for p in procs]  # both: under pytest's 300 s
     finally:
         for p in procs:
             p.kill()
