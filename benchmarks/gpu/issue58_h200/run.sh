@@ -1,4 +1,4 @@
-# Issue 58's check on a lent H200 (one session, two device calls; the bundled GGUF is
+# Issue 58's check on a lent H200 (one session, three device calls; the bundled GGUF is
 # 94 MiB and a call carries at most 64 MiB, so call 1 parks half of it on the device,
 # which keeps its files while warm, ~30 s between calls):
 #
@@ -6,6 +6,7 @@
 #     split -b 48M <the GGUF> .gpu/part-; .gpu/1/gguf.part-aa, .gpu/2/gguf.part-ab,
 #     .gpu/2/gguf.sha256, .gpu/2/tok/ (tokenizer files); .whl/ (the gguf wheel)
 #   run(command="bash benchmarks/gpu/issue58_h200/run.sh tests", carry=[".gpu/1", ".whl"])
+#   run(command="bash benchmarks/gpu/issue58_h200/run.sh fails", carry=[".whl"])
 #   run(command="bash benchmarks/gpu/issue58_h200/run.sh engine", carry=[".gpu/2", ".whl"])
 #
 # tests: the exactness tests of this issue's new paths (packed ragged prefill passes, row
@@ -24,6 +25,14 @@ tests)
         tests/test_lookahead_exactness.py -k "not smollm2" 2>&1 | tee "$OUT/gpu_tests.log" \
         | grep -v -i warning | tail -40
     ;;
+fails)  # the failures of `tests` again, with their tracebacks
+    timeout 230 python3 -m pytest -q -p no:cacheprovider --timeout 100 --tb=short \
+        tests/test_engine.py::test_engine_equals_plain_decoding_alone \
+        tests/test_ragged_prefill.py::test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape \
+        tests/test_ragged_prefill.py::test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens \
+        2>&1 | grep -v -i warning > "$OUT/gpu_fail.log"
+    grep -E "^E |Error|assert|^FAILED|passed|failed" "$OUT/gpu_fail.log" | head -60
+    ;;
 engine)
     python3 scripts/gpu/smollm2_setup.py /tmp/site .gpu/2/tok .gpu/2/gguf.sha256 \
         /tmp/parts/gguf.part-aa .gpu/2/gguf.part-ab || exit 1
@@ -34,7 +43,7 @@ engine)
         | grep -v -i warning | tail -40
     ;;
 *)
-    echo "usage: bash benchmarks/gpu/issue58_h200/run.sh tests|engine" >&2
+    echo "usage: bash benchmarks/gpu/issue58_h200/run.sh tests|fails|engine" >&2
     exit 2
     ;;
 esac
