@@ -105,6 +105,9 @@ LONGEST_FILES = (
 def pytest_collection_modifyitems(items):
     """LONGEST_FILES first, in that order; the rest after, as collected (a stable sort:
     each file's tests keep their order)."""
+    here = Path(__file__).parent
+    gone = [name for name in LONGEST_FILES if not (here / name).is_file()]
+    assert not gone, f"tests/conftest.py LONGEST_FILES names files that are gone: {gone}"
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
