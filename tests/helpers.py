@@ -46,6 +46,13 @@ def assert_same_or_near_tie(
     return False
 
 
+def engine_packs_ragged() -> bool:
+    """Whether the engine packs an admission's prompts in ragged passes here: on one CPU
+    only (engine/device_slots.py; on a GPU or TPU the attention's loop would read its
+    predicate back every iteration). The pass itself runs anywhere."""
+    return jax.default_backend() == "cpu"
+
+
 def with_eos(model, eos_ids: tuple[int, ...]):
     """The same model with different EOS ids."""
     return dataclasses.replace(model, eos_ids=tuple(eos_ids), tokenizer=None)

@@ -24,12 +24,10 @@ from lookahead_jax.models.attention import segment_attention
 from lookahead_jax.models.llama import LlamaLM
 from lookahead_jax.models.llama_params import init_params, split_layers
 from tests import tiny
+from tests.helpers import engine_packs_ragged
 
-# The engine packs an admission in ragged passes on one CPU only (engine/device_slots.py:
-# on a GPU or TPU the attention's loop would read its predicate back every iteration);
-# the pass itself (the tests above these) runs anywhere.
 engine_packs = pytest.mark.skipif(
-    jax.default_backend() != "cpu", reason="the engine packs prompts on a CPU only"
+    not engine_packs_ragged(), reason="the engine packs prompts on a CPU only"
 )
 
 
