@@ -61,7 +61,8 @@ SOURCES = {
         ("cache_attention.cc", "-O3"),
     )
 }
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("parallel.h", "kernels.h"))  # in the key
+# the headers the sources include (in the key)
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("parallel.h", "kernels.h", "transpose.h"))
 TARGETS = {"float32": "lookahead_jax_small_m_f32", "int8": "lookahead_jax_small_m_int8"}
 ATTENTION_TARGET = "lookahead_jax_cache_attention_f32"
 # AVX2 + FMA, not -march=native: a library in a shared cache directory may be loaded on

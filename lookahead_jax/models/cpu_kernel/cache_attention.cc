@@ -35,6 +35,7 @@
 
 #include "kernels.h"
 #include "parallel.h"
+#include "transpose.h"
 
 namespace {
 
@@ -77,32 +78,13 @@ inline __m256 hmax8(__m256 v) {  // every lane: the largest of v's lanes
   return _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xb1));
 }
 
-// 8 rows of 8 floats, transposed in registers (r[i] lane j <- r[j] lane i).
-inline void transpose8(__m256 (&r)[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-  }
-}
-
 // keys [16, Dh] (row stride Dh) -> kt [Dh, 16], eight 8 x 8 blocks at a time.
 inline void transpose_keys(const float* keys, int64_t Dh, float* kt) {
   for (int64_t half = 0; half < kCols; half += 8) {
     for (int64_t d = 0; d < Dh; d += 8) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(keys + (half + i) * Dh + d);
-      transpose8(r);
+      lookahead_jax::transpose8(r);
       for (int i = 0; i < 8; ++i) _mm256_storeu_ps(kt + (d + i) * kCols + half, r[i]);
     }
   }

@@ -33,6 +33,7 @@
 
 #include "kernels.h"
 #include "parallel.h"
+#include "transpose.h"
 
 namespace {
 
@@ -181,14 +182,21 @@ bool has_avx512() {
 // Rows of x go through the AVX-512 tile in Groups512(M) groups of equal size.
 inline int64_t Groups512(int64_t M) { return (M + kRows512 - 1) / kRows512; }
 
-// x [M, K] -> xt: each group's rows transposed, [groups, K, size] (tile512's xt). The last
-// group's slots past M are left as they are: tile512 reads rows r < R only.
-std::unique_ptr<float[]> Transpose512(const float* x, int64_t M, int64_t K) {
+// x [M, K] -> xt: each group's rows transposed, [groups, K, size] (tile512's xt; slots of
+// rows past M hold zeros, which tile512 never reads: it reads rows r < R only). Groups are
+// shared out between the threads where there are several a thread (a prefill's M).
+std::unique_ptr<float[]> Transpose512(lookahead_jax::Workers& pool, const float* x, int64_t M,
+                                      int64_t K) {
   const int64_t groups = Groups512(M), size = (M + groups - 1) / groups;
   std::unique_ptr<float[]> xt(new float[static_cast<size_t>(groups * K * size)]);
-  for (int64_t m = 0; m < M; ++m) {
-    float* g = xt.get() + (m / size) * K * size + m % size;
-    for (int64_t k = 0; k < K; ++k) g[k * size] = x[m * K + k];
+  float* out = xt.get();
+  const auto group = [=](int64_t g) {
+    lookahead_jax::transpose_group(x, M, K, size, g, out + g * K * size);
+  };
+  if (groups >= 4 * std::max<int64_t>(1, pool.num_threads())) {
+    lookahead_jax::parallel_for(pool, groups, group);
+  } else {
+    for (int64_t g = 0; g < groups; ++g) group(g);
   }
   return xt;
 }
@@ -289,9 +297,9 @@ void Run(lookahead_jax::Workers& pool, const Matmul<W>& mm) {
   const bool wide = has_avx512() && mm.M >= kRows512;
   int64_t chunk = std::max<int64_t>(1, (mm.P + 2 * threads - 1) / (2 * threads));
   if (wide) chunk += chunk % 2;  // pairs of panels: an odd chunk leaves one alone
-  // x transposed once a call (on the calling thread: M x K floats, a small part of the
-  // M x K x N multiply), shared by every thread's panels
-  const std::unique_ptr<float[]> xt = wide ? Transpose512(mm.x, mm.M, mm.K) : nullptr;
+  // x transposed once a call (M x K floats, a small part of the M x K x N multiply),
+  // shared by every thread's panels
+  const std::unique_ptr<float[]> xt = wide ? Transpose512(pool, mm.x, mm.M, mm.K) : nullptr;
   Matmul<W> with_xt = mm;
   with_xt.xt = xt.get();
   lookahead_jax::parallel_for(pool, (mm.P + chunk - 1) / chunk, [mm = with_xt, chunk, wide](int64_t c) {
