@@ -48,6 +48,7 @@ from jaxtyping import Array, Float, Int
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses.draft_tree import ROOT, Proposals
 from lookahead_jax.guesses.guess_source import Prompt, Text, Verified, check_int
+from lookahead_jax.vocab_top_k import top_k
 
 EMPTY = -1
 SEED_PROB = 0.5  # the probability given to a prompt bigram's follower (no logits seen)
@@ -175,8 +176,7 @@ def update(table: RecycleTable, prev_br, tokens_br, logits_brv, priority_br, ok_
     (distinct per row) writes: the result does not depend on scatter order.
     """
     V, buckets = table.by_token.shape[1], table.by_pair.shape[1]
-    top_logits, top = jax.lax.top_k(logits_brv, table.k)  # [B, R, k]
-    top = top.astype(jnp.int32)
+    top_logits, top = top_k(logits_brv, table.k)  # [B, R, k] (ties: any order)
     probs = jnp.exp(top_logits - jax.nn.logsumexp(logits_brv, axis=-1, keepdims=True))
     probs = probs.astype(jnp.float32)
     write = jax.vmap(lambda dst, i, v: dst.at[i].set(v, mode="drop"))
