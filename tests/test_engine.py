@@ -26,6 +26,7 @@ from lookahead_jax.decoding import autotune
 from lookahead_jax.engine.inputs import bucket
 from lookahead_jax.engine.prefill_planning import PrefillPlanner
 from lookahead_jax.engine.round_choice import RoundChoice
+from lookahead_jax.models import seam
 from tests import tiny
 from tests.helpers import accepted_guesses, engine_packs_ragged, random_prompts, with_eos
 
@@ -87,11 +88,11 @@ def requests(order_seed: int) -> list[lj.Request]:
 
 
 LONGEST = max(map(len, PROMPTS))
-CASES = [  # (lookahead, batch, temperature, max_prompt_tokens: None = the state grows,
+CASES = [  # (lookahead, batch, temperature, max_prompt_tokens: None = inputs.offline_order,
     # row_buckets: True = every round at the smallest row bucket, its rows gathered)
     (None, 2, 0.0, None, "auto"),
-    (lj.LookaheadConfig.for_tokens(8), 3, 0.0, None, "auto"),  # growing: a loop per bucket,
-    # so the smaller tree (tokens=16, the CPU's default, at batches 1 and 4 below)
+    (lj.LookaheadConfig.for_tokens(8), 3, 0.0, None, "auto"),  # (the smaller tree beside
+    # tokens=16, the CPU's default, at batches 1 and 4 below)
     (lj.LookaheadConfig.for_tokens(16), 1, 0.0, LONGEST, "auto"),
     (lj.LookaheadConfig.for_tokens(16), 4, 0.9, LONGEST, True),
 ]
@@ -129,8 +130,12 @@ def test_engine_equals_plain_decoding_alone(
         assert stats.rounds > 1
     if batch > 1 and engine_packs_ragged():  # the first admission's prompts ran packed
         assert any(shape.endswith("ragged") for shape in stats.prefill_shapes), stats.prefill_shapes
-    # one S for the run: longest first sets it (continuous.py), or max_prompt_tokens
-    assert len(stats.cache_positions) == 1, stats.cache_positions
+    # one S for the run: longest first sets it where the attention reads by row (the
+    # CPU), or max_prompt_tokens; else one per prompt bucket, shortest first
+    by_row = seam.reads_cache_by_row(model64.lm)
+    grown = 1 if max_prompt or by_row else len(stats.prompt_buckets)
+    assert len(stats.cache_positions) == grown, stats.cache_positions
+    assert stats.cache_positions == sorted(stats.cache_positions)
 
 
 def test_generate_is_one_engine_run_and_shares_its_programs(model64):
@@ -340,6 +345,51 @@ def test_online_requests_while_it_decodes(model64, monkeypatch, tmp_path):
     per_round = engine.stats.per_round.values()  # both kinds of round ran
     assert sum(modes.get("plain", {}).get("rounds", 0) for modes in per_round) > 0
     assert sum(modes.get("lookahead", {}).get("rounds", 0) for modes in per_round) > 0
+
+
+def test_offline_order_is_longest_first_where_the_attention_reads_by_row():
+    """inputs.offline_order: longest first for a model whose attention reads each row's
+    cache as far as it goes (one S for the run), shortest bucket first for one that reads
+    the whole S every step; ties (and a bucket's prompts) in arrival order."""
+    from types import SimpleNamespace
+
+    from lookahead_jax.engine.inputs import offline_order
+
+    lengths = [5, 40, 17, 3, 40, 30]
+    reqs = [SimpleNamespace(ids=[1] * n, id=i) for i, n in enumerate(lengths)]
+    by_row, whole = SimpleNamespace(attention_block=64), SimpleNamespace(attention_block=0)
+    assert [r.id for r in offline_order(reqs, by_row)] == [1, 4, 5, 2, 0, 3]
+    assert [r.id for r in offline_order(reqs, whole)] == [0, 3, 2, 5, 1, 4]  # 16, 32, 64
+    assert [r.id for r in offline_order(reqs, object())] == [0, 3, 2, 5, 1, 4]
+
+
+def test_an_online_state_grows_under_the_rows_in_flight(model64):
+    """Online without max_prompt_tokens, a prompt of a longer bucket grows the state (its
+    S axis padded) while a row decodes: both rows get their lone plain decodes' tokens."""
+    ref = reference(model64, 0.0)
+    # the shortest prompt whose decode runs its whole budget (no EOS), and the longest
+    short = min(
+        (i for i in range(len(PROMPTS)) if len(ref[i]) == MAX_NEW), key=lambda i: len(PROMPTS[i])
+    )
+    long_ = max(range(len(PROMPTS)), key=lambda i: len(PROMPTS[i]))
+    assert bucket(len(PROMPTS[long_])) > bucket(len(PROMPTS[short]))
+    results: dict = {}
+
+    def listener(update):
+        if update.result is not None:
+            results[update.id] = update.result
+
+    with jax.enable_x64(True):
+        engine = lj.Engine(
+            model64, batch=2, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2
+        )
+        engine.submit(lj.Request(PROMPTS[short], id=short), listener)
+        assert engine.round() and engine.slots_in_use == 1  # it decodes on
+        engine.submit(lj.Request(PROMPTS[long_], id=long_), listener)
+        while engine.round():
+            pass
+    assert {i: r.token_ids for i, r in results.items()} == {i: ref[i] for i in (short, long_)}
+    assert len(engine.online_stats.cache_positions) == 2, engine.online_stats.cache_positions
 
 
 def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64, monkeypatch):

@@ -181,12 +181,15 @@ LONG = [
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(model64):
     """Request 2 ends at once, so the long prompt comes in while request 0 decodes: five
-    chunks of 16 between rounds of 2 steps, then its prefill runs the last 10 tokens."""
+    chunks of 16 between rounds of 2 steps, then its prefill runs the last 10 tokens
+    (in arrival order: max_prompt_tokens fixes the state's prompt side)."""
     kw = dict(batch=2, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2)
+    kw["max_prompt_tokens"] = len(LONG[1].prompt)
+    arrivals = [LONG[0], LONG[2], LONG[1]]
     with jax.enable_x64(True):
-        cold = {r.id: r.token_ids for r in lj.Engine(model64, **kw).run(LONG)}
+        cold = {r.id: r.token_ids for r in lj.Engine(model64, **kw).run(arrivals)}
         engine = lj.Engine(model64, prefix_cache_mb=1, prefill_chunk=16, **kw)
-        assert {r.id: r.token_ids for r in engine.run(LONG)} == cold
+        assert {r.id: r.token_ids for r in engine.run(arrivals)} == cold
     assert engine.stats.prefill_chunks == 5
     assert engine.stats.prefix_hit_tokens == 0  # its chunks' blocks were computed, not found
 

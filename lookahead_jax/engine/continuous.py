@@ -5,16 +5,10 @@ while it decodes, `submit`, `cancel`, `round`: what the HTTP server runs on). B 
 decode together; a slot whose request ends is refilled with the next waiting one while
 the others keep decoding (the parts, and what lives on the device: engine/__init__.py).
 
-Shapes (device_slots.py): an offline run takes its prompts longest first, so its prompt
-side P, the first's bucket, holds the run: one state shape, its loops and prefill
-programs compiled once (a state grown for a longer bucket needs all of them again), and
-the later admissions, a row or two as slots free, are the shortest prompts, which pad
-least at the shapes compiled (the 20 code prompts at 16 slots: 10 % of the prefilled
-positions padding, where shortest bucket first left the longest four to one-row
-prefills at [1, 128] and [1, 256]: 16 %). Attention reads each row's cache as far as
-the row goes, so the larger S costs the short rows nothing. `max_prompt_tokens` fixes P
-(arrival order kept): a server's. Online without it, a longer prompt grows the state
-(its S axis padded; the rows in flight untouched).
+Shapes (device_slots.py): an offline run takes its prompts in inputs.offline_order
+(longest first on a CPU, so that one state shape holds the run; else shortest bucket
+first, the state grown for a longer bucket, rows in flight untouched), its prompt side P
+the first's bucket; `max_prompt_tokens` fixes P (arrival order kept): a server's.
 
 Exactness: a row's tokens depend only on its prompt, max_new_tokens, sampling settings
 and PRNG key (decode_state.py, sampling.py; the key: requests.py) — never the slot. So
@@ -251,8 +245,8 @@ class Engine:
             sampled = per_round or any(not r.sampling.greedy for r in encoded)
         asked = any(r.logprobs is not None or r.prompt_logprobs is not None for r in encoded)
         logprobs = self.max_logprobs if asked else None  # the online programs' when asked
-        if fixed_P is None:  # longest first (the module docstring; ties in arrival order)
-            encoded = sorted(encoded, key=lambda r: -len(r.ids))
+        if fixed_P is None:
+            encoded = inputs.offline_order(encoded, self.model.lm)
         self.stats = Stats(batch=self.batch)
         P = fixed_P or inputs.bucket(len(encoded[0].ids))
         scheduler = Scheduler(

@@ -135,6 +135,14 @@ def _checked(lm, name: str, call: ForwardPass):
     return logits, new_k, new_v
 
 
+def reads_cache_by_row(lm) -> bool:
+    """Whether `lm`'s attention reads a step's cache only as far as its rows go (in blocks
+    up to the longest row: a LlamaLM's `attention_block` > 0, what lj.load sets on a CPU),
+    rather than the cache's whole capacity S every step (on a GPU or TPU, and a model
+    that does not say)."""
+    return getattr(lm, "attention_block", 0) > 0
+
+
 def has_ragged(lm) -> bool:
     """Whether `lm` runs ragged passes (`apply_ragged`)."""
     return callable(getattr(lm, "apply_ragged", None))
