@@ -12,19 +12,21 @@ import jax.numpy as jnp
 CHUNK = 128  # vocabulary entries a chunk in top_k's first stage
 
 
-def top_k(x_bev, k: int):
+def top_k(x, k: int):
     """jax.lax.top_k(x, k) over the last axis, exactly, in two stages: the k largest
     values lie in the k chunks of CHUNK entries with the largest maxima, so one max over
     V and a top-k over k chunks replace a top-k over all of V (which XLA:CPU sorts for:
-    the module docstring). Ties may come in another order than lax.top_k's. Returns
-    (values, int32 indices)."""
-    V = x_bev.shape[-1]
+    the module docstring; on a GPU or TPU it runs too, not measured there). Ties may come
+    in another order than lax.top_k's.
+
+    x [..., V] -> (values [..., k], int32 ids [..., k]), the largest first."""
+    V = x.shape[-1]
     if k == 0 or V <= 4 * CHUNK or V % CHUNK:
-        values, ids = jax.lax.top_k(x_bev, k)
+        values, ids = jax.lax.top_k(x, k)
         return values, ids.astype(jnp.int32)
-    chunks = x_bev.reshape(*x_bev.shape[:-1], V // CHUNK, CHUNK)  # [B, E, V/C, C]
-    _, best_chunks = jax.lax.top_k(chunks.max(-1), min(k, V // CHUNK))  # [B, E, k]
-    picked = jnp.take_along_axis(chunks, best_chunks[..., None], axis=-2)  # [B, E, k, C]
-    values, at = jax.lax.top_k(picked.reshape(*picked.shape[:-2], -1), k)
+    chunks = x.reshape(*x.shape[:-1], V // CHUNK, CHUNK)  # [..., V/C, C]
+    _, best_chunks = jax.lax.top_k(chunks.max(-1), min(k, V // CHUNK))  # [..., k]
+    picked = jnp.take_along_axis(chunks, best_chunks[..., None], axis=-2)  # [..., k, C]
+    values, at = jax.lax.top_k(picked.reshape(*picked.shape[:-2], -1), k)  # [..., k]
     ids = jnp.take_along_axis(best_chunks, at // CHUNK, axis=-1) * CHUNK + at % CHUNK
     return values, ids.astype(jnp.int32)

@@ -30,12 +30,17 @@ def _weight(rng, K, N):
     return jnp.asarray((rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32))
 
 
-@pytest.mark.parametrize("M", [1, 5, 13, 25, 100])
+# rows in 4 groups of 12 a core and a last of 4: a prefill's many groups, which the
+# AVX-512 tile's transpose shares out between XLA's threads (one a core; small_m.cc)
+MANY_ROWS = 48 * (os.cpu_count() or 1) + 4
+
+
+@pytest.mark.parametrize("M", [1, 5, 13, 25, MANY_ROWS])
 def test_kernel_is_xlas_matmul(M):
     """One row, a partial tile (5), full 6-row groups and a remainder (13 = 6 + 6 + 1;
-    the AVX-512 tile's equal groups: 13 = 7 + 6, 25 = 9 + 9 + 7; 100 = 8 x 12 + 4, as
-    a prefill's many groups, transposed by several threads), K not a multiple of
-    anything, N of several panels; float32 and per-channel int8."""
+    the AVX-512 tile's equal groups: 13 = 7 + 6, 25 = 9 + 9 + 7; MANY_ROWS: groups of
+    12 and a last of 4, transposed by several threads), K not a multiple of anything, N
+    of several panels; float32 and per-channel int8."""
     rng = np.random.default_rng(M)
     K, N = 37, 80
     w = _weight(rng, K, N)

@@ -235,7 +235,7 @@ def run(args, config, info, mesh_sizes, t_start: float) -> int:
         f"[{mode}] {s.prompts} prompts, {s.new_tokens} tokens: {s.tokens_per_s:.1f} "
         f"tokens/s over {busy:.2f} s of prefill and decoding, {s.wall_s:.2f} s with "
         f"compiling ({s.compile_s:.2f} s) and the rest of the engine's run; compression "
-        f"{s.compression:.2f}, batch {args.batch}, prompt buckets {s.prompt_buckets}, "
+        f"{s.compression:.2f}, batch {args.batch}, prompt buckets {sorted(s.prompt_buckets)}, "
         + (
             f"{s.prefix_hit_tokens} of {s.prompt_tokens} prompt tokens from the prefix cache, "
             if s.prefix_lookups
