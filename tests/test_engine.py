@@ -347,6 +347,16 @@ def test_online_requests_while_it_decodes(model64, monkeypatch, tmp_path):
     assert sum(modes.get("lookahead", {}).get("rounds", 0) for modes in per_round) > 0
 
 
+def results_into(results: dict):
+    """A listener that keeps each request's Result in `results`, by id."""
+
+    def listener(update):
+        if update.result is not None:
+            results[update.id] = update.result
+
+    return listener
+
+
 def test_offline_order_is_longest_first_where_the_attention_reads_by_row():
     """inputs.offline_order: longest first for a model whose attention reads each row's
     cache as far as it goes (one S for the run), shortest bucket first for one that reads
@@ -374,11 +384,7 @@ def test_an_online_state_grows_under_the_rows_in_flight(model64):
     long_ = max(range(len(PROMPTS)), key=lambda i: len(PROMPTS[i]))
     assert bucket(len(PROMPTS[long_])) > bucket(len(PROMPTS[short]))
     results: dict = {}
-
-    def listener(update):
-        if update.result is not None:
-            results[update.id] = update.result
-
+    listener = results_into(results)
     with jax.enable_x64(True):
         engine = lj.Engine(
             model64, batch=2, max_new_tokens=MAX_NEW, lookahead=None, steps_per_call=2
@@ -407,11 +413,7 @@ def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64,
 
     monkeypatch.setattr(DeviceSlots, "prefill", prefill_failing_once)
     ends: dict = {}
-
-    def listener(update):
-        if update.result is not None:
-            ends[update.id] = update.result
-
+    listener = results_into(ends)
     with jax.enable_x64(True):
         engine = lj.Engine(
             model64, batch=3, max_new_tokens=MAX_NEW, lookahead=None, max_prompt_tokens=LONGEST
