@@ -81,18 +81,6 @@ inline __m256 hmax8(__m256 v) {  // every lane: the largest of v's lanes
   return _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xb1));
 }
 
-// keys [16, Dh] (row stride Dh) -> kt [Dh, 16], eight 8 x 8 blocks at a time.
-inline void transpose_keys(const float* keys, int64_t Dh, float* kt) {
-  for (int64_t half = 0; half < kCols; half += 8) {
-    for (int64_t d = 0; d < Dh; d += 8) {
-      __m256 r[8];
-      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(keys + (half + i) * Dh + d);
-      lookahead_jax::transpose8(r);
-      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(kt + (d + i) * kCols + half, r[i]);
-    }
-  }
-}
-
 // A tile: NR rows a[r] times W registers of columns of b (row stride ldb) over n terms:
 // out[r][j] = sum_i a[r][i] * b[i][j], one FMA chain over i.
 template <int NR, int W>
@@ -134,17 +122,15 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   const int64_t len = std::clamp<int64_t>(p.lengths[b], 0, S);
   const int64_t Q = p.R / p.T;
   const int64_t rows = (n + NR - 1) / NR * NR;
-  thread_local std::vector<float> acc_buf, kt_buf, tail_buf, tops, masses;
+  thread_local std::vector<float> acc_buf, kt_buf, tops, masses;
   thread_local std::vector<int64_t> lo_buf;
   acc_buf.assign(static_cast<size_t>(rows * Dh), 0.0f);
   tops.assign(static_cast<size_t>(rows), kNegInf);  // each query's largest score so far
   masses.assign(static_cast<size_t>(rows), 0.0f);   // and its sum of exp(score - top)
   kt_buf.resize(static_cast<size_t>(Dh * kCols));
-  tail_buf.resize(static_cast<size_t>(Dh * kCols));
   lo_buf.assign(static_cast<size_t>(rows), len);  // padding rows see nothing
   float* acc = acc_buf.data();    // [rows, Dh]
   float* kt = kt_buf.data();      // [Dh, 16]: the tile's keys, transposed
-  float* tail = tail_buf.data();  // [16, Dh]: the last tile's keys, zero past len
   int64_t* lo = lo_buf.data();    // [rows]: each query's first visible position
   alignas(32) float rescale[NR], pt[NR][kCols];  // a tile's: exp(old top - new), p
   const float* q = p.q + (bh * p.R + r0) * Dh;
@@ -167,13 +153,8 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
     const int64_t ahead = std::min(len, s0 + kAhead + kCols);
     prefetch_rows(keys, Dh, s0 + kAhead, ahead, _MM_HINT_T1);
     prefetch_rows(vals, Dh, s0 + kAhead, ahead, _MM_HINT_T1);
-    if (m == kCols) {
-      transpose_keys(keys + s0 * Dh, Dh, kt);
-    } else {  // never read past len (nor S)
-      std::fill(tail, tail + kCols * Dh, 0.0f);
-      std::copy(keys + s0 * Dh, keys + (s0 + m) * Dh, tail);
-      transpose_keys(tail, Dh, kt);
-    }
+    // the tile's m keys [m, Dh] -> kt [Dh, 16], zeros past len (nothing read past it)
+    lookahead_jax::transpose_group(keys + s0 * Dh, m, Dh, kCols, 0, kt);
     const __m256i at0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(s0)),
                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const __m256i at1 = _mm256_add_epi32(at0, _mm256_set1_epi32(8));

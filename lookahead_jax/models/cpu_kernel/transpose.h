@@ -1,5 +1,6 @@
-// Transposes in AVX registers, shared by the kernels: 8 x 8 blocks (cache_attention.cc's
-// keys) and x's rows a group at a time (small_m.cc's AVX-512 tile).
+// Transposes in AVX registers, shared by the kernels: a group of a matrix's rows, 8 x 8
+// blocks at a time (cache_attention.cc's tiles of keys, small_m.cc's x for its AVX-512
+// tile).
 #ifndef LOOKAHEAD_JAX_CPU_KERNEL_TRANSPOSE_H_
 #define LOOKAHEAD_JAX_CPU_KERNEL_TRANSPOSE_H_
 
