@@ -8,6 +8,7 @@
 #   run(command="bash benchmarks/gpu/issue58_h200/run.sh tests", carry=[".gpu/1", ".whl"])
 #   run(command="bash benchmarks/gpu/issue58_h200/run.sh fails", carry=[".whl"])
 #   run(command="bash benchmarks/gpu/issue58_h200/run.sh engine", carry=[".gpu/2", ".whl"])
+#   (stop 79) run(command="bash benchmarks/gpu/issue58_h200/run.sh s79", carry=[".whl"])
 #
 # tests: the exactness tests of this issue's new paths (packed ragged prefill passes, row
 # buckets, per-round auto) on the GPU, tiny models in float64 / float32.
@@ -42,8 +43,16 @@ engine)
         --out "$OUT/engine_h200" 2>&1 \
         | grep -v -i warning | tail -40
     ;;
+s79)  # a later session (stop 79): the paths changed since, and top_k's cost on the card
+    timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 120 \
+        tests/test_vocab_top_k.py tests/test_guess_sources.py tests/test_engine.py \
+        -k "top_k or recycl or offline_order or grows or template or table" 2>&1 \
+        | grep -v -i warning | tee "$OUT/gpu_tests_s79.log" | tail -15
+    timeout 150 python3 benchmarks/gpu/issue58_h200/top_k_bench.py "$OUT/top_k_h200.json" \
+        2>&1 | grep -v -i warning | tail -12
+    ;;
 *)
-    echo "usage: bash benchmarks/gpu/issue58_h200/run.sh tests|fails|engine" >&2
+    echo "usage: bash benchmarks/gpu/issue58_h200/run.sh tests|fails|engine|s79" >&2
     exit 2
     ;;
 esac
