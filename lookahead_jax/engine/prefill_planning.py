@@ -25,7 +25,10 @@ from lookahead_jax.models import kv_pool
 # block of 128 a step: rows shorter than a block pay that in full. 1,024 rows of a
 # 31-token prompt (31,744 tokens, float64, tests/test_sampling_distribution.py) took
 # 18.1 and 13.6 s as one pass, 13.3 and 9.0 s cut as [1024, 32] (3 % more positions).
-MAX_PASS_TOKENS = 8192
+# Sixteen chats of ~600 tokens (9,600) need more than 8,192: under that bound they ran
+# as [16, 1024], 16,384 positions, ~30 s on a 2-core AMD EPYC (Zen 4), where one pass
+# runs 10,240 (benchmarks/cpu/prefix_cache_burst_epyc_zen4_s79.md).
+MAX_PASS_TOKENS = 16384
 
 # ready(pool) -> ready(rows, side): whether the start program of a prefill of that shape
 # (its kind keyed by prefill_args.program_pool's value) is compiled
