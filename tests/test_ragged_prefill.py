@@ -193,6 +193,27 @@ def test_an_admission_longer_than_the_compiled_pass_runs_in_passes_that_fit_it()
     assert [len(g) for g, _ in planner.prefill_groups(chats)] == [10, 6]  # not 4 x (4, 2048)
 
 
+def test_a_pass_holds_more_tokens_where_its_rows_are_at_least_a_block_long():
+    """prefill_planning's bound on one ragged pass: sixteen chats of 540 tokens (8,640, a
+    pass of 10,240) fit one, where the bound before them (8,192) ran them padded as [16,
+    1024]; as many tokens in rows shorter than an attention block do not (they paid a
+    block each: MAX_SHORT_ROWS_PASS_TOKENS), nor a pass beyond MAX_PASS_TOKENS."""
+    import types
+
+    from lookahead_jax.engine import prefill_planning
+
+    stats = types.SimpleNamespace(prefill_rate=lambda: 640.0)
+    nothing = lambda pool: lambda rows, side: False
+    planner = prefill_planning.PrefillPlanner(
+        PaddedShapes(), 512, True, stats, nothing, lambda pool: None
+    )
+    rows = lambda n, tokens: [types.SimpleNamespace(ids=[1] * tokens) for _ in range(n)]
+    assert planner._pass(rows(16, 540))[:2] == (16, 10240)
+    assert planner._pass(rows(300, 31)) is None  # 9,300 tokens, rows of 31
+    assert planner._pass(rows(250, 31)) is not None  # 7,750
+    assert planner._pass(rows(16, 1100)) is None  # 17,600 > MAX_PASS_TOKENS
+
+
 @engine_packs
 @pytest.mark.parametrize("split", [False, True])
 def test_a_burst_after_warm_up_runs_as_one_ragged_pass_at_the_warmed_shape(

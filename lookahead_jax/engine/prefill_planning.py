@@ -19,16 +19,19 @@ from lookahead_jax.engine.prefill_shapes import COMPILES_NOW, RAGGED, PaddedShap
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.models import kv_pool
+from lookahead_jax.models.attention import SEGMENT_BLOCK
 
-# A ragged pass holds at most this many tokens; an admission of more runs cut. Its price
-# (positions) leaves out its attention, which folds every 128-query block against a key
-# block of 128 a step: rows shorter than a block pay that in full. 1,024 rows of a
-# 31-token prompt (31,744 tokens, float64, tests/test_sampling_distribution.py) took
-# 18.1 and 13.6 s as one pass, 13.3 and 9.0 s cut as [1024, 32] (3 % more positions).
-# Sixteen chats of ~600 tokens (9,600) need more than 8,192: under that bound they ran
-# as [16, 1024], 16,384 positions, ~30 s on a 2-core AMD EPYC (Zen 4), where one pass
-# runs 10,240 (benchmarks/cpu/prefix_cache_burst_epyc_zen4_s79.md).
+# A ragged pass holds at most MAX_PASS_TOKENS tokens, or MAX_SHORT_ROWS_PASS_TOKENS where its
+# rows average less than an attention block (SEGMENT_BLOCK); an admission of more runs cut.
+# Its price (positions) leaves out its attention, which folds every 128-query block
+# against a key block of 128 a step: rows shorter than a block pay that in full. 1,024
+# rows of a 31-token prompt (31,744 tokens, float64, tests/test_sampling_distribution.py)
+# took 18.1 and 13.6 s as one pass, 13.3 and 9.0 s cut as [1024, 32] (3 % more
+# positions). Sixteen chats of ~540 tokens (8,600) held more than 8,192, the one bound
+# before: they ran as [16, 1024], 16,384 positions, 28.9-31.7 s on a 2-core AMD EPYC (Zen
+# 4), where one pass of 10,240 runs 20.2 s (benchmarks/cpu/prefix_cache_burst_epyc_zen4_s79.md).
 MAX_PASS_TOKENS = 16384
+MAX_SHORT_ROWS_PASS_TOKENS = 8192
 
 # ready(pool) -> ready(rows, side): whether the start program of a prefill of that shape
 # (its kind keyed by prefill_args.program_pool's value) is compiled
@@ -168,9 +171,11 @@ class PrefillPlanner:
     def _pass(self, requests: list[Encoded]) -> tuple | None:
         """(rows, tokens, this run's prefill rate, `_ready`, `_compile_soon`) of one ragged
         pass of these requests, what prefill_shapes.py prices it from; None where it would
-        hold more than MAX_PASS_TOKENS (it never runs)."""
+        hold more tokens than a pass may (MAX_PASS_TOKENS, or MAX_SHORT_ROWS_PASS_TOKENS
+        where its rows average less than a block): it never runs."""
         side = prefill_args.sides(requests, None, None, ragged=True)[1][0]
-        if side > MAX_PASS_TOKENS:
+        long_rows = side >= len(requests) * SEGMENT_BLOCK
+        if side > (MAX_PASS_TOKENS if long_rows else MAX_SHORT_ROWS_PASS_TOKENS):
             return None
         n = slot_state.prefill_rows(len(requests), self.B)
         rate, ready = self.stats.prefill_rate(), self._ready(prefill_args.RAGGED)

@@ -16,12 +16,13 @@ a burst's admissions group otherwise than the warm-up's) is run again, up to TRI
 in all; each row records its tries and the last try's compile seconds. The servers run
 with `--no-shared-guesses` unless `--shared-guesses` is given: 20 prompts cycle through
 the passes and their tries, and a prompt asked again would be a recall of its earlier
-answer (benchmarks/cpu/shared_guesses.md), not lookahead on a new one. A lone request's rate is also
-measured on a `--batch 16 --row-buckets off` plain server (every round steps all rows:
-the engine before row buckets). Reported per pass: total
-output tokens/s (completion tokens / the pass's wall time), the median request's
-tokens/s, TTFT median; auto over plain side by side; greedy answers compared between
-plain and auto (identical when exact). The server's own per-round choices (row buckets
+answer (benchmarks/cpu/shared_guesses.md), not lookahead on a new one (with them on, a
+retried pass measures recall: load_levels_epyc_zen4_s79_shared_repeats.md). A lone
+request's rate is also measured on a `--batch 16 --row-buckets off` plain server (every
+round steps all rows: the engine before row buckets). Reported per pass: total output
+tokens/s (completion tokens / the pass's wall time), the median request's tokens/s, TTFT
+median; auto over plain side by side; greedy answers compared between plain and auto
+(identical when exact). The server's own per-round choices (row buckets
 and lookahead or plain rounds) are read from its `--batch 16` auto process at the end
 of its passes, through /metrics.
 """
@@ -58,9 +59,9 @@ def passes(
             temps = [1.0 if workload != "greedy" and i % 2 else 0.0 for i in range(n)]
             tries, compiled = 0, COMPILE_S + 1
             while compiled > COMPILE_S and tries < TRIES:
-                before = server_metrics(url, "lookahead_compile_seconds")
+                before = server_metrics(url, "lookahead_compile_seconds ")
                 run = asyncio.run(drive(url, batch, c, max_tokens, temps))
-                after = server_metrics(url, "lookahead_compile_seconds")
+                after = server_metrics(url, "lookahead_compile_seconds ")
                 compiled, tries = sum(after.values()) - sum(before.values()), tries + 1
             answers = zip(run["requests"], temps, strict=True)
             texts = [r["text"] if t == 0 else None for r, t in answers]
@@ -91,7 +92,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=0, help="per pass (0: by concurrency)")
     ap.add_argument("--warm-tokens", type=int, default=8, help="max_tokens of the warm-up")
-    ap.add_argument("--shared-guesses", action="store_true", help="the servers' default")
+    ap.add_argument(
+        "--shared-guesses", action="store_true", help="keep the servers' shared guesses on"
+    )
     ap.add_argument("--out", default="benchmarks/cpu/load_levels")
     args = ap.parse_args()
 
@@ -102,6 +105,7 @@ def main() -> None:
     prompts = [r["prompt"] for r in code()]
     levels = [int(c) for c in args.levels.split(",")]
     result = {**run_header(), "ckpt": args.ckpt, "max_tokens": args.max_tokens, "rows": []}
+    result["shared_guesses"] = args.shared_guesses
     got, rounds = {}, {}
     servers = [(args.batch, "plain"), (args.batch, "auto"), (1, "plain"), (1, "auto")]
     servers.append((args.batch, "plain, --row-buckets off"))  # every round steps all rows

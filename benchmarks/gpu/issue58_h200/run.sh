@@ -1,6 +1,6 @@
-# Issue 58's check on a lent H200 (one session, three device calls; the bundled GGUF is
-# 94 MiB and a call carries at most 64 MiB, so call 1 parks half of it on the device,
-# which keeps its files while warm, ~30 s between calls):
+# Issue 58's check on a lent H200 (one session, three device calls, and a fourth in a
+# later one, `s79`; the bundled GGUF is 94 MiB and a call carries at most 64 MiB, so call 1
+# parks half of it on the device, which keeps its files while warm, ~30 s between calls):
 #
 #   on the CPU machine, once (as scripts/gpu/smollm2_setup.py's docstring says):
 #     split -b 48M <the GGUF> .gpu/part-; .gpu/1/gguf.part-aa, .gpu/2/gguf.part-ab,
