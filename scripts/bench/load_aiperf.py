@@ -15,8 +15,10 @@ For each server and concurrency C it sends max(16, 2 C) requests (C at a time, e
 waiting for the one before it in its slot), after a warm-up of C requests, and records
 aiperf's time to first token, inter-token latency (p50, p90, p99), output tokens/s and
 requests/s, and its error count. The server runs with --batch 16: at C = 64, 48 requests
-wait for a slot, which their time to first token shows. Writes OUT.json, OUT.md and
-OUT.png.
+wait for a slot, which their time to first token shows. The servers run with
+`--no-shared-guesses` unless `--shared-guesses` is given: the levels' requests ask the 80
+prompts more than once, and an answer asked again would be recalled (as
+load_levels.py's docstring says). Writes OUT.json, OUT.md and OUT.png.
 """
 
 from __future__ import annotations
@@ -107,6 +109,9 @@ def main() -> None:
     ap.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
     ap.add_argument("--before", help="a source tree of an earlier version, whose servers run "
                     "too, as NAME_before, each after its own")  # fmt: skip
+    ap.add_argument(
+        "--shared-guesses", action="store_true", help="keep the servers' shared guesses on"
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -126,6 +131,7 @@ def main() -> None:
         "aiperf": (version.stdout or version.stderr).strip(),
         "batch": args.batch,
         "max_tokens": args.max_tokens,
+        "shared_guesses": args.shared_guesses,
         "runs": {},
     }
     servers = [(n, None) for n in args.servers]
@@ -134,8 +140,8 @@ def main() -> None:
     for name, tree in servers:
         proc, url = start_server(
             None, args.batch, SERVERS[name.removesuffix("_before")], max(args.max_tokens, 128),
-            "--auto-temperature", "0", log=f"load_aiperf_server_{name}.log", name="smollm2",
-            cwd=tree,
+            "--auto-temperature", "0", *([] if args.shared_guesses else ["--no-shared-guesses"]),
+            log=f"load_aiperf_server_{name}.log", name="smollm2", cwd=tree,
         )  # fmt: skip
         port = int(url.rsplit(":", 1)[1])
         try:
@@ -164,7 +170,8 @@ def markdown(result: dict, args) -> str:
         f"Command: `python scripts/bench/load_aiperf.py --aiperf AIPERF --out {args.out}"
         + (f" --before {args.before}`" if args.before else "`"),
         f"CPU: {result['cpu']} ({os.cpu_count()} cores); {result['aiperf']}; SmolLM2-135M "
-        f"float32; server --batch {result['batch']}; streaming chat completions of the 80 "
+        f"float32; server --batch {result['batch']}, shared guesses "
+        f"{'on' if result.get('shared_guesses') else 'off'}; streaming chat completions of the 80 "
         f"MT-bench first turns, greedy, max_tokens {result['max_tokens']}; max(16, 2 C) "
         "requests a level after C warm-up requests.",
         "",
