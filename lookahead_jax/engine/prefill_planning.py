@@ -174,7 +174,7 @@ class PrefillPlanner:
         hold more tokens than a pass may (MAX_PASS_TOKENS, or MAX_SHORT_ROWS_PASS_TOKENS
         where its rows average less than a block): it never runs."""
         side = prefill_args.sides(requests, None, None, ragged=True)[1][0]
-        long_rows = side >= len(requests) * SEGMENT_BLOCK
+        long_rows = sum(len(r.ids) for r in requests) >= len(requests) * SEGMENT_BLOCK
         if side > (MAX_PASS_TOKENS if long_rows else MAX_SHORT_ROWS_PASS_TOKENS):
             return None
         n = slot_state.prefill_rows(len(requests), self.B)

@@ -140,8 +140,8 @@ def main() -> None:
     for name, tree in servers:
         proc, url = start_server(
             None, args.batch, SERVERS[name.removesuffix("_before")], max(args.max_tokens, 128),
-            "--auto-temperature", "0", *([] if args.shared_guesses else ["--no-shared-guesses"]),
-            log=f"load_aiperf_server_{name}.log", name="smollm2", cwd=tree,
+            "--auto-temperature", "0", log=f"load_aiperf_server_{name}.log", name="smollm2",
+            cwd=tree, shared_guesses=args.shared_guesses,
         )  # fmt: skip
         port = int(url.rsplit(":", 1)[1])
         try:
@@ -171,7 +171,7 @@ def markdown(result: dict, args) -> str:
         + (f" --before {args.before}`" if args.before else "`"),
         f"CPU: {result['cpu']} ({os.cpu_count()} cores); {result['aiperf']}; SmolLM2-135M "
         f"float32; server --batch {result['batch']}, shared guesses "
-        f"{'on' if result.get('shared_guesses') else 'off'}; streaming chat completions of the 80 "
+        f"{'on' if result['shared_guesses'] else 'off'}; streaming chat completions of the 80 "
         f"MT-bench first turns, greedy, max_tokens {result['max_tokens']}; max(16, 2 C) "
         "requests a level after C warm-up requests.",
         "",

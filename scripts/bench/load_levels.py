@@ -112,8 +112,10 @@ def main() -> None:
     for batch, mode in servers:
         lv = levels if batch == args.batch and "off" not in mode else [1]
         flags = ["--row-buckets", "off"] if "off" in mode else []
-        flags += [] if args.shared_guesses else ["--no-shared-guesses"]
-        proc, url = start_server(args.ckpt, batch, mode.split(",")[0], args.max_tokens, *flags)
+        proc, url = start_server(
+            args.ckpt, batch, mode.split(",")[0], args.max_tokens, *flags,
+            shared_guesses=args.shared_guesses,
+        )  # fmt: skip
         try:
             got[(batch, mode)] = passes(
                 url, prompts, lv, args.max_tokens, args.requests, args.warm_tokens

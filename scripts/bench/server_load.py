@@ -23,13 +23,16 @@ def free_port() -> int:
 
 
 def start_server(
-    ckpt, batch: int, mode: str, max_tokens: int, *extra: str, log=None, name="m", cwd=None
-):
+    ckpt, batch: int, mode: str, max_tokens: int, *extra: str, log=None, name="m", cwd=None,
+    shared_guesses: bool = True,
+):  # fmt: skip
     """(process, url) of `python -m lookahead_jax.serve` up and healthy: ckpt None for the
     bundled model; mode "plain", "auto" or a --lookahead value; extra: more of its flags;
     log: a file name for its stderr, in the temporary directory (None: this process's);
     name: the model's name in requests; cwd: a source tree to run it from (an earlier
-    version's lookahead_jax: `python -m` finds the package there first)."""
+    version's lookahead_jax: `python -m` finds the package there first); shared_guesses
+    False: `--no-shared-guesses` (a load that asks its prompts again measures recall with
+    them on: load_levels.py)."""
     import httpx
 
     port = free_port()
@@ -37,6 +40,7 @@ def start_server(
     cmd = [sys.executable, "-m", "lookahead_jax.serve", "--port", str(port),
            "--batch", str(batch), "--max-new-tokens", str(max_tokens), "--model-name", name,
            "--log-level", "warning", *flags, *extra]  # fmt: skip
+    cmd += [] if shared_guesses else ["--no-shared-guesses"]
     if ckpt is not None:
         cmd += ["--ckpt", str(ckpt)]
     if log is not None:
