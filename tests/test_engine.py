@@ -456,11 +456,15 @@ def test_after_warm_up_the_first_requests_compile_nothing(model64, monkeypatch):
     one row's prefill at WARM_SIDE (here the state's prompt side) from scratch and past
     cached blocks, which shorter prompts pad to (each compiled its own before: 2-6 s of
     a server's first chats), and every row's short turn past cached blocks (a burst of
-    chats behind one system prompt ran as one-row prefills)."""
+    chats behind one system prompt ran as one-row prefills), as suffixes and in one pass
+    after the blocks they share."""
     longest = max(PROMPTS, key=len)
     # (the burst could run from scratch as warm-up's ragged pass: that rule's tests are
     # test_ragged_prefill.py's; this one is of the shapes past cached blocks)
     monkeypatch.setattr(PrefillPlanner, "ragged_instead", lambda *args, **kwargs: None)
+    shared_pays = PrefillPlanner.shared_pays
+    monkeypatch.setattr(PrefillPlanner, "shared_pays", lambda *args: False)
+    bursts = []
     with jax.enable_x64(True):  # (the shapes of the tests above, with the prefix cache)
         engine = lj.Engine(
             model64, batch=3, max_new_tokens=MAX_NEW, lookahead=None, max_prompt_tokens=LONGEST,
@@ -471,15 +475,18 @@ def test_after_warm_up_the_first_requests_compile_nothing(model64, monkeypatch):
             engine.submit(lj.Request(longest, max_new_tokens=4))
             while engine.round():
                 pass
-        shapes = dict(engine.online_stats.prefill_shapes)
-        for i in range(3):  # a burst of short turns past the same blocks: one prefill
-            engine.submit(lj.Request([*longest[:32], 5 + i, 9], max_new_tokens=4))
-        while engine.round():
-            pass
-    assert engine.online_stats.prefix_hits == 4
+        for turn in (5, 8):  # bursts of short turns past the same blocks: one prefill
+            shapes = dict(engine.online_stats.prefill_shapes)
+            for i in range(3):
+                engine.submit(lj.Request([*longest[:32], turn + i, 9], max_new_tokens=4))
+            while engine.round():
+                pass
+            ran = engine.online_stats.prefill_shapes.items()
+            bursts.append({k: n - shapes.get(k, 0) for k, n in ran if n > shapes.get(k, 0)})
+            monkeypatch.setattr(PrefillPlanner, "shared_pays", shared_pays)  # (the second)
+    assert engine.online_stats.prefix_hits == 7
     assert engine.online_stats.compile_s == 0
-    burst = {k: n - shapes.get(k, 0) for k, n in engine.online_stats.prefill_shapes.items()}
-    assert {k: n for k, n in burst.items() if n} == {"3x64 after cache": 1}, burst
+    assert bursts == [{"3x64 after cache": 1}, {"3x192 shared": 1}], bursts
 
 
 def test_an_engine_says_how_it_decodes(model64):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax.engine import cached_prefill, inputs
+from lookahead_jax.engine import cached_prefill, inputs, prefill_args
 from lookahead_jax.engine.prefill_planning import PrefillPlanner
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import BLOCK, PrefixCache, block_keys
@@ -38,9 +38,17 @@ def model64(tiny_ckpts):
 @pytest.fixture(autouse=True)
 def hits_as_hits(monkeypatch):
     """An admission's rows with cached blocks never run from scratch as one ragged pass
-    instead (whether they would depends on which ragged programs earlier tests left
-    compiled; that rule's own tests: test_ragged_prefill.py)."""
+    instead, nor in one pass after the blocks they share (whether they would depends on
+    which ragged programs earlier tests left compiled; those rules' own tests:
+    test_ragged_prefill.py)."""
     monkeypatch.setattr(PrefillPlanner, "ragged_instead", lambda *args, **kwargs: None)
+    monkeypatch.setattr(PrefillPlanner, "shared_pays", lambda *args, **kwargs: False)
+
+
+def shared_passes(monkeypatch):
+    """Rows with cached blocks that share some run in one pass after them, always."""
+    shared = lambda self, requests, hits, pool: bool(prefill_args.shared_blocks(hits))  # noqa: E731
+    monkeypatch.setattr(PrefillPlanner, "shared_pays", shared)
 
 
 def never_from_scratch(*args, **kwargs):
@@ -64,9 +72,16 @@ def cached_blocks(prompt: list[int]) -> int:
 
 # (lookahead rows starting from cached blocks: tests/test_server.py, whose server decodes
 # with tokens=16 and the cache on, each answer against a lone decode)
+@pytest.mark.parametrize("shared", [False, True], ids=["suffixes", "shared-pass"])
 @pytest.mark.parametrize("lookahead,temperature", [(None, 0.9)], ids=["plain-sampled"])
-def test_prefix_hits_decode_to_the_cold_tokens(model64, lookahead, temperature, monkeypatch):
+def test_prefix_hits_decode_to_the_cold_tokens(
+    model64, lookahead, temperature, shared, monkeypatch
+):  # fmt: skip
+    """shared: the three rows that wait for the first's blocks run in one ragged pass
+    after them (decode_state.SharedPrefix), not as suffixes."""
     monkeypatch.setattr(PaddedShapes, "instead", never_from_scratch)
+    if shared:
+        shared_passes(monkeypatch)
     la = None if lookahead is None else lj.LookaheadConfig.parse(lookahead)
     kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=la, temperature=temperature, seed=3)
     with jax.enable_x64(True):
@@ -77,9 +92,15 @@ def test_prefix_hits_decode_to_the_cold_tokens(model64, lookahead, temperature, 
         # computes them and the other three wait for its store; the last two hit too
         assert engine.stats.prefix_hits == 4
         assert engine.stats.prefix_hit_tokens == 4 * 2 * BLOCK
+        ran = engine.stats.prefill_shapes
+        assert any(shape.endswith(" shared") for shape in ran) == shared, ran
         again = {r.id: r.token_ids for r in engine.run(PROMPTS)}
         assert engine.stats.prefix_hits == len(PROMPTS)  # every full block is held now
-        assert engine.stats.prefix_hit_tokens == BLOCK * sum(map(cached_blocks, PROMPTS))
+        held = BLOCK * sum(map(cached_blocks, PROMPTS))
+        if shared:  # (a shared pass takes the blocks its rows share; each computes its own)
+            assert 5 * 2 * BLOCK <= engine.stats.prefix_hit_tokens < held
+        else:
+            assert engine.stats.prefix_hit_tokens == held
     assert first == cold
     assert again == cold
 

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax.decoding.decode_state import DecodeSpec, RaggedPrompts, prefill
+from lookahead_jax.decoding.decode_state import DecodeSpec, RaggedPrompts, SharedPrefix, prefill
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, row_keys
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
+from lookahead_jax.models import kv_pool
 from lookahead_jax.models.attention import segment_attention
 from lookahead_jax.models.llama import LlamaLM
 from lookahead_jax.models.llama_params import init_params, split_layers
@@ -101,6 +102,57 @@ def test_a_ragged_prefill_fills_what_the_padded_one_does(windows):
         padded = run(params, *rows, spec=spec, new_positions=8)
         packed = run(params, *rows, ragged, spec=spec, new_positions=8)
     np.testing.assert_array_equal(packed.tokens, padded.tokens)
+    np.testing.assert_array_equal(packed.cache.lengths, padded.cache.lengths)
+    for i, ids in enumerate(prompts):
+        pairs = zip(packed.cache.k + packed.cache.v, padded.cache.k + padded.cache.v, strict=True)
+        for a, b in pairs:
+            np.testing.assert_allclose(a[i, :, : len(ids)], b[i, :, : len(ids)], atol=1e-12)
+
+
+def _packed(prompts: list[list[int]], n: int, Tr: int, offset: int = 0) -> RaggedPrompts:
+    """The prompts' tokens past `offset` packed in Tr tokens for n rows (RaggedPrompts; the
+    tail at position `offset`, as a SharedPrefix's)."""
+    ragged = RaggedPrompts(
+        np.zeros((1, Tr), np.int32), np.full((1, Tr), n, np.int32),
+        np.full((1, Tr), offset, np.int32), np.zeros((n,), np.int32),
+    )  # fmt: skip
+    at = 0
+    for i, ids in enumerate(prompts):
+        m = len(ids) - offset
+        ragged.tokens[0, at : at + m], ragged.row[0, at : at + m] = ids[offset:], i
+        ragged.position[0, at : at + m], ragged.start[i] = offset + np.arange(m), at
+        at += m
+    return ragged
+
+
+@pytest.mark.parametrize("windows", [(), (5, 0)])  # (5, 0): a window shorter than the prefix
+def test_a_pass_after_a_shared_prefix_fills_what_the_padded_prefill_does(windows):
+    """Prompts that share their first two blocks (8 tokens), prefilled right-padded in
+    rows and as one ragged pass of their rest after those blocks, gathered from a pool
+    (decode_state.SharedPrefix): the same first tokens, lengths and K/V at every prompt
+    position, float64."""
+    shared = [5, 9, 3, 7, 11, 4, 6, 8]
+    prompts = [shared + [10, 12, 13, 14, 15], shared + [20], shared + [21, 22, 23, 24, 25]]
+    n, P, Tr, Sb = 4, 16, 16, 4
+    cfg = dataclasses.replace(tiny.llama_config(), attention_windows=windows)
+    with jax.enable_x64(True):
+        params = split_layers(init_params(cfg, jax.random.PRNGKey(3), jnp.float64, scale=0.5))
+        spec = DecodeSpec(lm=LlamaLM(cfg), eos_ids=(2,), cache_dtype="float64")
+        prompt_np, length_n = np.zeros((n, P), np.int32), np.ones((n,), np.int32)
+        for i, ids in enumerate(prompts):
+            prompt_np[i, : len(ids)], length_n[i] = ids, len(ids)
+        sampling = RowSampling.of([SamplingConfig()] * n)
+        rows = (prompt_np, length_n, np.full((n,), 4, np.int32), row_keys(0, n), sampling)
+        run = jax.jit(prefill, static_argnames=("spec", "new_positions"))
+        padded = run(params, *rows, spec=spec, new_positions=8)
+        # the shared blocks into pool blocks 3 and 1 of 5 (out of order, others zeros)
+        pool = kv_pool.init_pool(padded.cache, 5, Sb)
+        pool = kv_pool.store_blocks(pool, padded.cache, *np.array([[0, 0], [0, 4], [3, 1]]))
+        blocks = np.array([[3, 1, 0, 0]], np.int32)  # Mb = P // Sb
+        prefix = SharedPrefix(pool, blocks, np.array([8], np.int32), _packed(prompts, n, Tr, 8))
+        packed = run(params, *rows, prefix, spec=spec, new_positions=8)
+    real = len(prompts)  # (row 3 is padding: nothing of it runs in the pass)
+    np.testing.assert_array_equal(packed.tokens[:real], padded.tokens[:real])
     np.testing.assert_array_equal(packed.cache.lengths, padded.cache.lengths)
     for i, ids in enumerate(prompts):
         pairs = zip(packed.cache.k + packed.cache.v, padded.cache.k + padded.cache.v, strict=True)
@@ -193,6 +245,36 @@ def test_an_admission_longer_than_the_compiled_pass_runs_in_passes_that_fit_it()
     assert [len(g) for g, _ in planner.prefill_groups(chats)] == [10, 6]  # not 4 x (4, 2048)
 
 
+def test_rows_that_share_cached_blocks_run_in_one_pass_after_them_where_it_costs_less():
+    """prefill_planning.shared_pays: fifteen chats behind a 496-token system prompt whose
+    blocks are cached (their own 68 tokens each past it) run in the warmed shared pass
+    (16, 1024), 1,040 positions, where their suffixes cut as [16, 128] run 2,064 and
+    from scratch a pass of 10,240 would compile; not where their suffix cut is compiled and
+    runs fewer positions (two short turns as a compiled [2, 64]: 144 against 1,040), nor
+    rows that share no block, nor a lone row."""
+    import types
+
+    from lookahead_jax.engine.prefill_planning import PrefillPlanner
+
+    shapes = PaddedShapes()
+    shapes.compile_s = [3.0]
+    shapes.ran("shared", 16, 1024, 0.0)  # the warmed pass (continuous.warm_up)
+    shapes.ran("suffix", 16, 128, 0.0)
+    shapes.ran("suffix", 2, 64, 0.0)
+    stats = types.SimpleNamespace(prefill_rate=lambda: 640.0)
+    nothing = lambda pool: lambda rows, side: False
+    planner = PrefillPlanner(shapes, 16, True, stats, nothing, lambda pool: None)
+    pool = types.SimpleNamespace(block=16)
+    system = list(range(31))  # 31 blocks: 496 tokens
+    chats = [types.SimpleNamespace(ids=[1] * (496 + 68)) for _ in range(15)]
+    assert planner.shared_pays(chats, [system] * 15, pool)
+    turns = [types.SimpleNamespace(ids=[1] * (496 + 40)) for _ in range(2)]
+    assert not planner.shared_pays(turns, [system] * 2, pool)
+    others = [system, [99, *system[1:]]]  # (a different first block: nothing shared)
+    assert not planner.shared_pays(chats[:2], others, pool)
+    assert not planner.shared_pays(chats[:1], [system], pool)
+
+
 def test_a_pass_holds_more_tokens_where_its_rows_are_at_least_a_block_long():
     """prefill_planning's bound on one ragged pass: sixteen chats of 540 tokens (8,640, a
     pass of 10,240) fit one, where the bound before them (8,192) ran them padded as [16,
@@ -267,8 +349,10 @@ def test_an_admission_with_cached_blocks_run_as_one_ragged_pass_keeps_the_tokens
     from lookahead_jax.engine.prefix_cache import BLOCK
     from tests.test_prefix_cache import MAX_NEW, PROMPTS
 
-    # (an admission of several rows runs as one pass: a lone one as a suffix)
+    # (an admission of several rows runs as one pass: a lone one as a suffix; from
+    # scratch, not after the blocks they share)
     monkeypatch.setattr(PaddedShapes, "ragged_pays", lambda self, n, *a, **k: n > 1)
+    monkeypatch.setattr(PrefillPlanner, "shared_pays", lambda *args: False)
     passes, halved = PrefillPlanner._passes, []
 
     def halves(self, requests, *one):  # (the admission of four; others as they come)

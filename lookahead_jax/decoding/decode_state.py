@@ -91,6 +91,28 @@ class RaggedPrompts:
     start: Int[Array, " B"]
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SharedPrefix:
+    """A ragged pass after a cached prefix all its rows share (sixteen chats behind one
+    system prompt): every row's first `length[0]` positions are the pool's blocks
+    `blocks[0]` (kv_pool.gather_prefix), and only the prompts from there on run, packed
+    one after another (`ragged`, whose positions start at length[0]; its tail tokens
+    there too), each token seeing the prefix and its own row's tokens up to itself.
+
+    Example (block 2; prompts [1 2 5 6 7] and [1 2 8 9], [1 2] cached in pool block 4,
+    Mb = 2, Tr = 6):
+        blocks = [[4 0]]  length = [2]
+        ragged: tokens = [[5 6 7 8 9 0]]  row = [[0 0 0 1 1 2]]
+                position = [[2 3 4 2 3 2]]  start = [0 3]
+    """
+
+    pool: kv_pool.KVPool
+    blocks: Int[Array, "1 Mb"]  # pool ids, Mb = P // Sb (past the length: any id)
+    length: Int[Array, " 1"]  # the shared positions: a multiple of Sb, below every prompt_len
+    ragged: RaggedPrompts
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
     """Everything static about a decode: a jit static argument."""
@@ -182,7 +204,7 @@ def prefill(
     max_new_b: jax.Array,
     rng_b2: jax.Array,
     sampling: RowSampling,
-    prefix: CachedPrefix | RaggedPrompts | None = None,
+    prefix: CachedPrefix | RaggedPrompts | SharedPrefix | None = None,
     grammar: GrammarRows | None = None,
     *,
     spec: DecodeSpec,
@@ -192,7 +214,8 @@ def prefill(
     sampling: each row's settings ([B] arrays). prefix: the rows' cached prefixes, whose
     prompt positions are not run again (None: every row runs its whole prompt), or the
     same prompts packed one after another (RaggedPrompts: one pass without the rows'
-    padding; the model has seam.apply_ragged).
+    padding; the model has seam.apply_ragged), or packed after a prefix they share
+    (SharedPrefix).
     grammar: the rows' initial grammar states and the table (spec.grammar; the first
     token is chosen under the mask too)."""
     B, P = prompt_bp.shape
@@ -205,6 +228,8 @@ def prefill(
         cache = write_prefix(cache, k, v, prompt_len_b)
     elif isinstance(prefix, RaggedPrompts):
         logits, cache = _prefill_ragged(params, prompt_len_b, prefix, cache, spec)
+    elif isinstance(prefix, SharedPrefix):
+        logits, cache = _prefill_ragged(params, prompt_len_b, prefix.ragged, cache, spec, prefix)
     else:
         logits, cache = _prefill_after_prefix(params, prompt_len_b, prefix, cache, spec)
     tokens = jnp.zeros((B, S), jnp.int32).at[:, :P].set(prompt_bp)
@@ -247,13 +272,27 @@ def _prefill_after_prefix(params, prompt_len_b, prefix: CachedPrefix, cache: KVC
     return logits, kv_cache.commit(cache, k, v, rows_bt, prompt_len_b - prefix.length)
 
 
-def _prefill_ragged(params, prompt_len_b, ragged: RaggedPrompts, cache: KVCache, spec):
+def _prefill_ragged(
+    params, prompt_len_b, ragged: RaggedPrompts, cache: KVCache, spec, shared=None
+):  # fmt: skip
     """(the last prompt token's logits [B, 1, V], the filled cache) of prompts packed in
-    one pass (RaggedPrompts): each token's K/V scattered to its row and position."""
+    one pass (RaggedPrompts): each token's K/V scattered to its row and position; with
+    `shared` (a SharedPrefix) after its prefix, whose blocks every row's cache takes."""
     Tr = ragged.tokens.shape[1]
-    first = jnp.arange(Tr, dtype=jnp.int32)[None] - ragged.position
-    last = (ragged.start + prompt_len_b - 1)[None]  # [1, B]
-    logits, k, v = seam.apply_ragged(spec.lm, params, ragged.tokens, ragged.position, first, last)
+    offset, prefix = jnp.zeros((1,), jnp.int32), None  # [1]: where the pass's rows start
+    if shared is not None:
+        B, Mb = prompt_len_b.shape[0], shared.blocks.shape[1]
+        offset, dtype = shared.length, cache.k[0].dtype
+        one = spec.lm.init_cache(1, Mb * shared.pool.block, dtype)
+        prefix = kv_pool.gather_prefix(shared.pool, shared.blocks, offset, one)
+        blocks_bm = jnp.broadcast_to(shared.blocks, (B, Mb))
+        cache = kv_pool.gather_prefix(shared.pool, blocks_bm, jnp.broadcast_to(offset, (B,)), cache)
+    first = jnp.arange(Tr, dtype=jnp.int32)[None] - (ragged.position - offset[:, None])
+    # (a padding row's prompt_len, 1, lies below a shared prefix: its last token is 0)
+    last = jnp.maximum(ragged.start + prompt_len_b - offset - 1, 0)[None]  # [1, B]
+    logits, k, v = seam.apply_ragged(
+        spec.lm, params, ragged.tokens, ragged.position, first, last, prefix
+    )
     filled = kv_cache.write_ragged(cache, k, v, ragged.row[0], ragged.position[0], prompt_len_b)
     return jnp.swapaxes(logits, 0, 1), filled
 

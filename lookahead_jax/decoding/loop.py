@@ -43,6 +43,7 @@ from lookahead_jax.decoding.decode_state import (
     DecodeSpec,
     DecodeState,
     RaggedPrompts,
+    SharedPrefix,
     prefill,
 )
 from lookahead_jax.decoding.grammar_rows import GrammarRows
@@ -60,7 +61,7 @@ def start(
     max_new_b,
     rng_b2,
     sampling: RowSampling,
-    prefix: CachedPrefix | RaggedPrompts | None = None,
+    prefix: CachedPrefix | RaggedPrompts | SharedPrefix | None = None,
     grammar: GrammarRows | None = None,
     *,
     spec: DecodeSpec,
@@ -69,7 +70,8 @@ def start(
     """Prefill the right-padded prompts [B, P] and emit each row's first token; with
     lookahead, also set up the window, pool and recycling tables.
     prefix: the rows' cached prefixes (decode_state.CachedPrefix; None: none), or the
-    prompts packed in one ragged pass (decode_state.RaggedPrompts).
+    prompts packed in one ragged pass (decode_state.RaggedPrompts), or packed after a
+    prefix they share (decode_state.SharedPrefix).
     grammar: the rows' grammar states and table (spec.grammar; grammar_rows.py).
 
     sampling: each row's settings ([B] arrays; sampling.RowSampling).

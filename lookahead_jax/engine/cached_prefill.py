@@ -4,7 +4,8 @@ when the cache is on, and what it adds.
     admit(placed, active)  prefill requests into their slots, each from its longest run of
                       cached blocks; requests of one admission that share blocks nobody
                       holds wait for the first of them (a second prefill runs only their
-                      own parts); long prompts may be set to prefill in chunks instead;
+                      own parts: in one ragged pass after the blocks they share, where
+                      that costs less); long prompts may be set to prefill in chunks instead;
                       an admission with cached blocks may run from scratch, all of it in
                       ragged passes, where that costs less (_ragged_instead)
     chunk(active, ..) one chunk of the first long prompt waiting whose rest needs one
@@ -32,7 +33,7 @@ import numpy as np
 
 from lookahead_jax.decoding import prefill_chunk, programs
 from lookahead_jax.decoding.program_caches import ProgramCache
-from lookahead_jax.engine import slot_state
+from lookahead_jax.engine import prefill_args, slot_state
 from lookahead_jax.engine.prefix_cache import PrefixCache
 from lookahead_jax.models import kv_pool
 from lookahead_jax.models.kv_pool import KVPool
@@ -85,17 +86,20 @@ class CachedPrefill:
             for s, r in placed:
                 hits = cache.hits(r.ids)
                 with_hits[bool(hits)].append((s, r, hits))
-            parts = self._ragged_instead(with_hits, active)
-            if parts is not None:  # ragged passes, their blocks computed again
-                rows = [*with_hits[0], *with_hits[1]]
+            if self._shared(with_hits[1], active):  # one pass after their shared blocks
+                groups = [(True, with_hits[1], True), *self._groups((with_hits[0], []), active)]
+            elif (parts := self._ragged_instead(with_hits, active)) is not None:
+                rows = [*with_hits[0], *with_hits[1]]  # ragged passes, blocks computed again
                 groups = [(False, [rows[i] for i in part], True) for part in parts]
             else:
                 groups = self._groups(with_hits, active)
-            for cached, g, _ in groups:
+            for cached, g, ragged in groups:
+                # (a shared pass finds the blocks its rows share; each computes its own)
+                common = prefill_args.shared_blocks([h for _, _, h in g]) if ragged else None
                 for s, r, hits in g:  # a chunked prompt's own blocks were computed, not found
                     own = active[s].chunked_tokens
-                    found = len(hits) * cache.block - own if cached else 0
-                    stats.count_prefix(len(r.ids), max(found, 0))
+                    found = len(hits if common is None else common) * cache.block - own
+                    stats.count_prefix(len(r.ids), max(found, 0) if cached else 0)
             # every prefill first, then the stores: a store may evict a block that
             # another group's prefill reads (device calls run in order)
             fresh = [
@@ -114,6 +118,16 @@ class CachedPrefill:
                 # not one a prefill shape)
                 self._store(cache.claim([r.ids for _, r, _ in g]), slots)
             placed = later
+
+    def _shared(self, rows: list, active: list) -> bool:
+        """Whether an admission's rows with cached blocks ([(slot, request, hits)])
+        prefill in one ragged pass after the blocks they share (the planner's
+        shared_pays: sixteen chats behind a new system prompt, the first's blocks stored)
+        — not where a chunked prompt is among them (as `_from_scratch`)."""
+        if len(rows) < 2 or any(active[s].chunked_tokens for s, _, _ in rows):
+            return False
+        requests, hits = [r for _, r, _ in rows], [h for _, _, h in rows]
+        return self.device.planner.shared_pays(requests, hits, self.cache.pool)
 
     def _groups(
         self, with_hits: tuple[list, list], active: list

@@ -30,10 +30,10 @@ import jax.numpy as jnp
 
 from lookahead_jax.decoding.guess_memory import GuessMemory
 from lookahead_jax.distributed import multihost, sharding
-from lookahead_jax.engine import describe, inputs, requests, row_buckets
+from lookahead_jax.engine import describe, inputs, prefill_args, requests, row_buckets
 from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.grammar_bank import GrammarBank
-from lookahead_jax.engine.prefill_shapes import RAGGED, PaddedShapes
+from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import PrefixCache
 from lookahead_jax.engine.requests import Encoded, Listener, Request, Result, Update
 from lookahead_jax.engine.scheduler import Active, Kept, Scheduler
@@ -264,8 +264,9 @@ class Engine:
         auto its plain rounds' too) and the programs around them (warm_rows), one row's
         prefill of a chat-sized prompt (WARM_SIDE) from scratch and, with the prefix cache,
         past cached blocks, every row's short turn (WARM_BURST_SIDE) past them, and (ragged
-        passes) up to sixteen rows' chat-sized prompts in one pass: prefills pad to these
-        (prefill_shapes.py). Stats start afresh: call it before serving."""
+        passes) up to sixteen rows' chat-sized prompts in one pass, and with the prefix
+        cache up to sixteen short turns in one pass after blocks they share: prefills pad
+        to these (prefill_shapes.py). Stats start afresh: call it before serving."""
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass
@@ -274,12 +275,9 @@ class Engine:
         device, side = scheduler.device, min(WARM_SIDE, scheduler.device.P)
         names = device.loop_names(scheduler.round_choice is not None)
         prefix = scheduler.prefix
-        prefills = [(1, side, None)]  # (rows, side, pool): from scratch
-        if prefix is not None:  # past cached blocks: one row, and a burst of short turns
-            pool = prefix.cache.pool
-            prefills += [(1, side, pool), (self.batch, min(WARM_BURST_SIDE, side), pool)]
-        if device.ragged:  # (a pass costs its tokens: a burst of any rows pads to it)
-            prefills.append((self.batch, min(self.batch, 16) * side, RAGGED))
+        pool = None if prefix is None else prefix.cache.pool
+        short = min(WARM_BURST_SIDE, side)
+        prefills = prefill_args.warm_prefills(self.batch, side, short, pool, device.ragged)
         for rows_, side_, p in prefills:  # in the background, beside the loops
             device.compile_prefill(rows_, side_, p, wait=False)
         device.compile_loops(rows or [self.batch], names)

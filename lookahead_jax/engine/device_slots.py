@@ -265,15 +265,18 @@ class DeviceSlots:
         each request's cached leading blocks, pool ids into `pool` (prefix_cache.py): only
         the rest of its prompt runs, at the state's prompt side P. Several without hits
         may run packed in one ragged pass (side: all their tokens): where `ragged` says
-        so, or (None) where the planner decides so. Any may run at a larger shape already
-        compiled, padded (prefill_shapes.py)."""
+        so, or (None) where the planner decides so; several with hits, where `ragged`
+        says so, packed after the blocks they share (prefill_args.shared). Any may run
+        at a larger shape already compiled, padded (prefill_shapes.py)."""
         # the prompts' sides, or the suffixes' past the blocks
         kind, sides, key_pool, rate, ready = self.planner.planning(requests, hits, pool, ragged)
         n = slot_state.prefill_rows(len(requests), self.B)
         n, side = self.padded.choose(kind, n, max(sides), rate, ready, self._compile_soon(key_pool))
         P = side if kind == "prompt" else self.P
         rows = prefill_args.rows(requests, n, P, self.model.mesh)
-        if hits is not None:
+        if kind == prefill_args.SHARED:
+            rows = (*rows, prefill_args.shared(requests, hits, pool, n, side, P))
+        elif hits is not None:
             rows = (*rows, prefill_args.cached_prefix(P, requests, hits, pool, n, side))
         elif kind == prefill_args.RAGGED:
             rows = (*rows, prefill_args.ragged(requests, n, side))

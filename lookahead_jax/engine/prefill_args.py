@@ -4,23 +4,29 @@ rows (padding rows have max_new_tokens 0: done at once), and with the prefix cac
 row's cached blocks and the rest of its prompt past them; or, for a ragged prefill, the
 prompts one after another (RaggedPrompts).
 
-A prefill is of one of three kinds, each its own programs and shapes (prefill_shapes.py):
-"prompt" (rows n, prompt side P), "suffix" (rows n, suffix side Ts, after cached blocks)
-and "ragged" (rows n, the pass's tokens Tr: several prompts from scratch, packed)."""
+A prefill is of one of four kinds, each its own programs and shapes (prefill_shapes.py):
+"prompt" (rows n, prompt side P), "suffix" (rows n, suffix side Ts, after cached blocks),
+"ragged" (rows n, the pass's tokens Tr: several prompts from scratch, packed) and
+"shared" (rows n, the pass's tokens Tr: several prompts past the cached blocks they all
+share, packed after them: SharedPrefix)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.decoding.decode_state import CachedPrefix, RaggedPrompts
+from lookahead_jax.decoding.decode_state import CachedPrefix, RaggedPrompts, SharedPrefix
 from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, keys_for
 from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import inputs
 from lookahead_jax.engine.grammar_bank import GrammarBank
-from lookahead_jax.engine.prefill_shapes import RAGGED  # program_pool's marker of a ragged pass
+
+# program_pool's marker of a ragged pass; the kind of a pass after a shared prefix
+from lookahead_jax.engine.prefill_shapes import RAGGED, SHARED
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.models import kv_pool
 
@@ -54,39 +60,90 @@ def rows(requests: list[Encoded], n: int, P: int, mesh=None) -> tuple:
     return out
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class SharedPool:
+    """program_pool's value for a ragged pass after a shared prefix: the pool it reads."""
+
+    pool: kv_pool.KVPool
+
+
+def shared_blocks(hits: list[list[int]]) -> list[int]:
+    """The leading cached blocks (pool ids) every row's `hits` share: a SharedPrefix's."""
+    n = min(len(h) for h in hits)
+    for i in range(n):
+        if any(h[i] != hits[0][i] for h in hits):
+            return hits[0][:i]
+    return hits[0][:n]
+
+
 def sides(requests: list[Encoded], hits, pool, ragged: bool = False) -> tuple[str, list[int]]:
     """(kind, each request's prefill side): "prompt" and its prompt's, or with hits
-    "suffix" and its prompt's rest past its cached blocks'; with `ragged` (no hits),
-    "ragged" and one side, the pass's: all the prompts' tokens."""
+    "suffix" and its prompt's rest past its cached blocks'; with `ragged`, one side, the
+    pass's: "ragged" and all the prompts' tokens, or with hits "shared" and their tokens
+    past the blocks they share."""
     if ragged:
-        return RAGGED, [inputs.prefill_side(sum(len(r.ids) for r in requests))]
+        skip = 0 if hits is None else len(shared_blocks(hits)) * pool.block
+        tokens = sum(len(r.ids) - skip for r in requests)
+        return (RAGGED if hits is None else SHARED), [inputs.prefill_side(tokens)]
     if hits is None:
         return "prompt", [inputs.prefill_side(len(r.ids)) for r in requests]
     rest = [len(r.ids) - len(h) * pool.block for r, h in zip(requests, hits, strict=True)]
     return "suffix", [inputs.prefill_side(n) for n in rest]
 
 
-def program_pool(hits, pool, ragged: bool = False) -> kv_pool.KVPool | str | None:
+def program_pool(hits, pool, ragged: bool = False) -> kv_pool.KVPool | SharedPool | str | None:
     """What keys a prefill's program besides its shape (DeviceSlots._start_key): `pool`
-    for requests with hits, RAGGED for a ragged prefill, None (a prompt prefill's program)
+    for requests with hits, RAGGED for a ragged prefill, SharedPool(pool) for a ragged
+    one with hits (after their shared blocks), None (a prompt prefill's program)
     otherwise, cache on or off."""
     if ragged:
-        return RAGGED
+        return RAGGED if hits is None else SharedPool(pool)
     return None if hits is None else pool
 
 
-def ragged(requests: list[Encoded], n: int, Tr: int) -> RaggedPrompts:
-    """The requests' prompts one after another in Tr tokens (RaggedPrompts' example), for
-    n rows (padding rows have nothing there: start 0)."""
+def ragged(requests: list[Encoded], n: int, Tr: int, offset: int = 0) -> RaggedPrompts:
+    """The requests' prompts from position `offset` on one after another in Tr tokens
+    (RaggedPrompts' example; the tail at position `offset`), for n rows (padding rows have
+    nothing there: start 0)."""
     tokens, row = np.zeros((1, Tr), np.int32), np.full((1, Tr), n, np.int32)
-    position, start = np.zeros((1, Tr), np.int32), np.zeros((n,), np.int32)
+    position, start = np.full((1, Tr), offset, np.int32), np.zeros((n,), np.int32)
     at = 0
     for i, r in enumerate(requests):
-        m = len(r.ids)
-        tokens[0, at : at + m], row[0, at : at + m] = r.ids, i
-        position[0, at : at + m], start[i] = np.arange(m), at
+        m = len(r.ids) - offset
+        tokens[0, at : at + m], row[0, at : at + m] = r.ids[offset:], i
+        position[0, at : at + m], start[i] = offset + np.arange(m), at
         at += m
     return RaggedPrompts(tokens, row, position, start)
+
+
+def shared(requests: list[Encoded], hits, pool, n: int, Tr: int, P: int) -> SharedPrefix:
+    """The prefill's SharedPrefix for n rows: the blocks the requests' hits share (M = P //
+    BLOCK ids), and their prompts past those packed in Tr tokens (SharedPrefix's
+    example)."""
+    blocks = shared_blocks(hits)
+    blocks_1m = np.zeros((1, P // pool.block), np.int32)
+    blocks_1m[0, : len(blocks)] = blocks
+    length = len(blocks) * pool.block
+    packed = ragged(requests, n, Tr, length)
+    return SharedPrefix(pool, blocks_1m, np.array([length], np.int32), packed)
+
+
+def warm_prefills(batch: int, side: int, short: int, pool, ragged: bool) -> list[tuple]:
+    """The prefills a server's warm-up compiles, [(rows, side, program_pool)]: one row's
+    prompt of `side` from scratch; with the prefix cache (`pool`) one past cached blocks,
+    and every row's short turn (`short`) past them; where the model runs ragged passes
+    (`ragged`), up to sixteen rows' prompts in one pass, and with the cache up to sixteen
+    short turns in one pass after blocks they share. A pass costs its tokens: a burst of
+    any rows pads to it."""
+    prefills = [(1, side, None)]
+    burst = min(batch, 16)
+    if pool is not None:
+        prefills += [(1, side, pool), (batch, short, pool)]
+    if ragged:
+        prefills.append((batch, burst * side, RAGGED))
+    if ragged and pool is not None:
+        prefills.append((batch, burst * short, SharedPool(pool)))
+    return prefills
 
 
 def cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int, T: int) -> CachedPrefix:
@@ -115,21 +172,31 @@ def grammar_rows(requests: list[Encoded], n: int, bank: GrammarBank) -> GrammarR
 
 
 def kind_of(pool) -> str:
-    """The kind of prefill a program_pool value keys: "prompt", "suffix" or "ragged"."""
+    """The kind of prefill a program_pool value keys: "prompt", "suffix", "ragged" or
+    "shared"."""
     if pool is None:
         return "prompt"
+    if isinstance(pool, SharedPool):
+        return SHARED
     return RAGGED if isinstance(pool, str) else "suffix"
 
 
 def prefix_shapes(rows: int, side: int, pool, P: int) -> CachedPrefix | RaggedPrompts:
     """The start program's `prefix` argument as shapes (jax.ShapeDtypeStruct leaves) for
     a prefill of (rows, side) of the kind `pool` keys (program_pool; not a prompt's):
-    a CachedPrefix of rows at prompt side P, or RaggedPrompts of `side` tokens."""
+    a CachedPrefix of rows at prompt side P, RaggedPrompts of `side` tokens, or a
+    SharedPrefix of those after blocks of prompt side P."""
     like = lambda *shape: jax.ShapeDtypeStruct((rows, *shape), jnp.int32)  # noqa: E731
-    if kind_of(pool) == RAGGED:
-        one = jax.ShapeDtypeStruct((1, side), jnp.int32)
+    one = jax.ShapeDtypeStruct((1, side), jnp.int32)
+    kind = kind_of(pool)
+    if kind == RAGGED:
         return RaggedPrompts(one, one, one, like())
+    pool = pool.pool if kind == SHARED else pool
     pool_like = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), pool
     )
+    if kind == SHARED:
+        blocks = jax.ShapeDtypeStruct((1, P // pool.block), jnp.int32)
+        length = jax.ShapeDtypeStruct((1,), jnp.int32)
+        return SharedPrefix(pool_like, blocks, length, RaggedPrompts(one, one, one, like()))
     return CachedPrefix(pool_like, like(P // pool.block), like(), like(side))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lookahead_jax.engine import inputs, prefill_args, slot_state
-from lookahead_jax.engine.prefill_shapes import COMPILES_NOW, RAGGED, PaddedShapes
+from lookahead_jax.engine.prefill_shapes import COMPILES_NOW, RAGGED, SHARED, PaddedShapes
 from lookahead_jax.engine.requests import Encoded
 from lookahead_jax.engine.stats import Stats
 from lookahead_jax.models import kv_pool
@@ -156,6 +156,27 @@ class PrefillPlanner:
         if parts is not None:
             self._suffixes_soon(*suffixes, pool)
         return parts
+
+    def shared_pays(self, requests: list[Encoded], hits: list[list[int]], pool) -> bool:
+        """Whether these requests, which have cached blocks, prefill in one ragged pass
+        after the blocks they all share (prefill_args.shared; each row's own blocks past
+        those computed again) rather than as their suffixes are cut (prefill_groups) or
+        in one ragged pass from scratch, whichever of those costs less: where the pass
+        costs no more, priced alike (prefill_shapes.ragged_pays, kind SHARED; charged:
+        call it once an admission). Sixteen chats behind a new 497-token system prompt
+        ran their fifteen suffixes (1,016 tokens) as seven one-row suffix prefills and a
+        [16, 64] one, 1,920 positions in 3.6 s (a 2-core AMD EPYC, Zen 4)."""
+        if not (self.ragged and len(requests) >= 2 and prefill_args.shared_blocks(hits)):
+            return False
+        kind, sides, key_pool, rate, ready = self.planning(requests, hits, pool, True)
+        if sides[0] > MAX_PASS_TOKENS:
+            return False
+        cut = self._cut(requests, hits, pool)
+        scratch = self._pass(requests)
+        if scratch is not None:
+            cut = min(cut, self._pass_cost(scratch))
+        n, soon = slot_state.prefill_rows(len(requests), self.B), self._compile_soon(key_pool)
+        return self.padded.ragged_pays(n, sides[0], cut, rate, ready, soon, True, kind=SHARED)
 
     def _suffixes_soon(self, requests: list[Encoded], hits: list[list[int]], pool) -> None:
         """Start compiling in the background the suffix shapes of these requests' cut

@@ -83,6 +83,9 @@ UNMEASURED = 1e9  # a compile's cost in positions before a rate was measured: ab
 RUNS_COMPILED = ("compiled", "padded", "soon")
 COMPILES_NOW = ("paid", "dear", "octave")
 RAGGED = "ragged"  # the kind of a ragged pass (prefill_args.RAGGED)
+SHARED = "shared"  # a ragged pass after cached blocks its rows share (prefill_args.shared)
+# the kinds whose rows are packed in one pass: it runs its tokens, whatever its rows
+PACKED = (RAGGED, SHARED)
 
 
 class PaddedShapes:
@@ -123,7 +126,7 @@ class PaddedShapes:
         shape, how = self.plan(kind, n, side, positions_per_s, ready, compile_soon is not None)
         if how == "soon":  # beside the decode rounds, the prefills padded meanwhile
             compile_soon(n, side)
-        if kind == RAGGED and how in ("padded", "soon") and positions_per_s > 0:
+        if kind in PACKED and how in ("padded", "soon") and positions_per_s > 0:
             # (a prompt's padding is counted where its admission is cut: `groups`)
             extra = self.positions(kind, *shape) - side
             self._spend((kind, n, side), extra / positions_per_s)
@@ -144,7 +147,7 @@ class PaddedShapes:
         paid = self._paid(key, rate)
         if paid and (larger is None or not background):
             return (n, side), "paid"
-        octave = side if kind == RAGGED else inputs.bucket(side)
+        octave = side if kind in PACKED else inputs.bucket(side)
         over = larger if larger is not None else (n, octave)
         if self._dear(kind, over, self.positions(kind, n, side), rate):  # (not "soon")
             return (n, side), "dear"
@@ -158,7 +161,7 @@ class PaddedShapes:
     def positions(kind: str, rows: int, side: int) -> int:
         """The positions a prefill of (rows, side) runs: rows x side, or a ragged pass's
         side (its rows are packed in it)."""
-        return side if kind == RAGGED else rows * side
+        return side if kind in PACKED else rows * side
 
     def _dear(self, kind: str, shape: tuple[int, int], positions: int, rate: float) -> bool:
         """Whether one run at `shape` of a prefill of `positions` would spend more on its
@@ -169,7 +172,7 @@ class PaddedShapes:
         costs more than the engine's mean (a 4-row pass of 448 tokens compiled for 8.4 s
         where padding it to the warmed 2,048 was priced 3.2 s against a 2.9 s mean, in a
         server-like run under 4 concurrent chats; 2-core Intel Xeon)."""
-        if rate <= 0 or kind == RAGGED:
+        if rate <= 0 or kind in PACKED:
             return False
         return (self.positions(kind, *shape) - positions) / rate >= self._compile_seconds()
 
@@ -247,6 +250,7 @@ class PaddedShapes:
         compile_soon: Callable[[int, int], None] | None,
         charge: bool = False,
         passes: tuple[float, int] | None = None,
+        kind: str = RAGGED,
     ) -> bool:
         """Whether prompts run packed in one ragged pass of (n rows, `side` tokens), or in
         `passes`, rather than as they are cut otherwise, `cut` = (what those prefills
@@ -270,25 +274,31 @@ class PaddedShapes:
         positions a pass (2, 96) would have run fewer go towards compiling it; sixteen
         chats of 3,072 tokens, whose own pass would compile, run as two passes of the
         warmed one (`passes` = (4,128, 4,128)) where their cut costs more, and the
-        4,128 - 3,088 = 1,040 positions beyond their own pass go towards compiling it."""
+        4,128 - 3,088 = 1,040 positions beyond their own pass go towards compiling it.
+        `kind`: SHARED for a pass after cached blocks its rows share, priced alike."""
         rate, background = positions_per_s, compile_soon is not None
-        cost, ran = self.pass_cost(n, side, rate, ready, background) if passes is None else passes
+        if passes is None:
+            cost, ran = self.pass_cost(n, side, rate, ready, background, kind)
+        else:
+            cost, ran = passes
         pays = cost <= cut[0]
         if pays and passes is None:  # (one pass: `choose` spends its padding)
             return True
-        own = self.positions(RAGGED, n, side) + CALL_POSITIONS
+        own = self.positions(kind, n, side) + CALL_POSITIONS
         extra = (ran if pays else cut[1]) - own
         if charge and background and rate > 0 and extra > 0:
-            key = (RAGGED, n, side)
+            key = (kind, n, side)
             self._spend(key, extra / rate)
             if self._paid(key, rate):
                 compile_soon(n, side)
         return pays
 
-    def pass_cost(self, n, side, positions_per_s, ready, background) -> tuple[float, int]:
-        """What a ragged pass of (n rows, `side` tokens) costs in positions as `choose`
-        would run it (`_cost`), and the positions it runs."""
-        return self._cost(RAGGED, n, side, False, ready, positions_per_s, background)[:2]
+    def pass_cost(
+        self, n, side, positions_per_s, ready, background, kind: str = RAGGED
+    ) -> tuple[float, int]:
+        """What a ragged pass (of `kind`: RAGGED or SHARED) of (n rows, `side` tokens)
+        costs in positions as `choose` would run it (`_cost`), and the positions it runs."""
+        return self._cost(kind, n, side, False, ready, positions_per_s, background)[:2]
 
     def cost(
         self,

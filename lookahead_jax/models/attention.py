@@ -100,6 +100,20 @@ def attention(
         jnp.sum(p, axis=-1, keepdims=True),
         jnp.einsum("bktqu,bkue->bktqe", p.astype(dtype), v_new_bkue, preferred_element_type=f32),
     )
+    cache = (cache_k_bkse, cache_v_bkse, cache_len_b)
+    carry = fold_cache(carry, q_bktqe, cache, positions_bt, window, block, kernel, dtype)
+    _, mass, acc = carry
+    return jnp.swapaxes(acc / mass, 1, 2).astype(dtype)
+
+
+def fold_cache(carry, q_bktqe, cache, positions_bt, window: int, block: int, kernel: bool, dtype):
+    """The online softmax's (top, mass, acc) [B, K, T, Q, 1 | Dh] with the cache's
+    positions below each row's length folded in (cache: K/V [B, K, S, Dh], lengths [B]),
+    `block` positions at a time as far as the longest row (0: all S at once), or by the
+    CPU kernel (`kernel`). Every query's top must be finite already (it saw a key)."""
+    cache_k_bkse, cache_v_bkse, cache_len_b = cache
+    scale = float(1.0 / np.sqrt(q_bktqe.shape[-1]))
+    f32 = accum_dtype(q_bktqe.dtype)
 
     def absorb(carry, k_bkse, v_bkse, at_s, fresh_s):
         """Fold the cache positions `at_s` (K/V [B, K, S', Dh], S' positions of the cache)
@@ -113,7 +127,6 @@ def attention(
 
     S = cache_k_bkse.shape[2]
     if kernel:
-        cache = (cache_k_bkse, cache_v_bkse, cache_len_b)
         carry = _kernel_cache_part(carry, q_bktqe, cache, positions_bt, window, scale)
     elif block == 0 or block >= S:
         at = jnp.arange(S)
@@ -131,8 +144,7 @@ def attention(
 
         n_blocks = (jnp.max(cache_len_b) + block - 1) // block
         carry = jax.lax.fori_loop(0, n_blocks, one_block, carry)
-    _, mass, acc = carry
-    return jnp.swapaxes(acc / mass, 1, 2).astype(dtype)
+    return carry
 
 
 def online_fold(carry, s, v, pv_spec: str, dtype):
@@ -180,10 +192,14 @@ def _kernel_cache_part(carry, q_bktqe, cache, positions_bt, window: int, scale: 
 SEGMENT_BLOCK = 128
 
 
-def segment_attention(q_btkqe, k_bkue, v_bkue, first_bt, window: int = 0, block=SEGMENT_BLOCK):
+def segment_attention(
+    q_btkqe, k_bkue, v_bkue, first_bt, window: int = 0, block=SEGMENT_BLOCK, prefix=None
+):  # fmt: skip
     """Causal attention among rows packed one after another in a pass of T tokens (a
     ragged prefill, decode_state.RaggedPrompts): token t sees the tokens u with
-    first[b, t] <= u <= t, its own row's up to itself, and nothing of a cache.
+    first[b, t] <= u <= t, its own row's up to itself, and, with `prefix`, the cache
+    positions every row of the pass shares (a ragged pass after a cached prefix,
+    decode_state.SharedPrefix).
 
     q          [B, T, K, Q, Dh]
     k/v        [B, K, U, Dh]     (U = T)
@@ -192,6 +208,10 @@ def segment_attention(q_btkqe, k_bkue, v_bkue, first_bt, window: int = 0, block=
     window     the sliding window in positions (0: none); within a row, t - u is the
                positions' distance, so t - u < window
     block      query positions a block
+    prefix     (cache K/V [B, K, S, Dh], lengths [B], positions [B, T], attention block,
+               kernel) or None: every token also sees the cache's positions below the
+               length, folded in as `attention` folds a cache (fold_cache), after the
+               pass's own keys (each query's top is finite by then)
 
     Returns [B, T, K, Q, Dh]. The T tokens are cut into blocks of `block` queries. Query
     block j's keys lie in key blocks first[j * block] // block .. j, so step d folds key
@@ -241,6 +261,15 @@ def segment_attention(q_btkqe, k_bkue, v_bkue, first_bt, window: int = 0, block=
     shape = (B, K, n, C, Q, 1)
     acc = jnp.zeros((*shape[:-1], Dh), f32)
     carry = (jnp.full(shape, NEG_INF, f32), jnp.zeros(shape, f32), acc)
-    _, mass, acc = jax.lax.fori_loop(0, reach, fold, carry)
+    carry = jax.lax.fori_loop(0, reach, fold, carry)
+    if prefix is not None:  # [B, K, n * C, Q, ...] as attention's carry, the pass's tail too
+        cache_k, cache_v, cache_len_b, positions_bt, cache_block, kernel = prefix
+        flat = lambda x: x.reshape(B, K, n * C, Q, -1)  # noqa: E731
+        positions_bt = jnp.pad(positions_bt, ((0, 0), (0, pad)))
+        q_bktqe = q_bkncqe.reshape(B, K, n * C, Q, Dh)
+        cache, carry = (cache_k, cache_v, cache_len_b), tuple(map(flat, carry))
+        carry = fold_cache(carry, q_bktqe, cache, positions_bt, window, cache_block, kernel, dtype)
+        carry = tuple(x.reshape(*shape[:-1], -1) for x in carry)
+    _, mass, acc = carry
     out = (acc / mass).astype(dtype).transpose(0, 2, 3, 1, 4, 5)  # [B, n, C, K, Q, Dh]
     return out.reshape(B, n * C, K, Q, Dh)[:, :T]

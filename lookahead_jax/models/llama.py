@@ -89,9 +89,10 @@ def forward(
                        only for autotune's probes, LlamaLM.first_layers)
     head_rows          the rows the LM head's matmul is given for a lone row (B = R = 1;
                        head_rows_for): it is padded with zero rows, their logits dropped
-    first              [B, T] int32, or None: a ragged pass (cache None, self_mask
-                       unused): rows packed one after another, token t seeing the tokens
-                       first[b, t] .. t (attention.segment_attention)
+    first              [B, T] int32, or None: a ragged pass (self_mask unused): rows
+                       packed one after another, token t seeing the tokens first[b, t]
+                       .. t (attention.segment_attention) and, with a cache, the cache's
+                       positions below its length (a prefix every row of the pass shares)
 
     Returns logits [B, R, V] (float32; float64 for float64 params) and the new tokens'
     K/V, each L arrays [B, K, T, Dh] (keys after RoPE; kv_cache.py's layout; of the last
@@ -145,8 +146,9 @@ def _layers(params, cfg, positions_bt, masks, cache, rope, attention_block, x_bt
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             k_bkte, v_bkte = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
             q = q.reshape(B, T, K, Q, Dh)
-            if first_bt is not None:  # a ragged pass
-                o = segment_attention(q, k_bkte, v_bkte, first_bt, window=window)
+            if first_bt is not None:  # a ragged pass (after a shared prefix: the cache)
+                shared = None if cache is None else (*cached, positions_bt, attention_block, kernel)
+                o = segment_attention(q, k_bkte, v_bkte, first_bt, window=window, prefix=shared)
             else:
                 o = attention(
                     q,
@@ -248,15 +250,17 @@ class LlamaLM:
             self.head_rows,
         )
 
-    def apply_ragged(self, params, tokens_bt, positions_bt, first_bt, logits_rows_br):
+    def apply_ragged(self, params, tokens_bt, positions_bt, first_bt, logits_rows_br, cache=None):
         """`apply` of a ragged pass (seam.apply_ragged): rows packed one after another,
-        token t seeing the tokens first[b, t] .. t; no cache."""
+        token t seeing the tokens first[b, t] .. t, and the cache's positions below its
+        length where there is one (a prefix the rows share)."""
         return forward(
             params,
             self.cfg,
             tokens_bt,
             positions_bt,
             self_mask_btu=None,
+            cache=cache,
             logits_rows_br=logits_rows_br,
             attention_block=self.attention_block,
             layer_passes=self.layer_passes,

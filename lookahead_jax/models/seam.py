@@ -15,10 +15,12 @@ A model is any hashable object (it is a static argument of the jitted programs) 
 
 and, optionally (the engine prefills several prompts in one pass where a model has it):
 
-    apply_ragged(params, tokens [1, T], positions [1, T], first [1, T], logits_rows [1, R])
-        -> as `apply` with cache None and mask[0, t, u] = first[0, t] <= u <= t: rows
-           packed one after another (a ragged prefill), each token seeing its own row's
-           tokens up to itself; a model computes it without the T x T mask
+    apply_ragged(params, tokens [1, T], positions [1, T], first [1, T], logits_rows [1, R],
+                 cache=None)
+        -> as `apply` with mask[0, t, u] = first[0, t] <= u <= t: rows packed one after
+           another (a ragged prefill), each token seeing its own row's tokens up to
+           itself and, with a cache (one row), its positions below its length: a prefix
+           every row of the pass shares; a model computes it without the T x T mask
            (llama.LlamaLM: attention.segment_attention)
 
 The contract of `apply`, which exactness rests on:
@@ -148,13 +150,15 @@ def has_ragged(lm) -> bool:
     return callable(getattr(lm, "apply_ragged", None))
 
 
-def apply_ragged(lm, params, tokens_bt, positions_bt, first_bt, logits_rows_br):
+def apply_ragged(lm, params, tokens_bt, positions_bt, first_bt, logits_rows_br, cache=None):
     """`lm.apply_ragged(...)` with its shapes checked as `apply`'s (ForwardPass, with no
-    mask and no cache): logits [B, R, V] and each layer's new K/V [B, K, T, Dh]."""
+    mask): logits [B, R, V] and each layer's new K/V [B, K, T, Dh]. cache: a prefix the
+    pass's rows share (its one row's positions below its length; None: none)."""
+    shared = {} if cache is None else {"cache": cache}  # (a model without shared prefixes)
     logits, new_k, new_v = lm.apply_ragged(
-        params, tokens_bt, positions_bt, first_bt, logits_rows_br
+        params, tokens_bt, positions_bt, first_bt, logits_rows_br, **shared
     )
     call = ForwardPass(
-        tokens_bt, positions_bt, None, None, logits_rows_br, logits, tuple(new_k), tuple(new_v)
+        tokens_bt, positions_bt, None, cache, logits_rows_br, logits, tuple(new_k), tuple(new_v)
     )
     return _checked(lm, f"{type(lm).__name__}.apply_ragged", call)
