@@ -322,8 +322,9 @@ def test_online_requests_while_it_decodes(model64, monkeypatch, tmp_path):
         engine.submit(  # row 0's noise of the reference: its own seed, key 0
             lj.Request(PROMPTS[0], id="seeded", seed=SEED, temperature=0.9), listener
         )
-        # 0, 1, 2 went in; 1 (a budget of 1 token) ended with its prefill's token
-        assert engine.round() and engine.slots_in_use == 2
+        # 0, 1, 2 went in; 1 (a budget of 1 token) ended with its prefill's token, and 3
+        # took its slot before the round decoded (as many waited as rows decoded: _admit)
+        assert engine.round() and engine.slots_in_use == 3
         engine.submit(lj.Request(PROMPTS[5], id=5, max_new_tokens=MAX_NEW), listener)
         engine.cancel(3)  # queued or decoding by now: ends "cancelled" either way
         rounds = 1
@@ -429,6 +430,43 @@ def test_a_failing_device_call_fails_the_requests_in_flight_then_serves(model64,
             pass
     assert ends[5].finish != "error"
     assert ends[5].token_ids == reference(model64, 0.0)[5]
+
+
+def test_requests_that_come_in_during_an_admission_go_in_before_its_round(model64, monkeypatch):
+    """Online: requests submitted while an admission's prefill runs are admitted before
+    the round decodes, where slots are free and as many wait as rows decode (a burst's
+    first chat came alone, and the fifteen others waited out its round), and get the
+    tokens of their lone plain decodes; a lone arrival beside more decoding rows waits."""
+    ref = reference(model64, 0.0)
+    first_at: dict = {}  # request -> decode rounds run when its first tokens came
+    results: dict = {}
+    collect = results_into(results)
+
+    def listen(update):
+        first_at.setdefault(update.id, engine.online_stats.rounds)
+        collect(update)
+
+    drain, arrive = lj.Engine._drain, {2: (1, 2, 3), 3: (4,)}  # drain call -> who came in
+    calls = []
+
+    def drain_and_arrive(self, scheduler):
+        calls.append(len(calls) + 1)
+        for i in arrive.get(calls[-1], ()):
+            self.submit(lj.Request(PROMPTS[i], id=i), listen)
+        drain(self, scheduler)
+
+    monkeypatch.setattr(lj.Engine, "_drain", drain_and_arrive)
+    with jax.enable_x64(True):
+        engine = lj.Engine(model64, batch=8, max_new_tokens=MAX_NEW, lookahead=None)
+        engine.submit(lj.Request(PROMPTS[0], id=0), listen)
+        # admits 0; 1-3 come in during it (drain 2): in before the decode; 4 comes in
+        # during theirs (drain 3), alone beside 4 rows decoding: in at the next round
+        engine.round()
+        assert first_at == {0: 0, 1: 0, 2: 0, 3: 0}, first_at
+        while engine.round():
+            pass
+    assert first_at[4] == 1
+    assert {i: r.token_ids for i, r in results.items()} == {i: ref[i] for i in range(5)}
 
 
 def test_an_offline_run_leaves_the_online_stats_alone(model64):

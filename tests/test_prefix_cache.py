@@ -105,6 +105,38 @@ def test_prefix_hits_decode_to_the_cold_tokens(
     assert again == cold
 
 
+def test_rows_waiting_for_a_first_ones_blocks_join_what_came_in_meanwhile(model64, monkeypatch):
+    """Online, the requests of an admission that wait for an earlier one's blocks are
+    handed back (cached_prefill.admit's `defer`) and admitted again at once with what
+    came in while it ran: one pass after the blocks for all of them (a burst behind a new
+    system prompt, five first: four one-row suffixes, then eleven in a pass), with a
+    cold decode's tokens."""
+    shared_passes(monkeypatch)
+    kw = dict(batch=8, max_new_tokens=MAX_NEW, lookahead=None)
+    drain, calls = lj.Engine._drain, []
+
+    def drain_and_arrive(self, scheduler):  # the fifth comes in during the first's prefill
+        calls.append(len(calls) + 1)
+        if calls[-1] == 2:
+            self.submit(lj.Request(PROMPTS[4], id=4), listen)
+        drain(self, scheduler)
+
+    with jax.enable_x64(True):
+        cold = {r.id: r.token_ids for r in lj.Engine(model64, **kw).run(PROMPTS[:5])}
+        engine = lj.Engine(model64, prefix_cache_mb=1, **kw)
+        results = {}
+        listen = lambda u: u.result and results.setdefault(u.result.id, u.result)  # noqa: E731
+        monkeypatch.setattr(lj.Engine, "_drain", drain_and_arrive)
+        for i in range(4):
+            engine.submit(lj.Request(PROMPTS[i], id=i), listen)
+        while engine.round():
+            pass
+    assert {i: r.token_ids for i, r in results.items()} == cold
+    # the first from scratch; the three it held back and the fifth in one pass after it
+    assert engine.online_stats.prefill_calls == 2
+    assert engine.online_stats.prefill_shapes == {"1x64": 1, "4x80 shared": 1}
+
+
 def test_a_next_turn_takes_the_answer_from_the_cache(model64, monkeypatch):
     monkeypatch.setattr(PaddedShapes, "instead", never_from_scratch)
     kw = dict(batch=4, max_new_tokens=MAX_NEW, lookahead=None)

@@ -65,15 +65,25 @@ class CachedPrefill:
     def __init__(self, device, stats, params, cache: PrefixCache, chunk: int | str | None):
         self.device, self.stats, self.params, self.cache = device, stats, params, cache
         self.chunk_tokens = chunk  # "auto": chosen at the first long prompt (chunk_size)
+        self._handed: set[int] = set()  # the requests `admit` handed back (ids), not chunked
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, placed: list, active: list) -> None:
-        """Prefill [(slot, Encoded)] (their Active already in `active`, the slots)."""
+    def admit(self, placed: list, active: list, defer: bool = False) -> list:
+        """Prefill [(slot, Encoded)] (their Active already in `active`, the slots); returns
+        those handed back: with `defer` (online), requests that wait for an earlier one's
+        blocks are not prefilled after it but freed from their slots, for the scheduler to
+        admit again at once with what came in meanwhile (a burst's chats behind one new
+        system prompt: the first computes it, and the others join one pass after it)."""
         cache, device, stats = self.cache, self.device, self.stats
         admitting = {s for s, _ in placed}
+        # (those handed back were admitted with the first, which has not decoded yet)
+        handed, self._handed = self._handed, set()
         if not self._crowd(placed, active):
-            placed = [(s, r) for s, r in placed if not self._to_chunk(s, r, admitting, active)]
+            placed = [
+                (s, r) for s, r in placed
+                if id(r) in handed or not self._to_chunk(s, r, admitting, active)
+            ]  # fmt: skip
         while placed:
             now = cache.split([r.ids for _, r in placed])
             placed, later = (
@@ -117,7 +127,14 @@ class CachedPrefill:
                 # (from the rows inserted, not `state`: one store program a row bucket,
                 # not one a prefill shape)
                 self._store(cache.claim([r.ids for _, r, _ in g]), slots)
+            # (not a grammar's request, whose placement is counted once, nor a chunked one)
+            if defer and later and not any(r.grammar or active[s].chunked_tokens for s, r in later):
+                for s, _ in later:
+                    active[s] = None
+                self._handed = {id(r) for _, r in later}
+                return later
             placed = later
+        return []
 
     def _shared(self, rows: list, active: list) -> bool:
         """Whether an admission's rows with cached blocks ([(slot, request, hits)])

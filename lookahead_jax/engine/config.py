@@ -172,6 +172,16 @@ class EngineConfig:
         """The default sampling settings of requests without their own."""
         return SamplingConfig(float(self.temperature), self.top_k, self.top_p)
 
+    def steps_per_round(self, streaming: bool, auto_steps: int | None, budget: int) -> int:
+        """Steps one loop call may run: stream_steps while a request streams (`streaming`),
+        else steps_per_call (None: `auto_steps`, auto's check window while it watches, else
+        `budget`, the whole max_new_tokens)."""
+        if streaming:
+            return self.stream_steps
+        if self.steps_per_call is not None:
+            return self.steps_per_call
+        return budget if auto_steps is None else auto_steps  # (Ctrl-C noticed as soon)
+
     def check_context(self, max_context: int) -> None:
         """What needs the model's context length (the checkpoint's config suffices, before
         the weights load): the lookahead step fits it, max_new_tokens leaves room for a

@@ -373,6 +373,7 @@ class Engine:
                     grammars=GrammarBank.for_engine(self.model, self.config),
                 )  # fmt: skip
             scheduler = self._scheduler
+            scheduler.arrivals = lambda: self._drain(scheduler)
             self._drain(scheduler)
             if not scheduler.busy():
                 return False

@@ -136,6 +136,22 @@ class GrammarBank:
         self._on_device = None
         return True
 
+    def place_requests(self, taken: list, held: list, count) -> tuple[list, list]:
+        """(the requests of `taken` whose grammars this bank holds now, placed, each
+        placed one's compile seconds given to `count`; the others, to wait): `held` are
+        the requests in the slots, whose grammars stay (`place`)."""
+        in_use = {id(r.grammar.next_sc) for r in held if r.grammar is not None}
+        fits, back = [], []
+        for r in taken:
+            if r.grammar is None or self.place(r.grammar, in_use):
+                fits.append(r)
+                if r.grammar is not None:
+                    in_use.add(id(r.grammar.next_sc))
+                    count(r.grammar.compile_s)
+            else:
+                back.append(r)
+        return fits, back
+
     def _gap(self, size: int) -> int | None:
         """The first offset past FREE where `size` rows are free, or None."""
         taken = sorted((off, off + a.states) for off, _, a in self.blocks.values())

@@ -105,6 +105,9 @@ class Scheduler:
         self.dequeued = 0  # requests that left `queue`: admitted or cancelled
         self.active: list[Active | None] = [None] * self.B
         self.after_collect: Callable[[], None] | None = None  # called after each read-back
+        # online: moves what was submitted since the round began into `queue` (_admit)
+        self.arrivals: Callable[[], None] | None = None
+        self.handed_back = 0  # requests the last admission handed back to the queue
         self.cancelled: set[int] = set()  # slots whose requests were cancelled
         auto, lookahead = None, config.lookahead
         if lookahead == "auto":
@@ -170,14 +173,7 @@ class Scheduler:
     def advance(self) -> list[Result]:
         """One round: admit, decode, read back; returns the requests that finished."""
         stats, device = self.stats, self.device
-        t, compile_s, chunks = time.perf_counter(), stats.compile_s, stats.prefill_chunks
-        admitted = self._fill()
-        finished = []
-        if admitted or stats.prefill_chunks > chunks:  # (a chunk: cached_prefill.py)
-            jax.block_until_ready(device.state if admitted else self.prefix.cache.pool)
-            stats.count_prefill_time(time.perf_counter() - t - (stats.compile_s - compile_s))
-            if any(a.request.listener for a in admitted):
-                finished += self._collect()  # the first tokens (the prefill's) go out now
+        finished = self._admit()
         if not self.occupied() and not self.cancelled:  # (a chunked request may be)
             return finished
         before = device.read_round()
@@ -189,7 +185,8 @@ class Scheduler:
                 if device.rows != len(before.done_b):  # the rows moved (a smaller bucket)
                     before = device.read_round()
                 decoding = np.flatnonzero(~before.done_b & ~device.to_retire_b)
-                rows = [self._row_round(s) for s in decoding]
+                actives = [self.active[s] for s in decoding]  # (as auto's choice sees them)
+                rows = [RowRound(a.request.sampling.greedy, a.acceptance) for a in actives]
                 plain, probe = choice.choose(device.rows, rows)
                 steps = 1 if probe else steps
             t, compile_s = time.perf_counter(), stats.compile_s
@@ -209,10 +206,25 @@ class Scheduler:
             return finished + self._collect(after)
         return finished + self._collect(before)
 
-    def _row_round(self, s: int) -> RowRound:
-        """Slot s as auto's per-round choice sees it (round_choice.py)."""
-        a = self.active[s]
-        return RowRound(a.request.sampling.greedy, a.acceptance)
+    def _admit(self) -> list[Result]:
+        """Admit waiting requests (`_fill`; each admission's first tokens go out as it
+        ends), then before the round decodes those it handed back, and what came in while
+        it ran (`arrivals`) where slots are free and as many wait as rows decode."""
+        stats, finished = self.stats, []
+        while True:
+            t, compile_s, chunks = time.perf_counter(), stats.compile_s, stats.prefill_chunks
+            admitted = self._fill()
+            if admitted or stats.prefill_chunks > chunks:  # (a chunk: cached_prefill.py)
+                jax.block_until_ready(self.device.state if admitted else self.prefix.cache.pool)
+                stats.count_prefill_time(time.perf_counter() - t - (stats.compile_s - compile_s))
+                if any(a.request.listener for a in admitted):
+                    finished += self._collect()  # the first tokens (the prefill's) go out now
+            if not (admitted or self.handed_back) or self.arrivals is None:
+                return finished
+            self.arrivals()
+            free = None in self.active and len(self.queue) >= len(self.occupied())
+            if not (free or self.handed_back):
+                return finished
 
     def _rows_for(self, n: int) -> int:
         """The row bucket to hold slots 0 .. n-1 at (row_buckets.py)."""
@@ -232,22 +244,15 @@ class Scheduler:
         return len(live)
 
     def _steps_per_call(self) -> int:
-        """Steps the next loop call may run: stream_steps while a request streams, else
-        steps_per_call (None: auto's check window while it watches, else the whole
-        max_new_tokens)."""
-        config = self.config
-        if any(x is not None and x.request.streams for x in self.active):
-            return config.stream_steps
-        if config.steps_per_call is not None:
-            return config.steps_per_call
-        if self.auto is not None and self.auto.steps_per_call is not None:
-            return self.auto.steps_per_call  # also after a hand-over: Ctrl-C is noticed as soon
-        return self.device.new_positions + 1
+        """Steps the next loop call may run (EngineConfig.steps_per_round)."""
+        streaming = any(x is not None and x.request.streams for x in self.active)
+        auto_steps = None if self.auto is None else self.auto.steps_per_call
+        return self.config.steps_per_round(streaming, auto_steps, self.device.new_positions + 1)
 
     def _fill(self) -> list[Active]:
         """Prefill the queue's next requests into the free slots: a prefill and an insert
         per group of them (prefill_planning.prefill_groups)."""
-        device = self.device
+        device, self.handed_back = self.device, 0
         free = [s for s in range(self.B) if self.active[s] is None]
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
         taken = self._placed(taken)
@@ -274,8 +279,11 @@ class Scheduler:
             admitted.append(self.active[s])
         if self.prefix is not None:
             placed = [(s, a.request) for s, a in ready] + list(zip(free, taken, strict=False))
-            self.prefix.admit(placed, self.active)
-            return [a for a in admitted if not a.chunking] + [a for _, a in ready]
+            back = self.prefix.admit(placed, self.active, defer=self.arrivals is not None)
+            self.queue.extendleft(reversed([r for _, r in back]))  # (admitted again: _admit)
+            self.dequeued, self.handed_back = self.dequeued - len(back), len(back)
+            kept = {id(a) for a in self.active}
+            return [a for a in admitted if not a.chunking and id(a) in kept] + [a for _, a in ready]
         # taken[i] goes to free[i]; a group of all B rows into no state is the state
         for group, ragged in device.planner.prefill_groups(taken):
             fresh = device.prefill([taken[i] for i in group], ragged=ragged)
@@ -288,16 +296,8 @@ class Scheduler:
         bank = self.device.grammars
         if bank is None or all(r.grammar is None for r in taken):
             return taken
-        in_use = {id(a.request.grammar.next_sc) for a in self.active if a and a.request.grammar}
-        fits, back = [], []
-        for r in taken:
-            if r.grammar is None or bank.place(r.grammar, in_use):
-                fits.append(r)
-                if r.grammar is not None:
-                    in_use.add(id(r.grammar.next_sc))
-                    self.stats.count_grammar(r.grammar.compile_s)
-            else:
-                back.append(r)
+        held = [a.request for a in self.active if a is not None]
+        fits, back = bank.place_requests(taken, held, self.stats.count_grammar)
         self.queue.extendleft(reversed(back))
         return fits
 
