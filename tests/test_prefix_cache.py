@@ -108,14 +108,15 @@ def test_prefix_hits_decode_to_the_cold_tokens(
 def test_rows_waiting_for_a_first_ones_blocks_join_what_came_in_meanwhile(model64, monkeypatch):
     """Online, the requests of an admission that wait for an earlier one's blocks are
     handed back (cached_prefill.admit's `defer`) and admitted again at once with what
-    came in while it ran: one pass after the blocks for all of them (a burst behind a new
-    system prompt, five first: four one-row suffixes, then eleven in a pass), with a
-    cold decode's tokens."""
+    came in meanwhile: four requests sharing two blocks nobody holds, and a fifth sharing
+    them that comes in after the first's prefill, before any decode round, run as the
+    first from scratch and one pass after its blocks for the other four (before: the
+    three in that admission, then the fifth apart), with a cold decode's tokens."""
     shared_passes(monkeypatch)
     kw = dict(batch=8, max_new_tokens=MAX_NEW, lookahead=None)
     drain, calls = lj.Engine._drain, []
 
-    def drain_and_arrive(self, scheduler):  # the fifth comes in during the first's prefill
+    def drain_and_arrive(self, scheduler):  # the fifth comes in after the first's prefill
         calls.append(len(calls) + 1)
         if calls[-1] == 2:
             self.submit(lj.Request(PROMPTS[4], id=4), listen)

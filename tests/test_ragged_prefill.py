@@ -10,6 +10,7 @@ batches > 1."""
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +20,9 @@ import pytest
 import lookahead_jax as lj
 from lookahead_jax.decoding.decode_state import DecodeSpec, RaggedPrompts, SharedPrefix, prefill
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, row_keys
-from lookahead_jax.engine.prefill_shapes import PaddedShapes
-from lookahead_jax.models import kv_pool
+from lookahead_jax.engine import prefill_args
+from lookahead_jax.engine.prefill_shapes import SHARED, PaddedShapes
+from lookahead_jax.models import cpu_kernel, kv_pool
 from lookahead_jax.models.attention import segment_attention
 from lookahead_jax.models.llama import LlamaLM
 from lookahead_jax.models.llama_params import init_params, split_layers
@@ -74,6 +76,63 @@ def test_segment_attention_is_the_masked_softmax(lengths, tail, block, window):
     np.testing.assert_allclose(np.asarray(got), _masked_softmax(q, k, v, first, window), atol=1e-12)
 
 
+def _with_prefix(q, k, v, first, window, cache_k, cache_v, L):
+    """The reference after a shared prefix of L cache positions: every token also sees
+    positions 0 .. L - 1 (its own position L + its offset in its row; within the window)."""
+    T, Dh = q.shape[1], q.shape[-1]
+    t = np.arange(T)
+    own = (t[None, None, :] <= t[None, :, None]) & (t[None, None, :] >= first[:, :, None])
+    position = L + t - first[0]  # [T]
+    seen = np.arange(cache_k.shape[2])[None, :] < L  # [1, S]
+    if window:
+        own &= (t[:, None] - t[None, :] < window)[None]
+        seen = seen & (position[:, None] - np.arange(cache_k.shape[2])[None, :] < window)
+    mask = np.concatenate([np.broadcast_to(seen, (1, T, seen.shape[1])), own], axis=-1)
+    keys, values = np.concatenate([cache_k, k], axis=2), np.concatenate([cache_v, v], axis=2)
+    s = np.einsum("btkqe,bkue->bktqu", q, keys) / np.sqrt(Dh)
+    s = np.where(mask[:, None, :, None, :], s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bktqu,bkue->btkqe", p / p.sum(-1, keepdims=True), values)
+
+
+@pytest.mark.parametrize(
+    "lengths, tail, block, window, cache_block",
+    [
+        ([3, 6, 2], 2, 4, 0, 8),  # a pass padded to its blocks; the cache read in blocks
+        ([3, 6, 2], 2, 4, 5, 8),  # a window shorter than the prefix
+        ([17, 1, 9], 0, 128, 0, 0),  # one block holds the pass; the cache read whole
+    ],
+)
+def test_segment_attention_after_a_shared_prefix_is_the_masked_softmax(
+    lengths, tail, block, window, cache_block
+):  # fmt: skip
+    """segment_attention with `prefix` (decode_state.SharedPrefix's pass): every token sees
+    the cache's first L positions too, float64; the CPU kernel's read of them (float32)
+    agrees with XLA's to float32 rounding."""
+    rng = np.random.default_rng(len(lengths) + block + window)
+    T, K, Q, Dh, S, L = sum(lengths) + tail, 2, 3, 8, 24, 19
+    q = rng.normal(size=(1, T, K, Q, Dh))
+    k, v = rng.normal(size=(1, K, T, Dh)), rng.normal(size=(1, K, T, Dh))
+    cache_k, cache_v = rng.normal(size=(1, K, S, Dh)), rng.normal(size=(1, K, S, Dh))
+    first = _first(lengths, tail)
+    positions = (L + np.arange(T) - first[0])[None].astype(np.int32)
+
+    def run(dtype, kernel):
+        cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+        prefix = (cast(cache_k), cast(cache_v), jnp.array([L]), positions, cache_block, kernel)
+        return segment_attention(
+            cast(q), cast(k), cast(v), jnp.asarray(first), window, block, prefix=prefix
+        )
+
+    with jax.enable_x64(True):
+        got = run(jnp.float64, False)
+    want = _with_prefix(q, k, v, first, window, cache_k, cache_v, L)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-12)
+    if cpu_kernel.available() and cache_block:  # (the kernel: float32)
+        kernel, xla = run(jnp.float32, True), run(jnp.float32, False)
+        np.testing.assert_allclose(kernel, xla, rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("windows", [(), (5, 0)])  # (5, 0): a sliding window in layer 0
 def test_a_ragged_prefill_fills_what_the_padded_one_does(windows):
     """The same prompts (of 1 to 13 tokens, some rows padding) prefilled right-padded in
@@ -109,22 +168,6 @@ def test_a_ragged_prefill_fills_what_the_padded_one_does(windows):
             np.testing.assert_allclose(a[i, :, : len(ids)], b[i, :, : len(ids)], atol=1e-12)
 
 
-def _packed(prompts: list[list[int]], n: int, Tr: int, offset: int = 0) -> RaggedPrompts:
-    """The prompts' tokens past `offset` packed in Tr tokens for n rows (RaggedPrompts; the
-    tail at position `offset`, as a SharedPrefix's)."""
-    ragged = RaggedPrompts(
-        np.zeros((1, Tr), np.int32), np.full((1, Tr), n, np.int32),
-        np.full((1, Tr), offset, np.int32), np.zeros((n,), np.int32),
-    )  # fmt: skip
-    at = 0
-    for i, ids in enumerate(prompts):
-        m = len(ids) - offset
-        ragged.tokens[0, at : at + m], ragged.row[0, at : at + m] = ids[offset:], i
-        ragged.position[0, at : at + m], ragged.start[i] = offset + np.arange(m), at
-        at += m
-    return ragged
-
-
 @pytest.mark.parametrize("windows", [(), (5, 0)])  # (5, 0): a window shorter than the prefix
 def test_a_pass_after_a_shared_prefix_fills_what_the_padded_prefill_does(windows):
     """Prompts that share their first two blocks (8 tokens), prefilled right-padded in
@@ -149,7 +192,8 @@ def test_a_pass_after_a_shared_prefix_fills_what_the_padded_prefill_does(windows
         pool = kv_pool.init_pool(padded.cache, 5, Sb)
         pool = kv_pool.store_blocks(pool, padded.cache, *np.array([[0, 0], [0, 4], [3, 1]]))
         blocks = np.array([[3, 1, 0, 0]], np.int32)  # Mb = P // Sb
-        prefix = SharedPrefix(pool, blocks, np.array([8], np.int32), _packed(prompts, n, Tr, 8))
+        ragged = prefill_args.ragged([types.SimpleNamespace(ids=p) for p in prompts], n, Tr, 8)
+        prefix = SharedPrefix(pool, blocks, np.array([8], np.int32), ragged)
         packed = run(params, *rows, prefix, spec=spec, new_positions=8)
     real = len(prompts)  # (row 3 is padding: nothing of it runs in the pass)
     np.testing.assert_array_equal(packed.tokens[:real], padded.tokens[:real])
@@ -208,8 +252,6 @@ def test_an_admission_longer_than_the_compiled_pass_runs_in_passes_that_fit_it()
     admission); what they run beyond its own shape is spent for want of it, which then
     compiles in the background. One pass where it is compiled, or a prompt alone does
     not fit."""
-    import types
-
     from lookahead_jax.engine.prefill_planning import PrefillPlanner
 
     shapes, soon = PaddedShapes(), []
@@ -252,13 +294,11 @@ def test_rows_that_share_cached_blocks_run_in_one_pass_after_them_where_it_costs
     from scratch a pass of 10,240 would compile; not where their suffix cut is compiled and
     runs fewer positions (two short turns as a compiled [2, 64]: 144 against 1,040), nor
     rows that share no block, nor a lone row."""
-    import types
-
     from lookahead_jax.engine.prefill_planning import PrefillPlanner
 
     shapes = PaddedShapes()
     shapes.compile_s = [3.0]
-    shapes.ran("shared", 16, 1024, 0.0)  # the warmed pass (continuous.warm_up)
+    shapes.ran(SHARED, 16, 1024, 0.0)  # the warmed pass (continuous.warm_up)
     shapes.ran("suffix", 16, 128, 0.0)
     shapes.ran("suffix", 2, 64, 0.0)
     stats = types.SimpleNamespace(prefill_rate=lambda: 640.0)
@@ -280,8 +320,6 @@ def test_a_pass_holds_more_tokens_where_its_rows_are_at_least_a_block_long():
     pass of 10,240) fit one, where the bound before them (8,192) ran them padded as [16,
     1024]; as many tokens in rows shorter than an attention block do not (they paid a
     block each: MAX_SHORT_ROWS_PASS_TOKENS), nor a pass beyond MAX_PASS_TOKENS."""
-    import types
-
     from lookahead_jax.engine import prefill_planning
 
     stats = types.SimpleNamespace(prefill_rate=lambda: 640.0)

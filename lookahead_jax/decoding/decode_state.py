@@ -109,7 +109,9 @@ class SharedPrefix:
 
     pool: kv_pool.KVPool
     blocks: Int[Array, "1 Mb"]  # pool ids, Mb = P // Sb (past the length: any id)
-    length: Int[Array, " 1"]  # the shared positions: a multiple of Sb, below every prompt_len
+    length: Int[
+        Array, " 1"
+    ]  # the shared positions: a multiple of Sb, below each real row's prompt_len
     ragged: RaggedPrompts
 
 

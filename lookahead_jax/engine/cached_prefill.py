@@ -65,7 +65,7 @@ class CachedPrefill:
     def __init__(self, device, stats, params, cache: PrefixCache, chunk: int | str | None):
         self.device, self.stats, self.params, self.cache = device, stats, params, cache
         self.chunk_tokens = chunk  # "auto": chosen at the first long prompt (chunk_size)
-        self._handed: set[int] = set()  # the requests `admit` handed back (ids), not chunked
+        self._handed: list = []  # the requests `admit` handed back: not chunked when back
 
     # ------------------------------------------------------------------ admission
 
@@ -74,15 +74,16 @@ class CachedPrefill:
         those handed back: with `defer` (online), requests that wait for an earlier one's
         blocks are not prefilled after it but freed from their slots, for the scheduler to
         admit again at once with what came in meanwhile (a burst's chats behind one new
-        system prompt: the first computes it, and the others join one pass after it)."""
+        system prompt: the first computes it, and the others join one pass after it) —
+        unless one of them follows a grammar or was chunked: then all are prefilled here."""
         cache, device, stats = self.cache, self.device, self.stats
         admitting = {s for s, _ in placed}
         # (those handed back were admitted with the first, which has not decoded yet)
-        handed, self._handed = self._handed, set()
+        handed, self._handed = self._handed, []
         if not self._crowd(placed, active):
             placed = [
                 (s, r) for s, r in placed
-                if id(r) in handed or not self._to_chunk(s, r, admitting, active)
+                if any(r is h for h in handed) or not self._to_chunk(s, r, admitting, active)
             ]  # fmt: skip
         while placed:
             now = cache.split([r.ids for _, r in placed])
@@ -105,10 +106,11 @@ class CachedPrefill:
                 groups = self._groups(with_hits, active)
             for cached, g, ragged in groups:
                 # (a shared pass finds the blocks its rows share; each computes its own)
-                common = prefill_args.shared_blocks([h for _, _, h in g]) if ragged else None
+                hits_g = [h for _, _, h in g]
+                shared = prefill_args.shared_length(hits_g, cache.block) if ragged else None
                 for s, r, hits in g:  # a chunked prompt's own blocks were computed, not found
                     own = active[s].chunked_tokens
-                    found = len(hits if common is None else common) * cache.block - own
+                    found = (len(hits) * cache.block if shared is None else shared) - own
                     stats.count_prefix(len(r.ids), max(found, 0) if cached else 0)
             # every prefill first, then the stores: a store may evict a block that
             # another group's prefill reads (device calls run in order)
@@ -131,7 +133,7 @@ class CachedPrefill:
             if defer and later and not any(r.grammar or active[s].chunked_tokens for s, r in later):
                 for s, _ in later:
                     active[s] = None
-                self._handed = {id(r) for _, r in later}
+                self._handed = [r for _, r in later]
                 return later
             placed = later
         return []
@@ -141,7 +143,7 @@ class CachedPrefill:
         prefill in one ragged pass after the blocks they share (the planner's
         shared_pays: sixteen chats behind a new system prompt, the first's blocks stored)
         — not where a chunked prompt is among them (as `_from_scratch`)."""
-        if len(rows) < 2 or any(active[s].chunked_tokens for s, _, _ in rows):
+        if not rows or any(active[s].chunked_tokens for s, _, _ in rows):
             return False
         requests, hits = [r for _, r, _ in rows], [h for _, _, h in rows]
         return self.device.planner.shared_pays(requests, hits, self.cache.pool)

@@ -19,6 +19,7 @@ in and whatever else runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import queue
 import threading
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 
 from lookahead_jax.decoding.guess_memory import GuessMemory
 from lookahead_jax.distributed import multihost, sharding
-from lookahead_jax.engine import describe, inputs, prefill_args, requests, row_buckets
+from lookahead_jax.engine import describe, inputs, prefill_planning, requests, row_buckets
 from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.grammar_bank import GrammarBank
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
@@ -277,7 +278,7 @@ class Engine:
         prefix = scheduler.prefix
         pool = None if prefix is None else prefix.cache.pool
         short = min(WARM_BURST_SIDE, side)
-        prefills = prefill_args.warm_prefills(self.batch, side, short, pool, device.ragged)
+        prefills = prefill_planning.warm_prefills(self.batch, side, short, pool, device.ragged)
         for rows_, side_, p in prefills:  # in the background, beside the loops
             device.compile_prefill(rows_, side_, p, wait=False)
         device.compile_loops(rows or [self.batch], names)
@@ -372,8 +373,8 @@ class Engine:
                     per_round=True,  # (auto's choice each round)
                     grammars=GrammarBank.for_engine(self.model, self.config),
                 )  # fmt: skip
+                self._scheduler.arrivals = functools.partial(self._drain, self._scheduler)
             scheduler = self._scheduler
-            scheduler.arrivals = lambda: self._drain(scheduler)
             self._drain(scheduler)
             if not scheduler.busy():
                 return False

@@ -132,7 +132,8 @@ class DeviceSlots:
     def loop_args(self, rows: int | None = None, side: int | None = None, prefix=None) -> tuple:
         """The start program's argument shapes for a state of `rows` rows (default: B),
         which key its loop (programs.py); side: its prompts' (default: the state's P);
-        prefix: a CachedPrefix's shapes (a prefill after cached blocks) or RaggedPrompts'."""
+        prefix: a CachedPrefix's shapes (a prefill after cached blocks), RaggedPrompts'
+        or SharedPrefix's."""
         R = self.B if rows is None else rows
         rows_of = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct((R, *shape), dtype)  # noqa: E731
         args = (
@@ -209,7 +210,8 @@ class DeviceSlots:
 
     def compile_prefill(self, rows: int, side: int, pool=None, wait=True) -> None:
         """Compile the start program of a prefill of (rows, side) — a prompt's, or with
-        `pool` one after cached blocks — or with `wait` False start compiling it in the
+        `pool` (prefill_args.program_pool's value) one after cached blocks, a ragged
+        pass or one after shared blocks — or with `wait` False start compiling it in the
         background where that is done (prefill_shapes.py then finds it: `_ready`)."""
         soon = None if wait else self._compile_soon(pool)
         if soon is not None:
@@ -220,19 +222,20 @@ class DeviceSlots:
             # a wait for a compile started in the background)
             self.padded.ran(prefill_args.kind_of(pool), rows, side, 0.0)
 
-    def _start_key(self, rows: int, side: int, pool: kv_pool.KVPool | str | None = None) -> tuple:
+    def _start_key(self, rows: int, side: int, pool=None) -> tuple:
         """programs.py's (room for new positions, start arguments) of a prefill of this
-        shape: a prompt prefill's (side: its prompt side); with `pool`, a prefill after
-        cached blocks or a ragged one (prefill_args.RAGGED), whose prompt side is the
-        state's P (side: the suffixes', or the pass's tokens)."""
+        shape: a prompt prefill's (side: its prompt side); with `pool` (a program_pool
+        value), a prefill after cached blocks, a ragged one (prefill_args.RAGGED) or one
+        after shared blocks (prefill_args.SharedPool), whose prompt side is the state's P
+        (side: the suffixes', or the pass's tokens)."""
         if pool is None:
             return self.P + self.new_positions - side, self.loop_args(rows, side)
         prefix = prefill_args.prefix_shapes(rows, side, pool, self.P)
         return self.new_positions, self.loop_args(rows, prefix=prefix)
 
-    def _ready(self, pool: kv_pool.KVPool | None):
+    def _ready(self, pool):
         """ready(rows, side): whether the start program of a prefill of that shape (a
-        prompt's, or with `pool` one after cached blocks) is compiled (programs.py)."""
+        prompt's, or of the kind `pool` keys: `_start_key`) is compiled (programs.py)."""
 
         def ready(rows: int, side: int) -> bool:
             key = self._start_key(rows, side, pool)
@@ -240,7 +243,7 @@ class DeviceSlots:
 
         return ready
 
-    def _compile_soon(self, pool: kv_pool.KVPool | None):
+    def _compile_soon(self, pool):
         """compile_soon(rows, side): start compiling the start program of a prefill of
         that shape (as `_ready`'s) in the background (programs.compile_soon; `_ready` then
         tells when it is), or None where that is not done (a mesh)."""

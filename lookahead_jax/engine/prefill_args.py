@@ -76,13 +76,18 @@ def shared_blocks(hits: list[list[int]]) -> list[int]:
     return hits[0][:n]
 
 
+def shared_length(hits: list[list[int]], block: int) -> int:
+    """The positions the blocks every row's `hits` share hold (a SharedPrefix's length)."""
+    return len(shared_blocks(hits)) * block
+
+
 def sides(requests: list[Encoded], hits, pool, ragged: bool = False) -> tuple[str, list[int]]:
     """(kind, each request's prefill side): "prompt" and its prompt's, or with hits
     "suffix" and its prompt's rest past its cached blocks'; with `ragged`, one side, the
     pass's: "ragged" and all the prompts' tokens, or with hits "shared" and their tokens
     past the blocks they share."""
     if ragged:
-        skip = 0 if hits is None else len(shared_blocks(hits)) * pool.block
+        skip = 0 if hits is None else shared_length(hits, pool.block)
         tokens = sum(len(r.ids) - skip for r in requests)
         return (RAGGED if hits is None else SHARED), [inputs.prefill_side(tokens)]
     if hits is None:
@@ -120,30 +125,11 @@ def shared(requests: list[Encoded], hits, pool, n: int, Tr: int, P: int) -> Shar
     """The prefill's SharedPrefix for n rows: the blocks the requests' hits share (M = P //
     BLOCK ids), and their prompts past those packed in Tr tokens (SharedPrefix's
     example)."""
-    blocks = shared_blocks(hits)
+    blocks, length = shared_blocks(hits), shared_length(hits, pool.block)
     blocks_1m = np.zeros((1, P // pool.block), np.int32)
     blocks_1m[0, : len(blocks)] = blocks
-    length = len(blocks) * pool.block
     packed = ragged(requests, n, Tr, length)
     return SharedPrefix(pool, blocks_1m, np.array([length], np.int32), packed)
-
-
-def warm_prefills(batch: int, side: int, short: int, pool, ragged: bool) -> list[tuple]:
-    """The prefills a server's warm-up compiles, [(rows, side, program_pool)]: one row's
-    prompt of `side` from scratch; with the prefix cache (`pool`) one past cached blocks,
-    and every row's short turn (`short`) past them; where the model runs ragged passes
-    (`ragged`), up to sixteen rows' prompts in one pass, and with the cache up to sixteen
-    short turns in one pass after blocks they share. A pass costs its tokens: a burst of
-    any rows pads to it."""
-    prefills = [(1, side, None)]
-    burst = min(batch, 16)
-    if pool is not None:
-        prefills += [(1, side, pool), (batch, short, pool)]
-    if ragged:
-        prefills.append((batch, burst * side, RAGGED))
-    if ragged and pool is not None:
-        prefills.append((batch, burst * short, SharedPool(pool)))
-    return prefills
 
 
 def cached_prefix(P: int, requests: list[Encoded], hits, pool, n: int, T: int) -> CachedPrefix:

@@ -169,7 +169,10 @@ class PrefillPlanner:
         if not (self.ragged and len(requests) >= 2 and prefill_args.shared_blocks(hits)):
             return False
         kind, sides, key_pool, rate, ready = self.planning(requests, hits, pool, True)
-        if sides[0] > MAX_PASS_TOKENS:
+        past = sum(len(r.ids) for r in requests) - len(requests) * prefill_args.shared_length(
+            hits, pool.block
+        )  # (the tokens of the pass: each row's past the shared blocks)
+        if _too_long(sides[0], past, len(requests)):
             return False
         cut = self._cut(requests, hits, pool)
         scratch = self._pass(requests)
@@ -195,8 +198,7 @@ class PrefillPlanner:
         hold more tokens than a pass may (MAX_PASS_TOKENS, or MAX_SHORT_ROWS_PASS_TOKENS
         where its rows average less than a block): it never runs."""
         side = prefill_args.sides(requests, None, None, ragged=True)[1][0]
-        long_rows = sum(len(r.ids) for r in requests) >= len(requests) * SEGMENT_BLOCK
-        if side > (MAX_PASS_TOKENS if long_rows else MAX_SHORT_ROWS_PASS_TOKENS):
+        if _too_long(side, sum(len(r.ids) for r in requests), len(requests)):
             return None
         n = slot_state.prefill_rows(len(requests), self.B)
         rate, ready = self.stats.prefill_rate(), self._ready(prefill_args.RAGGED)
@@ -294,3 +296,29 @@ class PrefillPlanner:
         kind, sides, key_pool, rate, ready = self.planning(requests, hits, pool, False)
         background = self._compile_soon(key_pool) is not None
         return self.padded.cost(kind, sides, self.B, rate, ready, background)
+
+
+def warm_prefills(batch: int, side: int, short: int, pool, ragged: bool) -> list[tuple]:
+    """The prefills a server's warm-up compiles, [(rows, side, program_pool)]: one row's
+    prompt of `side` from scratch; with the prefix cache (`pool`) one past cached blocks,
+    and every row's short turn (`short`) past them; where the model runs ragged passes
+    (`ragged`), up to sixteen rows' prompts in one pass, and with the cache up to sixteen
+    short turns in one pass after blocks they share. A pass costs its tokens: a burst of
+    any rows pads to it."""
+    prefills = [(1, side, None)]
+    burst = min(batch, 16)
+    if pool is not None:
+        prefills += [(1, side, pool), (batch, short, pool)]
+    if ragged:
+        prefills.append((batch, burst * side, RAGGED))
+    if ragged and pool is not None:
+        prefills.append((batch, burst * short, prefill_args.SharedPool(pool)))
+    return prefills
+
+
+def _too_long(side: int, tokens: int, rows: int) -> bool:
+    """Whether a ragged pass of `side` holding `tokens` of `rows` rows holds more than a pass
+    may: MAX_PASS_TOKENS, or MAX_SHORT_ROWS_PASS_TOKENS where its rows average less than
+    an attention block (SEGMENT_BLOCK: each pays a block)."""
+    long_rows = tokens >= rows * SEGMENT_BLOCK
+    return side > (MAX_PASS_TOKENS if long_rows else MAX_SHORT_ROWS_PASS_TOKENS)

@@ -5,7 +5,8 @@ the padding spent for want of its own has cost a compile (ski rental).
 A prefill is one program per shape: (rows n, prompt side P) from scratch, (rows n,
 suffix side T) after cached blocks (device_slots.py; its prompt side is the state's),
 or (rows n, the pass's tokens Tr) of several prompts packed (a "ragged" prefill, whose
-rows cost nothing: it runs Tr positions, `positions`); sides are inputs.prefill_side's
+rows cost nothing: it runs Tr positions, `positions`; or a "shared" one, packed after
+cached blocks its rows share, priced alike); sides are inputs.prefill_side's
 (quarter octaves above 64). Traffic meets many such
 pairs (how many requests an admission brings, how long each prompt is, how much of it
 was cached), and each pair's first prefill compiles, seconds on a CPU, inside some
@@ -90,7 +91,8 @@ PACKED = (RAGGED, SHARED)
 
 class PaddedShapes:
     """The prefill shapes compiled for the state's current programs (`at`), by kind
-    ("prompt": (n, P), "suffix": (n, T), "ragged": (n, Tr)), and the padding spent on each
+    ("prompt": (n, P), "suffix": (n, T), "ragged" and "shared": (n, Tr)), and the padding
+    spent on each
     pair for want of it. An engine keeps one across its runs (and a server for its life),
     so that the padding a traffic pattern keeps spending adds up to a compile."""
 

@@ -210,10 +210,10 @@ class Scheduler:
         """Admit waiting requests (`_fill`; each admission's first tokens go out as it
         ends), then before the round decodes those it handed back, and what came in while
         it ran (`arrivals`) where slots are free and as many wait as rows decode."""
-        stats, finished = self.stats, []
+        stats, finished, first = self.stats, [], True
         while True:
             t, compile_s, chunks = time.perf_counter(), stats.compile_s, stats.prefill_chunks
-            admitted = self._fill()
+            admitted, first = self._fill(chunk=first), False  # (one chunk a round)
             if admitted or stats.prefill_chunks > chunks:  # (a chunk: cached_prefill.py)
                 jax.block_until_ready(self.device.state if admitted else self.prefix.cache.pool)
                 stats.count_prefill_time(time.perf_counter() - t - (stats.compile_s - compile_s))
@@ -249,16 +249,16 @@ class Scheduler:
         auto_steps = None if self.auto is None else self.auto.steps_per_call
         return self.config.steps_per_round(streaming, auto_steps, self.device.new_positions + 1)
 
-    def _fill(self) -> list[Active]:
+    def _fill(self, chunk: bool = True) -> list[Active]:
         """Prefill the queue's next requests into the free slots: a prefill and an insert
-        per group of them (prefill_planning.prefill_groups)."""
+        per group of them (prefill_planning.prefill_groups); `chunk`: one chunk may run."""
         device, self.handed_back = self.device, 0
         free = [s for s in range(self.B) if self.active[s] is None]
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
         taken = self._placed(taken)
         self.dequeued += len(taken)
         ready = []  # [(slot, Active)]: chunked requests whose rest now fits one chunk
-        if self.prefix is not None:
+        if self.prefix is not None and chunk:
             ready = self.prefix.chunk(self.active, self.cancelled)
         if not taken and not ready:
             return []

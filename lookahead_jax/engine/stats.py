@@ -119,7 +119,8 @@ class Stats:
 
     def count_prefill(self, rows: int, side: int, kind: str, positions: int, buckets) -> None:
         """A prefill call of `kind` ("prompt", "suffix": after cached blocks, "ragged":
-        prompts packed) ran at (rows, side), `positions` positions, for prompts of these
+        prompts packed, "shared": packed after blocks they share) ran at (rows, side),
+        `positions` positions, for prompts of these
         buckets (inputs.bucket)."""
         self.prefill_calls += 1
         self.prefill_positions += positions

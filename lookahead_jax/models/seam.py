@@ -154,9 +154,8 @@ def apply_ragged(lm, params, tokens_bt, positions_bt, first_bt, logits_rows_br, 
     """`lm.apply_ragged(...)` with its shapes checked as `apply`'s (ForwardPass, with no
     mask): logits [B, R, V] and each layer's new K/V [B, K, T, Dh]. cache: a prefix the
     pass's rows share (its one row's positions below its length; None: none)."""
-    shared = {} if cache is None else {"cache": cache}  # (a model without shared prefixes)
     logits, new_k, new_v = lm.apply_ragged(
-        params, tokens_bt, positions_bt, first_bt, logits_rows_br, **shared
+        params, tokens_bt, positions_bt, first_bt, logits_rows_br, cache=cache
     )
     call = ForwardPass(
         tokens_bt, positions_bt, None, cache, logits_rows_br, logits, tuple(new_k), tuple(new_v)
