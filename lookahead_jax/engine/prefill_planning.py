@@ -165,7 +165,8 @@ class PrefillPlanner:
         costs no more, priced alike (prefill_shapes.ragged_pays, kind SHARED; charged:
         call it once an admission). Sixteen chats behind a new 497-token system prompt
         ran their fifteen suffixes (1,016 tokens) as seven one-row suffix prefills and a
-        [16, 64] one, 1,920 positions in 3.6 s (a 2-core AMD EPYC, Zen 4)."""
+        [16, 64] one, 1,920 positions in 3.6 s; as one such pass, 1.8-2.7 s (a 2-core AMD
+        EPYC, Zen 4: benchmarks/cpu/prefix_cache_burst_epyc_zen4_s80.md)."""
         if not (self.ragged and len(requests) >= 2 and prefill_args.shared_blocks(hits)):
             return False
         kind, sides, key_pool, rate, ready = self.planning(requests, hits, pool, True)
