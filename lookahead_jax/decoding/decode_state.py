@@ -109,9 +109,8 @@ class SharedPrefix:
 
     pool: kv_pool.KVPool
     blocks: Int[Array, "1 Mb"]  # pool ids, Mb = P // Sb (past the length: any id)
-    length: Int[
-        Array, " 1"
-    ]  # the shared positions: a multiple of Sb, below each real row's prompt_len
+    # the shared positions: a multiple of Sb, below each real row's prompt_len
+    length: Int[Array, " 1"]
     ragged: RaggedPrompts
 
 

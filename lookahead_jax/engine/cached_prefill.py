@@ -107,7 +107,9 @@ class CachedPrefill:
             for cached, g, ragged in groups:
                 # (a shared pass finds the blocks its rows share; each computes its own)
                 hits_g = [h for _, _, h in g]
-                shared = prefill_args.shared_length(hits_g, cache.block) if ragged else None
+                shared = (
+                    prefill_args.shared_length(hits_g, cache.block) if cached and ragged else None
+                )
                 for s, r, hits in g:  # a chunked prompt's own blocks were computed, not found
                     own = active[s].chunked_tokens
                     found = (len(hits) * cache.block if shared is None else shared) - own

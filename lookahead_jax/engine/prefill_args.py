@@ -167,7 +167,9 @@ def kind_of(pool) -> str:
     return RAGGED if isinstance(pool, str) else "suffix"
 
 
-def prefix_shapes(rows: int, side: int, pool, P: int) -> CachedPrefix | RaggedPrompts:
+def prefix_shapes(
+    rows: int, side: int, pool, P: int
+) -> CachedPrefix | RaggedPrompts | SharedPrefix:
     """The start program's `prefix` argument as shapes (jax.ShapeDtypeStruct leaves) for
     a prefill of (rows, side) of the kind `pool` keys (program_pool; not a prompt's):
     a CachedPrefix of rows at prompt side P, RaggedPrompts of `side` tokens, or a

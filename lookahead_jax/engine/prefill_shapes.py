@@ -92,9 +92,9 @@ PACKED = (RAGGED, SHARED)
 class PaddedShapes:
     """The prefill shapes compiled for the state's current programs (`at`), by kind
     ("prompt": (n, P), "suffix": (n, T), "ragged" and "shared": (n, Tr)), and the padding
-    spent on each
-    pair for want of it. An engine keeps one across its runs (and a server for its life),
-    so that the padding a traffic pattern keeps spending adds up to a compile."""
+    spent on each pair for want of it. An engine keeps one across its runs (and a server
+    for its life), so that the padding a traffic pattern keeps spending adds up to a
+    compile."""
 
     def __init__(self):
         self._at: dict = {}  # program key -> (compiled, spent_s)
