@@ -1,7 +1,7 @@
 """The server's Prometheus metrics (prometheus-client, a registry per server): requests,
 tokens, time to first token and request duration as they happen; queue length, slots in
-use, tokens per step, accepted guesses, rounds by row bucket and auto's per-round
-choices read from the engine when scraped."""
+use, tokens per step, accepted guesses, seconds in prefills and in decode rounds, rounds
+by row bucket and auto's per-round choices read from the engine when scraped."""
 
 from __future__ import annotations
 
@@ -118,6 +118,23 @@ class Metrics:
             "server started",
             registry=r,
         )
+        self.prefill_s = Gauge(
+            "lookahead_prefill_seconds",
+            "Seconds the engine spent in prefills, their inserts and chunks (compiles left "
+            "out), since the server started",
+            registry=r,
+        )
+        self.prefill_positions = Gauge(
+            "lookahead_prefill_positions",
+            "Positions the prefills ran, padding included (rows x side), since the server started",
+            registry=r,
+        )
+        self.decode_s = Gauge(
+            "lookahead_decode_seconds",
+            "Seconds the engine spent in decode rounds (compiles left out), since the server "
+            "started",
+            registry=r,
+        )
 
     def scrape(self) -> bytes:
         stats = self.engine.online_stats  # (an offline run on this engine has its own)
@@ -133,6 +150,9 @@ class Metrics:
         self.compile_s.set(stats.compile_s)
         self.grammar_requests.set(stats.grammar_requests)
         self.grammar_compile_s.set(stats.grammar_compile_s)
+        self.prefill_s.set(stats.prefill_s)
+        self.prefill_positions.set(stats.prefill_positions)
+        self.decode_s.set(stats.decode_s)
         for rows, n in dict(stats.rounds_by_rows).items():
             self.rounds.labels(rows=str(rows)).set(n)
         for rows, modes in dict(stats.per_round).items():

@@ -3,28 +3,39 @@
 concurrency 1, 4 and 16, streamed chat completions of the code prompts — all greedy, and
 a mix with every other request sampled at temperature 1.0 (seeded).
 
-    python scripts/bench/load_levels.py --out benchmarks/cpu/load_levels
+    python scripts/bench/load_levels.py --repeats 3 --out benchmarks/cpu/load_levels
 
-Each (server, workload, concurrency) pass sends `--requests` requests (default: 8 at
-concurrency 1, else 2x the concurrency, cycling through the prompts), after a warm-up
-pass of every prompt with max_tokens `--warm-tokens` (8) at each concurrency: most
-prefill shapes and row buckets the passes use have their programs compiled, and auto has
-opened each bucket (three one-step lookahead probes: ~3 s at 16 rows on a 2-core CPU),
-before anything is timed — a server's start-up, not its pace. A pass in which the server
-still compiled (its /metrics `lookahead_compile_seconds` grew by more than COMPILE_S:
-a burst's admissions group otherwise than the warm-up's) is run again, up to TRIES times
-in all; each row records its tries and the last try's compile seconds. The servers run
-with `--no-shared-guesses` unless `--shared-guesses` is given: 20 prompts cycle through
-the passes and their tries, and a prompt asked again would be a recall of its earlier
-answer (benchmarks/cpu/shared_guesses.md), not lookahead on a new one (with them on, a
-retried pass measures recall: load_levels_epyc_zen4_s79_shared_repeats.md). A lone
-request's rate is also measured on a `--batch 16 --row-buckets off` plain server (every
-round steps all rows: the engine before row buckets). Reported per pass: total output
-tokens/s (completion tokens / the pass's wall time), the median request's tokens/s, TTFT
-median; auto over plain side by side; greedy answers compared between plain and auto
-(identical when exact). The server's own per-round choices (row buckets
-and lookahead or plain rounds) are read from its `--batch 16` auto process at the end
-of its passes, through /metrics.
+The two `--batch 16` servers run side by side (both up, one driven at a time): after a
+warm-up pass of every prompt with max_tokens `--warm-tokens` (8) at each concurrency on
+each (most prefill shapes and row buckets the passes use have their programs compiled,
+and auto has opened each bucket: three one-step lookahead probes, ~3 s at 16 rows on a
+2-core CPU — a server's start-up, not its pace), each (workload, concurrency) runs
+`--repeats` passes on each server, alternating (plain then auto, then auto then plain,
+...), so that both meet the machine's drift alike. A pass sends `--requests` requests
+(default: 8 at concurrency 1, else 2x the concurrency, cycling through the prompts). At
+concurrency 16 how a pass's arrivals fall into admissions moves its tokens/s by a third
+either way, on either server (benchmarks/cpu/load_levels_epyc_zen4_s81.md): one pass a
+server cannot tell a ratio, the median of several can. A pass in which the server still
+compiled in the foreground (its /metrics `lookahead_compile_seconds` grew by more than
+COMPILE_S: a burst's admissions group otherwise than the warm-up's) is run again, up to
+TRIES times in all; each records its tries and the last try's compile seconds. The
+servers run with `--no-shared-guesses` unless `--shared-guesses` is given: 20 prompts
+cycle through the passes and their tries, and a prompt asked again would be a recall of
+its earlier answer (benchmarks/cpu/shared_guesses.md), not lookahead on a new one (with
+them on, a retried pass measures recall: load_levels_epyc_zen4_s79_shared_repeats.md).
+
+A lone request's rate (concurrency 1, greedy, one pass) is also measured on `--batch 1`
+servers, plain and auto, and on a `--batch 16 --row-buckets off` plain server (every
+round steps all rows: the engine before row buckets), each alone.
+
+Reported per (workload, concurrency): each server's total output tokens/s (completion
+tokens / the pass's wall time), median and range over the repeats; auto's median over
+plain's, and the range of the repeats' own ratios (a pass of auto over the plain pass
+beside it); TTFT medians; where a pass's time went (the engine's seconds in prefills and
+in decode rounds, positions prefilled, rounds: the growth of the server's /metrics over
+the pass; medians); greedy answers compared between plain and auto over every repeat
+(identical when exact). The server's own per-round choices (row buckets and lookahead or
+plain rounds) are read from the `--batch 16` auto server at the end, through /metrics.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import argparse
 import asyncio
 import json
 import signal
+import statistics
 import sys
 from pathlib import Path
 
@@ -43,32 +55,60 @@ from server_load import drive, start_server, summarize  # noqa: E402
 
 WORKLOADS = ("greedy", "mix t=1.0")
 COMPILE_S, TRIES = 0.5, 3  # a pass compiling longer than COMPILE_S runs again (docstring)
+# /metrics a pass's time is read from (their growth over it): compiling, the engine's
+# prefills (inserts and chunks with them) and decode rounds, positions prefilled, rounds
+SPENT = (
+    "lookahead_compile_seconds ",
+    "lookahead_prefill_seconds ",
+    "lookahead_decode_seconds ",
+    "lookahead_prefill_positions ",
+    "lookahead_rounds{",
+)
+SPENT_NAMES = ("compile_s", "prefill_s", "decode_s", "prefill_positions", "rounds")
 
 
-def passes(
-    url: str, prompts: list[str], levels: list[int], max_tokens: int, requests: int, warm: int
-):
-    """{(workload, concurrency): (summary, texts)} on one running server."""
-    out = {}
-    for c in levels:  # warm-up: every prompt's prefill shape, each row bucket's rounds
-        asyncio.run(drive(url, prompts, c, warm))
-    for workload in WORKLOADS:
+def one_pass(url: str, prompts: list[str], c: int, max_tokens: int, temps: list[float]):
+    """(summary, greedy texts: None for a sampled request) of one pass of `prompts` at
+    concurrency c, run again while the server compiled in it (COMPILE_S, TRIES)."""
+    tries, spent = 0, {"compile_s": COMPILE_S + 1}
+    while spent["compile_s"] > COMPILE_S and tries < TRIES:
+        before = server_metrics(url, *SPENT)
+        run = asyncio.run(drive(url, prompts, c, max_tokens, temps))
+        spent, tries = spent_between(before, server_metrics(url, *SPENT)), tries + 1
+    answers = zip(run["requests"], temps, strict=True)
+    texts = [r["text"] if t == 0 else None for r, t in answers]
+    return {**summarize(run), "tries": tries, **spent}, texts
+
+
+def passes(urls: dict, prompts: list[str], levels: list[int], args, workloads=WORKLOADS):
+    """{(mode, workload, concurrency): [(summary, texts) a repeat]} on running servers
+    (urls: mode -> url), each warmed first, the repeats alternating between them."""
+    for url in urls.values():
+        for c in levels:  # warm-up: every prompt's prefill shape, each row bucket's rounds
+            asyncio.run(drive(url, prompts, c, args.warm_tokens))
+    out: dict = {}
+    for workload in workloads:
         for c in levels:
-            n = requests or (8 if c == 1 else 2 * c)
+            n = args.requests or (8 if c == 1 else 2 * c)
             batch = [prompts[i % len(prompts)] for i in range(n)]
             temps = [1.0 if workload != "greedy" and i % 2 else 0.0 for i in range(n)]
-            tries, compiled = 0, COMPILE_S + 1
-            while compiled > COMPILE_S and tries < TRIES:
-                before = server_metrics(url, "lookahead_compile_seconds ")
-                run = asyncio.run(drive(url, batch, c, max_tokens, temps))
-                after = server_metrics(url, "lookahead_compile_seconds ")
-                compiled, tries = sum(after.values()) - sum(before.values()), tries + 1
-            answers = zip(run["requests"], temps, strict=True)
-            texts = [r["text"] if t == 0 else None for r, t in answers]
-            summary = {**summarize(run), "tries": tries, "compile_s": round(compiled, 2)}
-            out[(workload, c)] = (summary, texts)
-            print(workload, c, json.dumps(summary), flush=True)
+            modes = list(urls)
+            for r in range(args.repeats if len(urls) > 1 else 1):
+                for mode in modes if r % 2 == 0 else modes[::-1]:
+                    got = one_pass(urls[mode], batch, c, args.max_tokens, temps)
+                    out.setdefault((mode, workload, c), []).append(got)
+                    print(mode, workload, c, r, json.dumps(got[0]), flush=True)
     return out
+
+
+def spent_between(before: dict, after: dict) -> dict:
+    """What grew between two reads of SPENT, by name (the rounds summed over buckets)."""
+
+    def grew(prefix: str) -> float:
+        keys = [k for k in after if k.startswith(prefix.strip())]
+        return sum(after[k] - before.get(k, 0.0) for k in keys)
+
+    return {name: round(grew(p), 2) for name, p in zip(SPENT_NAMES, SPENT, strict=True)}
 
 
 def server_metrics(url: str, *prefixes: str) -> dict:
@@ -84,6 +124,33 @@ def server_metrics(url: str, *prefixes: str) -> dict:
     return rows
 
 
+def serving(args, specs: list[tuple[int, str]], prompts, levels, workloads=WORKLOADS):
+    """Start a server per (batch, mode) at once, run `passes` over them, stop them:
+    (passes' result, the last server's /metrics rounds and auto's choices: specs ends
+    with the auto server where there is one)."""
+    procs, urls = [], {}
+    try:
+        for batch, mode in specs:
+            flags = ["--row-buckets", "off"] if "off" in mode else []
+            proc, url = start_server(
+                args.ckpt, batch, mode.split(",")[0], args.max_tokens, *flags,
+                shared_guesses=args.shared_guesses,
+            )  # fmt: skip
+            procs.append(proc)
+            urls[(batch, mode)] = url
+        got = passes(urls, prompts, levels, args, workloads)
+        return got, server_metrics(url, "lookahead_rounds{", "lookahead_auto_")
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=120)
+
+
+def median(runs: list, field: str) -> float:
+    return statistics.median(s[field] for s, _ in runs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ckpt", default="smollm2-135m")
@@ -91,6 +158,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=0, help="per pass (0: by concurrency)")
+    ap.add_argument("--repeats", type=int, default=3, help="passes a server at each level")
     ap.add_argument("--warm-tokens", type=int, default=8, help="max_tokens of the warm-up")
     ap.add_argument(
         "--shared-guesses", action="store_true", help="keep the servers' shared guesses on"
@@ -105,70 +173,85 @@ def main() -> None:
     prompts = [r["prompt"] for r in code()]
     levels = [int(c) for c in args.levels.split(",")]
     result = {**run_header(), "ckpt": args.ckpt, "max_tokens": args.max_tokens, "rows": []}
-    result["shared_guesses"] = args.shared_guesses
-    got, rounds = {}, {}
-    servers = [(args.batch, "plain"), (args.batch, "auto"), (1, "plain"), (1, "auto")]
-    servers.append((args.batch, "plain, --row-buckets off"))  # every round steps all rows
-    for batch, mode in servers:
-        lv = levels if batch == args.batch and "off" not in mode else [1]
-        flags = ["--row-buckets", "off"] if "off" in mode else []
-        proc, url = start_server(
-            args.ckpt, batch, mode.split(",")[0], args.max_tokens, *flags,
-            shared_guesses=args.shared_guesses,
-        )  # fmt: skip
-        try:
-            got[(batch, mode)] = passes(
-                url, prompts, lv, args.max_tokens, args.requests, args.warm_tokens
-            )
-            # its rounds by row bucket, auto's rounds and rates by mode
-            rounds[(batch, mode)] = server_metrics(url, "lookahead_rounds{", "lookahead_auto_")
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
-        for (workload, c), (summary, _) in got[(batch, mode)].items():
-            row = {"batch": batch, "mode": mode, "workload": workload, "concurrency": c}
-            result["rows"].append({**row, "summary": summary})
-        Path(args.out).with_suffix(".partial.json").write_text(json.dumps(result, default=str))
-    result["server_rounds"] = {f"--batch {b} {m}": r for (b, m), r in rounds.items()}
-    same = total = 0
-    for key, (_, texts) in got[(args.batch, "auto")].items():
-        for a, b in zip(got[(args.batch, "plain")][key][1], texts, strict=True):
-            if a is not None:
-                same, total = same + (a == b), total + 1
-    result["greedy_same"] = f"{same}/{total}"
+    result["shared_guesses"], result["repeats"] = args.shared_guesses, args.repeats
     B = args.batch
+    got, rounds = serving(args, [(B, "plain"), (B, "auto")], prompts, levels)
+    if 1 in levels:  # a lone request, each server alone
+        for spec in [(1, "plain"), (1, "auto"), (B, "plain, --row-buckets off")]:
+            got.update(serving(args, [spec], prompts, [1], ("greedy",))[0])
+    for (server, workload, c), runs in got.items():
+        row = {"batch": server[0], "mode": server[1], "workload": workload, "concurrency": c}
+        result["rows"].append({**row, "summaries": [s for s, _ in runs]})
+    result["server_rounds"] = {f"--batch {B} auto": rounds}
+    same = total = 0
+    for (server, workload, c), runs in got.items():
+        if server != (B, "auto"):
+            continue
+        for (_, a_texts), (_, p_texts) in zip(runs, got[((B, "plain"), workload, c)], strict=True):
+            for a, p in zip(a_texts, p_texts, strict=True):
+                if a is not None:
+                    same, total = same + (a == p), total + 1
+    result["greedy_same"] = f"{same}/{total}"
+    write_results(args.out, result, report(result, got, args))
+
+
+def report(result: dict, got: dict, args) -> str:
+    """The markdown: auto against plain per level, where the time went, a lone request."""
+    B, tps = args.batch, "total_tokens_per_s"
     lines = [
         f"# One server at every load: --batch {B}, plain against auto",
         "",
         f"CPU: {result['cpu']} ({result['cores']} cores), JAX {result['jax']}, {args.ckpt} "
         f"float32; the 20 code prompts as chats, streamed, at most {args.max_tokens} tokens; "
-        f"shared guesses {'on' if args.shared_guesses else 'off'}.",
+        f"shared guesses {'on' if args.shared_guesses else 'off'}; {args.repeats} passes a "
+        "server at each level, alternating between the two servers.",
         "",
         f"Command: `{result['command']}`",
         "",
-        "| workload | concurrency | plain tokens/s | auto tokens/s | auto / plain | "
-        "TTFT median plain, auto (s) | tries (compile s) plain, auto |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | concurrency | plain tokens/s median (range) | auto tokens/s median "
+        "(range) | auto / plain (medians) | the repeats' ratios | TTFT median plain, auto (s) "
+        "| tries plain, auto |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for (workload, c), (s_auto, _) in got[(B, "auto")].items():
-        s_plain = got[(B, "plain")][(workload, c)][0]
-        ratio = s_auto["total_tokens_per_s"] / s_plain["total_tokens_per_s"]
+    table = ["", f"Where each --batch {B} pass's time went (the servers' /metrics, grown over "
+             "the pass; medians over the repeats): engine seconds in prefills (inserts, "
+             "chunks) and in decode rounds, the rest host work and waiting; positions "
+             "prefilled (padding included); decode rounds:", "",
+             "| workload | concurrency | mode | wall s | prefill s | decode s | positions | "
+             "rounds |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (server, workload, c), auto in got.items():
+        if server != (B, "auto"):
+            continue
+        plain = got[((B, "plain"), workload, c)]
+        ratio = median(auto, tps) / median(plain, tps)
+        pairs = sorted(a[tps] / p[tps] for (a, _), (p, _) in zip(auto, plain, strict=True))
+
+        def span(runs):
+            xs = [s[tps] for s, _ in runs]
+            return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
+
         lines.append(
-            f"| {workload} | {c} | {s_plain['total_tokens_per_s']:.1f} | "
-            f"{s_auto['total_tokens_per_s']:.1f} | **{ratio:.2f}x** | "
-            f"{s_plain['ttft_s']['median']:.2f}, {s_auto['ttft_s']['median']:.2f} | "
-            f"{s_plain['tries']} ({s_plain['compile_s']}), "
-            f"{s_auto['tries']} ({s_auto['compile_s']}) |"
+            f"| {workload} | {c} | {span(plain)} | {span(auto)} | **{ratio:.2f}x** | "
+            f"{pairs[0]:.2f}-{pairs[-1]:.2f} | "
+            f"{statistics.median(s['ttft_s']['median'] for s, _ in plain):.2f}, "
+            f"{statistics.median(s['ttft_s']['median'] for s, _ in auto):.2f} | "
+            f"{'/'.join(str(s['tries']) for s, _ in plain)}, "
+            f"{'/'.join(str(s['tries']) for s, _ in auto)} |"
         )
-    lines += ["", "A lone request (concurrency 1, greedy) against a `--batch 1` server:", ""]
-    lines += [f"| mode | --batch 1 tokens/s | --batch {B} tokens/s | {B} / 1 |"]
+        for mode, runs in (("plain", plain), ("auto", auto)):
+            cells = [f"{median(runs, f):.2f}" for f in ("wall_s", "prefill_s", "decode_s")]
+            cells += [f"{median(runs, f):.0f}" for f in ("prefill_positions", "rounds")]
+            table.append(f"| {workload} | {c} | {mode} | " + " | ".join(cells) + " |")
+    lines += table
+    lines += ["", "A lone request (concurrency 1, greedy, one pass) against a `--batch 1` server:"]
+    lines += ["", f"| mode | --batch 1 tokens/s | --batch {B} tokens/s | {B} / 1 |"]
     lines += ["|---|---|---|---|"]
     for mode, big_mode in (("plain", "plain"), ("plain", "plain, --row-buckets off"),
                            ("auto", "auto")):  # fmt: skip
-        if ("greedy", 1) not in got[(B, big_mode)]:  # (--levels without 1)
+        if ((1, mode), "greedy", 1) not in got:  # (--levels without 1)
             continue
-        one = got[(1, mode)][("greedy", 1)][0]["total_tokens_per_s"]
-        big = got[(B, big_mode)][("greedy", 1)][0]["total_tokens_per_s"]
+        one = median(got[((1, mode), "greedy", 1)], tps)
+        big = median(got[((B, big_mode), "greedy", 1)], tps)
         lines.append(f"| {big_mode} | {one:.1f} | {big:.1f} | **{big / one:.2f}x** |")
     lines += [
         "",
@@ -177,7 +260,7 @@ def main() -> None:
         f"Rounds of the --batch {B} auto server by row bucket and mode (its /metrics): "
         f"`{json.dumps(result['server_rounds'][f'--batch {B} auto'])}`",
     ]
-    write_results(args.out, result, "\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -9,11 +9,17 @@ from pathlib import Path
 
 
 def cpu_model() -> str:
-    """The CPU's model name (Linux: /proc/cpuinfo), else what platform knows."""
+    """The CPU's model name with its family and model numbers (Linux: /proc/cpuinfo; a
+    VM's name may say only "AMD EPYC", and family 25 model 17 is Zen 4), else what
+    platform knows."""
     try:
+        fields: dict[str, str] = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+        if "model name" in fields:
+            numbers = [f"{k} {fields[k]}" for k in ("cpu family", "model") if k in fields]
+            return fields["model name"] + (f" ({', '.join(numbers)})" if numbers else "")
     except OSError:
         pass
     return platform.processor() or platform.machine()
