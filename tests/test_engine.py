@@ -495,7 +495,8 @@ def test_after_warm_up_the_first_requests_compile_nothing(model64, monkeypatch):
     cached blocks, which shorter prompts pad to (each compiled its own before: 2-6 s of
     a server's first chats), and every row's short turn past cached blocks (a burst of
     chats behind one system prompt ran as one-row prefills), as suffixes and in one pass
-    after the blocks they share."""
+    after the blocks they share; and a prompt asked again, alone or by every row, past
+    all its full blocks."""
     longest = max(PROMPTS, key=len)
     # (the burst could run from scratch as warm-up's ragged pass: that rule's tests are
     # test_ragged_prefill.py's; this one is of the shapes past cached blocks)
@@ -503,28 +504,33 @@ def test_after_warm_up_the_first_requests_compile_nothing(model64, monkeypatch):
     shared_pays = PrefillPlanner.shared_pays
     monkeypatch.setattr(PrefillPlanner, "shared_pays", lambda *args: False)
     bursts = []
+
+    def burst(prompts):  # the prefill shapes they ran at, submitted together
+        shapes = dict(engine.online_stats.prefill_shapes)
+        for prompt in prompts:
+            engine.submit(lj.Request(prompt, max_new_tokens=4))
+        while engine.round():
+            pass
+        ran = engine.online_stats.prefill_shapes.items()
+        bursts.append({k: n - shapes.get(k, 0) for k, n in ran if n > shapes.get(k, 0)})
+
     with jax.enable_x64(True):  # (the shapes of the tests above, with the prefix cache)
         engine = lj.Engine(
             model64, batch=3, max_new_tokens=MAX_NEW, lookahead=None, max_prompt_tokens=LONGEST,
             sampled=True, prefix_cache_mb=1,
         )  # fmt: skip
         engine.warm_up(lj.Request([1], max_new_tokens=1, logprobs=0))
-        for _ in range(2):  # a prompt, then again: past its cached blocks
-            engine.submit(lj.Request(longest, max_new_tokens=4))
-            while engine.round():
-                pass
-        for turn in (5, 8):  # bursts of short turns past the same blocks: one prefill
-            shapes = dict(engine.online_stats.prefill_shapes)
-            for i in range(3):
-                engine.submit(lj.Request([*longest[:32], turn + i, 9], max_new_tokens=4))
-            while engine.round():
-                pass
-            ran = engine.online_stats.prefill_shapes.items()
-            bursts.append({k: n - shapes.get(k, 0) for k, n in ran if n > shapes.get(k, 0)})
+        # a prompt, then again (past its cached blocks: its last partial block), then
+        # three times at once
+        for n in (1, 1, 3):
+            burst([longest] * n)
+        for turn in (5, 8):  # bursts of 21-token turns past the same block: one prefill
+            burst([[*longest[:16], turn + i, *range(9, 29)] for i in range(3)])
             monkeypatch.setattr(PrefillPlanner, "shared_pays", shared_pays)  # (the second)
-    assert engine.online_stats.prefix_hits == 7
+    assert engine.online_stats.prefix_hits == 10
     assert engine.online_stats.compile_s == 0
-    assert bursts == [{"3x64 after cache": 1}, {"3x192 shared": 1}], bursts
+    repeats = [{"1x16 after cache": 1}, {"3x16 after cache": 1}]
+    assert bursts[1:] == [*repeats, {"3x64 after cache": 1}, {"3x192 shared": 1}], bursts
 
 
 def test_an_engine_says_how_it_decodes(model64):

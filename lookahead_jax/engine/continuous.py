@@ -264,10 +264,10 @@ class Engine:
         loops of every row bucket (with max_prompt_tokens: the online rounds' shapes; with
         auto its plain rounds' too) and the programs around them (warm_rows), one row's
         prefill of a chat-sized prompt (WARM_SIDE) from scratch and, with the prefix cache,
-        past cached blocks, every row's short turn (WARM_BURST_SIDE) past them, and (ragged
-        passes) up to sixteen rows' chat-sized prompts in one pass, and with the prefix
-        cache up to sixteen short turns in one pass after blocks they share: prefills pad
-        to these (prefill_shapes.py). Stats start afresh: call it before serving."""
+        past cached blocks, every row's short turn (WARM_BURST_SIDE) and one and every row's
+        last partial block (a prompt asked again) past them, and (ragged passes) sixteen
+        rows' chat-sized prompts in one pass, and with the prefix cache sixteen short turns
+        in one pass after blocks they share (prefills pad to them). Stats start afresh."""
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass
