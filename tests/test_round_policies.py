@@ -11,6 +11,7 @@ from lookahead_jax.engine import row_buckets
 from lookahead_jax.engine.round_choice import (
     HOPELESS_AFTER,
     HOPELESS_INTERVAL,
+    STAY,
     WINDOW,
     RoundChoice,
     RowAcceptance,
@@ -132,21 +133,52 @@ def test_probes_that_accept_nothing_do_not_make_lookahead_hopeless():
 
 
 def test_a_hopeless_spell_ends_when_rows_start_accepting():
-    """Lookahead becomes hopeless after HOPELESS_AFTER real rounds of rows that accept
-    nothing, not before (a 1.33x step: re-measured by whole rounds, not one-step
-    probes, below PROBE_RATIO); its re-probes count what rows accept, so rows that accept
-    well later end the spell (an opening probe measures cost only, a re-probe both)."""
+    """Where a lookahead step costs PROBE_RATIO times a plain one or more (2.2x here),
+    lookahead becomes hopeless after HOPELESS_AFTER measured rounds of rows that accept
+    nothing (its re-measures: one-step probes), not before; its re-probes count what rows
+    accept, so rows that accept well later end the spell (an opening probe measures cost
+    only, a re-probe both)."""
     rule = RoundChoice(prior=2.0)
-    cost, prose = {"plain": 30.0, "lookahead": 40.0}, fresh(1)
-    real = 0
+    cost, prose = {"plain": 30.0, "lookahead": 66.0}, fresh(1)
+    measured = -3  # (the opening probes)
     while not rule.hopeless(1):
         plain, probe = run(rule, 1, cost, prose, [1.0])
-        real += not plain and not probe
-    assert real == HOPELESS_AFTER  # its own rounds, not the opening probes, decided it
+        measured += not plain
+    assert measured == HOPELESS_AFTER  # its own rounds, not the opening probes, decided it
     code = fresh(1)
-    runs = [run(rule, 1, cost, code, [3.0]) for _ in range(HOPELESS_INTERVAL + 20)]
+    runs = [run(rule, 1, cost, code, [4.0]) for _ in range(HOPELESS_INTERVAL + 20)]
     assert not rule.hopeless(1)
     assert sum(not plain and not probe for plain, probe in runs) > 0  # real rounds again
+
+
+def test_a_cheap_lookahead_step_is_never_hopeless():
+    """Below PROBE_RATIO (a lookahead step 1.17x a plain one) rows that accept nothing in
+    their lookahead rounds do not shut it out: at a server's start, a request's first
+    rounds (its guess pools empty) made it hopeless at one row, and plain ran on."""
+    rule = RoundChoice(prior=2.0)
+    cost, rows = {"plain": 18.0, "lookahead": 21.0}, fresh(1)
+    for _ in range(200):
+        run(rule, 1, cost, rows, [1.0])
+        assert not rule.hopeless(1)
+        if len(rule._best) > HOPELESS_AFTER:
+            break
+    assert rule.cost_ratio(1) > max(rule._best)  # what made it hopeless before
+    assert len(rule._best) > HOPELESS_AFTER
+
+
+def test_once_lookahead_runs_plain_takes_over_only_by_stay_more():
+    """The same rows and costs (a lookahead step 1.17x a plain one: break-even at 1.03 x
+    1.17 = 1.2 tokens a step): rows expected at 1.15 run plain after a plain round, and
+    lookahead after a lookahead round (lookahead's guess sources learn in its own steps
+    only); at 1.05, under 1.03 / STAY x 1.17 = 1.095, plain either way."""
+    for prior, after_lookahead in ((1.15, True), (1.05, False)):
+        rule = RoundChoice(prior=prior)
+        cost, rows = {"plain": 18.0, "lookahead": 21.0}, fresh(1)
+        assert [run(rule, 1, cost, rows, [prior])[0] for _ in range(5)] == [False] * 3 + [True] * 2
+        assert rule.choose(1, rows) == (True, False)  # after plain rounds: plain
+        rule._last[1] = (False, False)  # as after a round where the rows chose lookahead
+        assert rule.choose(1, rows) == (not after_lookahead, False)
+    assert 1.03 / STAY * 21 / 18 < 1.15 < 1.03 * 21 / 18
 
 
 def test_round_choice_sums_each_rows_own_acceptance():
