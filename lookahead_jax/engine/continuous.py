@@ -260,14 +260,14 @@ class Engine:
         return scheduler
 
     def warm_up(self, request: Request) -> None:
-        """Decode `request` offline, then compile what the first requests use: the decode
-        loops of every row bucket (with max_prompt_tokens: the online rounds' shapes; with
-        auto its plain rounds' too) and the programs around them (warm_rows), one row's
-        prefill of a chat-sized prompt (WARM_SIDE) from scratch and, with the prefix cache,
-        past cached blocks, every row's short turn (WARM_BURST_SIDE) and one and every row's
-        last partial block (a prompt asked again) past them, and (ragged passes) sixteen
-        rows' chat-sized prompts in one pass, and with the prefix cache sixteen short turns
-        in one pass after blocks they share (prefills pad to them). Stats start afresh."""
+        """Decode `request` offline, then compile what the first requests use (call it before
+        serving: stats start afresh): every row bucket's decode loops (with max_prompt_tokens:
+        the online rounds' shapes; with auto its plain rounds' too) and the programs around
+        them (warm_rows); one row's prefill of a chat-sized prompt (WARM_SIDE) from scratch,
+        and with the prefix cache past cached blocks, every row's short turn (WARM_BURST_SIDE)
+        and one and every row's last partial block (a prompt asked again) past them; where
+        ragged passes run, up to 16 rows' chat-sized prompts in one, and with the cache up
+        to 16 short turns after blocks they share (prefills pad to them)."""
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass

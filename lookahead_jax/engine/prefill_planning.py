@@ -313,13 +313,13 @@ def warm_prefills(batch: int, side: int, short: int, pool, ragged: bool) -> list
     prefills = [(1, side, None)]
     burst = min(batch, 16)
     if pool is not None:
-        prefills += [(1, side, pool), (batch, short, pool)]
-        prefills += [(1, pool.block, pool), (batch, pool.block, pool)]
+        rest = min(pool.block, side)  # (a last partial block's side)
+        prefills += [(1, side, pool), (batch, short, pool), (1, rest, pool), (batch, rest, pool)]
     if ragged:
         prefills.append((batch, burst * side, RAGGED))
     if ragged and pool is not None:
         prefills.append((batch, burst * short, prefill_args.SharedPool(pool)))
-    return prefills
+    return [x for i, x in enumerate(prefills) if x not in prefills[:i]]  # (short may be a block)
 
 
 def _too_long(side: int, tokens: int, rows: int) -> bool:

@@ -54,23 +54,24 @@ A new R starts with three one-step lookahead probes (the first unmeasured: a pro
 first run may carry one-time costs), then plain rounds (the first unmeasured too). The
 opening probes measure the step's cost only: what they accept is not counted, since a
 request's first steps accept little (its guess pools start empty). (On a server's first
-MT-bench chats at R = 1 they read 1.0 token a step at 1.67x plain's cost, which made
-lookahead hopeless there before any of its rounds had run.) A hopeless bucket's re-probe
+MT-bench chats at R = 1 they read 1.0 token a step at 1.67x plain's cost, which once
+made lookahead hopeless there before any of its rounds had run.) A hopeless bucket's re-probe
 counts both: rows that start accepting well end the spell.
 
 Below PROBE_RATIO lookahead is never hopeless: a wrong round costs less than twice a plain
-one, and a request's first rounds accept little (its guess pools start empty), so four
-such rounds at a server's start shut lookahead out at one row, re-probed by one step
-every 128 rounds: 20 greedy code chats one at a time on a 16-slot engine (SmolLM2, 64
-tokens each, a 2-core AMD EPYC, Zen 4) ran 617 plain rounds and 11 lookahead, 51.5
-tokens/s against plain's 54.1, where lookahead alone (tokens=8) ran 71.7.
+one, and a request's first rounds accept little (its guess pools start empty). Before
+this rule four such rounds at a server's start shut lookahead out at one row, re-probed
+by one step every 128 rounds: 20 greedy code chats one at a time on a 16-slot engine
+(SmolLM2, 64 tokens each, a 2-core AMD EPYC, Zen 4) ran 617 plain rounds and 11
+lookahead, 51.5 tokens/s against plain's 54.1, where lookahead alone (tokens=8) ran 71.7.
 
 Once the rows chose lookahead at R, plain takes over only where it wins by STAY more
 (its rate with MARGIN / STAY): lookahead's guess sources learn only in its own steps
 (a plain round leaves its window and n-gram pool as they were), so after a plain spell
 the rows accept less than their figures say, and choosing afresh on every dip kept
-about half the rounds plain: the same chats read 55.4 tokens/s choosing afresh, 73.5
-with STAY (1.36x plain; lookahead steps there cost 1.1x plain ones).
+about half the rounds plain: the same chats read 55.4 tokens/s choosing afresh, 72.8
+with STAY, where plain read 51.1-54.1 (1.42x in one process; lookahead steps there cost
+1.1x plain ones).
 
 Worked example (T = 12, a 2-core CPU): at R = 16 plain steps take 70 ms and lookahead
 steps 780 ms, 11x; the best row lately accepted 2.25 tokens a step: hopeless, so plain
@@ -81,8 +82,10 @@ lookahead runs; its round then reads 1 token a step (none of its guesses land: a
 answer), and after it the row's figure is 1.31 (its own 1.0, drawn toward its kind's,
 now 1.63: the mean of the earlier row's 2.25 and its own), times R = 1's calibration,
 now 0.89 (the round emitted 4 tokens where 9 were predicted), 1.16: under the
-break-even 1.03 * 36 / 30 = 1.24, so plain runs, and lookahead is tried again after 4
-rounds. Tokens are the same whichever mode runs (every guess is verified).
+break-even 1.03 * 36 / 30 = 1.24, but lookahead ran, so plain must win by STAY more
+(1.24 / 1.1 = 1.12): lookahead runs again, reads 1 token a step again, and the figure
+falls to 1.08 (the row's 1.23 times 0.87): plain runs, and lookahead is tried again after
+4 rounds. Tokens are the same whichever mode runs (every guess is verified).
 
 Calibrated: at R = 16, plain 70 ms and lookahead 230 ms a step (3.3x; break-even
 1.03 * 230 / 70 = 3.38 tokens a step), sixteen rows whose long records say 3.5 tokens a
@@ -217,6 +220,13 @@ class RoundChoice:
         la, pl = self.step_s(R, "lookahead"), self.step_s(R, "plain")
         return len(rows) / pl * margin >= self._expected(R, rows) / la
 
+    @staticmethod
+    def _margin(last: tuple[bool, bool] | None) -> float:
+        """The margin plain must win by after the choice `last` (R's (plain chosen,
+        exploring), None while measuring): MARGIN, or MARGIN / STAY more where the rows
+        chose lookahead (whether or not that round explored plain steps)."""
+        return MARGIN / STAY if last is not None and not last[0] else MARGIN
+
     def choose(self, R: int, rows: list[RowRound]) -> tuple[bool, bool]:
         """(plain, probe) for the next round at R rows with these live rows: whether it
         runs plain steps, and whether it is a lookahead probe of one step."""
@@ -227,8 +237,7 @@ class RoundChoice:
             self._last[R] = None
             return True, False
         last = self._last.get(R)
-        staying = last == (False, False)  # lookahead chosen last (STAY)
-        plain_wins = self._plain_wins(R, rows, MARGIN / STAY if staying else MARGIN)
+        plain_wins = self._plain_wins(R, rows, self._margin(last))
         if last is not None and last[0] != plain_wins:  # the rows now choose the other mode
             self._since[R], self._interval[R] = 0, FIRST_INTERVAL
         hopeless, ratio = self.hopeless(R), self.cost_ratio(R)
@@ -279,7 +288,7 @@ class RoundChoice:
         if not explored:
             self._since[R] = self._since.get(R, 0) + 1
             return
-        flipped = bool(rows) and self._plain_wins(R, rows) != chosen
+        flipped = bool(rows) and self._plain_wins(R, rows, self._margin(last)) != chosen
         interval = self._interval.get(R, FIRST_INTERVAL)
         self._interval[R] = FIRST_INTERVAL if flipped else min(2 * interval, MAX_INTERVAL)
         self._since[R] = 0

@@ -3,7 +3,7 @@
 concurrency 1, 4 and 16, streamed chat completions of the code prompts — all greedy, and
 a mix with every other request sampled at temperature 1.0 (seeded).
 
-    python scripts/bench/load_levels.py --repeats 3 --out benchmarks/cpu/load_levels
+    python scripts/bench/load_levels.py --out benchmarks/cpu/load_levels
 
 The two `--batch 16` servers run side by side (both up, one driven at a time): after a
 warm-up pass of every prompt with max_tokens `--warm-tokens` (8) at each concurrency on
@@ -34,8 +34,11 @@ plain's, and the range of the repeats' own ratios (a pass of auto over the plain
 beside it); TTFT medians; where a pass's time went (the engine's seconds in prefills and
 in decode rounds, positions prefilled, rounds: the growth of the server's /metrics over
 the pass; medians); greedy answers compared between plain and auto over every repeat
-(identical when exact). The server's own per-round choices (row buckets and lookahead or
-plain rounds) are read from the `--batch 16` auto server at the end, through /metrics.
+(identical when exact). The idle server of the two is quiet but for a background compile
+a pass of its started (a prefill shape, compiled beside the pass): that one may run into
+the other server's next pass; the warm-up compiles what the passes mostly use. The
+server's own per-round choices (row buckets and lookahead or plain rounds) are read from
+the `--batch 16` auto server at the end, through /metrics.
 """
 
 from __future__ import annotations
@@ -81,8 +84,9 @@ def one_pass(url: str, prompts: list[str], c: int, max_tokens: int, temps: list[
 
 
 def passes(urls: dict, prompts: list[str], levels: list[int], args, workloads=WORKLOADS):
-    """{(mode, workload, concurrency): [(summary, texts) a repeat]} on running servers
-    (urls: mode -> url), each warmed first, the repeats alternating between them."""
+    """{((batch, mode), workload, concurrency): [(summary, texts) a repeat]} on running
+    servers (urls: (batch, mode) -> url), each warmed first, the repeats alternating
+    between them (one pass each, alone)."""
     for url in urls.values():
         for c in levels:  # warm-up: every prompt's prefill shape, each row bucket's rounds
             asyncio.run(drive(url, prompts, c, args.warm_tokens))
@@ -126,8 +130,7 @@ def server_metrics(url: str, *prefixes: str) -> dict:
 
 def serving(args, specs: list[tuple[int, str]], prompts, levels, workloads=WORKLOADS):
     """Start a server per (batch, mode) at once, run `passes` over them, stop them:
-    (passes' result, the last server's /metrics rounds and auto's choices: specs ends
-    with the auto server where there is one)."""
+    (passes' result, the /metrics rounds and auto's choices of specs[-1]'s server)."""
     procs, urls = [], {}
     try:
         for batch, mode in specs:
@@ -139,7 +142,7 @@ def serving(args, specs: list[tuple[int, str]], prompts, levels, workloads=WORKL
             procs.append(proc)
             urls[(batch, mode)] = url
         got = passes(urls, prompts, levels, args, workloads)
-        return got, server_metrics(url, "lookahead_rounds{", "lookahead_auto_")
+        return got, server_metrics(urls[specs[-1]], "lookahead_rounds{", "lookahead_auto_")
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -148,6 +151,7 @@ def serving(args, specs: list[tuple[int, str]], prompts, levels, workloads=WORKL
 
 
 def median(runs: list, field: str) -> float:
+    """The median of a summary field over a pass's repeats ([(summary, texts)])."""
     return statistics.median(s[field] for s, _ in runs)
 
 
@@ -158,13 +162,20 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=0, help="per pass (0: by concurrency)")
-    ap.add_argument("--repeats", type=int, default=3, help="passes a server at each level")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=4,
+        help="passes a server at each level (even: each server first as often)",
+    )
     ap.add_argument("--warm-tokens", type=int, default=8, help="max_tokens of the warm-up")
     ap.add_argument(
         "--shared-guesses", action="store_true", help="keep the servers' shared guesses on"
     )
     ap.add_argument("--out", default="benchmarks/cpu/load_levels")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats must be 1 or more")
 
     from machine import run_header
     from prompts import code
@@ -176,7 +187,7 @@ def main() -> None:
     result["shared_guesses"], result["repeats"] = args.shared_guesses, args.repeats
     B = args.batch
     got, rounds = serving(args, [(B, "plain"), (B, "auto")], prompts, levels)
-    if 1 in levels:  # a lone request, each server alone
+    if 1 in levels and B > 1:  # a lone request, each server alone
         for spec in [(1, "plain"), (1, "auto"), (B, "plain, --row-buckets off")]:
             got.update(serving(args, [spec], prompts, [1], ("greedy",))[0])
     for (server, workload, c), runs in got.items():
@@ -243,16 +254,15 @@ def report(result: dict, got: dict, args) -> str:
             cells += [f"{median(runs, f):.0f}" for f in ("prefill_positions", "rounds")]
             table.append(f"| {workload} | {c} | {mode} | " + " | ".join(cells) + " |")
     lines += table
-    lines += ["", "A lone request (concurrency 1, greedy, one pass) against a `--batch 1` server:"]
-    lines += ["", f"| mode | --batch 1 tokens/s | --batch {B} tokens/s | {B} / 1 |"]
-    lines += ["|---|---|---|---|"]
-    for mode, big_mode in (("plain", "plain"), ("plain", "plain, --row-buckets off"),
-                           ("auto", "auto")):  # fmt: skip
-        if ((1, mode), "greedy", 1) not in got:  # (--levels without 1)
-            continue
-        one = median(got[((1, mode), "greedy", 1)], tps)
-        big = median(got[((B, big_mode), "greedy", 1)], tps)
-        lines.append(f"| {big_mode} | {one:.1f} | {big:.1f} | **{big / one:.2f}x** |")
+    if ((1, "plain"), "greedy", 1) in got and B > 1:  # (not with --levels without 1)
+        lines += ["", "A lone request (concurrency 1, greedy, one pass) against a `--batch 1` "
+                  "server:", "", f"| mode | --batch 1 tokens/s | --batch {B} tokens/s | "
+                  f"{B} / 1 |", "|---|---|---|---|"]  # fmt: skip
+        for mode, big_mode in (("plain", "plain"), ("plain", "plain, --row-buckets off"),
+                               ("auto", "auto")):  # fmt: skip
+            one = median(got[((1, mode), "greedy", 1)], tps)
+            big = median(got[((B, big_mode), "greedy", 1)], tps)
+            lines.append(f"| {big_mode} | {one:.1f} | {big:.1f} | **{big / one:.2f}x** |")
     lines += [
         "",
         f"Greedy answers identical between plain and auto at --batch {B}: {result['greedy_same']}.",
