@@ -55,8 +55,8 @@ first run may carry one-time costs), then plain rounds (the first unmeasured too
 opening probes measure the step's cost only: what they accept is not counted, since a
 request's first steps accept little (its guess pools start empty). (On a server's first
 MT-bench chats at R = 1 they read 1.0 token a step at 1.67x plain's cost, which once
-made lookahead hopeless there before any of its rounds had run.) A hopeless bucket's re-probe
-counts both: rows that start accepting well end the spell.
+made lookahead hopeless there before any of its rounds had run.) A hopeless bucket's
+re-probe counts both: rows that start accepting well end the spell.
 
 Below PROBE_RATIO lookahead is never hopeless: a wrong round costs less than twice a plain
 one, and a request's first rounds accept little (its guess pools start empty). Before
@@ -110,7 +110,7 @@ HOPELESS_INTERVAL = 128  # ... where lookahead cannot pay (then a one-step probe
 HOPELESS_AFTER = 4  # lookahead rounds (not opening probes) seen before it may be judged hopeless
 EXPLORE_SHARE = 0.05  # of the time, at most, that re-measuring lookahead costs over plain
 PROBE_RATIO = 2.0  # a lookahead step's cost over plain's from which a re-measure is one step
-STAY = 1.1  # once lookahead runs at R, how much more plain must win by to take over (below)
+STAY = 1.1  # once the rows chose lookahead at R, how much more plain must win by to take over
 ROW_DECAY = 0.7  # a row's earlier lookahead rounds' weight, per newer round
 PRIOR_STEPS = 4  # the weight, in steps, of a row's kind's acceptance in its own figure
 KIND_ROWS = 16  # the recent rows a kind's acceptance is the mean of

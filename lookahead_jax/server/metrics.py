@@ -98,9 +98,11 @@ class Metrics:
             ["rows"],
             registry=r,
         )
-        self._compile_gauges(r)
+        self._time_gauges(r)
 
-    def _compile_gauges(self, r) -> None:
+    def _time_gauges(self, r) -> None:
+        """Where the engine's seconds went: compiling programs and grammars, prefills,
+        decode rounds (and the grammar requests beside their compile time)."""
         self.compile_s = Gauge(
             "lookahead_compile_seconds",
             "Seconds spent compiling programs for new shapes, since the server started",
