@@ -167,8 +167,7 @@ def markdown(result: dict, args) -> str:
     lines = [
         "# The server under load (aiperf)",
         "",
-        f"Command: `python scripts/bench/load_aiperf.py --aiperf AIPERF --out {args.out}"
-        + (f" --before {args.before}`" if args.before else "`"),
+        "Command: `" + " ".join(["python", *sys.argv]).replace(args.aiperf, "AIPERF") + "`",
         f"CPU: {result['cpu']} ({os.cpu_count()} cores); {result['aiperf']}; SmolLM2-135M "
         f"float32; server --batch {result['batch']}, shared guesses "
         f"{'on' if result['shared_guesses'] else 'off'}; streaming chat completions of the 80 "
