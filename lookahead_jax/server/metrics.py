@@ -8,6 +8,30 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+SINCE = ", since the server started"
+# (Stats field, metric, help): the gauges that copy one field of the engine's stats
+STATS_GAUGES = (
+    ("accepted_tokens", "lookahead_accepted_guesses",
+     "Guessed tokens accepted by lookahead steps" + SINCE),
+    ("prefix_hits", "lookahead_prefix_cache_hits",
+     "Requests whose prompt started with blocks from the prefix cache" + SINCE),
+    ("prefix_hit_tokens", "lookahead_prefix_cache_hit_tokens",
+     "Prompt tokens taken from the prefix cache instead of computed"),
+    ("compile_s", "lookahead_compile_seconds",
+     "Seconds spent compiling programs for new shapes" + SINCE),
+    ("grammar_requests", "lookahead_grammar_requests",
+     "Requests admitted under a response_format grammar" + SINCE),
+    ("grammar_compile_s", "lookahead_grammar_compile_seconds",
+     "Seconds spent compiling response_format grammars to automata (a schema kept from "
+     "before compiles in none), counted as requests are admitted" + SINCE),
+    ("prefill_s", "lookahead_prefill_seconds",
+     "Seconds the engine spent in prefills, their inserts and chunks (compiles left out)"
+     + SINCE),
+    ("prefill_positions", "lookahead_prefill_positions",
+     "Positions the prefills ran, padding included (rows x side)" + SINCE),
+    ("decode_s", "lookahead_decode_seconds",
+     "Seconds the engine spent in decode rounds (compiles left out)" + SINCE),
+)  # fmt: skip
 
 
 class Metrics:
@@ -42,26 +66,9 @@ class Metrics:
             "New tokens per forward pass of a row, since the server started",
             registry=r,
         )
-        self.accepted = Gauge(
-            "lookahead_accepted_guesses",
-            "Guessed tokens accepted by lookahead steps, since the server started",
-            registry=r,
-        )
-
-        self.prefix_hits = Gauge(
-            "lookahead_prefix_cache_hits",
-            "Requests whose prompt started with blocks from the prefix cache, since the "
-            "server started",
-            registry=r,
-        )
         self.prefix_misses = Gauge(
             "lookahead_prefix_cache_misses",
             "Requests prefilled with the prefix cache on that found nothing in it",
-            registry=r,
-        )
-        self.prefix_hit_tokens = Gauge(
-            "lookahead_prefix_cache_hit_tokens",
-            "Prompt tokens taken from the prefix cache instead of computed",
             registry=r,
         )
 
@@ -98,45 +105,8 @@ class Metrics:
             ["rows"],
             registry=r,
         )
-        self._time_gauges(r)
-
-    def _time_gauges(self, r) -> None:
-        """Where the engine's seconds went: compiling programs and grammars, prefills,
-        decode rounds (and the grammar requests beside their compile time)."""
-        self.compile_s = Gauge(
-            "lookahead_compile_seconds",
-            "Seconds spent compiling programs for new shapes, since the server started",
-            registry=r,
-        )
-        self.grammar_requests = Gauge(
-            "lookahead_grammar_requests",
-            "Requests admitted under a response_format grammar, since the server started",
-            registry=r,
-        )
-        self.grammar_compile_s = Gauge(
-            "lookahead_grammar_compile_seconds",
-            "Seconds spent compiling response_format grammars to automata (a schema kept "
-            "from before compiles in none), counted as requests are admitted, since the "
-            "server started",
-            registry=r,
-        )
-        self.prefill_s = Gauge(
-            "lookahead_prefill_seconds",
-            "Seconds the engine spent in prefills, their inserts and chunks (compiles left "
-            "out), since the server started",
-            registry=r,
-        )
-        self.prefill_positions = Gauge(
-            "lookahead_prefill_positions",
-            "Positions the prefills ran, padding included (rows x side), since the server started",
-            registry=r,
-        )
-        self.decode_s = Gauge(
-            "lookahead_decode_seconds",
-            "Seconds the engine spent in decode rounds (compiles left out), since the server "
-            "started",
-            registry=r,
-        )
+        # gauges that copy one Stats field each (STATS_GAUGES)
+        self.from_stats = {f: Gauge(name, doc, registry=r) for f, name, doc in STATS_GAUGES}
 
     def scrape(self) -> bytes:
         stats = self.engine.online_stats  # (an offline run on this engine has its own)
@@ -145,16 +115,9 @@ class Metrics:
         self.batch.set(self.engine.batch)
         if stats.row_steps:
             self.tokens_per_step.set(stats.compression)
-        self.accepted.set(stats.accepted_tokens)
-        self.prefix_hits.set(stats.prefix_hits)
         self.prefix_misses.set(stats.prefix_lookups - stats.prefix_hits)
-        self.prefix_hit_tokens.set(stats.prefix_hit_tokens)
-        self.compile_s.set(stats.compile_s)
-        self.grammar_requests.set(stats.grammar_requests)
-        self.grammar_compile_s.set(stats.grammar_compile_s)
-        self.prefill_s.set(stats.prefill_s)
-        self.prefill_positions.set(stats.prefill_positions)
-        self.decode_s.set(stats.decode_s)
+        for field, gauge in self.from_stats.items():
+            gauge.set(getattr(stats, field))
         for rows, n in dict(stats.rounds_by_rows).items():
             self.rounds.labels(rows=str(rows)).set(n)
         for rows, modes in dict(stats.per_round).items():
