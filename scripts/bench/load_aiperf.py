@@ -11,13 +11,18 @@ do not), given by --aiperf:
     python scripts/bench/load_aiperf.py --aiperf /tmp/loadvenv/bin/aiperf \\
         --out benchmarks/cpu/load_aiperf
 
-For each server and concurrency C it sends max(16, 2 C) requests (C at a time, each
-waiting for the one before it in its slot), after a warm-up of C requests, and records
-aiperf's time to first token, inter-token latency (p50, p90, p99), output tokens/s and
-requests/s, and its error count. The server runs with --batch 16: at C = 64, 48 requests
-wait for a slot, which their time to first token shows. The servers run with
-`--no-shared-guesses` unless `--shared-guesses` is given: the levels' requests ask the 80
-prompts more than once, and an answer asked again would be recalled (as
+The servers run side by side (all up, one driven at a time), `--repeats` passes each
+at every concurrency C, alternating which goes first, so that both meet the machine's
+drift alike (one pass a server cannot tell a ratio: stop 79's two C = 64 runs read plain
+at 93.9 and 115.2 tokens/s, stop 81's at 140.7). A pass sends max(16, 2 C) requests (C
+at a time, each waiting for the one before it in its slot), after a warm-up of C
+requests; each records aiperf's time to first token, inter-token latency (p50, p90,
+p99), output tokens/s and requests/s, its error count, and what the pass cost the server
+(its /metrics' growth: seconds in prefills and decode rounds, positions prefilled,
+rounds); the table shows the passes' medians. The server runs with --batch 16: at C =
+64, 48 requests wait for a slot, which their time to first token shows. The servers run
+with `--no-shared-guesses` unless `--shared-guesses` is given: the levels' requests ask
+the 80 prompts more than once, and an answer asked again would be recalled (as
 load_levels.py's docstring says). Writes OUT.json, OUT.md and OUT.png.
 """
 
@@ -28,13 +33,14 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_load import start_server  # noqa: E402
+from server_load import SPENT, server_metrics, spent_between, start_server  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -100,6 +106,17 @@ def summary(export: dict) -> dict:
     }
 
 
+def medians(passes: list[dict]) -> dict:
+    """A level's figures over its passes: each the median of the passes' (a pass's
+    latency percentiles' medians; its errors summed)."""
+    med = lambda xs: statistics.median(xs) if None not in xs else None  # noqa: E731
+    out = {k: med([p[k] for p in passes]) for k in passes[0] if k not in ("ttft_ms", "itl_ms")}
+    for k in ("ttft_ms", "itl_ms"):
+        out[k] = {q: med([p[k][q] for p in passes]) for q in passes[0][k]}
+    out["errors"] = sum(p["errors"] or 0 for p in passes)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--aiperf", default="aiperf", help="the aiperf executable")
@@ -112,8 +129,11 @@ def main() -> None:
     ap.add_argument(
         "--shared-guesses", action="store_true", help="keep the servers' shared guesses on"
     )
+    ap.add_argument("--repeats", type=int, default=2, help="passes a server at each level")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats must be 1 or more")
 
     from machine import cpu_model
     from prompts import mt_bench
@@ -137,27 +157,37 @@ def main() -> None:
     servers = [(n, None) for n in args.servers]
     if args.before:
         servers = [x for n in args.servers for x in ((f"{n}_before", args.before), (n, None))]
-    for name, tree in servers:
-        proc, url = start_server(
-            None, args.batch, SERVERS[name.removesuffix("_before")], max(args.max_tokens, 128),
-            "--auto-temperature", "0", log=f"load_aiperf_server_{name}.log", name="smollm2",
-            cwd=tree, shared_guesses=args.shared_guesses,
-        )  # fmt: skip
-        port = int(url.rsplit(":", 1)[1])
-        try:
-            for c in args.concurrency:
-                n = max(16, 2 * c)
-                export = aiperf(args.aiperf, port, tokenizer, prompts, c, n, args.max_tokens,
-                                work / f"{name}_c{c}")  # fmt: skip
-                result["runs"][f"{name}/{c}"] = {
-                    "server": name,
-                    "concurrency": c,
-                    **summary(export),
-                }
-                write_results(args.out, result)
-                print(name, c, result["runs"][f"{name}/{c}"], flush=True)
-        finally:
+    procs, ports = [], {}
+    try:
+        for name, tree in servers:  # all up at once, driven one at a time
+            proc, url = start_server(
+                None, args.batch, SERVERS[name.removesuffix("_before")],
+                max(args.max_tokens, 128), "--auto-temperature", "0",
+                log=f"load_aiperf_server_{name}.log", name="smollm2", cwd=tree,
+                shared_guesses=args.shared_guesses,
+            )  # fmt: skip
+            procs.append(proc)
+            ports[name] = int(url.rsplit(":", 1)[1])
+        for c in args.concurrency:
+            n = max(16, 2 * c)
+            for r in range(args.repeats):
+                for name, _ in servers if r % 2 == 0 else servers[::-1]:
+                    url = f"http://127.0.0.1:{ports[name]}"
+                    before = server_metrics(url, *SPENT)
+                    export = aiperf(args.aiperf, ports[name], tokenizer, prompts, c, n,
+                                    args.max_tokens, work / f"{name}_c{c}_r{r}")  # fmt: skip
+                    spent = spent_between(before, server_metrics(url, *SPENT))
+                    passes = result["runs"].setdefault(f"{name}/{c}", {"passes": []})["passes"]
+                    passes.append({**summary(export), **spent})
+                    result["runs"][f"{name}/{c}"] = {
+                        "server": name, "concurrency": c, **medians(passes), "passes": passes
+                    }  # fmt: skip
+                    write_results(args.out, result)
+                    print(name, c, r, passes[-1], flush=True)
+    finally:
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
+        for proc in procs:
             proc.wait(timeout=60)
     write_results(args.out, result, markdown(result, args))
     plot(result, Path(args.out))
@@ -172,20 +202,39 @@ def markdown(result: dict, args) -> str:
         f"float32; server --batch {result['batch']}, shared guesses "
         f"{'on' if result['shared_guesses'] else 'off'}; streaming chat completions of the 80 "
         f"MT-bench first turns, greedy, max_tokens {result['max_tokens']}; max(16, 2 C) "
-        "requests a level after C warm-up requests.",
+        f"requests a level after C warm-up requests; {args.repeats} passes a server a level, "
+        "the servers side by side (all up, one driven at a time, alternating which goes "
+        "first); medians over the passes. Where a pass's time went: the growth of the "
+        "server's /metrics over it (engine seconds in prefills and in decode rounds, "
+        "positions prefilled, rounds; medians).",
         "",
         "| server | C | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | output tok/s "
-        "| requests/s | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "(range) | requests/s | errors | prefill s | decode s | positions | rounds |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     fmt = lambda x: "—" if x is None else f"{x:.1f}"  # noqa: E731
-    for row in result["runs"].values():
+    runs = result["runs"]
+    for row in runs.values():
+        tps = [p["output_tok_s"] or 0.0 for p in row["passes"]]
         lines.append(
             f"| {row['server']} | {row['concurrency']} | {fmt(row['ttft_ms']['p50'])} | "
             f"{fmt(row['ttft_ms']['p99'])} | {fmt(row['itl_ms']['p50'])} | "
-            f"{fmt(row['itl_ms']['p99'])} | {fmt(row['output_tok_s'])} | "
-            f"{row['requests_s']:.2f} | {row['errors']} |"
+            f"{fmt(row['itl_ms']['p99'])} | {fmt(row['output_tok_s'])} ({min(tps):.1f}-"
+            f"{max(tps):.1f}) | {row['requests_s']:.2f} | {row['errors']} | "
+            f"{row['prefill_s']:.2f} | {row['decode_s']:.2f} | "
+            f"{row['prefill_positions']:.0f} | {row['rounds']:.0f} |"
         )
+    lines += ["", "Lookahead over plain, output tokens/s (medians; the passes' own ratios, "
+              "each lookahead pass over the plain pass beside it):", ""]  # fmt: skip
+    for c in args.concurrency:
+        la, pl = runs.get(f"lookahead/{c}"), runs.get(f"plain/{c}")
+        if la and pl and pl["output_tok_s"]:
+            pairs = [(a["output_tok_s"] or 0) / (b["output_tok_s"] or 1)
+                     for a, b in zip(la["passes"], pl["passes"], strict=True)]  # fmt: skip
+            lines.append(
+                f"* C = {c}: **{la['output_tok_s'] / pl['output_tok_s']:.2f}x** "
+                f"({', '.join(f'{x:.2f}' for x in pairs)})"
+            )
     return "\n".join(lines) + "\n"
 
 

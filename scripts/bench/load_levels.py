@@ -54,20 +54,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from server_load import drive, start_server, summarize  # noqa: E402
+from server_load import (  # noqa: E402
+    SPENT,
+    drive,
+    server_metrics,
+    spent_between,
+    start_server,
+    summarize,
+)
 
 WORKLOADS = ("greedy", "mix t=1.0")
 COMPILE_S, TRIES = 0.5, 3  # a pass compiling longer than COMPILE_S runs again (docstring)
-# /metrics a pass's time is read from (their growth over it): compiling, the engine's
-# prefills (inserts and chunks with them) and decode rounds, positions prefilled, rounds
-SPENT = (
-    "lookahead_compile_seconds ",
-    "lookahead_prefill_seconds ",
-    "lookahead_decode_seconds ",
-    "lookahead_prefill_positions ",
-    "lookahead_rounds{",
-)
-SPENT_NAMES = ("compile_s", "prefill_s", "decode_s", "prefill_positions", "rounds")
 
 
 def one_pass(url: str, prompts: list[str], c: int, max_tokens: int, temps: list[float]):
@@ -103,29 +100,6 @@ def passes(urls: dict, prompts: list[str], levels: list[int], args, workloads=WO
                     out.setdefault((mode, workload, c), []).append(got)
                     print(mode, workload, c, r, json.dumps(got[0]), flush=True)
     return out
-
-
-def spent_between(before: dict, after: dict) -> dict:
-    """What grew between two reads of SPENT, by name (the rounds summed over buckets)."""
-
-    def grew(prefix: str) -> float:
-        keys = [k for k in after if k.startswith(prefix.strip())]
-        return sum(after[k] - before.get(k, 0.0) for k in keys)
-
-    return {name: round(grew(p), 2) for name, p in zip(SPENT_NAMES, SPENT, strict=True)}
-
-
-def server_metrics(url: str, *prefixes: str) -> dict:
-    """{labels: value} of the server's /metrics lines that start with `prefixes`."""
-    import httpx
-
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    rows = {}
-    for line in text.splitlines():
-        if line.startswith(prefixes):
-            labels, value = line.rsplit(" ", 1)
-            rows[labels] = float(value)
-    return rows
 
 
 def serving(args, specs: list[tuple[int, str]], prompts, levels, workloads=WORKLOADS):

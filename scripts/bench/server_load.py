@@ -1,6 +1,7 @@
 """A server in a subprocess (`start_server`) and a streamed chat load at a fixed concurrency
 (`drive`: per request its time to first token, its inter-token latency per token, not per
-chunk, and tokens/s; `summarize`: medians, 90th percentiles, the pass's tokens/s)."""
+chunk, and tokens/s; `summarize`: medians, 90th percentiles, the pass's tokens/s), and
+what a pass cost the server (`spent_between` two reads of its /metrics)."""
 
 from __future__ import annotations
 
@@ -147,3 +148,38 @@ def summarize(run: dict) -> dict:
             "p10": pct([r["tokens_per_s"] for r in rows], 10),
         },  # fmt: skip
     }
+
+
+# /metrics a pass's time is read from (their growth over it): compiling, the engine's
+# prefills (inserts and chunks with them) and decode rounds, positions prefilled, rounds
+SPENT = (
+    "lookahead_compile_seconds ",
+    "lookahead_prefill_seconds ",
+    "lookahead_decode_seconds ",
+    "lookahead_prefill_positions ",
+    "lookahead_rounds{",
+)
+SPENT_NAMES = ("compile_s", "prefill_s", "decode_s", "prefill_positions", "rounds")
+
+
+def spent_between(before: dict, after: dict) -> dict:
+    """What grew between two reads of SPENT, by name (the rounds summed over buckets)."""
+
+    def grew(prefix: str) -> float:
+        keys = [k for k in after if k.startswith(prefix.strip())]
+        return sum(after[k] - before.get(k, 0.0) for k in keys)
+
+    return {name: round(grew(p), 2) for name, p in zip(SPENT_NAMES, SPENT, strict=True)}
+
+
+def server_metrics(url: str, *prefixes: str) -> dict:
+    """{labels: value} of the server's /metrics lines that start with `prefixes`."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith(prefixes):
+            labels, value = line.rsplit(" ", 1)
+            rows[labels] = float(value)
+    return rows
