@@ -107,19 +107,6 @@ def random_params(cfg, dtype, scale: float = 0.02, weights: str = "float"):
     return split_layers(params)
 
 
-def bench_model(name: str, dtype):
-    """model_and_params(name, dtype) as an lj.Model (no tokenizer, no EOS: every row runs
-    its whole budget), for the scripts that decode with it."""
-    from lookahead_jax.checkpoints.loading import Model, resolve_dtype
-    from lookahead_jax.models import packed
-
-    dtype = resolve_dtype(dtype)
-    cfg, params = model_and_params(name, dtype)
-    if packed.wanted(dtype, "float", None):  # as lj.load packs for the CPU kernel
-        params = packed.pack_params(params, cfg)
-    return Model(lm=LlamaLM(cfg), params=params, eos_ids=())
-
-
 def copy_bandwidth(n_bytes: int = 2 << 30, repeats: int = 10) -> float:
     """Bytes per second of a large device-to-device copy, counting bytes read plus bytes
     written (the practical memory roofline): the median of `repeats`."""

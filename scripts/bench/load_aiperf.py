@@ -1,29 +1,24 @@
 """The server under load from a maintained load tool (issue 47): NVIDIA's aiperf at
-concurrency 1, 4, 16 and 64 against `python -m lookahead_jax.serve`, with lookahead
-(auto) and without (--no-lookahead), streaming chat completions of the MT-bench first
-turns (the server applies the chat template), greedy, at most --max-tokens new tokens
-each.
-
-aiperf runs in an environment of its own (its dependencies pin versions this project's
-do not), given by --aiperf:
+concurrency 1, 4, 16 and 64 against `python -m lookahead_jax.serve` with lookahead (auto)
+and without (--no-lookahead): streamed chat completions of the MT-bench first turns,
+greedy, at most --max-tokens new tokens each. aiperf runs in an environment of its own
+(its dependencies pin versions this project's do not), given by --aiperf:
 
     python3 -m venv /tmp/loadvenv && /tmp/loadvenv/bin/pip install aiperf
     python scripts/bench/load_aiperf.py --aiperf /tmp/loadvenv/bin/aiperf \\
         --out benchmarks/cpu/load_aiperf
 
 The servers run side by side (all up, one driven at a time), `--repeats` passes each
-at every concurrency C, alternating which goes first, so that both meet the machine's
-drift alike (one pass a server cannot tell a ratio: stop 79's two C = 64 runs read plain
-at 93.9 and 115.2 tokens/s, stop 81's at 140.7). A pass sends max(16, 2 C) requests (C
-at a time, each waiting for the one before it in its slot), after a warm-up of C
-requests; each records aiperf's time to first token, inter-token latency (p50, p90,
-p99), output tokens/s and requests/s, its error count, and what the pass cost the server
-(its /metrics' growth: seconds in prefills and decode rounds, positions prefilled,
-rounds); the table shows the passes' medians. The server runs with --batch 16: at C =
-64, 48 requests wait for a slot, which their time to first token shows. The servers run
-with `--no-shared-guesses` unless `--shared-guesses` is given: the levels' requests ask
-the 80 prompts more than once, and an answer asked again would be recalled (as
-load_levels.py's docstring says). Writes OUT.json, OUT.md and OUT.png.
+at every concurrency C, which goes first alternating from pass to pass (one pass a server
+cannot tell a ratio: plain alone read 89.1-140.7 tokens/s at C = 64 in four earlier
+passes, load_aiperf_epyc_zen4_s79*.md, _s81_c64.md). A pass: max(16, 2 C) requests (C
+at a time) after C warm-up requests; aiperf's TTFT, inter-token latency, output tokens/s,
+requests/s and errors, and the server's /metrics growth over it, warm-up included
+(seconds compiling in the foreground, in prefills, in decode rounds; positions prefilled;
+rounds; a pass that compiled is not run again, unlike load_levels'); medians in the
+table. At C = 64 (--batch 16) 48 requests wait for a slot. Shared guesses are off
+unless `--shared-guesses`: the 80 prompts are asked more than once (as load_levels.py's
+docstring says). Writes OUT.json, OUT.md and OUT.png.
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_load import SPENT, server_metrics, spent_between, start_server  # noqa: E402
+from server_load import metered, start_server  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -107,14 +102,12 @@ def summary(export: dict) -> dict:
 
 
 def medians(passes: list[dict]) -> dict:
-    """A level's figures over its passes: each the median of the passes' (a pass's
-    latency percentiles' medians; its errors summed)."""
+    """A level's figures: each the median of its passes' (None where one lacks it), errors
+    summed."""
     med = lambda xs: statistics.median(xs) if None not in xs else None  # noqa: E731
-    out = {k: med([p[k] for p in passes]) for k in passes[0] if k not in ("ttft_ms", "itl_ms")}
-    for k in ("ttft_ms", "itl_ms"):
-        out[k] = {q: med([p[k][q] for p in passes]) for q in passes[0][k]}
-    out["errors"] = sum(p["errors"] or 0 for p in passes)
-    return out
+    out = {k: {q: med([p[k][q] for p in passes]) for q in v} if isinstance(v, dict)
+           else med([p[k] for p in passes]) for k, v in passes[0].items()}  # fmt: skip
+    return {**out, "errors": sum(p["errors"] or 0 for p in passes)}
 
 
 def main() -> None:
@@ -129,11 +122,9 @@ def main() -> None:
     ap.add_argument(
         "--shared-guesses", action="store_true", help="keep the servers' shared guesses on"
     )
-    ap.add_argument("--repeats", type=int, default=2, help="passes a server at each level")
+    ap.add_argument("--repeats", type=lambda r: max(1, int(r)), default=2, help="passes a level")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    if args.repeats < 1:
-        ap.error("--repeats must be 1 or more")
 
     from machine import cpu_model
     from prompts import mt_bench
@@ -168,22 +159,19 @@ def main() -> None:
             )  # fmt: skip
             procs.append(proc)
             ports[name] = int(url.rsplit(":", 1)[1])
-        for c in args.concurrency:
-            n = max(16, 2 * c)
-            for r in range(args.repeats):
-                for name, _ in servers if r % 2 == 0 else servers[::-1]:
-                    url = f"http://127.0.0.1:{ports[name]}"
-                    before = server_metrics(url, *SPENT)
-                    export = aiperf(args.aiperf, ports[name], tokenizer, prompts, c, n,
-                                    args.max_tokens, work / f"{name}_c{c}_r{r}")  # fmt: skip
-                    spent = spent_between(before, server_metrics(url, *SPENT))
-                    passes = result["runs"].setdefault(f"{name}/{c}", {"passes": []})["passes"]
-                    passes.append({**summary(export), **spent})
-                    result["runs"][f"{name}/{c}"] = {
-                        "server": name, "concurrency": c, **medians(passes), "passes": passes
-                    }  # fmt: skip
-                    write_results(args.out, result)
-                    print(name, c, r, passes[-1], flush=True)
+        levels = [(c, r) for c in args.concurrency for r in range(args.repeats)]
+        for turn, (c, r) in enumerate(levels):  # (which server goes first alternates)
+            for name, _ in servers[:: 1 - 2 * (turn % 2)]:
+                export, spent = metered(f"http://127.0.0.1:{ports[name]}", aiperf, args.aiperf,
+                    ports[name], tokenizer, prompts, c, max(16, 2 * c), args.max_tokens,
+                    work / f"{name}_c{c}_r{r}")  # fmt: skip
+                passes = result["runs"].get(f"{name}/{c}", {"passes": []})["passes"]
+                passes.append({**summary(export), **spent})
+                result["runs"][f"{name}/{c}"] = {
+                    "server": name, "concurrency": c, **medians(passes), "passes": passes
+                }  # fmt: skip
+                write_results(args.out, result)
+                print(name, c, r, passes[-1], flush=True)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -203,38 +191,37 @@ def markdown(result: dict, args) -> str:
         f"{'on' if result['shared_guesses'] else 'off'}; streaming chat completions of the 80 "
         f"MT-bench first turns, greedy, max_tokens {result['max_tokens']}; max(16, 2 C) "
         f"requests a level after C warm-up requests; {args.repeats} passes a server a level, "
-        "the servers side by side (all up, one driven at a time, alternating which goes "
-        "first); medians over the passes. Where a pass's time went: the growth of the "
-        "server's /metrics over it (engine seconds in prefills and in decode rounds, "
-        "positions prefilled, rounds; medians).",
+        "the servers side by side, alternating; medians. Compile / prefill / decode s, "
+        "positions, rounds: the server's /metrics' growth over a pass (its warm-up too).",
         "",
         "| server | C | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | output tok/s "
-        "(range) | requests/s | errors | prefill s | decode s | positions | rounds |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "(range) | requests/s | errors | compile s | prefill s | decode s | positions | rounds |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    fmt = lambda x: "—" if x is None else f"{x:.1f}"  # noqa: E731
-    runs = result["runs"]
+    fmt = lambda x, f=".1f": "—" if x is None else format(x, f)  # noqa: E731
+    runs, ratios = result["runs"], []
     for row in runs.values():
-        tps = [p["output_tok_s"] or 0.0 for p in row["passes"]]
+        tps = [p["output_tok_s"] for p in row["passes"] if p["output_tok_s"] is not None]
+        cells = [fmt(row[k], f) for k, f in (("compile_s", ".2f"), ("prefill_s", ".2f"),
+                 ("decode_s", ".2f"), ("prefill_positions", ".0f"), ("rounds", ".1f"))]  # fmt: skip
         lines.append(
             f"| {row['server']} | {row['concurrency']} | {fmt(row['ttft_ms']['p50'])} | "
             f"{fmt(row['ttft_ms']['p99'])} | {fmt(row['itl_ms']['p50'])} | "
-            f"{fmt(row['itl_ms']['p99'])} | {fmt(row['output_tok_s'])} ({min(tps):.1f}-"
-            f"{max(tps):.1f}) | {row['requests_s']:.2f} | {row['errors']} | "
-            f"{row['prefill_s']:.2f} | {row['decode_s']:.2f} | "
-            f"{row['prefill_positions']:.0f} | {row['rounds']:.0f} |"
+            f"{fmt(row['itl_ms']['p99'])} | {fmt(row['output_tok_s'])} "
+            f"({fmt(min(tps, default=None))}-{fmt(max(tps, default=None))}) | "
+            f"{fmt(row['requests_s'], '.2f')} | {row['errors']} | " + " | ".join(cells) + " |"
         )
-    lines += ["", "Lookahead over plain, output tokens/s (medians; the passes' own ratios, "
-              "each lookahead pass over the plain pass beside it):", ""]  # fmt: skip
-    for c in args.concurrency:
-        la, pl = runs.get(f"lookahead/{c}"), runs.get(f"plain/{c}")
-        if la and pl and pl["output_tok_s"]:
-            pairs = [(a["output_tok_s"] or 0) / (b["output_tok_s"] or 1)
-                     for a, b in zip(la["passes"], pl["passes"], strict=True)]  # fmt: skip
-            lines.append(
-                f"* C = {c}: **{la['output_tok_s'] / pl['output_tok_s']:.2f}x** "
-                f"({', '.join(f'{x:.2f}' for x in pairs)})"
-            )
+    for name, c in ((n, c) for n in ("lookahead", "lookahead_before") for c in args.concurrency):
+        la, pl = runs.get(f"{name}/{c}"), runs.get(f"{name.replace('lookahead', 'plain')}/{c}")
+        if la and pl and la["output_tok_s"] and pl["output_tok_s"]:
+            pairs = zip(la["passes"], pl["passes"], strict=True)
+            tps = [(a["output_tok_s"], b["output_tok_s"]) for a, b in pairs]
+            own = ", ".join(f"{a / b:.2f}" for a, b in tps if a and b)
+            ratios.append(f"* {name} over its plain, C = {c}: **"
+                          f"{la['output_tok_s'] / pl['output_tok_s']:.2f}x** ({own})")  # fmt: skip
+    if ratios:
+        lines += ["", "Output tokens/s over plain's (medians; the passes' own ratios, each "
+                  "over the plain pass beside it):", "", *ratios]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

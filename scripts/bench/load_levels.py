@@ -54,14 +54,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from server_load import (  # noqa: E402
-    SPENT,
-    drive,
-    server_metrics,
-    spent_between,
-    start_server,
-    summarize,
-)
+from server_load import drive, metered, server_metrics, start_server, summarize  # noqa: E402
 
 WORKLOADS = ("greedy", "mix t=1.0")
 COMPILE_S, TRIES = 0.5, 3  # a pass compiling longer than COMPILE_S runs again (docstring)
@@ -72,9 +65,8 @@ def one_pass(url: str, prompts: list[str], c: int, max_tokens: int, temps: list[
     concurrency c, run again while the server compiled in it (COMPILE_S, TRIES)."""
     tries, spent = 0, {"compile_s": COMPILE_S + 1}
     while spent["compile_s"] > COMPILE_S and tries < TRIES:
-        before = server_metrics(url, *SPENT)
-        run = asyncio.run(drive(url, prompts, c, max_tokens, temps))
-        spent, tries = spent_between(before, server_metrics(url, *SPENT)), tries + 1
+        run, spent = metered(url, asyncio.run, drive(url, prompts, c, max_tokens, temps))
+        tries += 1
     answers = zip(run["requests"], temps, strict=True)
     texts = [r["text"] if t == 0 else None for r, t in answers]
     return {**summarize(run), "tries": tries, **spent}, texts

@@ -53,16 +53,3 @@ def category_ranks(rows: list[dict]) -> list[tuple[int, dict]]:
         seen[r["category"]] = seen.get(r["category"], 0) + 1
         out.append((seen[r["category"]], r))
     return out
-
-
-def select(names: list[str], per_category: int = 0, limit: int | None = None) -> list[dict]:
-    """The rows of each named set in order, each tagged with its set ('set'): the first
-    `limit` of each set, then the first `per_category` of each category (0 = all). A
-    script that seeds a batch by its first row's index gets the same rows in the same
-    order from the same options."""
-    return [
-        dict(r, set=name)
-        for name in names
-        for rank, r in category_ranks(prompt_set(name)[:limit])
-        if not per_category or rank <= per_category
-    ]

@@ -1,7 +1,7 @@
 """A server in a subprocess (`start_server`) and a streamed chat load at a fixed concurrency
 (`drive`: per request its time to first token, its inter-token latency per token, not per
 chunk, and tokens/s; `summarize`: medians, 90th percentiles, the pass's tokens/s), and
-what a pass cost the server (`spent_between` two reads of its /metrics)."""
+what a pass cost the server (`metered`: the growth of its /metrics over it)."""
 
 from __future__ import annotations
 
@@ -160,6 +160,13 @@ SPENT = (
     "lookahead_rounds{",
 )
 SPENT_NAMES = ("compile_s", "prefill_s", "decode_s", "prefill_positions", "rounds")
+
+
+def metered(url: str, run, *args) -> tuple:
+    """(run(*args), what grew in the server's SPENT /metrics meanwhile: spent_between)."""
+    before = server_metrics(url, *SPENT)
+    out = run(*args)
+    return out, spent_between(before, server_metrics(url, *SPENT))
 
 
 def spent_between(before: dict, after: dict) -> dict:
