@@ -8,6 +8,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import lookahead_jax as lj
@@ -111,3 +112,19 @@ def test_every_program_cache_is_bounded_and_cleared_by_one_call():
     assert slot_state.program(slot_state.retire, None) is jitted
     programs.clear()  # this module's decode programs, the slot edits, chunks, and this one
     assert len(cache) == 0 and slot_state.program(slot_state.retire, None) is not jitted
+
+
+def test_one_key_for_an_argument_as_a_shape_a_device_array_or_a_host_array():
+    """On one device a program compiled from argument shapes (the server's warm-up: its
+    grammar tables as GrammarBank.shaped) is the one a call with device arrays
+    (GrammarBank.on_device) or host arrays finds: keyed apart, a fresh server's first
+    chats compiled their prefills again in the foreground."""
+    from lookahead_jax.decoding.decode_state import DecodeSpec
+
+    model = Model(LlamaLM(CFG), init_params(CFG, jax.random.PRNGKey(0), jnp.float32), eos_ids=())
+    spec = DecodeSpec(lm=model.lm, eos_ids=())
+    host = np.zeros((4, 8), np.int32)
+    given = (jax.ShapeDtypeStruct(host.shape, host.dtype), jnp.asarray(host), host)
+    keys = {programs._key(model, spec, 8, (model.params, x)) for x in given}
+    assert len(keys) == 1
+    assert programs._key(model, spec, 8, (model.params, host[:2])) not in keys  # shapes count
