@@ -124,7 +124,12 @@ def test_one_key_for_an_argument_as_a_shape_a_device_array_or_a_host_array():
     model = Model(LlamaLM(CFG), init_params(CFG, jax.random.PRNGKey(0), jnp.float32), eos_ids=())
     spec = DecodeSpec(lm=model.lm, eos_ids=())
     host = np.zeros((4, 8), np.int32)
-    given = (jax.ShapeDtypeStruct(host.shape, host.dtype), jnp.asarray(host), host)
+    shape = jax.ShapeDtypeStruct(host.shape, host.dtype)
+    given = (shape, jnp.asarray(host), jax.device_put(host, jax.devices()[0]), host)
     keys = {programs._key(model, spec, 8, (model.params, x)) for x in given}
     assert len(keys) == 1
     assert programs._key(model, spec, 8, (model.params, host[:2])) not in keys  # shapes count
+    # params on another device: programs of their own (what runs there is compiled there)
+    elsewhere = jax.device_put(model.params, jax.devices()[-1])
+    if len(jax.devices()) > 1:
+        assert programs._key(model, spec, 8, (elsewhere, shape)) not in keys

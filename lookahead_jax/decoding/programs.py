@@ -97,12 +97,14 @@ def _scope(precision: str | None):
 
 
 def _key(model, spec: DecodeSpec, new_positions: int, start_args):
-    """A program's identity: its spec, room, mesh, and its arguments' structure, shapes and
-    dtypes, and on a mesh their shardings. On one device every argument lives there,
-    given as a device array, a host array or a shape: one program, one key (the server's
-    warm-up compiled its prefills from shapes, and the grammar tables then came as
-    device arrays: keyed apart, a fresh server's first chats compiled those prefills
-    again, 1.3-2.8 s each in the foreground; a 2-core AMD EPYC, SmolLM2-135M)."""
+    """A program's identity: its spec, room, mesh, its arguments' structure, shapes and
+    dtypes, and the matmul precision; on a mesh its arguments' shardings too. Without a
+    mesh a program runs where the params live (the first argument: their device is in
+    the key), and its other arguments go there, given as device arrays, host arrays or
+    shapes: one program, one key. (The server's warm-up compiled its prefills from
+    shapes and a served prefill passes the grammar tables as device arrays: keyed
+    apart, a fresh server's first chats compiled those prefills again, 1.3-2.0 s each in
+    the foreground; a 2-core AMD EPYC, SmolLM2-135M.)"""
     leaves, tree = jax.tree.flatten(start_args)
     # (dtypes as numpy's objects, compared and hashed in C: their names cost 12 ms a
     # prefill over SmolLM2's 282 leaves, five keys an admission)
@@ -110,10 +112,12 @@ def _key(model, spec: DecodeSpec, new_positions: int, start_args):
     shapes = tuple(
         (a.shape, a.dtype, getattr(a, "sharding", None) if placed else None) for a in leaves
     )
+    home = None if placed or not leaves else getattr(leaves[0], "sharding", None)
     return (
         spec,
         new_positions,
         model.mesh,
+        home,
         tree,
         shapes,
         matmul_precision(spec.cache_dtype),
