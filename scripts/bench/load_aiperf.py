@@ -122,9 +122,11 @@ def main() -> None:
     ap.add_argument(
         "--shared-guesses", action="store_true", help="keep the servers' shared guesses on"
     )
-    ap.add_argument("--repeats", type=lambda r: max(1, int(r)), default=2, help="passes a level")
+    ap.add_argument("--repeats", type=int, default=2, help="passes a server at each level")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.repeats < 1:  # (as load_levels refuses it, not silently 1)
+        ap.error("--repeats must be 1 or more")
 
     from machine import cpu_model
     from prompts import mt_bench
