@@ -53,6 +53,15 @@ def engine_packs_ragged() -> bool:
     return jax.default_backend() == "cpu"
 
 
+def cpu_kernel_runs() -> bool:
+    """Whether the CPU kernel runs on this process's default device: built here and a CPU
+    backend (on a GPU machine it builds for the host, but arrays live on the GPU, where its
+    FFI targets are not registered; the product packs only on a CPU, models/packed.py)."""
+    from lookahead_jax.models import cpu_kernel
+
+    return jax.default_backend() == "cpu" and cpu_kernel.available()
+
+
 def with_eos(model, eos_ids: tuple[int, ...]):
     """The same model with different EOS ids."""
     return dataclasses.replace(model, eos_ids=tuple(eos_ids), tokenizer=None)

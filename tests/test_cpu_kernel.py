@@ -20,9 +20,10 @@ import lookahead_jax as lj
 from lookahead_jax.models import cpu_kernel, fused, packed, quantize
 from lookahead_jax.models.llama import attention, forward
 from lookahead_jax.models.packed import PackedWeight
+from tests.helpers import cpu_kernel_runs
 
 pytestmark = pytest.mark.skipif(
-    not cpu_kernel.available(), reason="the CPU kernel does not run here (x86-64, AVX2, g++)"
+    not cpu_kernel_runs(), reason="the CPU kernel does not run here (a CPU, x86-64, AVX2, g++)"
 )
 
 

@@ -22,12 +22,12 @@ from lookahead_jax.decoding.decode_state import DecodeSpec, RaggedPrompts, Share
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, row_keys
 from lookahead_jax.engine import prefill_args
 from lookahead_jax.engine.prefill_shapes import SHARED, PaddedShapes
-from lookahead_jax.models import cpu_kernel, kv_pool
+from lookahead_jax.models import kv_pool
 from lookahead_jax.models.attention import segment_attention
 from lookahead_jax.models.llama import LlamaLM
 from lookahead_jax.models.llama_params import init_params, split_layers
 from tests import tiny
-from tests.helpers import engine_packs_ragged
+from tests.helpers import cpu_kernel_runs, engine_packs_ragged
 
 engine_packs = pytest.mark.skipif(
     not engine_packs_ragged(), reason="the engine packs prompts on a CPU only"
@@ -128,7 +128,7 @@ def test_segment_attention_after_a_shared_prefix_is_the_masked_softmax(
         got = run(jnp.float64, False)
     want = _with_prefix(q, k, v, first, window, cache_k, cache_v, L)
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-12)
-    if cpu_kernel.available() and cache_block:  # (the kernel: float32)
+    if cpu_kernel_runs() and cache_block:  # (the kernel: float32)
         kernel, xla = run(jnp.float32, True), run(jnp.float32, False)
         np.testing.assert_allclose(kernel, xla, rtol=2e-5, atol=2e-5)
 
