@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import threading
+import types
 from collections import Counter
 
 import jax
@@ -23,6 +24,7 @@ import pytest
 
 import lookahead_jax as lj
 from lookahead_jax.decoding import autotune
+from lookahead_jax.engine import prefill_planning
 from lookahead_jax.engine.inputs import bucket
 from lookahead_jax.engine.prefill_planning import PrefillPlanner
 from lookahead_jax.engine.round_choice import RoundChoice
@@ -531,6 +533,16 @@ def test_after_warm_up_the_first_requests_compile_nothing(model64, monkeypatch):
     assert engine.online_stats.compile_s == 0
     repeats = [{"1x16 after cache": 1}, {"3x16 after cache": 1}]
     assert bursts[1:] == [*repeats, {"3x64 after cache": 1}, {"3x192 shared": 1}], bursts
+
+
+def test_warm_up_compiles_one_rows_short_turn_past_cached_blocks():
+    """A lone chat behind a cached system prompt, or a burst's first chat's rest after its
+    chunks (28 tokens), runs at one row's short side, not padded to one row's WARM_SIDE
+    (SmolLM2, AMD EPYC Zen 4: ~168 ms at 128 for a rest of a block's length)."""
+    pool = types.SimpleNamespace(block=16)
+    warmed = prefill_planning.warm_prefills(16, 128, 64, pool, ragged=False)
+    after = sorted((rows, side) for rows, side, p in warmed if p is pool)
+    assert after == [(1, 16), (1, 64), (1, 128), (16, 16), (16, 64)]
 
 
 def test_an_engine_says_how_it_decodes(model64):

@@ -45,8 +45,8 @@ from lookahead_jax.errors import UserInputError
 # mostly shorter (MT-bench first turns: 30-200 tokens with SmolLM2's template), and a
 # prefill pads to a compiled side rather than wait ~2-6 s for its own
 WARM_SIDE = 128
-# with the prefix cache, a burst of chats behind a cached system prompt: all rows' short
-# turns past their blocks in one prefill (sixteen ran as one-row prefills at WARM_SIDE)
+# with the prefix cache, a chat's short turn past a cached system prompt's blocks, one
+# row's and a burst's: all rows' in one prefill (sixteen ran as one-row prefills at WARM_SIDE)
 WARM_BURST_SIDE = 64
 
 
@@ -264,8 +264,8 @@ class Engine:
         serving: stats start afresh): every row bucket's decode loops (with max_prompt_tokens:
         the online rounds' shapes; with auto its plain rounds' too) and the programs around
         them (warm_rows); one row's prefill of a chat-sized prompt (WARM_SIDE) from scratch,
-        and with the prefix cache past cached blocks, every row's short turn (WARM_BURST_SIDE)
-        and one and every row's last partial block (a prompt asked again) past them; where
+        and with the prefix cache past cached blocks, one and every row's short turn
+        (WARM_BURST_SIDE) and last partial block (a prompt asked again) past them; where
         ragged passes run, up to 16 rows' chat-sized prompts in one, and with the cache up
         to 16 short turns after blocks they share (prefills pad to them)."""
         scheduler = self._offline(self.encode([request]), per_round=True)

@@ -302,19 +302,23 @@ class PrefillPlanner:
 def warm_prefills(batch: int, side: int, short: int, pool, ragged: bool) -> list[tuple]:
     """The prefills a server's warm-up compiles, [(rows, side, program_pool)]: one row's
     prompt of `side` from scratch; with the prefix cache (`pool`) one past cached blocks,
-    and every row's short turn (`short`) past them, and one row's and every row's last
-    partial block (a prompt asked before, whose every full block is cached: a retry,
-    a regenerate, an evaluation's repeated context); where the model runs ragged passes
+    one row's and every row's short turn (`short`) past them (a lone chat behind a cached
+    system prompt, a burst's), and one row's and every row's last partial block (a prompt
+    asked before, whose every full block is cached: a retry, a regenerate, an
+    evaluation's repeated context); where the model runs ragged passes
     (`ragged`), up to sixteen rows' prompts in one pass, and with the cache up to sixteen
     short turns in one pass after blocks they share. A pass costs its tokens: a burst of
     any rows pads to it. (SmolLM2 on a 2-core AMD EPYC, Zen 4, a server's state at prompt
     side 1,024: a lone 5-16-token rest ran 168 ms padded to side 128, 32 ms at its block;
-    sixteen of them 1.4 s as [16, 64], 0.36-0.43 s as [16, 16].)"""
+    sixteen of them 1.4 s as [16, 64], 0.36-0.43 s as [16, 16]. A burst's first chat,
+    chunked behind a new system prompt, ran its 28-token rest padded to side 128: ~168 ms
+    of the others' wait for its blocks.)"""
     prefills = [(1, side, None)]
     burst = min(batch, 16)
     if pool is not None:
         rest = min(pool.block, side)  # (a last partial block's side)
-        prefills += [(1, side, pool), (batch, short, pool), (1, rest, pool), (batch, rest, pool)]
+        prefills += [(1, side, pool), (1, short, pool), (batch, short, pool)]
+        prefills += [(1, rest, pool), (batch, rest, pool)]
     if ragged:
         prefills.append((batch, burst * side, RAGGED))
     if ragged and pool is not None:
