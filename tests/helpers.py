@@ -10,6 +10,7 @@ import numpy as np
 
 from lookahead_jax.decoding.decode_state import causal_mask
 from lookahead_jax.engine.testing import first_divergence, top2_gap
+from lookahead_jax.models import cpu_kernel
 from lookahead_jax.models.llama import forward
 
 NEAR_TIE = 1e-4
@@ -57,8 +58,6 @@ def cpu_kernel_runs() -> bool:
     """Whether the CPU kernel runs on this process's default device: built here and a CPU
     backend (on a GPU machine it builds for the host, but arrays live on the GPU, where its
     FFI targets are not registered; the product packs only on a CPU, models/packed.py)."""
-    from lookahead_jax.models import cpu_kernel
-
     return jax.default_backend() == "cpu" and cpu_kernel.available()
 
 

@@ -128,7 +128,7 @@ def test_segment_attention_after_a_shared_prefix_is_the_masked_softmax(
         got = run(jnp.float64, False)
     want = _with_prefix(q, k, v, first, window, cache_k, cache_v, L)
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-12)
-    if cpu_kernel_runs() and cache_block:  # (the kernel: float32)
+    if cache_block and cpu_kernel_runs():  # (the kernel: float32)
         kernel, xla = run(jnp.float32, True), run(jnp.float32, False)
         np.testing.assert_allclose(kernel, xla, rtol=2e-5, atol=2e-5)
 

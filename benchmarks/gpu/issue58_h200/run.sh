@@ -1,6 +1,7 @@
-# Issue 58's check on a lent H200 (one session, three device calls, and a fourth in a
-# later one, `s79`; the bundled GGUF is 94 MiB and a call carries at most 64 MiB, so call 1
-# parks half of it on the device, which keeps its files while warm, ~30 s between calls):
+# Issue 58's check on a lent H200 (one session, three device calls, a fourth in a later
+# one, `s79`, and three in stop 83's, `s83`, `s83-engine`, `s83`; the bundled GGUF is
+# 94 MiB and a call carries at most 64 MiB, so call 1 parks half of it on the device,
+# which keeps its files while warm, ~30 s between calls):
 #
 #   on the CPU machine, once (as scripts/gpu/smollm2_setup.py's docstring says):
 #     split -b 48M <the GGUF> .gpu/part-; .gpu/1/gguf.part-aa, .gpu/2/gguf.part-ab,
@@ -9,8 +10,10 @@
 #   run(command="bash benchmarks/gpu/issue58_h200/run.sh fails", carry=[".whl"])
 #   run(command="bash benchmarks/gpu/issue58_h200/run.sh engine", carry=[".gpu/2", ".whl"])
 #   (stop 79) run(command="bash benchmarks/gpu/issue58_h200/run.sh s79", carry=[".whl"])
-#   (stop 83) run(command="bash benchmarks/gpu/issue58_h200/run.sh s83", carry=[".gpu/1", ".whl"])
-#             run(command="bash benchmarks/gpu/issue58_h200/run.sh s83-engine", carry=[".gpu/3", ".whl"])
+#   (stop 83) run(command="bash benchmarks/gpu/issue58_h200/run.sh s83",
+#                 carry=[".gpu/1", ".whl"])
+#             run(command="bash benchmarks/gpu/issue58_h200/run.sh s83-engine",
+#                 carry=[".gpu/3", ".whl"])  (within ~30 s: it reads s83's /tmp/parts)
 #   (the tracked tree had grown to 15.9 MB: .gpu/2 no longer fits beside it, so .gpu/3 holds
 #   gguf.part-ab, gguf.sha256 and tok.tar.xz, `tar -C .gpu/2 -cJf .gpu/3/tok.tar.xz tok`)
 #
@@ -68,6 +71,7 @@ s83)  # stop 83: the paths changed since stop 79 (program keys, per-round auto's
         | grep -v -i warning | tee -a "$OUT/gpu_tests_s83.log" | tail -3
     ;;
 s83-engine)  # lj.Engine at one row, plain against auto as it now decides per round
+    [ -f /tmp/parts/gguf.part-aa ] || { echo "no /tmp/parts/gguf.part-aa: s83 first" >&2; exit 1; }
     mkdir -p .gpu/2 && tar -C .gpu/2 -xJf .gpu/3/tok.tar.xz \
         && cp .gpu/3/gguf.part-ab .gpu/3/gguf.sha256 .gpu/2/ || exit 1
     python3 scripts/gpu/smollm2_setup.py /tmp/site .gpu/2/tok .gpu/2/gguf.sha256 \
