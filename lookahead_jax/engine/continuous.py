@@ -45,9 +45,8 @@ from lookahead_jax.errors import UserInputError
 # mostly shorter (MT-bench first turns: 30-200 tokens with SmolLM2's template), and a
 # prefill pads to a compiled side rather than wait ~2-6 s for its own
 WARM_SIDE = 128
-# with the prefix cache, a short turn past a cached system prompt's blocks: one row's (a
-# lone chat, a chunked prompt's rest) and every row's in one prefill (a burst: sixteen ran
-# as one-row prefills at WARM_SIDE)
+# with the prefix cache, a short turn past cached blocks: one row's (a lone chat, a chunked
+# prompt's rest) and every row's in one prefill (a burst ran sixteen one-row ones at WARM_SIDE)
 WARM_BURST_SIDE = 64
 
 
