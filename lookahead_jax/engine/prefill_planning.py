@@ -305,15 +305,18 @@ def warm_prefills(batch: int, side: int, short: int, pool, ragged: bool) -> list
     one row's and every row's short turn (`short`) past them (a lone chat behind a cached
     system prompt, a burst's), and one row's and every row's last partial block (a prompt
     asked before, whose every full block is cached: a retry, a regenerate, an
-    evaluation's repeated context); where the model runs ragged passes
-    (`ragged`), up to sixteen rows' prompts in one pass, and with the cache up to sixteen
-    short turns in one pass after blocks they share. A pass costs its tokens: a burst of
-    any rows pads to it. (SmolLM2 on a 2-core AMD EPYC, Zen 4, a server's state at prompt
-    side 1,024: a lone 5-16-token rest ran 168 ms padded to side 128, 32 ms at its block;
-    sixteen of them 1.4 s as [16, 64], 0.36-0.43 s as [16, 16]. A burst's first chat,
-    chunked behind a new system prompt, ran its 28-token rest padded to side 128, its
-    chunks and rest 0.97 s; at one row's short side 0.90 s, while the others waited for its
-    blocks.)"""
+    evaluation's repeated context); where the model runs ragged passes (`ragged`), up to
+    sixteen rows' prompts in one pass, and with the cache up to sixteen short turns in one
+    pass after blocks they share, and the pass side above that. A pass costs its tokens:
+    a burst of any rows pads to it. (SmolLM2 on a 2-core AMD EPYC, Zen 4, a server's state
+    at prompt side 1,024: a lone 5-16-token rest ran 168 ms padded to side 128, 32 ms at
+    its block; sixteen of them 1.4 s as [16, 64], 0.36-0.43 s as [16, 16]. A burst's first
+    chat, chunked behind a new system prompt, ran its 28-token rest padded to side 128, its
+    chunks and rest 0.97 s; at one row's short side 0.90 s, while the others waited for
+    its blocks. Sixteen MT-bench chats past the template's block hold 1,100-1,300 tokens:
+    a fresh server compiled that pass inside its first such burst, and one that priced the
+    compile against a faster measured rate never did, and cut every later one into
+    one-row prefills.)"""
     prefills = [(1, side, None)]
     burst = min(batch, 16)
     if pool is not None:
@@ -322,8 +325,9 @@ def warm_prefills(batch: int, side: int, short: int, pool, ragged: bool) -> list
         prefills += [(1, rest, pool), (batch, rest, pool)]
     if ragged:
         prefills.append((batch, burst * side, RAGGED))
-    if ragged and pool is not None:
-        prefills.append((batch, burst * short, prefill_args.SharedPool(pool)))
+    if ragged and pool is not None:  # and the side above (sixteen MT-bench chats' turns)
+        for tokens in (burst * short, inputs.prefill_side(burst * short + 1)):
+            prefills.append((batch, tokens, prefill_args.SharedPool(pool)))
     # (short may be the side or a block, and batch 1)
     return [x for i, x in enumerate(prefills) if x not in prefills[:i]]
 
