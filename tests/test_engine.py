@@ -539,8 +539,9 @@ def test_warm_up_compiles_one_rows_short_turn_and_the_shared_pass_side_above():
     """A lone chat behind a cached system prompt, or a burst's first chat's rest after its
     chunks (28 tokens), runs at one row's short side, not padded to one row's WARM_SIDE
     (SmolLM2, AMD EPYC Zen 4: the first chat's chunks and rest 0.97 s so, 0.90 s at 64);
-    sixteen MT-bench chats' turns (1,100-1,300 tokens) at the shared pass side above
-    sixteen short turns; each shape once where short is the side, a block, or batch is 1."""
+    sixteen MT-bench chats' turns (shared passes of 1,280 tokens) at the shared pass side
+    above sixteen short turns, none at one row (a shared pass holds two or more); each
+    shape once where short is the side, a block, or batch is 1."""
     pool = types.SimpleNamespace(block=16)
     warmed = prefill_planning.warm_prefills(16, 128, 64, pool, ragged=False)
     after = sorted((rows, side) for rows, side, p in warmed if p is pool)
@@ -548,6 +549,8 @@ def test_warm_up_compiles_one_rows_short_turn_and_the_shared_pass_side_above():
     warmed = prefill_planning.warm_prefills(16, 128, 64, pool, ragged=True)
     shared = [side for rows, side, p in warmed if isinstance(p, prefill_args.SharedPool)]
     assert shared == [1024, 1280]
+    warmed = prefill_planning.warm_prefills(1, 128, 64, pool, ragged=True)
+    assert not any(isinstance(p, prefill_args.SharedPool) for _, _, p in warmed)
     for batch, side, short in ((16, 64, 64), (1, 128, 16), (1, 16, 16)):
         warmed = prefill_planning.warm_prefills(batch, side, short, pool, ragged=True)
         assert all(x not in warmed[:i] for i, x in enumerate(warmed)), warmed

@@ -267,7 +267,7 @@ class Engine:
         and with the prefix cache past cached blocks, one and every row's short turn
         (WARM_BURST_SIDE) and last partial block (a prompt asked again) past them; where
         ragged passes run, up to 16 rows' chat-sized prompts in one, and with the cache up
-        to 16 short turns after blocks they share (prefills pad to them)."""
+        to 16 short turns after blocks they share, and the side above (prefills pad to them)."""
         scheduler = self._offline(self.encode([request]), per_round=True)
         for _ in self._drive(scheduler, end_interrupted=False):
             pass

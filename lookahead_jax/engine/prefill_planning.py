@@ -313,10 +313,10 @@ def warm_prefills(batch: int, side: int, short: int, pool, ragged: bool) -> list
     its block; sixteen of them 1.4 s as [16, 64], 0.36-0.43 s as [16, 16]. A burst's first
     chat, chunked behind a new system prompt, ran its 28-token rest padded to side 128, its
     chunks and rest 0.97 s; at one row's short side 0.90 s, while the others waited for
-    its blocks. Sixteen MT-bench chats past the template's block hold 1,100-1,300 tokens:
-    a fresh server compiled that pass inside its first such burst, and one that priced the
-    compile against a faster measured rate never did, and cut every later one into
-    one-row prefills.)"""
+    its blocks. The side above: sixteen MT-bench chats past the template's block ran shared
+    passes of 1,280 tokens; at aiperf C = 64 one fresh server compiled that pass inside its
+    first such burst, ~3 s, and the other, measuring a faster prefill rate, priced the
+    compile above its padding and cut that burst into fifteen one-row prefills.)"""
     prefills = [(1, side, None)]
     burst = min(batch, 16)
     if pool is not None:
@@ -325,7 +325,7 @@ def warm_prefills(batch: int, side: int, short: int, pool, ragged: bool) -> list
         prefills += [(1, rest, pool), (batch, rest, pool)]
     if ragged:
         prefills.append((batch, burst * side, RAGGED))
-    if ragged and pool is not None:  # and the side above (sixteen MT-bench chats' turns)
+    if ragged and pool is not None and burst >= 2:  # (a shared pass holds two rows or more)
         for tokens in (burst * short, inputs.prefill_side(burst * short + 1)):
             prefills.append((batch, tokens, prefill_args.SharedPool(pool)))
     # (short may be the side or a block, and batch 1)
