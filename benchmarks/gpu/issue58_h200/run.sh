@@ -70,7 +70,7 @@ s83)  # stop 83: the paths changed since stop 79 (program keys, per-round auto's
     python3 -m pytest -q -p no:cacheprovider -rs tests/test_cpu_kernel.py 2>&1 \
         | grep -v -i warning | tee -a "$OUT/gpu_tests_s83.log" | tail -3
     ;;
-s83-engine)  # lj.Engine at one row, plain against auto as it now decides per round
+s83-engine)  # lj.Engine (offline) at one row, plain against auto, at this tree
     [ -f /tmp/parts/gguf.part-aa ] || { echo "no /tmp/parts/gguf.part-aa: s83 first" >&2; exit 1; }
     mkdir -p .gpu/2 && tar -C .gpu/2 -xJf .gpu/3/tok.tar.xz \
         && cp .gpu/3/gguf.part-ab .gpu/3/gguf.sha256 .gpu/2/ || exit 1
