@@ -130,6 +130,6 @@ def test_one_key_for_an_argument_as_a_shape_a_device_array_or_a_host_array():
     assert len(keys) == 1
     assert programs._key(model, spec, 8, (model.params, host[:2])) not in keys  # shapes count
     # params on another device: programs of their own (what runs there is compiled there)
-    elsewhere = jax.device_put(model.params, jax.devices()[-1])
     if len(jax.devices()) > 1:
+        elsewhere = jax.device_put(model.params, jax.devices()[-1])
         assert programs._key(model, spec, 8, (elsewhere, shape)) not in keys

@@ -47,7 +47,7 @@ from lookahead_jax.errors import UserInputError
 WARM_SIDE = 128
 # with the prefix cache, a short turn past cached blocks: one row's (a lone chat, a chunked
 # prompt's rest) and every row's in one prefill (a burst ran sixteen one-row ones at WARM_SIDE)
-WARM_BURST_SIDE = 64
+WARM_SHORT_SIDE = 64
 
 
 class _CtrlC(KeyboardInterrupt):
@@ -265,7 +265,7 @@ class Engine:
         the online rounds' shapes; with auto its plain rounds' too) and the programs around
         them (warm_rows); one row's prefill of a chat-sized prompt (WARM_SIDE) from scratch,
         and with the prefix cache past cached blocks, one and every row's short turn
-        (WARM_BURST_SIDE) and last partial block (a prompt asked again) past them; where
+        (WARM_SHORT_SIDE) and last partial block (a prompt asked again) past them; where
         ragged passes run, up to 16 rows' chat-sized prompts in one, and with the cache up
         to 16 short turns after blocks they share, and the side above (prefills pad to them)."""
         scheduler = self._offline(self.encode([request]), per_round=True)
@@ -277,7 +277,7 @@ class Engine:
         names = device.loop_names(scheduler.round_choice is not None)
         prefix = scheduler.prefix
         pool = None if prefix is None else prefix.cache.pool
-        short = min(WARM_BURST_SIDE, side)
+        short = min(WARM_SHORT_SIDE, side)
         prefills = prefill_planning.warm_prefills(self.batch, side, short, pool, device.ragged)
         for rows_, side_, p in prefills:  # in the background, beside the loops
             device.compile_prefill(rows_, side_, p, wait=False)
