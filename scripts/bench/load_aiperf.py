@@ -11,7 +11,10 @@ greedy, at most --max-tokens new tokens each. aiperf runs in an environment of i
 The servers run side by side (all up, one driven at a time), `--repeats` passes each
 at every concurrency C, which goes first alternating from pass to pass (one pass a server
 cannot tell a ratio: plain alone read 89.1-140.7 tokens/s at C = 64 in four earlier
-passes, load_aiperf_epyc_zen4_s79*.md, _s81_c64.md). A pass: max(16, 2 C) requests (C
+passes, load_aiperf_epyc_zen4_s79*.md, _s81_c64.md); halfway through the passes they
+start again in the reverse order, since the one started first reads less (two plain
+servers: 0.96x, `--servers plain plain_b`, load_aiperf_epyc_zen4_s84_aa.md; before,
+lookahead always started first). A pass: max(16, 2 C) requests (C
 at a time) after C warm-up requests; aiperf's TTFT, inter-token latency, output tokens/s,
 requests/s and errors, and the server's /metrics growth over it, warm-up included
 (seconds compiling in the foreground, in prefills, in decode rounds; positions prefilled;
@@ -27,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,11 +37,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_load import metered, start_server  # noqa: E402
+from server_load import metered, running  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SERVERS = {"lookahead": "auto", "plain": "plain"}  # server name -> start_server's mode
+# name -> start_server's mode (plain_b: a second plain, `--servers plain plain_b` an A/A run)
+SERVERS = {"lookahead": "auto", "plain": "plain", "plain_b": "plain"}
 METRICS = {  # aiperf's metric tag -> what the table calls it
     "time_to_first_token": "TTFT ms",
     "inter_token_latency": "ITL ms",
@@ -116,7 +119,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
+    ap.add_argument("--servers", nargs="+", default=["lookahead", "plain"], choices=list(SERVERS))
     ap.add_argument("--before", help="a source tree of an earlier version, whose servers run "
                     "too, as NAME_before, each after its own")  # fmt: skip
     ap.add_argument(
@@ -150,35 +153,31 @@ def main() -> None:
     servers = [(n, None) for n in args.servers]
     if args.before:
         servers = [x for n in args.servers for x in ((f"{n}_before", args.before), (n, None))]
-    procs, ports = [], {}
-    try:
-        for name, tree in servers:  # all up at once, driven one at a time
-            proc, url = start_server(
-                None, args.batch, SERVERS[name.removesuffix("_before")],
-                max(args.max_tokens, 128), "--auto-temperature", "0",
-                log=f"load_aiperf_server_{name}.log", name="smollm2", cwd=tree,
-                shared_guesses=args.shared_guesses,
-            )  # fmt: skip
-            procs.append(proc)
-            ports[name] = int(url.rsplit(":", 1)[1])
-        levels = [(c, r) for c in args.concurrency for r in range(args.repeats)]
-        for turn, (c, r) in enumerate(levels):  # (which server goes first alternates)
-            for name, _ in servers[:: 1 - 2 * (turn % 2)]:
-                export, spent = metered(f"http://127.0.0.1:{ports[name]}", aiperf, args.aiperf,
-                    ports[name], tokenizer, prompts, c, max(16, 2 * c), args.max_tokens,
-                    work / f"{name}_c{c}_r{r}")  # fmt: skip
-                passes = result["runs"].get(f"{name}/{c}", {"passes": []})["passes"]
-                passes.append({**summary(export), **spent})
-                result["runs"][f"{name}/{c}"] = {
-                    "server": name, "concurrency": c, **medians(passes), "passes": passes
-                }  # fmt: skip
-                write_results(args.out, result)
-                print(name, c, r, passes[-1], flush=True)
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(timeout=60)
+    starts = {name: ((None, args.batch, SERVERS[name.removesuffix("_before")],
+        max(args.max_tokens, 128), "--auto-temperature", "0"), dict(name="smollm2", cwd=tree,
+        log=f"load_aiperf_server_{name}.log", shared_guesses=args.shared_guesses))
+        for name, tree in servers}  # fmt: skip
+    first = (args.repeats + 1) // 2  # passes before the servers start again, reversed
+    turn = 0
+    halves = ((servers, range(first)), (servers[::-1], range(first, args.repeats)))
+    for order, repeats in ((o, r) for o, r in halves if r):
+        result["start_orders"] = [*result.get("start_orders", []), [n for n, _ in order]]
+        with running([starts[name] for name, _ in order]) as up:  # all up, driven one at a time
+            urls = zip(order, up, strict=True)
+            ports = {name: int(url.rsplit(":", 1)[1]) for (name, _), (_, url) in urls}
+            for c, r in ((c, r) for c in args.concurrency for r in repeats):
+                for name, _ in servers[:: 1 - 2 * (turn % 2)]:  # (which goes first alternates)
+                    export, spent = metered(f"http://127.0.0.1:{ports[name]}", aiperf,
+                        args.aiperf, ports[name], tokenizer, prompts, c, max(16, 2 * c),
+                        args.max_tokens, work / f"{name}_c{c}_r{r}")  # fmt: skip
+                    passes = result["runs"].get(f"{name}/{c}", {"passes": []})["passes"]
+                    passes.append({**summary(export), **spent})
+                    result["runs"][f"{name}/{c}"] = {
+                        "server": name, "concurrency": c, **medians(passes), "passes": passes
+                    }  # fmt: skip
+                    write_results(args.out, result)
+                    print(name, c, r, passes[-1], flush=True)
+                turn += 1
     write_results(args.out, result, markdown(result, args))
     plot(result, Path(args.out))
 
@@ -193,7 +192,8 @@ def markdown(result: dict, args) -> str:
         f"{'on' if result['shared_guesses'] else 'off'}; streaming chat completions of the 80 "
         f"MT-bench first turns, greedy, max_tokens {result['max_tokens']}; max(16, 2 C) "
         f"requests a level after C warm-up requests; {args.repeats} passes a server a level, "
-        "the servers side by side, alternating; medians. Compile / prefill / decode s, "
+        "the servers side by side, alternating, started again halfway in the reverse order "
+        f"(start orders: {result.get('start_orders')}); medians. Compile / prefill / decode s, "
         "positions, rounds: the server's /metrics' growth over a pass (its warm-up too).",
         "",
         "| server | C | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | output tok/s "
@@ -213,13 +213,14 @@ def markdown(result: dict, args) -> str:
             f"({fmt(min(tps, default=None))}-{fmt(max(tps, default=None))}) | "
             f"{fmt(row['requests_s'], '.2f')} | {row['errors']} | " + " | ".join(cells) + " |"
         )
-    for name, c in ((n, c) for n in ("lookahead", "lookahead_before") for c in args.concurrency):
-        la, pl = runs.get(f"{name}/{c}"), runs.get(f"{name.replace('lookahead', 'plain')}/{c}")
+    pairs = (("lookahead", "plain"), ("lookahead_before", "plain_before"), ("plain_b", "plain"))
+    for (name, base), c in ((pair, c) for pair in pairs for c in args.concurrency):
+        la, pl = runs.get(f"{name}/{c}"), runs.get(f"{base}/{c}")
         if la and pl and la["output_tok_s"] and pl["output_tok_s"]:
-            pairs = zip(la["passes"], pl["passes"], strict=True)
-            tps = [(a["output_tok_s"], b["output_tok_s"]) for a, b in pairs]
+            both = zip(la["passes"], pl["passes"], strict=True)
+            tps = [(a["output_tok_s"], b["output_tok_s"]) for a, b in both]
             own = ", ".join(f"{a / b:.2f}" for a, b in tps if a and b)
-            ratios.append(f"* {name} over its plain, C = {c}: **"
+            ratios.append(f"* {name} over {base}, C = {c}: **"
                           f"{la['output_tok_s'] / pl['output_tok_s']:.2f}x** ({own})")  # fmt: skip
     if ratios:
         lines += ["", "Output tokens/s over plain's (medians; the passes' own ratios, each "

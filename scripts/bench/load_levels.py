@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import statistics
 import sys
 from pathlib import Path
@@ -54,7 +53,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from server_load import drive, metered, server_metrics, start_server, summarize  # noqa: E402
+from server_load import drive, metered, running, server_metrics, summarize  # noqa: E402
 
 WORKLOADS = ("greedy", "mix t=1.0")
 COMPILE_S, TRIES = 0.5, 3  # a pass compiling longer than COMPILE_S runs again (docstring)
@@ -95,25 +94,18 @@ def passes(urls: dict, prompts: list[str], levels: list[int], args, workloads=WO
 
 
 def serving(args, specs: list[tuple[int, str]], prompts, levels, workloads=WORKLOADS):
-    """Start a server per (batch, mode) at once, run `passes` over them, stop them:
-    (passes' result, the /metrics rounds and auto's choices of specs[-1]'s server)."""
-    procs, urls = [], {}
-    try:
-        for batch, mode in specs:
-            flags = ["--row-buckets", "off"] if "off" in mode else []
-            proc, url = start_server(
-                args.ckpt, batch, mode.split(",")[0], args.max_tokens, *flags,
-                shared_guesses=args.shared_guesses,
-            )  # fmt: skip
-            procs.append(proc)
-            urls[(batch, mode)] = url
+    """Start a server per (batch, mode) in order (the first may read less: running), run
+    `passes`, stop them: (its result, the /metrics rounds and auto's of specs[-1]'s)."""
+    starts = [
+        ((args.ckpt, batch, mode.split(",")[0], args.max_tokens,
+          *(["--row-buckets", "off"] if "off" in mode else [])),
+         dict(shared_guesses=args.shared_guesses))
+        for batch, mode in specs
+    ]  # fmt: skip
+    with running(starts) as up:
+        urls = {spec: url for spec, (_, url) in zip(specs, up, strict=True)}
         got = passes(urls, prompts, levels, args, workloads)
         return got, server_metrics(urls[specs[-1]], "lookahead_rounds{", "lookahead_auto_")
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(timeout=120)
 
 
 def median(runs: list, field: str) -> float:

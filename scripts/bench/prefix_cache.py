@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from server_load import drive, start_server  # noqa: E402
+from server_load import drive, running  # noqa: E402
 
 CONCURRENCY = 16
 
@@ -131,13 +130,11 @@ def second_turns(url: str, turns: list[list[str]], max_tokens: int) -> list[list
 
 
 def run_server(args, cache_mb: float, questions: list[dict]) -> dict:
-    proc, url = start_server(
-        args.ckpt, CONCURRENCY, args.mode, args.max_tokens, "--prefix-cache-mb", str(cache_mb)
-    )
+    start = (args.ckpt, CONCURRENCY, args.mode, args.max_tokens, "--prefix-cache-mb", str(cache_mb))
     n, mt = CONCURRENCY, args.max_tokens
     firsts = [q["turns"][0] for q in questions]
     measure, warm = firsts[:n], (firsts[n : 2 * n], firsts[2 * n : 3 * n])
-    try:
+    with running([(start, {})]) as [(_, url)]:
         out = {}
         want = set(args.workloads.split(","))
         with_system = lambda system, qs: [  # noqa: E731
@@ -155,9 +152,6 @@ def run_server(args, cache_mb: float, questions: list[dict]) -> dict:
             for pass_ in (*warm, measure):  # each asked once; then the warm sets again,
                 asyncio.run(drive(url, pass_, CONCURRENCY, mt))  # and the measured one
             out["asked_twice"] = measured(url, list(warm), measure, mt)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
     return out
 
 

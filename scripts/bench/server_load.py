@@ -6,8 +6,10 @@ what a pass cost the server (`metered`: the growth of its /metrics over it)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -62,6 +64,23 @@ def start_server(
             time.sleep(0.5)
     proc.kill()
     raise SystemExit("the server did not come up")
+
+
+@contextlib.contextmanager
+def running(starts: list[tuple[tuple, dict]]):
+    """[(process, url)] of servers started in this order (`start_server(*args, **kwargs)`
+    each), stopped on leaving. The order counts: the first of two plain servers read 0.96x
+    the second (load_aiperf.py starts each first as often)."""
+    procs: list = []
+    try:
+        for args, kwargs in starts:
+            procs.append(start_server(*args, **kwargs))
+        yield procs
+    finally:
+        for proc, _ in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc, _ in procs:
+            proc.wait(timeout=120)
 
 
 async def one(

@@ -22,7 +22,7 @@ from pathlib import Path
 import jsonschema
 from machine import run_header
 from results import write_results
-from server_load import start_server
+from server_load import running
 
 import lookahead_jax as lj
 
@@ -99,14 +99,13 @@ def one_pass(url: str, rows, t: float) -> tuple[list, float]:
 
 
 def server(rows, passes: int = 3) -> dict:
-    """Both servers up at once, their passes interleaved (an idle one costs nothing),
+    """Both servers up at once, their passes interleaved (the first started may read less),
     after a pass of each temperature that compiles: the figures are the passes' median."""
     import httpx
 
-    servers = {}
-    try:
-        for mode in SERVERS:  # (256: the server's default --max-new-tokens)
-            servers[mode] = start_server(None, 4, mode, 256, name="smollm2-135m")
+    starts = [((None, 4, mode, 256), dict(name="smollm2-135m")) for mode in SERVERS]
+    with running(starts) as up:  # (256: the server's default --max-new-tokens)
+        servers = dict(zip(SERVERS, up, strict=True))
         for t in (0.0, 1.0):  # warm: programs and grammars compiled (some in the background)
             for _, url in servers.values():
                 one_pass(url, rows, t)
@@ -126,10 +125,6 @@ def server(rows, passes: int = 3) -> dict:
         metrics = httpx.get(servers["auto"][1] + "/metrics").text.splitlines()
         out["auto_metrics"] = [m for m in metrics if m.startswith("lookahead_auto")]
         return out
-    finally:  # (a failing pass leaves no server behind)
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(60)
 
 
 def table(result: dict) -> str:
