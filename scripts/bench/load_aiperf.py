@@ -13,12 +13,12 @@ at every concurrency C, which goes first alternating from pass to pass (one pass
 cannot tell a ratio: plain alone read 89.1-140.7 tokens/s at C = 64 in four earlier
 passes, load_aiperf_epyc_zen4_s79*.md, _s81_c64.md); halfway through the passes they
 start again in the reverse order, since the one started first reads less (two plain
-servers: 0.96x, `--servers plain plain_b`, load_aiperf_epyc_zen4_s84_aa.md; before,
-lookahead always started first). A pass: max(16, 2 C) requests (C
-at a time) after C warm-up requests; aiperf's TTFT, inter-token latency, output tokens/s,
-requests/s and errors, and the server's /metrics growth over it, warm-up included
-(seconds compiling in the foreground, in prefills, in decode rounds; positions prefilled;
-rounds; a pass that compiled is not run again, unlike load_levels'); medians in the
+servers: 0.94x, `--servers plain plain_b`, load_aiperf_epyc_zen4_s84_aa.md; before,
+lookahead always started first). A pass: max(16, 2 C) requests (C at a time) after C
+warm-up requests; aiperf's TTFT, inter-token latency, output tokens/s, requests/s and
+errors, and the server's /metrics growth over it, warm-up included (seconds compiling in
+the foreground, in prefills, in decode rounds; positions prefilled; rounds; a pass that
+compiled, each half's first, is not run again, unlike load_levels'); medians in the
 table. At C = 64 (--batch 16) 48 requests wait for a slot. Shared guesses are off
 unless `--shared-guesses`: the 80 prompts are asked more than once (as load_levels.py's
 docstring says). Writes OUT.json, OUT.md and OUT.png.
@@ -155,18 +155,16 @@ def main() -> None:
         servers = [x for n in args.servers for x in ((f"{n}_before", args.before), (n, None))]
     starts = {name: ((None, args.batch, SERVERS[name.removesuffix("_before")],
         max(args.max_tokens, 128), "--auto-temperature", "0"), dict(name="smollm2", cwd=tree,
-        log=f"load_aiperf_server_{name}.log", shared_guesses=args.shared_guesses))
-        for name, tree in servers}  # fmt: skip
-    first = (args.repeats + 1) // 2  # passes before the servers start again, reversed
-    turn = 0
-    halves = ((servers, range(first)), (servers[::-1], range(first, args.repeats)))
-    for order, repeats in ((o, r) for o, r in halves if r):
+        shared_guesses=args.shared_guesses)) for name, tree in servers}  # fmt: skip
+    n_half = (args.repeats + 1) // 2  # passes before the servers start again, reversed
+    halves = ((servers, range(n_half)), (servers[::-1], range(n_half, args.repeats)))
+    for h, (order, repeats) in enumerate((o, r) for o, r in halves if r):
         result["start_orders"] = [*result.get("start_orders", []), [n for n, _ in order]]
-        with running([starts[name] for name, _ in order]) as up:  # all up, driven one at a time
-            urls = zip(order, up, strict=True)
-            ports = {name: int(url.rsplit(":", 1)[1]) for (name, _), (_, url) in urls}
+        logs = {n: f"load_aiperf_server_{n}_{h}.log" for n, _ in order}  # (a half's own)
+        with running([(starts[n][0], {**starts[n][1], "log": logs[n]}) for n, _ in order]) as up:
+            ports = {n: int(u.rsplit(":", 1)[1]) for (n, _), (_, u) in zip(order, up, strict=True)}
             for c, r in ((c, r) for c in args.concurrency for r in repeats):
-                for name, _ in servers[:: 1 - 2 * (turn % 2)]:  # (which goes first alternates)
+                for name, _ in servers[:: 1 - 2 * (r % 2)]:  # (which goes first alternates)
                     export, spent = metered(f"http://127.0.0.1:{ports[name]}", aiperf,
                         args.aiperf, ports[name], tokenizer, prompts, c, max(16, 2 * c),
                         args.max_tokens, work / f"{name}_c{c}_r{r}")  # fmt: skip
@@ -177,7 +175,6 @@ def main() -> None:
                     }  # fmt: skip
                     write_results(args.out, result)
                     print(name, c, r, passes[-1], flush=True)
-                turn += 1
     write_results(args.out, result, markdown(result, args))
     plot(result, Path(args.out))
 
@@ -192,8 +189,8 @@ def markdown(result: dict, args) -> str:
         f"{'on' if result['shared_guesses'] else 'off'}; streaming chat completions of the 80 "
         f"MT-bench first turns, greedy, max_tokens {result['max_tokens']}; max(16, 2 C) "
         f"requests a level after C warm-up requests; {args.repeats} passes a server a level, "
-        "the servers side by side, alternating, started again halfway in the reverse order "
-        f"(start orders: {result.get('start_orders')}); medians. Compile / prefill / decode s, "
+        "the servers side by side, alternating, started in the orders "
+        f"{result.get('start_orders')} (one a half); medians. Compile / prefill / decode s, "
         "positions, rounds: the server's /metrics' growth over a pass (its warm-up too).",
         "",
         "| server | C | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | output tok/s "

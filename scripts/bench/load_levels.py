@@ -34,9 +34,9 @@ plain's, and the range of the repeats' own ratios (a pass of auto over the plain
 beside it); TTFT medians; where a pass's time went (the engine's seconds in prefills and
 in decode rounds, positions prefilled, rounds: the growth of the server's /metrics over
 the pass; medians); greedy answers compared between plain and auto over every repeat
-(identical when exact). The idle server of the two is quiet but for a background compile
-a pass of its started (a prefill shape, compiled beside the pass): that one may run into
-the other server's next pass; the warm-up compiles what the passes mostly use. The
+(identical when exact). Plain's server starts first, and the one started first reads a
+few percent less (server_load.running). The idle one is quiet but for a background compile
+a pass of its started, which may run into the other's next pass. The
 server's own per-round choices (row buckets and lookahead or plain rounds) are read from
 the `--batch 16` auto server at the end, through /metrics.
 """
