@@ -1,7 +1,7 @@
-"""A server in a subprocess (`start_server`) and a streamed chat load at a fixed concurrency
-(`drive`: per request its time to first token, its inter-token latency per token, not per
-chunk, and tokens/s; `summarize`: medians, 90th percentiles, the pass's tokens/s), and
-what a pass cost the server (`metered`: the growth of its /metrics over it)."""
+"""Servers in subprocesses (`start_server`; `running`: several, in order), a streamed chat
+load at a fixed concurrency (`drive`: per request its time to first token, inter-token
+latency per token, not per chunk, tokens/s; `summarize`: medians, 90th percentiles, the
+pass's tokens/s), and what a pass cost a server (`metered`: its /metrics' growth)."""
 
 from __future__ import annotations
 
