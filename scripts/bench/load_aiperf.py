@@ -11,10 +11,9 @@ greedy, at most --max-tokens new tokens each. aiperf runs in an environment of i
 The servers run side by side (all up, one driven at a time), `--repeats` passes each
 at every concurrency C, which goes first alternating from pass to pass (one pass a server
 cannot tell a ratio: plain alone read 89.1-140.7 tokens/s at C = 64 in four earlier
-passes, load_aiperf_epyc_zen4_s79*.md, _s81_c64.md); halfway through the passes they
-start again in the reverse order, since the one started first reads less (two plain
-servers: 0.94x, `--servers plain plain_b`, load_aiperf_epyc_zen4_s84_aa.md; before,
-lookahead always started first). A pass: max(16, 2 C) requests (C at a time) after C
+passes, load_aiperf_epyc_zen4_s79*.md, _s81_c64.md); halfway they start again in the
+reverse order: the one started first reads less (two plain servers: 0.94x, `--servers
+plain plain_b`, _s84_aa.md). A pass: max(16, 2 C) requests (C at a time) after C
 warm-up requests; aiperf's TTFT, inter-token latency, output tokens/s, requests/s and
 errors, and the server's /metrics growth over it, warm-up included (seconds compiling in
 the foreground, in prefills, in decode rounds; positions prefilled; rounds; a pass that
@@ -149,19 +148,20 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "shared_guesses": args.shared_guesses,
         "runs": {},
+        "start_orders": [],
     }
     servers = [(n, None) for n in args.servers]
     if args.before:
         servers = [x for n in args.servers for x in ((f"{n}_before", args.before), (n, None))]
-    starts = {name: ((None, args.batch, SERVERS[name.removesuffix("_before")],
-        max(args.max_tokens, 128), "--auto-temperature", "0"), dict(name="smollm2", cwd=tree,
-        shared_guesses=args.shared_guesses)) for name, tree in servers}  # fmt: skip
     n_half = (args.repeats + 1) // 2  # passes before the servers start again, reversed
     halves = ((servers, range(n_half)), (servers[::-1], range(n_half, args.repeats)))
     for h, (order, repeats) in enumerate((o, r) for o, r in halves if r):
-        result["start_orders"] = [*result.get("start_orders", []), [n for n, _ in order]]
-        logs = {n: f"load_aiperf_server_{n}_{h}.log" for n, _ in order}  # (a half's own)
-        with running([(starts[n][0], {**starts[n][1], "log": logs[n]}) for n, _ in order]) as up:
+        result["start_orders"].append([n for n, _ in order])
+        starts = [((None, args.batch, SERVERS[n.removesuffix("_before")],
+                    max(args.max_tokens, 128), "--auto-temperature", "0"),
+                   dict(name="smollm2", cwd=tree, shared_guesses=args.shared_guesses,
+                        log=f"load_aiperf_server_{n}_{h}.log")) for n, tree in order]  # fmt: skip
+        with running(starts) as up:  # all up, driven one at a time
             ports = {n: int(u.rsplit(":", 1)[1]) for (n, _), (_, u) in zip(order, up, strict=True)}
             for c, r in ((c, r) for c in args.concurrency for r in repeats):
                 for name, _ in servers[:: 1 - 2 * (r % 2)]:  # (which goes first alternates)
@@ -190,7 +190,7 @@ def markdown(result: dict, args) -> str:
         f"MT-bench first turns, greedy, max_tokens {result['max_tokens']}; max(16, 2 C) "
         f"requests a level after C warm-up requests; {args.repeats} passes a server a level, "
         "the servers side by side, alternating, started in the orders "
-        f"{result.get('start_orders')} (one a half); medians. Compile / prefill / decode s, "
+        f"{result['start_orders']} (one a half); medians. Compile / prefill / decode s, "
         "positions, rounds: the server's /metrics' growth over a pass (its warm-up too).",
         "",
         "| server | C | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | output tok/s "
