@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import threading
+import time
 import types
 from collections import Counter
 
@@ -570,20 +571,31 @@ def test_an_engine_says_how_it_decodes(model64):
 
 def test_serve_logs_a_slow_round_with_where_its_seconds_went(model64, monkeypatch, caplog):
     """`serve` (the server's loop) logs a round slower than SLOW_ROUND_S (every round, at
-    0) with its seconds by part; it runs until `stop` is set (here by the result)."""
+    0) with its seconds by part; idle, it calls on_idle with the seconds since its last
+    round with work; it runs until `stop` is set (here once idle after the result)."""
     from lookahead_jax.engine import describe
 
     monkeypatch.setattr(describe, "SLOW_ROUND_S", 0.0)
-    served = threading.Event()
+    stop, idle, served_at = threading.Event(), [], []
+
+    def on_idle(idle_s):  # (idle_s, the seconds since the result came)
+        idle.append((idle_s, time.perf_counter() - served_at[0]))
+        if len(idle) == 3:
+            stop.set()
+
     with jax.enable_x64(True):  # (the shapes of the test above: its programs)
         engine = lj.Engine(
             model64, batch=3, max_new_tokens=MAX_NEW, lookahead=None, max_prompt_tokens=LONGEST
         )
-        engine.submit(lj.Request(PROMPTS[5], id=5), lambda u: u.result and served.set())
+        listener = lambda u: u.result and served_at.append(time.perf_counter())  # noqa: E731
+        engine.submit(lj.Request(PROMPTS[5], id=5), listener)
         with caplog.at_level("WARNING", logger="lookahead_jax.engine"):
-            engine.serve(served)
+            engine.serve(stop, idle_wait_s=0.01, on_idle=on_idle)
     pattern = r"a round took [\d.]+ s: [\d.]+ s compiling, [\d.]+ s in \d+ prefills, "
     assert re.search(pattern + r"[\d.]+ s in \d+ decode calls at \d+ rows", caplog.text)
+    seconds = [s for s, _ in idle]  # from the round that ended it, not from serve's start
+    assert seconds == sorted(seconds) and seconds[-1] >= 0.02
+    assert all(0 <= s <= since for s, since in idle), idle
 
 
 def test_string_ids_key_the_noise_not_the_slot(model64):

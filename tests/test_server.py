@@ -351,6 +351,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server, reference):
     assert "lookahead_slots_in_use 0.0" in metrics
     # the server saw the client go (a 499 in its books), not only the budget run out
     assert 'lookahead_requests_total{endpoint="/v1/completions",status="499"} 1.0' in metrics
+    assert metric(server, "process_resident_memory_bytes") > 2**20  # (the process's own)
 
 
 def test_a_non_text_chat_part_is_a_400_and_a_blank_prompt_is_served(server):

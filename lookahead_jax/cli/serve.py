@@ -256,6 +256,7 @@ def _run(args) -> int:
 
     import lookahead_jax as lj
     from lookahead_jax.distributed.sharding import parse_mesh
+    from lookahead_jax.server import host_memory
     from lookahead_jax.server.app import create_app
     from lookahead_jax.server.runner import EngineRunner
 
@@ -275,6 +276,7 @@ def _run(args) -> int:
         # (and every row bucket's loop: engine/row_buckets.py)
         warm = lj.Request([info.cfg.bos_token_id or 1], max_new_tokens=1, logprobs=0)
         engine.warm_up(warm)  # the stats: the server's own from here
+        host_memory.release()  # its compile temporaries: half the resident memory
     name = args.model_name or (
         args.ckpt if not Path(args.ckpt).exists() else Path(args.ckpt).resolve().name
     )

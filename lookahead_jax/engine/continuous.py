@@ -5,10 +5,9 @@ while it decodes, `submit`, `cancel`, `round`: what the HTTP server runs on). B 
 decode together; a slot whose request ends is refilled with the next waiting one while
 the others keep decoding (the parts, and what lives on the device: engine/__init__.py).
 
-Shapes (device_slots.py): an offline run takes its prompts in inputs.offline_order
-(longest first on a CPU, so that one state shape holds the run; else shortest bucket
-first, the state grown for a longer bucket, rows in flight untouched), its prompt side P
-the first's bucket; `max_prompt_tokens` fixes P (arrival order kept): a server's.
+Shapes (device_slots.py): an offline run takes its prompts in inputs.offline_order (longest
+first on a CPU: one state shape holds the run; else shortest bucket first, the state grown for
+a longer one), its prompt side P the first's bucket; `max_prompt_tokens` fixes P (a server's).
 
 Exactness: a row's tokens depend only on its prompt, max_new_tokens, sampling settings
 and PRNG key (decode_state.py, sampling.py; the key: requests.py) — never the slot. So
@@ -106,9 +105,8 @@ class Engine:
         self._known: set = set()  # ids submitted and not yet finished (online)
         self._known_lock = threading.Lock()
         self._counter = itertools.count()
-        # requests submitted, and those that left a queue (admitted to a slot, cancelled
-        # while waiting, failed) in slots before the current ones: `queued` is exact
-        # whichever thread asks, where the inbox and the slots' queue hand items over
+        # requests submitted, and those that left a queue (admitted, cancelled while waiting,
+        # failed) in earlier slots: `queued` is exact whichever thread asks mid-handover
         self._submitted = self._dequeued_before = 0
         self._wake = threading.Event()  # set by submit and cancel: serve() stops waiting
 
@@ -363,8 +361,7 @@ class Engine:
             return False
         try:
             if self._scheduler is None:
-                # without max_prompt_tokens the state starts at the smallest prompt bucket
-                # and grows as longer prompts come
+                # (without max_prompt_tokens: the smallest prompt bucket, grown for longer ones)
                 P = inputs.bucket(self.max_prompt_tokens or 1)
                 sampled = True if self.sampled is None else self.sampled
                 self._scheduler = Scheduler(
@@ -386,12 +383,17 @@ class Engine:
             raise
         return True
 
-    def _drain(self, scheduler: Scheduler) -> None:
+    def _take_inbox(self) -> list[tuple[str, object]]:
+        """What the inbox holds, in order, taken out of it."""
+        taken = []
         while True:
             try:
-                kind, item = self._inbox.get_nowait()
+                taken.append(self._inbox.get_nowait())
             except queue.Empty:
-                return
+                return taken
+
+    def _drain(self, scheduler: Scheduler) -> None:
+        for kind, item in self._take_inbox():
             if kind == "submit":
                 scheduler.queue.append(item)
             elif (ended := scheduler.cancel(item)) is not None:
@@ -403,13 +405,7 @@ class Engine:
         (their listeners are told); fresh slots at the next round."""
         active = [] if scheduler is None else [x for x in scheduler.active if x is not None]
         waiting = [] if scheduler is None else list(scheduler.queue)
-        while True:  # and what is still in the inbox
-            try:
-                kind, item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if kind == "submit":
-                waiting.append(item)
+        waiting += [item for kind, item in self._take_inbox() if kind == "submit"]  # (unread)
         self._dequeued_before += (0 if scheduler is None else scheduler.dequeued) + len(waiting)
         now = time.perf_counter()
         for a in active + [Active(r, now) for r in waiting]:
@@ -428,11 +424,12 @@ class Engine:
         self._prefix_cache = None
         self.guess_memory = GuessMemory()
 
-    def serve(self, stop: threading.Event, on_error=None, idle_wait_s: float = 0.1) -> None:
-        """Run rounds until `stop` is set (the server's engine thread); while idle, waits
-        for a submission (woken at once) or `idle_wait_s`. A failing round has ended its
-        requests with errors (`round`); then `on_error(exception)` says whether to go on
-        (True) or stop, and without `on_error` the exception is raised."""
+    def serve(self, stop: threading.Event, on_error=None, idle_wait_s=0.1, on_idle=None) -> None:
+        """Run rounds until `stop` is set (the server's engine thread); idle, it calls
+        `on_idle(s)` (s: seconds since a round last worked), then waits for a submission
+        (woken at once) or `idle_wait_s`. A failing round has ended its requests with errors
+        (`round`); `on_error(exception)` says whether to go on (True); without it, raised."""
+        last_work = time.perf_counter()
         while not stop.is_set():
             self._wake.clear()
             # (the online stats: every online scheduler counts in them, a new one too)
@@ -446,5 +443,8 @@ class Engine:
             if self._scheduler is not None:  # a slow round says where its seconds went
                 after, rows = describe.round_figures(self.online_stats), self._scheduler.device.rows
                 describe.log_if_slow(time.perf_counter() - t, before, after, rows)
+            last_work = time.perf_counter() if worked else last_work
             if not worked:
+                if on_idle is not None:
+                    on_idle(time.perf_counter() - last_work)
                 self._wake.wait(idle_wait_s)

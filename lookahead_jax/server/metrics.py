@@ -1,11 +1,19 @@
 """The server's Prometheus metrics (prometheus-client, a registry per server): requests,
 tokens, time to first token and request duration as they happen; queue length, slots in
 use, tokens per step, accepted guesses, seconds in prefills and in decode rounds, rounds
-by row bucket and auto's per-round choices read from the engine when scraped."""
+by row bucket and auto's per-round choices read from the engine when scraped; the
+process's resident memory and CPU seconds (prometheus-client's process collector)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 SINCE = ", since the server started"
@@ -39,6 +47,7 @@ class Metrics:
         self.engine = engine
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds (Linux)
         self.requests = Counter(
             "lookahead_requests", "Requests answered", ["endpoint", "status"], registry=r
         )

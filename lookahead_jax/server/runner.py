@@ -2,7 +2,8 @@
 engine runs in a thread of its own, requests and results cross by queues).
 
 The HTTP handlers run on the event loop and call `submit` / `cancel`; the engine thread
-runs `Engine.serve`: rounds while there is work, woken by a submission while idle. Each
+runs `Engine.serve`: rounds while there is work, woken by a submission while idle (and
+after a while idle, the heap's free memory handed back: host_memory.py). Each
 request's updates (engine/requests.py's Update: new tokens, and the Result at the
 end) reach the handler through an asyncio.Queue of its own, put there with
 `call_soon_threadsafe`.
@@ -24,6 +25,7 @@ import threading
 
 from lookahead_jax.engine.continuous import Engine
 from lookahead_jax.engine.requests import Request, Update
+from lookahead_jax.server import host_memory
 
 log = logging.getLogger("lookahead_jax.server")
 
@@ -50,6 +52,7 @@ class EngineRunner:
         self._open: dict = {}  # request id -> (loop, queue) of the requests not finished
         self._lock = threading.Lock()
         self._failures = 0
+        self._released = False  # (_idle: in this idle spell)
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._serve, name="lookahead-engine", daemon=True)
 
@@ -60,9 +63,18 @@ class EngineRunner:
 
     def _serve(self) -> None:
         try:
-            self.engine.serve(self._stop, on_error=self._failed)
+            self.engine.serve(self._stop, on_error=self._failed, on_idle=self._idle)
         except Exception as e:  # a bug outside a round: nothing can go on
             self._give_up(f"the engine stopped: {type(e).__name__}: {e}")
+
+    def _idle(self, idle_s: float) -> None:
+        """The heap's free memory back to the system once in each idle spell, after
+        host_memory.IDLE_S of it (compile and prefill temporaries: host_memory.py)."""
+        if idle_s < host_memory.IDLE_S:
+            self._released = False
+        elif not self._released:
+            self._released = True
+            log.debug("idle %.1f s: free heap memory released: %s", idle_s, host_memory.release())
 
     def _failed(self, error: Exception) -> bool:
         self._failures += 1
