@@ -7,22 +7,20 @@ a mix with every other request sampled at temperature 1.0 (seeded).
 
 The two `--batch 16` servers run side by side (both up, one driven at a time): after a
 warm-up pass of every prompt with max_tokens `--warm-tokens` (8) at each concurrency on
-each (most prefill shapes and row buckets the passes use have their programs compiled,
-and auto has opened each bucket: three one-step lookahead probes, ~3 s at 16 rows on a
-2-core CPU — a server's start-up, not its pace), each (workload, concurrency) runs
-`--repeats` passes on each server, alternating (plain then auto, then auto then plain,
-...), so that both meet the machine's drift alike. A pass sends `--requests` requests
-(default: 8 at concurrency 1, else 2x the concurrency, cycling through the prompts). At
-concurrency 16 how a pass's arrivals fall into admissions moves its tokens/s by a third
-either way, on either server (benchmarks/cpu/load_levels_epyc_zen4_s81.md): one pass a
-server cannot tell a ratio, the median of several can. A pass in which the server still
-compiled in the foreground (its /metrics `lookahead_compile_seconds` grew by more than
-COMPILE_S: a burst's admissions group otherwise than the warm-up's) is run again, up to
-TRIES times in all; each records its tries and the last try's compile seconds. The
-servers run with `--no-shared-guesses` unless `--shared-guesses` is given: 20 prompts
-cycle through the passes and their tries, and a prompt asked again would be a recall of
-its earlier answer (benchmarks/cpu/shared_guesses.md), not lookahead on a new one (with
-them on, a retried pass measures recall: load_levels_epyc_zen4_s79_shared_repeats.md).
+each (most prefill shapes and row buckets the passes use compiled, and auto's probes of
+each bucket run: a server's start-up, not its pace), each (workload, concurrency) runs
+`--repeats` passes on each server, alternating which goes first, so that both meet the
+machine's drift alike. The server started first reads a few percent less
+(server_load.running): halfway through the repeats both stop and start again, warmed
+again, in the reverse order. A pass sends `--requests` requests (default: 8 at
+concurrency 1, else 2x the concurrency, cycling through the prompts). At concurrency 16
+how a pass's arrivals fall into admissions moves its tokens/s by a third either way
+(load_levels_epyc_zen4_s81.md): one pass a server cannot tell a ratio, the median of
+several can. A pass in which the server still compiled in the foreground (its /metrics
+`lookahead_compile_seconds` grew by more than COMPILE_S) is run again, up to TRIES times
+in all; each records its tries and the last try's compile seconds. The servers run with
+`--no-shared-guesses` unless `--shared-guesses` is given: a prompt asked again would be a
+recall of its earlier answer (benchmarks/cpu/shared_guesses.md), not lookahead on a new one.
 
 A lone request's rate (concurrency 1, greedy, one pass) is also measured on `--batch 1`
 servers, plain and auto, and on a `--batch 16 --row-buckets off` plain server (every
@@ -34,11 +32,9 @@ plain's, and the range of the repeats' own ratios (a pass of auto over the plain
 beside it); TTFT medians; where a pass's time went (the engine's seconds in prefills and
 in decode rounds, positions prefilled, rounds: the growth of the server's /metrics over
 the pass; medians); greedy answers compared between plain and auto over every repeat
-(identical when exact). Plain's server starts first, and the one started first reads a
-few percent less (server_load.running). The idle one is quiet but for a background compile
-a pass of its started, which may run into the other's next pass. The
-server's own per-round choices (row buckets and lookahead or plain rounds) are read from
-the `--batch 16` auto server at the end, through /metrics.
+(identical when exact). The idle server is quiet but for a background compile a pass of
+its started. The `--batch 16` auto server's per-round choices (row buckets, lookahead or
+plain rounds) are read from its /metrics at the end of each half.
 """
 
 from __future__ import annotations
@@ -71,10 +67,10 @@ def one_pass(url: str, prompts: list[str], c: int, max_tokens: int, temps: list[
     return {**summarize(run), "tries": tries, **spent}, texts
 
 
-def passes(urls: dict, prompts: list[str], levels: list[int], args, workloads=WORKLOADS):
+def passes(urls: dict, prompts: list[str], levels: list[int], args, workloads, repeats):
     """{((batch, mode), workload, concurrency): [(summary, texts) a repeat]} on running
-    servers (urls: (batch, mode) -> url), each warmed first, the repeats alternating
-    between them (one pass each, alone)."""
+    servers (urls: (batch, mode) -> url), each warmed first, the `repeats` (a range)
+    alternating between them (one pass each, alone)."""
     for url in urls.values():
         for c in levels:  # warm-up: every prompt's prefill shape, each row bucket's rounds
             asyncio.run(drive(url, prompts, c, args.warm_tokens))
@@ -85,7 +81,7 @@ def passes(urls: dict, prompts: list[str], levels: list[int], args, workloads=WO
             batch = [prompts[i % len(prompts)] for i in range(n)]
             temps = [1.0 if workload != "greedy" and i % 2 else 0.0 for i in range(n)]
             modes = list(urls)
-            for r in range(args.repeats if len(urls) > 1 else 1):
+            for r in repeats:
                 for mode in modes if r % 2 == 0 else modes[::-1]:
                     got = one_pass(urls[mode], batch, c, args.max_tokens, temps)
                     out.setdefault((mode, workload, c), []).append(got)
@@ -94,18 +90,23 @@ def passes(urls: dict, prompts: list[str], levels: list[int], args, workloads=WO
 
 
 def serving(args, specs: list[tuple[int, str]], prompts, levels, workloads=WORKLOADS):
-    """Start a server per (batch, mode) in order (the first may read less: running), run
-    `passes`, stop them: (its result, the /metrics rounds and auto's of specs[-1]'s)."""
-    starts = [
-        ((args.ckpt, batch, mode.split(",")[0], args.max_tokens,
-          *(["--row-buckets", "off"] if "off" in mode else [])),
-         dict(shared_guesses=args.shared_guesses))
-        for batch, mode in specs
-    ]  # fmt: skip
-    with running(starts) as up:
-        urls = {spec: url for spec, (_, url) in zip(specs, up, strict=True)}
-        got = passes(urls, prompts, levels, args, workloads)
-        return got, server_metrics(urls[specs[-1]], "lookahead_rounds{", "lookahead_auto_")
+    """Start a server per (batch, mode) in order, run half the `passes`, stop them, and the
+    other half with them started in the reverse order (the first started reads less:
+    running); one server runs one pass. (The passes' results, and a half's /metrics
+    rounds and auto's of specs[-1]'s server.)"""
+    total = args.repeats if len(specs) > 1 else 1
+    n = (total + 1) // 2
+    got, rounds, halves = {}, [], ((specs, range(n)), (specs[::-1], range(n, total)))
+    for order, repeats in ((o, r) for o, r in halves if r):
+        starts = [((args.ckpt, batch, mode.split(",")[0], args.max_tokens,
+                    *(["--row-buckets", "off"] if "off" in mode else [])),
+                   dict(shared_guesses=args.shared_guesses)) for batch, mode in order]  # fmt: skip
+        with running(starts) as up:
+            urls = {spec: url for spec, (_, url) in zip(order, up, strict=True)}
+            for key, runs in passes(urls, prompts, levels, args, workloads, repeats).items():
+                got.setdefault(key, []).extend(runs)
+            rounds.append(server_metrics(urls[specs[-1]], "lookahead_rounds{", "lookahead_auto_"))
+    return got, rounds
 
 
 def median(runs: list, field: str) -> float:
@@ -120,12 +121,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=0, help="per pass (0: by concurrency)")
-    ap.add_argument(
-        "--repeats",
-        type=int,
-        default=4,
-        help="passes a server at each level (even: each server first as often)",
-    )
+    ap.add_argument("--repeats", type=int, default=4, help="passes a server a level (even)")
     ap.add_argument("--warm-tokens", type=int, default=8, help="max_tokens of the warm-up")
     ap.add_argument(
         "--shared-guesses", action="store_true", help="keep the servers' shared guesses on"
@@ -173,7 +169,8 @@ def report(result: dict, got: dict, args) -> str:
         f"CPU: {result['cpu']} ({result['cores']} cores), JAX {result['jax']}, {args.ckpt} "
         f"float32; the 20 code prompts as chats, streamed, at most {args.max_tokens} tokens; "
         f"shared guesses {'on' if args.shared_guesses else 'off'}; {args.repeats} passes a "
-        "server at each level, alternating between the two servers.",
+        "server at each level, alternating between the two servers, both started again "
+        "halfway in the reverse order.",
         "",
         f"Command: `{result['command']}`",
         "",
@@ -225,7 +222,8 @@ def report(result: dict, got: dict, args) -> str:
         "",
         f"Greedy answers identical between plain and auto at --batch {B}: {result['greedy_same']}.",
         "",
-        f"Rounds of the --batch {B} auto server by row bucket and mode (its /metrics): "
+        f"Rounds of the --batch {B} auto server by row bucket and mode (its /metrics, a half "
+        "each): "
         f"`{json.dumps(result['server_rounds'][f'--batch {B} auto'])}`",
     ]
     return "\n".join(lines) + "\n"
