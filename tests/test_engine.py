@@ -569,7 +569,7 @@ def test_an_engine_says_how_it_decodes(model64):
     ]
 
 
-def test_serve_logs_a_slow_round_with_where_its_seconds_went(model64, monkeypatch, caplog):
+def test_serve_logs_slow_rounds_and_calls_on_idle_from_the_last_work(model64, monkeypatch, caplog):
     """`serve` (the server's loop) logs a round slower than SLOW_ROUND_S (every round, at
     0) with its seconds by part; idle, it calls on_idle with the seconds since its last
     round with work; it runs until `stop` is set (here once idle after the result)."""
@@ -587,7 +587,11 @@ def test_serve_logs_a_slow_round_with_where_its_seconds_went(model64, monkeypatc
         engine = lj.Engine(
             model64, batch=3, max_new_tokens=MAX_NEW, lookahead=None, max_prompt_tokens=LONGEST
         )
-        listener = lambda u: u.result and served_at.append(time.perf_counter())  # noqa: E731
+
+        def listener(update):
+            if update.result is not None:
+                served_at.append(time.perf_counter())
+
         engine.submit(lj.Request(PROMPTS[5], id=5), listener)
         with caplog.at_level("WARNING", logger="lookahead_jax.engine"):
             engine.serve(stop, idle_wait_s=0.01, on_idle=on_idle)

@@ -276,7 +276,7 @@ def _run(args) -> int:
         # (and every row bucket's loop: engine/row_buckets.py)
         warm = lj.Request([info.cfg.bos_token_id or 1], max_new_tokens=1, logprobs=0)
         engine.warm_up(warm)  # the stats: the server's own from here
-        host_memory.release()  # its compile temporaries: half the resident memory
+        host_memory.release()  # its compile temporaries: a third to a half of the RSS
     name = args.model_name or (
         args.ckpt if not Path(args.ckpt).exists() else Path(args.ckpt).resolve().name
     )

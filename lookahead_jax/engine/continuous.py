@@ -439,7 +439,7 @@ class Engine:
             except Exception as e:
                 if on_error is None or not on_error(e):
                     raise
-                continue
+                worked = True  # (its requests ended: a round with work, for on_idle)
             if self._scheduler is not None:  # a slow round says where its seconds went
                 after, rows = describe.round_figures(self.online_stats), self._scheduler.device.rows
                 describe.log_if_slow(time.perf_counter() - t, before, after, rows)

@@ -44,15 +44,21 @@ class Closed:
 
 
 class EngineRunner:
-    def __init__(self, engine: Engine, max_queue: int | None = None, on_fatal=None):
+    def __init__(
+        self, engine: Engine, max_queue: int | None = None, on_fatal=None,
+        release_after_s: tuple[float, float] = (host_memory.IDLE_S, host_memory.AGAIN_S),
+    ):  # fmt: skip
+        """release_after_s: (idle seconds before the heap's free memory is handed back,
+        seconds between hand-backs while still idle) (host_memory.py)."""
         self.engine, self.max_queue, self.on_fatal = engine, max_queue, on_fatal
+        self.release_after_s = release_after_s
         self.fatal: str | None = None
         self.stopping = False
         self._stop = threading.Event()
         self._open: dict = {}  # request id -> (loop, queue) of the requests not finished
         self._lock = threading.Lock()
         self._failures = 0
-        self._released = False  # (_idle: in this idle spell)
+        self._released_at: float | None = None  # (_idle: idle seconds at the last, this spell)
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._serve, name="lookahead-engine", daemon=True)
 
@@ -68,13 +74,16 @@ class EngineRunner:
             self._give_up(f"the engine stopped: {type(e).__name__}: {e}")
 
     def _idle(self, idle_s: float) -> None:
-        """The heap's free memory back to the system once in each idle spell, after
-        host_memory.IDLE_S of it (compile and prefill temporaries: host_memory.py)."""
-        if idle_s < host_memory.IDLE_S:
-            self._released = False
-        elif not self._released:
-            self._released = True
-            log.debug("idle %.1f s: free heap memory released: %s", idle_s, host_memory.release())
+        """The heap's free memory back to the system once an idle spell has lasted
+        release_after_s[0], and every release_after_s[1] more of it (host_memory.py)."""
+        first, again = self.release_after_s
+        last = self._released_at
+        if idle_s < first:
+            self._released_at = None
+        elif last is None or idle_s - last >= again:
+            self._released_at = idle_s
+            released = host_memory.release()
+            log.debug("idle %.1f s: free heap memory handed back: %s", idle_s, released)
 
     def _failed(self, error: Exception) -> bool:
         self._failures += 1

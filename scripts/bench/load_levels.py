@@ -102,7 +102,8 @@ def serving(args, specs: list[tuple[int, str]], prompts, levels, workloads=WORKL
                     *(["--row-buckets", "off"] if "off" in mode else [])),
                    dict(shared_guesses=args.shared_guesses)) for batch, mode in order]  # fmt: skip
         with running(starts) as up:
-            urls = {spec: url for spec, (_, url) in zip(order, up, strict=True)}
+            url_of = {spec: url for spec, (_, url) in zip(order, up, strict=True)}
+            urls = {spec: url_of[spec] for spec in specs}  # (passes alternate from specs')
             for key, runs in passes(urls, prompts, levels, args, workloads, repeats).items():
                 got.setdefault(key, []).extend(runs)
             rounds.append(server_metrics(urls[specs[-1]], "lookahead_rounds{", "lookahead_auto_"))
@@ -169,8 +170,8 @@ def report(result: dict, got: dict, args) -> str:
         f"CPU: {result['cpu']} ({result['cores']} cores), JAX {result['jax']}, {args.ckpt} "
         f"float32; the 20 code prompts as chats, streamed, at most {args.max_tokens} tokens; "
         f"shared guesses {'on' if args.shared_guesses else 'off'}; {args.repeats} passes a "
-        "server at each level, alternating between the two servers, both started again "
-        "halfway in the reverse order.",
+        "server at each level, alternating between the two servers"
+        + (", both started again halfway in the reverse order." if args.repeats > 1 else "."),
         "",
         f"Command: `{result['command']}`",
         "",
