@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_load import metered, running  # noqa: E402
+from server_load import halves, metered, running  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -153,9 +153,7 @@ def main() -> None:
     servers = [(n, None) for n in args.servers]
     if args.before:
         servers = [x for n in args.servers for x in ((f"{n}_before", args.before), (n, None))]
-    n_half = (args.repeats + 1) // 2  # passes before the servers start again, reversed
-    halves = ((servers, range(n_half)), (servers[::-1], range(n_half, args.repeats)))
-    for h, (order, repeats) in enumerate((o, r) for o, r in halves if r):
+    for h, (order, repeats) in enumerate(halves(servers, args.repeats)):
         result["start_orders"].append([n for n, _ in order])
         starts = [((None, args.batch, SERVERS[n.removesuffix("_before")],
                     max(args.max_tokens, 128), "--auto-temperature", "0"),

@@ -49,7 +49,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from server_load import drive, metered, running, server_metrics, summarize  # noqa: E402
+from server_load import drive, halves, metered, running, server_metrics, summarize  # noqa: E402
 
 WORKLOADS = ("greedy", "mix t=1.0")
 COMPILE_S, TRIES = 0.5, 3  # a pass compiling longer than COMPILE_S runs again (docstring)
@@ -90,14 +90,10 @@ def passes(urls: dict, prompts: list[str], levels: list[int], args, workloads, r
 
 
 def serving(args, specs: list[tuple[int, str]], prompts, levels, workloads=WORKLOADS):
-    """Start a server per (batch, mode) in order, run half the `passes`, stop them, and the
-    other half with them started in the reverse order (the first started reads less:
-    running); one server runs one pass. (The passes' results, and a half's /metrics
-    rounds and auto's of specs[-1]'s server.)"""
-    total = args.repeats if len(specs) > 1 else 1
-    n = (total + 1) // 2
-    got, rounds, halves = {}, [], ((specs, range(n)), (specs[::-1], range(n, total)))
-    for order, repeats in ((o, r) for o, r in halves if r):
+    """`passes` on a server per (batch, mode), started in two `halves` (one server: one
+    pass): their results, and each half's /metrics rounds and auto's of specs[-1]'s."""
+    got, rounds = {}, []
+    for order, repeats in halves(specs, args.repeats if len(specs) > 1 else 1):
         starts = [((args.ckpt, batch, mode.split(",")[0], args.max_tokens,
                     *(["--row-buckets", "off"] if "off" in mode else [])),
                    dict(shared_guesses=args.shared_guesses)) for batch, mode in order]  # fmt: skip

@@ -1,4 +1,4 @@
-"""Servers in subprocesses (`start_server`; `running`: several, in order), a streamed chat
+"""Servers in subprocesses (`start_server`; `running`: several, in order, `halves`), a streamed chat
 load at a fixed concurrency (`drive`: per request its time to first token, inter-token
 latency per token, not per chunk, tokens/s; `summarize`: medians, 90th percentiles, the
 pass's tokens/s), and what a pass cost a server (`metered`: its /metrics' growth)."""
@@ -67,11 +67,17 @@ def start_server(
     raise SystemExit("the server did not come up")
 
 
+def halves(order: list, repeats: int) -> list[tuple[list, range]]:
+    """`repeats` passes in two halves, the servers started in `order`, then reversed."""
+    n = (repeats + 1) // 2
+    return [(o, r) for o, r in ((order, range(n)), (order[::-1], range(n, repeats))) if r]
+
+
 @contextlib.contextmanager
 def running(starts: list[tuple[tuple, dict]]) -> Iterator[list[tuple[subprocess.Popen, str]]]:
     """[(process, url)] of servers started in this order (`start_server(*args, **kwargs)`
-    each), stopped on leaving (killed after 120 s). The order counts: the first of two plain
-    servers read 0.94x the second (load_aiperf.py starts each first as often)."""
+    each), stopped on leaving (killed after 120 s). The first of two plain servers read
+    0.94x the second: load_aiperf and load_levels start each first as often (`halves`)."""
     procs: list[tuple[subprocess.Popen, str]] = []
     try:
         for args, kwargs in starts:
