@@ -64,6 +64,8 @@ def _first(lengths: list[int], tail: int) -> np.ndarray:
     ],
 )
 def test_segment_attention_is_the_masked_softmax(lengths, tail, block, window):
+    """float64 (XLA's blocks); the CPU kernel's (float32: each query over its row's keys,
+    16 positions a tile, so a row of 17 or 30 spans tiles) agrees to float32 rounding."""
     rng = np.random.default_rng(len(lengths) + block)
     T, K, Q, Dh = sum(lengths) + tail, 2, 3, 8
     q = rng.normal(size=(1, T, K, Q, Dh))
@@ -73,7 +75,12 @@ def test_segment_attention_is_the_masked_softmax(lengths, tail, block, window):
         got = segment_attention(
             *(jnp.asarray(x) for x in (q, k, v, first)), window=window, block=block
         )
-    np.testing.assert_allclose(np.asarray(got), _masked_softmax(q, k, v, first, window), atol=1e-12)
+    want = _masked_softmax(q, k, v, first, window)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-12)
+    if cpu_kernel_runs():
+        f32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v))
+        kernel = segment_attention(*f32, jnp.asarray(first), window=window, kernel=True)
+        np.testing.assert_allclose(np.asarray(kernel), want, rtol=2e-5, atol=2e-5)
 
 
 def _with_prefix(q, k, v, first, window, cache_k, cache_v, L):
@@ -107,8 +114,8 @@ def test_segment_attention_after_a_shared_prefix_is_the_masked_softmax(
     lengths, tail, block, window, cache_block
 ):  # fmt: skip
     """segment_attention with `prefix` (decode_state.SharedPrefix's pass): every token sees
-    the cache's first L positions too, float64; the CPU kernel's read of them (float32)
-    agrees with XLA's to float32 rounding."""
+    the cache's first L positions too, float64; the CPU kernel's read of them (float32),
+    and of the pass's own keys too, agrees with XLA's to float32 rounding."""
     rng = np.random.default_rng(len(lengths) + block + window)
     T, K, Q, Dh, S, L = sum(lengths) + tail, 2, 3, 8, 24, 19
     q = rng.normal(size=(1, T, K, Q, Dh))
@@ -117,11 +124,11 @@ def test_segment_attention_after_a_shared_prefix_is_the_masked_softmax(
     first = _first(lengths, tail)
     positions = (L + np.arange(T) - first[0])[None].astype(np.int32)
 
-    def run(dtype, kernel):
+    def run(dtype, kernel, segments=False):
         cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
         prefix = (cast(cache_k), cast(cache_v), jnp.array([L]), positions, cache_block, kernel)
         return segment_attention(
-            cast(q), cast(k), cast(v), jnp.asarray(first), window, block, prefix=prefix
+            cast(q), cast(k), cast(v), jnp.asarray(first), window, block, prefix, segments
         )
 
     with jax.enable_x64(True):
@@ -131,6 +138,8 @@ def test_segment_attention_after_a_shared_prefix_is_the_masked_softmax(
     if cache_block and cpu_kernel_runs():  # (the kernel: float32)
         kernel, xla = run(jnp.float32, True), run(jnp.float32, False)
         np.testing.assert_allclose(kernel, xla, rtol=2e-5, atol=2e-5)
+        both = run(jnp.float32, True, segments=True)  # (the pass's own part too)
+        np.testing.assert_allclose(both, xla, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("windows", [(), (5, 0)])  # (5, 0): a sliding window in layer 0

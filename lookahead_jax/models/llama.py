@@ -132,6 +132,8 @@ def _layers(params, cfg, positions_bt, masks, cache, rope, attention_block, x_bt
     B, T = positions_bt.shape
     K, Q, Dh = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
     kernel = _attention_kernel(params, cache, Dh)
+    # (a ragged pass's own part: the kernel wherever the matmuls run it, at float32)
+    segments_kernel = packed.is_packed(params) and x_btd.dtype == jnp.float32 and Dh % 8 == 0
     cos, sin = rope
     eps = cfg.rms_norm_eps
     new_k, new_v = [], []
@@ -148,7 +150,10 @@ def _layers(params, cfg, positions_bt, masks, cache, rope, attention_block, x_bt
             q = q.reshape(B, T, K, Q, Dh)
             if first_bt is not None:  # a ragged pass (after a shared prefix: the cache)
                 shared = None if cache is None else (*cached, positions_bt, attention_block, kernel)
-                o = segment_attention(q, k_bkte, v_bkte, first_bt, window=window, prefix=shared)
+                o = segment_attention(
+                    q, k_bkte, v_bkte, first_bt, window=window, prefix=shared,
+                    kernel=segments_kernel,
+                )  # fmt: skip
             else:
                 o = attention(
                     q,

@@ -217,7 +217,9 @@ def matmul(x_mk: jax.Array, panels_pkj: jax.Array, scale_n: jax.Array | None = N
     return jax.ffi.ffi_call(TARGETS["int8"], out)(x_mk, panels_pkj, scale_n)
 
 
-def cache_attention(q_bkre, k_bkse, v_bkse, lengths_b, positions_bt, window: int, scale: float):
+def cache_attention(
+    q_bkre, k_bkse, v_bkse, lengths_b, positions_bt, window: int, scale: float, segments=False
+):  # fmt: skip
     """The part of a step's attention that reads the cache (cache_attention.cc), as the
     online softmax's carry for attention.attention to merge with the new tokens' part:
 
@@ -226,6 +228,10 @@ def cache_attention(q_bkre, k_bkse, v_bkse, lengths_b, positions_bt, window: int
     lengths    [B]            entries s < lengths[b] are visible
     positions  [B, T]         the tokens' positions; with `window` > 0 entry s is visible
                               to a token at position p only where p - s < window
+
+    segments: k/v are a ragged pass's own T tokens (S = T; attention.segment_attention)
+    and `positions` holds each token's row's first token: token t sees the entries s with
+    first[b, t] <= s <= t (and t - s < window, with one).
 
     Returns top [B, K, R] (the largest visible score, -1e30 where none is), mass [B, K, R]
     (the sum of exp(score - top) over visible entries) and acc [B, K, R, Dh] (the values
@@ -247,4 +253,5 @@ def cache_attention(q_bkre, k_bkse, v_bkse, lengths_b, positions_bt, window: int
         positions_bt.astype(jnp.int32),
         window=int(window),
         scale=np.float32(scale),
+        segments=int(segments),
     )

@@ -12,6 +12,12 @@
 // attention.attention merges with the new tokens' part. Entry s is visible to the query of
 // a token at position p where s < lengths[b] and, with a window w > 0, p - s < w.
 //
+// Segments (`segments`: a ragged pass's own keys, attention.segment_attention): k/v are
+// the pass's T tokens (S = T) and `positions` holds each token's row's first token
+// (`first`), so token t sees the entries first[b, t] <= s <= t (s < lengths[b] too;
+// with a window, t - s < w: within a row the distance of positions). A unit then holds 16
+// tokens' queries, so that it reads only the keys of the rows they are in.
+//
 // One unit of work is a row, a kv head and a run of its queries, handed out to XLA's
 // intra-op threads. A unit reads the visible cache once, 16 positions at a time (the
 // keys and values two tiles ahead prefetched into L2: the hardware's prefetcher alone left
@@ -123,34 +129,38 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   const int64_t Q = p.R / p.T;
   const int64_t rows = (n + NR - 1) / NR * NR;
   thread_local std::vector<float> acc_buf, kt_buf, tops, masses;
-  thread_local std::vector<int64_t> lo_buf;
+  thread_local std::vector<int64_t> lo_buf, hi_buf;
   acc_buf.assign(static_cast<size_t>(rows * Dh), 0.0f);
   tops.assign(static_cast<size_t>(rows), kNegInf);  // each query's largest score so far
   masses.assign(static_cast<size_t>(rows), 0.0f);   // and its sum of exp(score - top)
   kt_buf.resize(static_cast<size_t>(Dh * kCols));
   lo_buf.assign(static_cast<size_t>(rows), len);  // padding rows see nothing
+  hi_buf.assign(static_cast<size_t>(rows), 0);
   float* acc = acc_buf.data();    // [rows, Dh]
   float* kt = kt_buf.data();      // [Dh, 16]: the tile's keys, transposed
   int64_t* lo = lo_buf.data();    // [rows]: each query's first visible position
+  int64_t* hi = hi_buf.data();    // [rows]: ... and the one past its last
   alignas(32) float rescale[NR], pt[NR][kCols];  // a tile's: exp(old top - new), p
   const float* q = p.q + (bh * p.R + r0) * Dh;
   const float* keys = p.k + bh * S * Dh;
   const float* vals = p.v + bh * S * Dh;
-  int64_t first = len;
+  int64_t first = len, last = 0;  // the positions any query of the unit sees: [first, last)
   for (int64_t r = 0; r < n; ++r) {
-    lo[r] = 0;
-    if (p.window > 0) {
-      const int64_t pos = p.positions[b * p.T + (r0 + r) / Q];
-      lo[r] = std::clamp<int64_t>(pos - p.window + 1, 0, len);
+    const int64_t t = (r0 + r) / Q, at = p.positions[b * p.T + t];
+    lo[r] = p.segments ? std::clamp<int64_t>(at, 0, len) : 0, hi[r] = len;
+    if (p.segments) hi[r] = std::clamp<int64_t>(t + 1, 0, len);
+    if (p.window > 0) {  // (segments: the token's index is its position in the pass)
+      const int64_t pos = p.segments ? t : at;
+      lo[r] = std::max(lo[r], std::clamp<int64_t>(pos - p.window + 1, 0, len));
     }
-    first = std::min(first, lo[r]);
+    first = std::min(first, lo[r]), last = std::max(last, hi[r]);
   }
   const int64_t base = first / kCols * kCols;  // tiles start at multiples of 16
-  prefetch_rows(keys, Dh, base, std::min(len, base + kAhead), _MM_HINT_T1);
-  prefetch_rows(vals, Dh, base, std::min(len, base + kAhead), _MM_HINT_T1);
-  for (int64_t s0 = base; s0 < len; s0 += kCols) {
-    const int64_t m = std::min(kCols, len - s0);
-    const int64_t ahead = std::min(len, s0 + kAhead + kCols);
+  prefetch_rows(keys, Dh, base, std::min(last, base + kAhead), _MM_HINT_T1);
+  prefetch_rows(vals, Dh, base, std::min(last, base + kAhead), _MM_HINT_T1);
+  for (int64_t s0 = base; s0 < last; s0 += kCols) {
+    const int64_t m = std::min(kCols, last - s0);
+    const int64_t ahead = std::min(last, s0 + kAhead + kCols);
     prefetch_rows(keys, Dh, s0 + kAhead, ahead, _MM_HINT_T1);
     prefetch_rows(vals, Dh, s0 + kAhead, ahead, _MM_HINT_T1);
     // the tile's m keys [m, Dh] -> kt [Dh, 16], zeros past len (nothing read past it)
@@ -158,7 +168,6 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
     const __m256i at0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(s0)),
                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const __m256i at1 = _mm256_add_epi32(at0, _mm256_set1_epi32(8));
-    const __m256i end = _mm256_set1_epi32(static_cast<int>(len));
     for (int64_t g = 0; g < rows; g += NR) {
       // scores of NR queries x 16 positions
       const float* a[NR];
@@ -168,6 +177,7 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
       // online softmax: each query's top so far, its mass rescaled, p = exp(s - top)
       for (int64_t r = 0; r < NR; ++r) {
         const __m256i from = _mm256_set1_epi32(static_cast<int>(lo[g + r]) - 1);
+        const __m256i end = _mm256_set1_epi32(static_cast<int>(hi[g + r]));
         const __m256 seen0 = _mm256_castsi256_ps(_mm256_and_si256(
             _mm256_cmpgt_epi32(at0, from), _mm256_cmpgt_epi32(end, at0)));
         const __m256 seen1 = _mm256_castsi256_ps(_mm256_and_si256(
@@ -224,7 +234,8 @@ void cache_attention_f32(Workers& pool, const CacheAttention& p) {
   // under one tile of queries; shared out by parallel_for
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t want = std::max<int64_t>(1, (2 * threads + heads - 1) / heads);
-  const int64_t chunk = std::max<int64_t>(kRows, (p.R + want - 1) / want);
+  const int64_t chunk = p.segments ? kCols * (p.R / p.T)  // 16 tokens' queries
+                                   : std::max<int64_t>(kRows, (p.R + want - 1) / want);
   const int64_t per_head = (p.R + chunk - 1) / chunk;
   lookahead_jax::parallel_for(pool, heads * per_head, [p, chunk, per_head](int64_t u) {
     const int64_t bh = u / per_head, r0 = u % per_head * chunk;

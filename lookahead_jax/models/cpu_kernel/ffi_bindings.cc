@@ -73,7 +73,8 @@ ffi::Error SmallMInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 ffi::Error CacheAttentionF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
                              ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                              ffi::Buffer<ffi::S32> lengths, ffi::Buffer<ffi::S32> positions,
-                             int64_t window, float scale, ffi::ResultBuffer<ffi::F32> top,
+                             int64_t window, float scale, int64_t segments,
+                             ffi::ResultBuffer<ffi::F32> top,
                              ffi::ResultBuffer<ffi::F32> mass, ffi::ResultBuffer<ffi::F32> acc) {
   const auto qd = q.dimensions(), kd = k.dimensions(), pd = positions.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || pd.size() != 2) {
@@ -85,13 +86,13 @@ ffi::Error CacheAttentionF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   if (kd[0] != p.B || kd[1] != p.H || kd[3] != p.Dh || vd.size() != 4 ||
       !std::equal(vd.begin(), vd.end(), kd.begin()) ||
       static_cast<int64_t>(lengths.element_count()) != p.B || pd[0] != p.B || p.T == 0 ||
-      p.R % p.T != 0 || p.Dh % 8 != 0) {
+      p.R % p.T != 0 || p.Dh % 8 != 0 || (segments != 0 && p.S != p.T)) {
     return ffi::Error::InvalidArgument("cache attention: mismatched shapes");
   }
   p.q = q.typed_data(), p.k = k.typed_data(), p.v = v.typed_data();
   p.lengths = lengths.typed_data(), p.positions = positions.typed_data();
   p.top = top->typed_data(), p.mass = mass->typed_data(), p.acc = acc->typed_data();
-  p.window = window, p.scale = scale;
+  p.window = window, p.scale = scale, p.segments = segments != 0;
   FfiWorkers workers(pool);
   lookahead_jax::cache_attention_f32(workers, p);
   return ffi::Error::Success();
@@ -124,6 +125,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjCacheAttentionF32, CacheAttentionF32,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("window")
                                   .Attr<float>("scale")
+                                  .Attr<int64_t>("segments")
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

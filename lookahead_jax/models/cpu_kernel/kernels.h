@@ -27,6 +27,7 @@ struct CacheAttention {
   int64_t B, H, R, S, Dh, T;  // H: kv heads
   int64_t window;
   float scale;
+  bool segments = false;  // positions hold each token's row's first token (the .cc's top)
 };
 void cache_attention_f32(Workers& pool, const CacheAttention& p);
 
