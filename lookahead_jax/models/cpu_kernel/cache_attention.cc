@@ -120,8 +120,9 @@ inline void prefetch_rows(const float* buf, int64_t Dh, int64_t from, int64_t to
 
 // One unit: row b, kv head h, queries [r0, r1), one pass over the visible cache in tiles
 // of 16 positions (see the top of the file), NR queries at a time (3 for a one-token
-// step's group of 3 heads, else 6; a query's arithmetic is the same either way).
-template <int64_t NR>
+// step's group of 3 heads, else 6; a query's arithmetic is the same either way);
+// Segments: p.segments (each query's own end; else the row's length, kept in a register).
+template <int64_t NR, bool Segments>
 void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   const int64_t n = r1 - r0, Dh = p.Dh, S = p.S;
   const int64_t bh = b * p.H + h;
@@ -147,10 +148,10 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   int64_t first = len, last = 0;  // the positions any query of the unit sees: [first, last)
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = (r0 + r) / Q, at = p.positions[b * p.T + t];
-    lo[r] = p.segments ? std::clamp<int64_t>(at, 0, len) : 0, hi[r] = len;
-    if (p.segments) hi[r] = std::clamp<int64_t>(t + 1, 0, len);
+    lo[r] = Segments ? std::clamp<int64_t>(at, 0, len) : 0, hi[r] = len;
+    if (Segments) hi[r] = std::clamp<int64_t>(t + 1, 0, len);
     if (p.window > 0) {  // (segments: the token's index is its position in the pass)
-      const int64_t pos = p.segments ? t : at;
+      const int64_t pos = Segments ? t : at;
       lo[r] = std::max(lo[r], std::clamp<int64_t>(pos - p.window + 1, 0, len));
     }
     first = std::min(first, lo[r]), last = std::max(last, hi[r]);
@@ -168,6 +169,7 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
     const __m256i at0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(s0)),
                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const __m256i at1 = _mm256_add_epi32(at0, _mm256_set1_epi32(8));
+    const __m256i row_end = _mm256_set1_epi32(static_cast<int>(len));
     for (int64_t g = 0; g < rows; g += NR) {
       // scores of NR queries x 16 positions
       const float* a[NR];
@@ -177,7 +179,8 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
       // online softmax: each query's top so far, its mass rescaled, p = exp(s - top)
       for (int64_t r = 0; r < NR; ++r) {
         const __m256i from = _mm256_set1_epi32(static_cast<int>(lo[g + r]) - 1);
-        const __m256i end = _mm256_set1_epi32(static_cast<int>(hi[g + r]));
+        const __m256i end =
+            Segments ? _mm256_set1_epi32(static_cast<int>(hi[g + r])) : row_end;
         const __m256 seen0 = _mm256_castsi256_ps(_mm256_and_si256(
             _mm256_cmpgt_epi32(at0, from), _mm256_cmpgt_epi32(end, at0)));
         const __m256 seen1 = _mm256_castsi256_ps(_mm256_and_si256(
@@ -240,10 +243,12 @@ void cache_attention_f32(Workers& pool, const CacheAttention& p) {
   lookahead_jax::parallel_for(pool, heads * per_head, [p, chunk, per_head](int64_t u) {
     const int64_t bh = u / per_head, r0 = u % per_head * chunk;
     const int64_t r1 = std::min(p.R, r0 + chunk);
-    if (r1 - r0 > 3) {
-      unit<kRows>(p, bh / p.H, bh % p.H, r0, r1);
+    if (p.segments) {
+      unit<kRows, true>(p, bh / p.H, bh % p.H, r0, r1);
+    } else if (r1 - r0 > 3) {
+      unit<kRows, false>(p, bh / p.H, bh % p.H, r0, r1);
     } else if (r0 < r1) {
-      unit<3>(p, bh / p.H, bh % p.H, r0, r1);
+      unit<3, false>(p, bh / p.H, bh % p.H, r0, r1);
     }
   });
 }
