@@ -61,13 +61,14 @@ def _first(lengths: list[int], tail: int) -> np.ndarray:
         ([3, 6, 2], 1, 4, 3),  # a window shorter than a row
         ([17, 1, 9, 30], 7, 8, 0),  # a row longer than several blocks, one of one token
         ([5, 5], 0, 128, 0),  # one block holds the pass
+        ([17, 1, 9, 30], 7, 8, 5),  # a window shorter than rows of several tiles
     ],
 )
 def test_segment_attention_is_the_masked_softmax(lengths, tail, block, window):
     """float64 (XLA's blocks); the CPU kernel's (float32: each query over its row's keys,
     16 positions a tile, so a row of 17 or 30 spans tiles) agrees to float32 rounding."""
     rng = np.random.default_rng(len(lengths) + block)
-    T, K, Q, Dh = sum(lengths) + tail, 2, 3, 8
+    T, K, Q, Dh = sum(lengths) + tail, 2, 3, 24  # (24: the kernel's 16- and 8-wide dims)
     q = rng.normal(size=(1, T, K, Q, Dh))
     k, v = rng.normal(size=(1, K, T, Dh)), rng.normal(size=(1, K, T, Dh))
     first = _first(lengths, tail)
@@ -79,7 +80,7 @@ def test_segment_attention_is_the_masked_softmax(lengths, tail, block, window):
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-12)
     if cpu_kernel_runs():
         f32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v))
-        kernel = segment_attention(*f32, jnp.asarray(first), window=window, kernel=True)
+        kernel = segment_attention(*f32, jnp.asarray(first), window=window, segments_kernel=True)
         np.testing.assert_allclose(np.asarray(kernel), want, rtol=2e-5, atol=2e-5)
 
 

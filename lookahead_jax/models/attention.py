@@ -194,7 +194,7 @@ SEGMENT_BLOCK = 128
 
 def segment_attention(
     q_btkqe, k_bkue, v_bkue, first_bt, window: int = 0, block=SEGMENT_BLOCK, prefix=None,
-    kernel: bool = False,
+    segments_kernel: bool = False,
 ):  # fmt: skip
     """Causal attention among rows packed one after another in a pass of T tokens (a
     ragged prefill, decode_state.RaggedPrompts): token t sees the tokens u with
@@ -213,9 +213,10 @@ def segment_attention(
                kernel) or None: every token also sees the cache's positions below the
                length, folded in as `attention` folds a cache (fold_cache), after the
                pass's own keys (each query's top is finite by then)
-    kernel     the pass's own part by the CPU kernel (cpu_kernel.cache_attention's
+    segments_kernel  the pass's own part by the CPU kernel (cpu_kernel.cache_attention's
                segments; float32): each query reads only its row's keys, 16 positions at a
-               time, where the blocks below fold every block's whole square
+               time, where the blocks below fold every block's whole square (`prefix`'s
+               own `kernel` is the cache's)
 
     Returns [B, T, K, Q, Dh]. The T tokens are cut into blocks of `block` queries. Query
     block j's keys lie in key blocks first[j * block] // block .. j, so step d folds key
@@ -231,7 +232,7 @@ def segment_attention(
         query block 1 (t 4-7) to key block 0 (first[4] = 3): d = 0, 1
         query block 2 (t 8-11) to key block 0 (first[8] = 3): d = 0, 1, 2 -> 3 steps
     """
-    if kernel:
+    if segments_kernel:
         return _kernel_segments(q_btkqe, k_bkue, v_bkue, first_bt, window, prefix)
     B, T, K, Q, Dh = q_btkqe.shape
     C = min(block, T)
@@ -282,10 +283,12 @@ def segment_attention(
 
 
 def _kernel_segments(q_btkqe, k_bkue, v_bkue, first_bt, window: int, prefix):
-    """segment_attention with the pass's own part by the CPU kernel, the prefix's (where
-    there is one) folded in after it as fold_cache folds a cache. A pass of sixteen ~64-token
-    rows after a shared prefix, SmolLM2's 30 layers: 324 ms for their own part as blocks
-    of 128 (one block of 64: 258 ms), where each row's own square is ~2.4 GFLOP in all."""
+    """segment_attention with the pass's own part by the CPU kernel (float32), the
+    prefix's (where there is one) folded in after it as fold_cache folds a cache. Fifteen
+    rows of 40-94 tokens in a pass of 1,024, SmolLM2's 30 layers: 105-113 ms, where XLA's
+    blocks of 128 take 378-408 ms (a 2-core Intel Xeon, family 6 model 167:
+    benchmarks/cpu/ragged_segments_xeon_167_s86.md)."""
+    assert q_btkqe.dtype == jnp.float32, "the CPU kernel's attention is float32 only"
     B, T, K, Q, Dh = q_btkqe.shape
     q_bktqe = jnp.swapaxes(q_btkqe, 1, 2)
     scale = float(1.0 / np.sqrt(Dh))

@@ -152,7 +152,7 @@ def _layers(params, cfg, positions_bt, masks, cache, rope, attention_block, x_bt
                 shared = None if cache is None else (*cached, positions_bt, attention_block, kernel)
                 o = segment_attention(
                     q, k_bkte, v_bkte, first_bt, window=window, prefix=shared,
-                    kernel=segments_kernel,
+                    segments_kernel=segments_kernel,
                 )  # fmt: skip
             else:
                 o = attention(

@@ -218,7 +218,8 @@ def matmul(x_mk: jax.Array, panels_pkj: jax.Array, scale_n: jax.Array | None = N
 
 
 def cache_attention(
-    q_bkre, k_bkse, v_bkse, lengths_b, positions_bt, window: int, scale: float, segments=False
+    q_bkre, k_bkse, v_bkse, lengths_b, positions_bt, window: int, scale: float,
+    segments: bool = False,
 ):  # fmt: skip
     """The part of a step's attention that reads the cache (cache_attention.cc), as the
     online softmax's carry for attention.attention to merge with the new tokens' part:

@@ -148,8 +148,8 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   int64_t first = len, last = 0;  // the positions any query of the unit sees: [first, last)
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = (r0 + r) / Q, at = p.positions[b * p.T + t];
-    lo[r] = Segments ? std::clamp<int64_t>(at, 0, len) : 0, hi[r] = len;
-    if (Segments) hi[r] = std::clamp<int64_t>(t + 1, 0, len);
+    lo[r] = Segments ? std::clamp<int64_t>(at, 0, len) : 0;
+    hi[r] = Segments ? std::min(t + 1, len) : len;
     if (p.window > 0) {  // (segments: the token's index is its position in the pass)
       const int64_t pos = Segments ? t : at;
       lo[r] = std::max(lo[r], std::clamp<int64_t>(pos - p.window + 1, 0, len));
@@ -164,7 +164,7 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
     const int64_t ahead = std::min(last, s0 + kAhead + kCols);
     prefetch_rows(keys, Dh, s0 + kAhead, ahead, _MM_HINT_T1);
     prefetch_rows(vals, Dh, s0 + kAhead, ahead, _MM_HINT_T1);
-    // the tile's m keys [m, Dh] -> kt [Dh, 16], zeros past len (nothing read past it)
+    // the tile's m keys [m, Dh] -> kt [Dh, 16], zeros past `last` (nothing read past it)
     lookahead_jax::transpose_group(keys + s0 * Dh, m, Dh, kCols, 0, kt);
     const __m256i at0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(s0)),
                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -234,7 +234,8 @@ void cache_attention_f32(Workers& pool, const CacheAttention& p) {
   const int64_t heads = p.B * p.H;
   if (heads == 0 || p.R == 0) return;
   // units of a row, a kv head and `chunk` of its queries: enough for two a thread, none
-  // under one tile of queries; shared out by parallel_for
+  // under one tile of queries (segments: 16 tokens' queries a unit, however few units
+  // that makes); shared out by parallel_for
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t want = std::max<int64_t>(1, (2 * threads + heads - 1) / heads);
   const int64_t chunk = p.segments ? kCols * (p.R / p.T)  // 16 tokens' queries
