@@ -270,12 +270,9 @@ def segment_attention(
     carry = (jnp.full(shape, NEG_INF, f32), jnp.zeros(shape, f32), acc)
     carry = jax.lax.fori_loop(0, reach, fold, carry)
     if prefix is not None:  # [B, K, n * C, Q, ...] as attention's carry, the pass's tail too
-        cache_k, cache_v, cache_len_b, positions_bt, cache_block, kernel = prefix
         flat = lambda x: x.reshape(B, K, n * C, Q, -1)  # noqa: E731
-        positions_bt = jnp.pad(positions_bt, ((0, 0), (0, pad)))
         q_bktqe = q_bkncqe.reshape(B, K, n * C, Q, Dh)
-        cache, carry = (cache_k, cache_v, cache_len_b), tuple(map(flat, carry))
-        carry = fold_cache(carry, q_bktqe, cache, positions_bt, window, cache_block, kernel, dtype)
+        carry = _fold_prefix(tuple(map(flat, carry)), q_bktqe, prefix, window, dtype, pad)
         carry = tuple(x.reshape(*shape[:-1], -1) for x in carry)
     _, mass, acc = carry
     out = (acc / mass).astype(dtype).transpose(0, 2, 3, 1, 4, 5)  # [B, n, C, K, Q, Dh]
@@ -299,8 +296,16 @@ def _kernel_segments(q_btkqe, k_bkue, v_bkue, first_bt, window: int, prefix):
     )  # fmt: skip
     carry = tuple(x.reshape(B, K, T, Q, -1) for x in parts)  # (each token saw itself)
     if prefix is not None:
-        cache_k, cache_v, cache_len_b, positions_bt, cache_block, kernel = prefix
-        cache, dtype = (cache_k, cache_v, cache_len_b), v_bkue.dtype
-        carry = fold_cache(carry, q_bktqe, cache, positions_bt, window, cache_block, kernel, dtype)
+        carry = _fold_prefix(carry, q_bktqe, prefix, window, v_bkue.dtype)
     _, mass, acc = carry
     return jnp.swapaxes(acc / mass, 1, 2).astype(v_bkue.dtype)
+
+
+def _fold_prefix(carry, q_bktqe, prefix, window: int, dtype, pad: int = 0):
+    """segment_attention's carry [B, K, T', Q, 1 | Dh] with the cache positions of its
+    `prefix` folded in (fold_cache); the prefix's positions [B, T] padded by `pad` to T'
+    (XLA's blocks run the pass's tail too)."""
+    cache_k, cache_v, cache_len_b, positions_bt, cache_block, kernel = prefix
+    positions_bt = jnp.pad(positions_bt, ((0, 0), (0, pad)))
+    cache = (cache_k, cache_v, cache_len_b)
+    return fold_cache(carry, q_bktqe, cache, positions_bt, window, cache_block, kernel, dtype)

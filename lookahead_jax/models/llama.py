@@ -131,9 +131,8 @@ def _layers(params, cfg, positions_bt, masks, cache, rope, attention_block, x_bt
     self_mask_btu, first_bt = masks
     B, T = positions_bt.shape
     K, Q, Dh = cfg.num_kv_heads, cfg.q_per_kv, cfg.head_dim
-    kernel = _attention_kernel(params, cache, Dh)
-    # (a ragged pass's own part: the kernel wherever the matmuls run it, at float32)
-    segments_kernel = packed.is_packed(params) and x_btd.dtype == jnp.float32 and Dh % 8 == 0
+    kernel = cache is not None and _attention_kernel(params, cache.k[0].dtype, Dh)
+    segments_kernel = _attention_kernel(params, x_btd.dtype, Dh)  # (a ragged pass's own part)
     cos, sin = rope
     eps = cfg.rms_norm_eps
     new_k, new_v = [], []
@@ -202,16 +201,12 @@ def _gate_up(h_btd, lp):
     return gate, _plus(einsum("btd,df->btf", h_btd, lp.w_up), lp.b_up)
 
 
-def _attention_kernel(params: LlamaParams, cache: KVCache | None, head_dim: int) -> bool:
-    """Whether the cache's attention runs the CPU kernel: where the matmuls do (packed
-    params: float32 on one CPU device with the kernel built, packed.wanted), over a float32
-    cache, for a head dimension of whole AVX registers."""
-    return (
-        cache is not None
-        and packed.is_packed(params)
-        and cache.k[0].dtype == jnp.float32
-        and head_dim % 8 == 0
-    )
+def _attention_kernel(params: LlamaParams, dtype, head_dim: int) -> bool:
+    """Whether attention over keys of `dtype` runs the CPU kernel (the cache's, a ragged
+    pass's own): where the matmuls do (packed params: float32 on one CPU device with the
+    kernel built, packed.wanted), over float32 keys, for a head dimension of whole AVX
+    registers."""
+    return packed.is_packed(params) and dtype == jnp.float32 and head_dim % 8 == 0
 
 
 def _plus(x, bias):
