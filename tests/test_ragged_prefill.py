@@ -22,7 +22,7 @@ from lookahead_jax.decoding.decode_state import DecodeSpec, RaggedPrompts, Share
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, row_keys
 from lookahead_jax.engine import prefill_args
 from lookahead_jax.engine.prefill_shapes import SHARED, PaddedShapes
-from lookahead_jax.models import kv_pool
+from lookahead_jax.models import kv_pool, packed
 from lookahead_jax.models.attention import segment_attention
 from lookahead_jax.models.llama import LlamaLM
 from lookahead_jax.models.llama_params import init_params, split_layers
@@ -141,6 +141,32 @@ def test_segment_attention_after_a_shared_prefix_is_the_masked_softmax(
         np.testing.assert_allclose(kernel, xla, rtol=2e-5, atol=2e-5)
         both = run(jnp.float32, True, segments=True)  # (the pass's own part too)
         np.testing.assert_allclose(both, xla, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.skipif(not cpu_kernel_runs(), reason="the CPU kernel runs on a CPU only")
+def test_a_causal_pass_by_the_kernel_is_the_masked_one():
+    """LlamaLM.apply_causal with packed float32 params (the CPU kernel's ragged pass, one
+    prompt a row) against `apply` under the lower-triangular mask: the same logits and
+    K/V to float32 rounding, from scratch and after a cache of different lengths a row,
+    with a sliding window in layer 0."""
+    cfg = dataclasses.replace(tiny.llama_config(), attention_windows=(5, 0))
+    lm = LlamaLM(cfg)
+    params = split_layers(init_params(cfg, jax.random.PRNGKey(4), jnp.float32, scale=0.5))
+    params = packed.pack_params(params, cfg)
+    assert packed.is_packed(params)
+    B, T, S = 2, 13, 32
+    tokens = jnp.asarray(np.random.default_rng(4).integers(3, 32, (B, T)), jnp.int32)
+    lengths = jnp.array([5, 9], jnp.int32)
+    cache = lm.init_cache(B, S, jnp.float32)
+    cached = jnp.asarray(np.random.default_rng(5).normal(size=cache.k[0].shape), jnp.float32)
+    cache = dataclasses.replace(cache, k=(cached,) * 2, v=(-cached,) * 2, lengths=lengths)
+    mask = jnp.tril(jnp.ones((T, T), bool))[None]
+    for c, start in ((None, jnp.zeros((B,), jnp.int32)), (cache, lengths)):
+        positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+        got = jax.jit(lm.apply_causal)(params, tokens, positions, c)
+        want = jax.jit(lm.apply)(params, tokens, positions, mask, c)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("windows", [(), (5, 0)])  # (5, 0): a sliding window in layer 0

@@ -225,7 +225,7 @@ def prefill(
     if prefix is None:
         positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
         last = (prompt_len_b - 1)[:, None]
-        logits, k, v = seam.apply(spec.lm, params, prompt_bp, positions, causal_mask(P), None, last)
+        logits, k, v = seam.apply_causal(spec.lm, params, prompt_bp, positions, None, last)
         cache = write_prefix(cache, k, v, prompt_len_b)
     elif isinstance(prefix, RaggedPrompts):
         logits, cache = _prefill_ragged(params, prompt_len_b, prefix, cache, spec)
@@ -268,8 +268,7 @@ def _prefill_after_prefix(params, prompt_len_b, prefix: CachedPrefix, cache: KVC
     rows_bt = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     positions = prefix.length[:, None] + rows_bt
     last = (prompt_len_b - 1 - prefix.length)[:, None]
-    mask = causal_mask(T)
-    logits, k, v = seam.apply(spec.lm, params, prefix.suffix, positions, mask, cache, last)
+    logits, k, v = seam.apply_causal(spec.lm, params, prefix.suffix, positions, cache, last)
     return logits, kv_cache.commit(cache, k, v, rows_bt, prompt_len_b - prefix.length)
 
 

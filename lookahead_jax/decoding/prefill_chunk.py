@@ -36,9 +36,8 @@ def prefill_chunk(params, pool: kv_pool.KVPool, blocks_m, length, chunk_t, dst, 
     cache = lm.init_cache(1, M * block + C, jnp.dtype(dtype))
     cache = kv_pool.gather_prefix(pool, blocks_m[None], length[None], cache)
     rows_1t = jnp.arange(C, dtype=jnp.int32)[None]
-    mask = jnp.tril(jnp.ones((C, C), bool))[None]
     last = jnp.zeros((1, 1), jnp.int32)  # one logits row: the LM head is not wanted
-    _, k, v = seam.apply(lm, params, chunk_t[None], length + rows_1t, mask, cache, last)
+    _, k, v = seam.apply_causal(lm, params, chunk_t[None], length + rows_1t, cache, last)
     cache = kv_cache.commit(cache, k, v, rows_1t, jnp.full((1,), C, jnp.int32))
     starts = length + block * jnp.arange(C // block, dtype=jnp.int32)
     return kv_pool.store_blocks(pool, cache, jnp.zeros_like(starts), starts, dst)

@@ -37,15 +37,14 @@ def prompt_logprobs(params, prompt_bp, lm, alternatives: int, cache_dtype: str):
     cache = lm.init_cache(B, P, jnp.dtype(cache_dtype))
     # the token each logits row predicts: the prompt shifted left by one
     next_bp = jnp.concatenate([prompt_bp[:, 1:], jnp.zeros((B, 1), prompt_bp.dtype)], axis=1)
-    causal_1cc = jnp.tril(jnp.ones((C, C), bool))[None]
     all_rows_bc = jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (B, C))
 
     def chunk(cache, c):
         start = c * C
         tokens_bc = jax.lax.dynamic_slice_in_dim(prompt_bp, start, C, axis=1)
         positions_bc = start + all_rows_bc
-        logits_bcv, new_k, new_v = seam.apply(
-            lm, params, tokens_bc, positions_bc, causal_1cc, cache, all_rows_bc
+        logits_bcv, new_k, new_v = seam.apply_causal(
+            lm, params, tokens_bc, positions_bc, cache, all_rows_bc
         )
         cache = kv_cache.commit(cache, new_k, new_v, all_rows_bc, jnp.full((B,), C, jnp.int32))
         next_bc = jax.lax.dynamic_slice_in_dim(next_bp, start, C, axis=1)

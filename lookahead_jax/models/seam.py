@@ -23,6 +23,13 @@ and, optionally (the engine prefills several prompts in one pass where a model h
            every row of the pass shares; a model computes it without the T x T mask
            (llama.LlamaLM: attention.segment_attention)
 
+and, optionally (a causal pass without the T x T mask, where a model has a faster way):
+
+    apply_causal(params, tokens [B, T], positions [B, T], cache=None, logits_rows [B, R])
+        -> as `apply` with mask[t, u] = u <= t (positions[b, t] = positions[b, 0] + t):
+           prompt prefills, a prompt's chunks and suffixes (llama.LlamaLM: the CPU
+           kernel's ragged pass, one prompt a row)
+
 The contract of `apply`, which exactness rests on:
 
 * tokens t of the pass sit at `positions[b, t]` and see the row's cache positions
@@ -54,6 +61,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol, runtime_checkable
 
+import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, Shaped
 
 from lookahead_jax import shapes
@@ -99,6 +107,7 @@ class ForwardPass:
     tokens: Int[Array, "B T"]
     positions: Int[Array, "B T"]
     mask: Bool[Array, "#B T T"] | None  # one for every row, or one per row; None: ragged
+    # or causal (apply_ragged, apply_causal)
     cache: KVCache | None
     logits_rows: Int[Array, "B R"] | None  # None: every one of the T rows (R = T)
     logits: Float[Array, "B R V"]
@@ -116,6 +125,24 @@ def apply(lm: CausalLM, params, tokens_bt, positions_bt, mask_btu, cache, logits
         tokens_bt, positions_bt, mask_btu, cache, logits_rows_br, logits, tuple(new_k), tuple(new_v)
     )
     return _checked(lm, f"{type(lm).__name__}.apply", call)
+
+
+def apply_causal(lm, params, tokens_bt, positions_bt, cache, logits_rows_br=None):
+    """`apply` under the lower-triangular mask (each new token sees the row's cache below
+    its length and the pass's tokens up to itself; positions[b, t] = positions[b, 0] +
+    t): `lm.apply_causal(...)` where the model has it, else `lm.apply` with the mask; its
+    shapes checked as `apply`'s."""
+    if not callable(getattr(lm, "apply_causal", None)):
+        T = tokens_bt.shape[1]
+        mask_1tt = jnp.tril(jnp.ones((T, T), bool))[None]
+        return apply(lm, params, tokens_bt, positions_bt, mask_1tt, cache, logits_rows_br)
+    logits, new_k, new_v = lm.apply_causal(
+        params, tokens_bt, positions_bt, cache=cache, logits_rows_br=logits_rows_br
+    )
+    call = ForwardPass(
+        tokens_bt, positions_bt, None, cache, logits_rows_br, logits, tuple(new_k), tuple(new_v)
+    )
+    return _checked(lm, f"{type(lm).__name__}.apply_causal", call)
 
 
 def _checked(lm, name: str, call: ForwardPass):
