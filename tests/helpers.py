@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.decoding.decode_state import causal_mask
 from lookahead_jax.engine.testing import first_divergence, top2_gap
 from lookahead_jax.models import cpu_kernel
 from lookahead_jax.models.llama import forward
+from lookahead_jax.models.seam import causal_mask
 
 NEAR_TIE = 1e-4
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
-from lookahead_jax.decoding.decode_state import causal_mask
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.models import fused
 from lookahead_jax.models.llama import forward
+from lookahead_jax.models.seam import causal_mask
 from tests import tiny
 
 

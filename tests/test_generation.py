@@ -11,8 +11,8 @@ import torch
 
 import lookahead_jax as lj
 from lookahead_jax.decoding import programs
-from lookahead_jax.decoding.decode_state import causal_mask
 from lookahead_jax.models import kv_cache, llama
+from lookahead_jax.models.seam import causal_mask
 from tests import tiny
 from tests.helpers import assert_same_or_near_tie, random_prompts, teacher_forced_logits, with_eos
 

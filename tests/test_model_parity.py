@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import lookahead_jax as lj
-from lookahead_jax.decoding.decode_state import causal_mask
 from lookahead_jax.models.llama import forward
+from lookahead_jax.models.seam import causal_mask
 from tests import tiny
 
 VARIANTS = ["mha", "gqa", "mqa", "tied", "llama3", "linear"]

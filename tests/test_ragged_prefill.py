@@ -22,7 +22,7 @@ from lookahead_jax.decoding.decode_state import DecodeSpec, RaggedPrompts, Share
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, row_keys
 from lookahead_jax.engine import prefill_args
 from lookahead_jax.engine.prefill_shapes import SHARED, PaddedShapes
-from lookahead_jax.models import kv_pool, packed
+from lookahead_jax.models import cpu_kernel, kv_pool, packed
 from lookahead_jax.models.attention import segment_attention
 from lookahead_jax.models.llama import LlamaLM
 from lookahead_jax.models.llama_params import init_params, split_layers
@@ -161,6 +161,8 @@ def test_a_causal_pass_by_the_kernel_is_the_masked_one():
     cached = jnp.asarray(np.random.default_rng(5).normal(size=cache.k[0].shape), jnp.float32)
     cache = dataclasses.replace(cache, k=(cached,) * 2, v=(-cached,) * 2, lengths=lengths)
     mask = jnp.tril(jnp.ones((T, T), bool))[None]
+    scratch = jax.jit(lm.apply_causal).lower(params, tokens, jnp.zeros_like(tokens)).as_text()
+    assert cpu_kernel.ATTENTION_TARGET in scratch  # (the kernel's pass, not the mask)
     for c, start in ((None, jnp.zeros((B,), jnp.int32)), (cache, lengths)):
         positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
         got = jax.jit(lm.apply_causal)(params, tokens, positions, c)

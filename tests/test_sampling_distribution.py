@@ -12,10 +12,10 @@ from scipy import stats
 
 import lookahead_jax as lj
 from lookahead_jax.decoding import programs
-from lookahead_jax.decoding.decode_state import causal_mask
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, process_logits
 from lookahead_jax.guesses import draft_tree
 from lookahead_jax.models.llama import forward
+from lookahead_jax.models.seam import causal_mask
 from tests import tiny
 from tests.helpers import with_eos
 

@@ -74,15 +74,9 @@ class HeadsLM(LlamaLM):
     """A model whose new K/V have the heads and the tokens axes swapped."""
 
     def apply(self, *args):
-        return _swapped(*super().apply(*args))
-
-    def apply_causal(self, *args, **kwargs):  # (the prefill's pass)
-        return _swapped(*super().apply_causal(*args, **kwargs))
-
-
-def _swapped(logits, k, v):
-    swap = lambda xs: tuple(x.swapaxes(1, 2) for x in xs)  # noqa: E731
-    return logits, swap(k), swap(v)
+        logits, k, v = super().apply(*args)
+        swap = lambda xs: tuple(x.swapaxes(1, 2) for x in xs)  # noqa: E731
+        return logits, swap(k), swap(v)
 
 
 def test_a_model_that_breaks_the_seam_is_named_at_trace_time():
@@ -90,7 +84,7 @@ def test_a_model_that_breaks_the_seam_is_named_at_trace_time():
         trace(NarrowLM(CFG), None)
     # the prefill binds T = P = 8 from its tokens; the first layer's new K then holds
     # [B, T, K, Dh] = [3, 8, 1, 8], whose third axis breaks T
-    broken = r"HeadsLM.apply_causal\.new_k\[0\] is float32\[3, 8, 1, 8\]"
+    broken = r"HeadsLM.apply\.new_k\[0\] is float32\[3, 8, 1, 8\]"
     with pytest.raises(shapes.ShapeError, match=broken):
         trace(HeadsLM(CFG), None, steps=0)
 

@@ -193,11 +193,6 @@ def emit(state: DecodeState, spec: DecodeSpec, new_be, count_b, logits=None) -> 
     )
 
 
-def causal_mask(t: int) -> jax.Array:
-    """[1, T, T] lower-triangular mask for a plain causal pass."""
-    return jnp.tril(jnp.ones((t, t), dtype=bool))[None]
-
-
 def prefill(
     params,
     prompt_bp: jax.Array,

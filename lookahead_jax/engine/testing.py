@@ -30,12 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lookahead_jax.decoding.decode_state import causal_mask
 from lookahead_jax.decoding.programs import precision_scope
 from lookahead_jax.engine.generate import generate
 from lookahead_jax.engine.inputs import encode_prompts
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
-from lookahead_jax.models import kv_cache
+from lookahead_jax.models import kv_cache, seam
 
 DEFAULT_CONFIGS = (
     LookaheadConfig.for_tokens(8),
@@ -50,7 +49,7 @@ def full_pass_logits(model, ids: list[int]) -> np.ndarray:
     x = jnp.asarray([ids], jnp.int32)
     with precision_scope(model.dtype):  # as the decode programs run
         logits, _, _ = jax.jit(model.lm.apply)(
-            model.params, x, jnp.arange(T, dtype=jnp.int32)[None], causal_mask(T), None, None
+            model.params, x, jnp.arange(T, dtype=jnp.int32)[None], seam.causal_mask(T), None, None
         )
     return np.asarray(logits[0], np.float64)
 

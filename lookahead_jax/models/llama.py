@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from lookahead_jax.distributed import sharding
-from lookahead_jax.models import fused, kv_cache, packed
+from lookahead_jax.models import fused, kv_cache, packed, seam
 from lookahead_jax.models.attention import (  # noqa: F401  (attention_block_for re-exported)
     ATTENTION_BLOCK,
     accum_dtype,
@@ -93,7 +93,7 @@ def forward(
     first              [B, T] int32, or None: a ragged pass (self_mask unused): rows
                        packed one after another, token t seeing the tokens first[b, t]
                        .. t (attention.segment_attention) and, with a cache, the cache's
-                       positions below its length (a prefix every row of the pass shares)
+                       positions below its length (a prefix the rows packed in it share)
 
     Returns logits [B, R, V] (float32; float64 for float64 params) and the new tokens'
     K/V, each L arrays [B, K, T, Dh] (keys after RoPE; kv_cache.py's layout; of the last
@@ -140,7 +140,7 @@ def _layers(params, cfg, positions_bt, masks, cache, rope, attention_block, x_bt
         if segments_kernel:  # a ragged pass of one prompt a row: no T x T mask
             first_bt = jnp.zeros((B, T), jnp.int32)
         else:
-            self_mask_btu = jnp.tril(jnp.ones((T, T), bool))[None]
+            self_mask_btu = seam.causal_mask(T)
     cos, sin = rope
     eps = cfg.rms_norm_eps
     new_k, new_v = [], []
@@ -280,8 +280,10 @@ class LlamaLM:
         """`apply` under the lower-triangular mask (seam.apply_causal): where the CPU kernel
         runs the attention (packed float32 params), as a ragged pass of one prompt a row,
         each query reading its keys up to itself, not a T x T mask's every score (a [16,
-        256] prompt prefill 6.5 -> 5.1 s, [1, 512] 1.01 -> 0.78 s: SmolLM2, a 2-core Intel
-        Xeon, family 6 model 167, benchmarks/cpu/causal_prefill_xeon_167_s87.md)."""
+        256] prompt prefill 6.99 -> 5.75 s, [1, 512] 1.05 -> 0.84 s, medians: SmolLM2, a
+        2-core Intel Xeon, family 6 model 167, benchmarks/cpu/causal_prefill_xeon_167_s87.md);
+        wherever the params are not packed (GPU, TPU, a mesh, float64, bfloat16, Q8_0)
+        `apply` under the mask."""
         return forward(
             params,
             self.cfg,

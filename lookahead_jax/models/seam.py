@@ -61,6 +61,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol, runtime_checkable
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, Shaped
 
@@ -106,8 +107,7 @@ class ForwardPass:
 
     tokens: Int[Array, "B T"]
     positions: Int[Array, "B T"]
-    mask: Bool[Array, "#B T T"] | None  # one for every row, or one per row; None: ragged
-    # or causal (apply_ragged, apply_causal)
+    mask: Bool[Array, "#B T T"] | None  # for every row or one a row; None: ragged, causal
     cache: KVCache | None
     logits_rows: Int[Array, "B R"] | None  # None: every one of the T rows (R = T)
     logits: Float[Array, "B R V"]
@@ -130,11 +130,10 @@ def apply(lm: CausalLM, params, tokens_bt, positions_bt, mask_btu, cache, logits
 def apply_causal(lm, params, tokens_bt, positions_bt, cache, logits_rows_br=None):
     """`apply` under the lower-triangular mask (each new token sees the row's cache below
     its length and the pass's tokens up to itself; positions[b, t] = positions[b, 0] +
-    t): `lm.apply_causal(...)` where the model has it, else `lm.apply` with the mask; its
-    shapes checked as `apply`'s."""
-    if not callable(getattr(lm, "apply_causal", None)):
-        T = tokens_bt.shape[1]
-        mask_1tt = jnp.tril(jnp.ones((T, T), bool))[None]
+    t): `lm.apply_causal(...)` where the model has it (`_with_apply`), else `lm.apply`
+    with the mask; its shapes checked as `apply`'s."""
+    if not _with_apply(lm, "apply_causal"):
+        mask_1tt = causal_mask(tokens_bt.shape[1])
         return apply(lm, params, tokens_bt, positions_bt, mask_1tt, cache, logits_rows_br)
     logits, new_k, new_v = lm.apply_causal(
         params, tokens_bt, positions_bt, cache=cache, logits_rows_br=logits_rows_br
@@ -173,14 +172,30 @@ def reads_cache_by_row(lm) -> bool:
 
 
 def has_ragged(lm) -> bool:
-    """Whether `lm` runs ragged passes (`apply_ragged`)."""
-    return callable(getattr(lm, "apply_ragged", None))
+    """Whether `lm` runs ragged passes (`apply_ragged`, `_with_apply`)."""
+    return _with_apply(lm, "apply_ragged")
+
+
+def causal_mask(t: int) -> jax.Array:
+    """[1, T, T] lower-triangular mask for a plain causal pass."""
+    return jnp.tril(jnp.ones((t, t), dtype=bool))[None]
+
+
+def _with_apply(lm, name: str) -> bool:
+    """Whether `lm`'s optional method `name` (a faster way to a pass `apply` also
+    computes) is defined where its `apply` is, or in a subclass of that class: a
+    subclass that overrides only `apply` (or a wrapper delegating attributes) must not
+    reach an inherited `name` that bypasses its override."""
+    owner = lambda attr: next((c for c in type(lm).__mro__ if attr in vars(c)), None)  # noqa: E731
+    method, apply_ = owner(name), owner("apply")
+    return method is not None and apply_ is not None and issubclass(method, apply_)
 
 
 def apply_ragged(lm, params, tokens_bt, positions_bt, first_bt, logits_rows_br, cache=None):
     """`lm.apply_ragged(...)` with its shapes checked as `apply`'s (ForwardPass, with no
-    mask): logits [B, R, V] and each layer's new K/V [B, K, T, Dh]. cache: a prefix the
-    pass's rows share (its one row's positions below its length; None: none)."""
+    mask): logits [B, R, V] and each layer's new K/V [B, K, T, Dh]. cache: the row's
+    positions below its length, which every token of the row sees (a prefix the rows
+    packed in it share; None: none)."""
     logits, new_k, new_v = lm.apply_ragged(
         params, tokens_bt, positions_bt, first_bt, logits_rows_br, cache=cache
     )
