@@ -245,6 +245,28 @@ class LlamaLM:
         return self.cfg.max_position_embeddings
 
     def apply(self, params, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br=None):
+        return self._forward(params, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br)
+
+    def apply_ragged(self, params, tokens_bt, positions_bt, first_bt, logits_rows_br, cache=None):
+        """`apply` of a ragged pass (seam.apply_ragged): rows packed one after another,
+        token t seeing the tokens first[b, t] .. t, and the cache's positions below its
+        length where there is one (a prefix the rows share)."""
+        return self._forward(params, tokens_bt, positions_bt, None, cache, logits_rows_br, first_bt)
+
+    def apply_causal(self, params, tokens_bt, positions_bt, cache=None, logits_rows_br=None):
+        """`apply` under the lower-triangular mask (seam.apply_causal): where the CPU kernel
+        runs the attention (packed float32 params), as a ragged pass of one prompt a row,
+        each query reading its keys up to itself, not a T x T mask's every score (a [16,
+        256] prompt prefill 6.99 -> 5.75 s, [1, 512] 1.05 -> 0.84 s, medians: SmolLM2, a
+        2-core Intel Xeon, family 6 model 167, benchmarks/cpu/causal_prefill_xeon_167_s87.md);
+        wherever the params are not packed (GPU, TPU, a mesh, float64, bfloat16, Q8_0)
+        `apply` under the mask."""
+        return self._forward(params, tokens_bt, positions_bt, None, cache, logits_rows_br)
+
+    def _forward(
+        self, params, tokens_bt, positions_bt, mask_btu, cache, logits_rows_br, first_bt=None
+    ):
+        """`forward` with this model's settings: the three passes above."""
         return forward(
             params,
             self.cfg,
@@ -256,45 +278,7 @@ class LlamaLM:
             self.attention_block,
             self.layer_passes,
             self.head_rows,
-        )
-
-    def apply_ragged(self, params, tokens_bt, positions_bt, first_bt, logits_rows_br, cache=None):
-        """`apply` of a ragged pass (seam.apply_ragged): rows packed one after another,
-        token t seeing the tokens first[b, t] .. t, and the cache's positions below its
-        length where there is one (a prefix the rows share)."""
-        return forward(
-            params,
-            self.cfg,
-            tokens_bt,
-            positions_bt,
-            self_mask_btu=None,
-            cache=cache,
-            logits_rows_br=logits_rows_br,
-            attention_block=self.attention_block,
-            layer_passes=self.layer_passes,
-            head_rows=self.head_rows,
-            first_bt=first_bt,
-        )
-
-    def apply_causal(self, params, tokens_bt, positions_bt, cache=None, logits_rows_br=None):
-        """`apply` under the lower-triangular mask (seam.apply_causal): where the CPU kernel
-        runs the attention (packed float32 params), as a ragged pass of one prompt a row,
-        each query reading its keys up to itself, not a T x T mask's every score (a [16,
-        256] prompt prefill 6.99 -> 5.75 s, [1, 512] 1.05 -> 0.84 s, medians: SmolLM2, a
-        2-core Intel Xeon, family 6 model 167, benchmarks/cpu/causal_prefill_xeon_167_s87.md);
-        wherever the params are not packed (GPU, TPU, a mesh, float64, bfloat16, Q8_0)
-        `apply` under the mask."""
-        return forward(
-            params,
-            self.cfg,
-            tokens_bt,
-            positions_bt,
-            self_mask_btu=None,
-            cache=cache,
-            logits_rows_br=logits_rows_br,
-            attention_block=self.attention_block,
-            layer_passes=self.layer_passes,
-            head_rows=self.head_rows,
+            first_bt,
         )
 
     def first_layers(self, params, n: int):
