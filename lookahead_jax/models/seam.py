@@ -188,7 +188,8 @@ def _with_apply(lm, name: str) -> bool:
     reach an inherited `name` that bypasses its override."""
     owner = lambda attr: next((c for c in type(lm).__mro__ if attr in vars(c)), None)  # noqa: E731
     method, apply_ = owner(name), owner("apply")
-    return method is not None and apply_ is not None and issubclass(method, apply_)
+    defined = method is not None and apply_ is not None and issubclass(method, apply_)
+    return defined and callable(getattr(lm, name))  # (None there turns it off)
 
 
 def apply_ragged(lm, params, tokens_bt, positions_bt, first_bt, logits_rows_br, cache=None):
