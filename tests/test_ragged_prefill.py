@@ -22,7 +22,7 @@ from lookahead_jax.decoding.decode_state import DecodeSpec, RaggedPrompts, Share
 from lookahead_jax.decoding.sampling import RowSampling, SamplingConfig, row_keys
 from lookahead_jax.engine import prefill_args
 from lookahead_jax.engine.prefill_shapes import SHARED, PaddedShapes
-from lookahead_jax.models import cpu_kernel, kv_pool, packed
+from lookahead_jax.models import cpu_kernel, kv_pool, packed, seam
 from lookahead_jax.models.attention import segment_attention
 from lookahead_jax.models.llama import LlamaLM
 from lookahead_jax.models.llama_params import init_params, split_layers
@@ -160,7 +160,7 @@ def test_a_causal_pass_by_the_kernel_is_the_masked_one():
     cache = lm.init_cache(B, S, jnp.float32)
     cached = jnp.asarray(np.random.default_rng(5).normal(size=cache.k[0].shape), jnp.float32)
     cache = dataclasses.replace(cache, k=(cached,) * 2, v=(-cached,) * 2, lengths=lengths)
-    mask = jnp.tril(jnp.ones((T, T), bool))[None]
+    mask = seam.causal_mask(T)
     scratch = jax.jit(lm.apply_causal).lower(params, tokens, jnp.zeros_like(tokens)).as_text()
     assert cpu_kernel.ATTENTION_TARGET in scratch  # (the kernel's pass, not the mask)
     for c, start in ((None, jnp.zeros((B,), jnp.int32)), (cache, lengths)):

@@ -122,7 +122,8 @@ def lowered_step(
         params,
         jnp.asarray(rng.integers(0, lm.vocab_size, (batch, tokens), np.int32)),
         jnp.asarray(np.broadcast_to(positions, (batch, tokens))),
-        jnp.asarray(np.tril(np.ones((tokens, tokens), bool))[None]),  # decode_state.causal_mask
+        # seam.causal_mask's, built by numpy (an eager jnp op compiles a program a shape)
+        jnp.asarray(np.tril(np.ones((tokens, tokens), bool))[None]),
         cache,
         jnp.asarray(np.broadcast_to(np.arange(rows, dtype=np.int32), (batch, rows))),
     )
