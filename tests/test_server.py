@@ -63,12 +63,15 @@ def stop_server(proc) -> tuple[int, str]:
     return proc.returncode, proc.stderr.read()
 
 
+# The module's server: these flags shape its programs (test_lm_eval.py's server takes them
+# too, and its programs from the run's compile cache)
+SERVER_FLAGS = ("--batch", "4", "--max-new-tokens", "16", "--lookahead", "tokens=16",
+                "--stream-steps", "2")  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def server(tiny_text_ckpt):
-    proc, url = start_server(
-        tiny_text_ckpt, "--batch", "4", "--max-new-tokens", "16", "--lookahead", "tokens=16",
-        "--api-key", KEY, "--stream-steps", "2", "--log-every", "1",
-    )  # fmt: skip
+    proc, url = start_server(tiny_text_ckpt, *SERVER_FLAGS, "--api-key", KEY, "--log-every", "1")
     yield url
     decoded = metric(url, "lookahead_generated_tokens_total") > 0
     code, err = stop_server(proc)
