@@ -95,10 +95,12 @@ def test_lm_eval_local_completions_agrees_with_its_hf_backend(tiny_ckpts, tiny_t
         hf_run = pool.submit(lm_eval, tmp_path / "hf_out", tasks, "hf",
                              f"pretrained={hf_dir},dtype=float64", "--device", "cpu",
                              "--batch_size", "1")  # fmt: skip
-        # test_server.py's server (float64, the flags that shape its programs): its
-        # warm-up's programs come from the run's compile cache (test_server.py runs
-        # first: LONGEST_FILES), not compiled again in float32 (this test alone after
-        # test_server.py, 2-core Intel Xeon: 63.5 -> 55.0 s)
+        # test_server.py's server (its flags, float64): its warm-up's programs come from
+        # the run's compile cache (test_server.py is handed out earlier: LONGEST_FILES)
+        # rather than a float32 set of its own (this test after test_server.py, 2-core
+        # Intel Xeon: 63.5 -> 55.0 s; alone with an empty cache it compiles the three row
+        # buckets' loops where its own flags compiled one); the HF reference in float64
+        # as the server (float32 logprobs: test_logprobs.py, in process)
         proc, url = start_server(tiny_text_ckpt, *SERVER_FLAGS, model_name=str(hf_dir))
         try:
             args = f"model={hf_dir},base_url={url}/v1/completions"

@@ -63,8 +63,9 @@ def stop_server(proc) -> tuple[int, str]:
     return proc.returncode, proc.stderr.read()
 
 
-# The module's server: these flags shape its programs (test_lm_eval.py's server takes them
-# too, and its programs from the run's compile cache)
+# The module's server's flags: with start_server's float64 they set the programs it
+# compiles (test_lm_eval.py's server takes them too, and its programs from the run's
+# compile cache)
 SERVER_FLAGS = ("--batch", "4", "--max-new-tokens", "16", "--lookahead", "tokens=16",
                 "--stream-steps", "2")  # fmt: skip
 
