@@ -97,10 +97,10 @@ def test_lm_eval_local_completions_agrees_with_its_hf_backend(tiny_ckpts, tiny_t
                              "--batch_size", "1")  # fmt: skip
         # test_server.py's server (its flags, float64): its warm-up's programs come from
         # the run's compile cache (test_server.py is handed out earlier: LONGEST_FILES)
-        # rather than a float32 set of its own (this test after test_server.py, 2-core
-        # Intel Xeon: 63.5 -> 55.0 s; alone with an empty cache it compiles the three row
-        # buckets' loops where its own flags compiled one); the HF reference in float64
-        # as the server (float32 logprobs: test_logprobs.py, in process)
+        # rather than a float32 set of its own (2-core Intel Xeon: 63.5 s with its own
+        # flags, 55.0 s with these after test_server.py; alone with an empty cache these
+        # compile the three row buckets' loops where its own compiled one); the HF
+        # reference in float64 as the server (float32 logprobs: test_logprobs.py)
         proc, url = start_server(tiny_text_ckpt, *SERVER_FLAGS, model_name=str(hf_dir))
         try:
             args = f"model={hf_dir},base_url={url}/v1/completions"
