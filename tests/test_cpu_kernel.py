@@ -79,7 +79,22 @@ for m in (2, 12, 13, 29):  # below 12 rows (AVX2 in both), one group, 7 + 6, 10 
     f.append(np.asarray(packed.einsum("mk,kn->mn", x, packed.pack(w, (0,)))).ravel())
     q = packed.pack(quantize.quantize(w, (0,)), (0,))
     i.append(np.asarray(packed.einsum("mk,kn->mn", x, q)).ravel())
-np.save(sys.argv[1], np.concatenate(f + i))
+# the attention's (AVX-512 from 12 tokens a call, for units of more than 6 queries): a
+# 16-token step with a window, 12 tokens of a head dim of 16 + 8 (units of 9 queries), a
+# ragged pass's segments, and 16 rows of one token (AVX2 in both)
+a = []
+for B, K, T, S, Dh, window, segments in (
+    (1, 3, 16, 50, 64, 20, False), (1, 1, 12, 40, 24, 9, False),
+    (2, 3, 16, 16, 24, 0, True), (16, 3, 1, 40, 64, 0, False),
+):
+    q, k, v = (jnp.asarray(rng.standard_normal((B, K, n, Dh)).astype(np.float32))
+               for n in (3 * T, S, S))
+    lengths = jnp.asarray(rng.integers(0, S - T + 1, B), jnp.int32)
+    first = jnp.asarray(np.repeat([[0] * 9 + [9] * 7], B, 0), jnp.int32)
+    positions = first if segments else lengths[:, None] + jnp.arange(T, dtype=jnp.int32)
+    out = cpu_kernel.cache_attention(q, k, v, lengths, positions, window, 0.125, segments)
+    a += [np.asarray(o).ravel() for o in out]
+np.save(sys.argv[1], np.concatenate(f + i + a))
 print(cpu_kernel._load().lj_small_m_tile_bits())
 """
 
@@ -98,7 +113,8 @@ def test_the_avx512_tile_gives_the_avx2_tiles_bits(tmp_path):
     LOOKAHEAD_JAX_CPU_KERNEL=avx2: chosen once a process) compute the same FMA chains:
     the same bits, float32 and int8, through pairs of panels and single ones, one group
     of rows and several (the AVX-512 tile takes 12 rows and more); each process says
-    which tile it ran."""
+    which tile it ran. So do cache_attention.cc's two (group512, group256): a step's tokens
+    with a window, a head dim of 16 + 8, a pass's segments."""
     env = {k: v for k, v in os.environ.items() if k != "LOOKAHEAD_JAX_CPU_KERNEL"}
     got = {}
     for bits, extra in ((512, {}), (256, {"LOOKAHEAD_JAX_CPU_KERNEL": "avx2"})):

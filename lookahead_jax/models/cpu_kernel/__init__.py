@@ -3,7 +3,8 @@
 * `matmul` (small_m.cc): y[M, N] = x[M, K] @ W[K, N] reading W from memory once, for the
   M = B x T rows of a step (AVX2, or AVX-512 where the CPU has it, chosen at run time);
 * `cache_attention` (cache_attention.cc): a step's queries over each row's K/V cache, as
-  far as the row's length.
+  far as the row's length (AVX2, or AVX-512 for calls of 12 tokens and more, as the
+  matmul: the same bits either way).
 
 Why a kernel of our own (benchmarks/cpu/small_m.md): a decode step is bound by reading
 its weights, and at M = 1 XLA:CPU's own matrix-vector kernel streams them once; at M > 1
@@ -68,8 +69,8 @@ ATTENTION_TARGET = "lookahead_jax_cache_attention_f32"
 # AVX2 + FMA, not -march=native: a library in a shared cache directory may be loaded on
 # another machine, and lj_small_m_supported() checks the CPU before it is registered
 FLAGS = ("-mavx2", "-mfma", "-std=c++17", "-fPIC")
-# "0" turns the kernel off; "avx2" keeps small_m.cc's AVX2 tile where the CPU has AVX-512
-# (its AVX-512 tile, compiled for it by a target attribute, gives the same bits faster)
+# "0" turns the kernel off; "avx2" keeps the kernels' AVX2 paths where the CPU has AVX-512
+# (their AVX-512 paths, compiled for it by a target attribute, give the same bits faster)
 ENV = "LOOKAHEAD_JAX_CPU_KERNEL"
 
 

@@ -20,19 +20,24 @@
 //
 // One unit of work is a row, a kv head and a run of its queries, handed out to XLA's
 // intra-op threads. A unit reads the visible cache once, 16 positions at a time (the
-// keys and values two tiles ahead prefetched into L2: the hardware's prefetcher alone left
-// the kernel at half the rate these cores stream; into L1, the L1's few outstanding misses
-// held the prefetches up, and 16 rows' one-token step over 256 cached positions took
-// 13.1-14.3 ms for 30 layers where into L2 it takes 9.8-10.3 ms, a 16-token step the same
-// 2.4-3.1 ms, on the 2-core AMD EPYC Zen 4; 1 or 3 tiles ahead measured slower), and for
-// each tile and 6 queries (3 for a one-token step's group of 3 heads):
+// keys and values two tiles ahead prefetched into L2, a line of each with each term of
+// the tile's first scores: the hardware's prefetcher alone left the kernel at half the
+// rate these cores stream on the 2-core AMD EPYC Zen 4, and all of a tile's lines at once
+// held the core up on the L1's few line buffers: 16 rows' one-token step over 256 cached
+// positions took 13.1 ms for 30 layers that way, 9.6 ms spread, on the 2-core Intel Xeon
+// model 167), and for each tile and 6 queries (3 for a one-token step's group of 3 heads):
 //   1. scores: the tile's keys transposed into [Dh, 16], the 6 x 16 scores build up in
 //      12 AVX registers, one FMA chain over d each;
 //   2. the online softmax: each query's top so far, its mass and acc rescaled by
 //      exp(old top - new top), p = exp(score - top) (0 where not visible);
 //   3. acc += p @ V, 6 queries x 16 dims in 12 registers, one FMA chain over the tile.
 // Tiles start at multiples of 16 positions and masked entries add exact zeros, so a
-// query's result does not depend on which other queries share its unit.
+// query's result does not depend on which other queries share its unit. Where the CPU
+// has AVX-512, the call has 12 tokens or more (B x T, as the matmul's AVX-512 tile) and a
+// unit more than 6 queries, group512 does the same 12 queries at a time with a tile's 16
+// positions or dims in one register: each lane the same operations in the same order, so
+// the same bits as the AVX2 path (a 16-token step's 30 layers: 4.8-6.0 ms AVX2, 3.9-4.9
+// AVX-512, benchmarks/cpu/cache_attention_xeon_167_s89.md).
 //
 // Measured (benchmarks/cpu/cache_attention.md): XLA's loop over 64-position blocks took
 // 4.3 ms for 30 layers of one token over 256 positions, this 1.9 ms with the merge.
@@ -87,15 +92,26 @@ inline __m256 hmax8(__m256 v) {  // every lane: the largest of v's lanes
   return _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xb1));
 }
 
+// Cache lines to prefetch into L2 while a tile computes, one of `keys` and one of `values`
+// a term (see unit's loop).
+struct Ahead {
+  const char *keys = nullptr, *values = nullptr;
+  int64_t lines = 0;
+};
+
 // A tile: NR rows a[r] times W registers of columns of b (row stride ldb) over n terms:
 // out[r][j] = sum_i a[r][i] * b[i][j], one FMA chain over i.
 template <int NR, int W>
 inline void tile(const float* const* a, const float* b, int64_t ldb, int64_t n,
-                 __m256 (&out)[NR][2]) {
+                 __m256 (&out)[NR][2], Ahead ahead = {}) {
   __m256 c[NR][W];
   for (int r = 0; r < NR; ++r)
     for (int w = 0; w < W; ++w) c[r][w] = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; ++i) {
+    if (i < ahead.lines) {
+      _mm_prefetch(ahead.keys + 64 * i, _MM_HINT_T1);
+      _mm_prefetch(ahead.values + 64 * i, _MM_HINT_T1);
+    }
     __m256 b0 = _mm256_loadu_ps(b + i * ldb), b1 = b0;
     if (W == 2) b1 = _mm256_loadu_ps(b + i * ldb + 8);
     for (int r = 0; r < NR; ++r) {
@@ -118,11 +134,167 @@ inline void prefetch_rows(const float* buf, int64_t Dh, int64_t from, int64_t to
   for (; p < end; p += 64) _mm_prefetch(p, hint);
 }
 
+// What a tile's groups of queries share (unit's loop): the unit's queries, the tile's
+// keys transposed and its values, each query's visible range and online softmax carry.
+struct TileWork {
+  const float* q;     // [n, Dh]: the unit's queries
+  int64_t n, Dh;
+  const float* kt;    // [Dh, 16]: the tile's keys, transposed
+  const float* vals;  // [m, Dh]: the tile's values (positions s0 .. s0 + m)
+  int64_t s0, m, len;
+  const int64_t *lo, *hi;  // [rows]: each query's first visible position, one past its last
+  float *top, *mass, *acc;  // [rows], [rows], [rows, Dh]: the carry
+  float scale;
+  Ahead ahead;  // lines to prefetch during the first group's scores
+};
+
+// mass * rescale + the tile's sum: the same expression for both widths.
+inline float carried(float mass, float rescale, float tile_sum) {
+  return mass * rescale + tile_sum;
+}
+
+// Queries g .. g + NR of a tile, with AVX2 (see the top of the file).
+template <int64_t NR, bool Segments>
+inline void group256(const TileWork& t, int64_t g) {
+  // scores of NR queries x 16 positions
+  const float* a[NR];
+  for (int64_t r = 0; r < NR; ++r) a[r] = t.q + std::min(g + r, t.n - 1) * t.Dh;
+  __m256 sc[NR][2];
+  tile<NR, 2>(a, t.kt, kCols, t.Dh, sc, g == 0 ? t.ahead : Ahead{});
+  // online softmax: each query's top so far, its mass rescaled, p = exp(s - top)
+  const __m256i at0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(t.s0)),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i at1 = _mm256_add_epi32(at0, _mm256_set1_epi32(8));
+  static_assert(NR <= 8, "one register of rescales");
+  alignas(32) float pt[NR][kCols], sums[NR], rescale[8] = {};
+  for (int64_t r = 0; r < NR; ++r) {
+    const __m256i from = _mm256_set1_epi32(static_cast<int>(t.lo[g + r]) - 1);
+    const __m256i end = _mm256_set1_epi32(static_cast<int>(Segments ? t.hi[g + r] : t.len));
+    const __m256 seen0 = _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_cmpgt_epi32(at0, from), _mm256_cmpgt_epi32(end, at0)));
+    const __m256 seen1 = _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_cmpgt_epi32(at1, from), _mm256_cmpgt_epi32(end, at1)));
+    const __m256 neg = _mm256_set1_ps(kNegInf), scale = _mm256_set1_ps(t.scale);
+    const __m256 x0 = _mm256_blendv_ps(neg, _mm256_mul_ps(sc[r][0], scale), seen0);
+    const __m256 x1 = _mm256_blendv_ps(neg, _mm256_mul_ps(sc[r][1], scale), seen1);
+    const float old = t.top[g + r];
+    const float top = std::max(old, _mm256_cvtss_f32(hmax8(_mm256_max_ps(x0, x1))));
+    const __m256 tv = _mm256_set1_ps(top);
+    const __m256 e0 = _mm256_and_ps(exp256(_mm256_sub_ps(x0, tv)), seen0);
+    const __m256 e1 = _mm256_and_ps(exp256(_mm256_sub_ps(x1, tv)), seen1);
+    _mm256_store_ps(pt[r], e0);
+    _mm256_store_ps(pt[r] + 8, e1);
+    sums[r] = hsum(_mm256_add_ps(e0, e1));
+    rescale[r] = old - top;
+    t.top[g + r] = top;
+  }
+  // exp(old top - new top), the NR queries' in one call (lane r: query r's)
+  _mm256_store_ps(rescale, exp256(_mm256_load_ps(rescale)));
+  for (int64_t r = 0; r < NR; ++r) t.mass[g + r] = carried(t.mass[g + r], rescale[r], sums[r]);
+  // acc = acc * rescale + p @ V, 16 (then 8) dims at a time
+  const float* pa[NR];
+  for (int64_t r = 0; r < NR; ++r) pa[r] = pt[r];
+  for (int64_t d = 0; d < t.Dh; d += kCols) {
+    const bool wide = d + kCols <= t.Dh;
+    __m256 out[NR][2];
+    if (wide) {
+      tile<NR, 2>(pa, t.vals + d, t.Dh, t.m, out);
+    } else {
+      tile<NR, 1>(pa, t.vals + d, t.Dh, t.m, out);
+    }
+    for (int64_t r = 0; r < NR; ++r) {
+      float* o = t.acc + (g + r) * t.Dh + d;
+      const __m256 rs = _mm256_set1_ps(rescale[r]);
+      _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(o), rs, out[r][0]));
+      if (wide) _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_loadu_ps(o + 8), rs, out[r][1]));
+    }
+  }
+}
+
+// exp256 over 16 lanes: the same operations lane by lane, so the same bits.
+__attribute__((target("avx512f"))) inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  __m512 n = _mm512_roundscale_ps(
+      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+// group256 with AVX-512 registers: a tile's 16 positions (scores) or 16 dims (p @ V) in
+// one register where AVX2 takes two, each lane's FMA chain, exp and sum as group256's, so
+// the same bits (test_cpu_kernel.py checks): the exp of 16 scores one call, the masks in
+// mask registers, all of a query's dims in one sweep over the tile's values.
+template <int64_t NR, bool Segments>
+__attribute__((target("avx512f"), noinline)) void group512(const TileWork& t, int64_t g) {
+  const float* a[NR];
+  for (int64_t r = 0; r < NR; ++r) a[r] = t.q + std::min(g + r, t.n - 1) * t.Dh;
+  __m512 sc[NR];
+  for (int64_t r = 0; r < NR; ++r) sc[r] = _mm512_setzero_ps();
+  const Ahead ahead = g == 0 ? t.ahead : Ahead{};
+  for (int64_t i = 0; i < t.Dh; ++i) {  // scores: tile<NR, 2>'s chains
+    if (i < ahead.lines) {
+      _mm_prefetch(ahead.keys + 64 * i, _MM_HINT_T1);
+      _mm_prefetch(ahead.values + 64 * i, _MM_HINT_T1);
+    }
+    const __m512 k = _mm512_loadu_ps(t.kt + i * kCols);
+    for (int64_t r = 0; r < NR; ++r) sc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r][i]), k, sc[r]);
+  }
+  const __m512i at = _mm512_add_epi32(
+      _mm512_set1_epi32(static_cast<int>(t.s0)),
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  static_assert(NR <= 16, "one register of rescales");
+  alignas(64) float pt[NR][kCols], sums[NR], rescale[16] = {};
+  for (int64_t r = 0; r < NR; ++r) {
+    const __m512i from = _mm512_set1_epi32(static_cast<int>(t.lo[g + r]) - 1);
+    const __m512i end = _mm512_set1_epi32(static_cast<int>(Segments ? t.hi[g + r] : t.len));
+    const __mmask16 seen = _mm512_cmpgt_epi32_mask(at, from) & _mm512_cmpgt_epi32_mask(end, at);
+    const __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(kNegInf), seen, sc[r],
+                                        _mm512_set1_ps(t.scale));
+    const float old = t.top[g + r];
+    const float top = std::max(old, _mm512_reduce_max_ps(x));
+    const __m512 e = _mm512_maskz_mov_ps(seen, exp512(_mm512_sub_ps(x, _mm512_set1_ps(top))));
+    _mm512_store_ps(pt[r], e);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1));
+    sums[r] = hsum(_mm256_add_ps(_mm512_castps512_ps256(e), hi));
+    rescale[r] = old - top;
+    t.top[g + r] = top;
+  }
+  _mm512_store_ps(rescale, exp512(_mm512_load_ps(rescale)));
+  for (int64_t r = 0; r < NR; ++r) t.mass[g + r] = carried(t.mass[g + r], rescale[r], sums[r]);
+  for (int64_t d = 0; d < t.Dh; d += kCols) {  // p @ V: tile<NR, W>'s chains
+    const __mmask16 dims = t.Dh - d >= kCols ? 0xffff : 0x00ff;  // (Dh: a multiple of 8)
+    __m512 out[NR];
+    for (int64_t r = 0; r < NR; ++r) out[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < t.m; ++i) {
+      const __m512 v = _mm512_maskz_loadu_ps(dims, t.vals + i * t.Dh + d);
+      for (int64_t r = 0; r < NR; ++r)
+        out[r] = _mm512_fmadd_ps(_mm512_set1_ps(pt[r][i]), v, out[r]);
+    }
+    for (int64_t r = 0; r < NR; ++r) {
+      float* o = t.acc + (g + r) * t.Dh + d;
+      const __m512 old = _mm512_maskz_loadu_ps(dims, o);
+      _mm512_mask_storeu_ps(o, dims, _mm512_fmadd_ps(old, _mm512_set1_ps(rescale[r]), out[r]));
+    }
+  }
+}
+
 // One unit: row b, kv head h, queries [r0, r1), one pass over the visible cache in tiles
 // of 16 positions (see the top of the file), NR queries at a time (3 for a one-token
-// step's group of 3 heads, else 6; a query's arithmetic is the same either way);
-// Segments: p.segments (each query's own end; else the row's length, kept in a register).
-template <int64_t NR, bool Segments>
+// step's group of 3 heads, else 6; a query's arithmetic is the same either way) with
+// AVX2 or (Wide) AVX-512's group512; Segments: p.segments (each query's own end, else
+// the row's).
+template <int64_t NR, bool Segments, bool Wide>
 void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   const int64_t n = r1 - r0, Dh = p.Dh, S = p.S;
   const int64_t bh = b * p.H + h;
@@ -137,12 +309,8 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   kt_buf.resize(static_cast<size_t>(Dh * kCols));
   lo_buf.assign(static_cast<size_t>(rows), len);  // padding rows see nothing
   hi_buf.assign(static_cast<size_t>(rows), 0);
-  float* acc = acc_buf.data();    // [rows, Dh]
-  float* kt = kt_buf.data();      // [Dh, 16]: the tile's keys, transposed
-  int64_t* lo = lo_buf.data();    // [rows]: each query's first visible position
-  int64_t* hi = hi_buf.data();    // [rows]: ... and the one past its last
-  alignas(32) float rescale[NR], pt[NR][kCols];  // a tile's: exp(old top - new), p
-  const float* q = p.q + (bh * p.R + r0) * Dh;
+  int64_t* lo = lo_buf.data();  // [rows]: each query's first visible position
+  int64_t* hi = hi_buf.data();  // [rows]: ... and the one past its last
   const float* keys = p.k + bh * S * Dh;
   const float* vals = p.v + bh * S * Dh;
   int64_t first = len, last = 0;  // the positions any query of the unit sees: [first, last)
@@ -156,66 +324,28 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
     }
     first = std::min(first, lo[r]), last = std::max(last, hi[r]);
   }
+  TileWork tile{p.q + (bh * p.R + r0) * Dh, n, Dh, kt_buf.data(), nullptr, 0, 0, len,
+            lo, hi, tops.data(), masses.data(), acc_buf.data(), p.scale, {}};
   const int64_t base = first / kCols * kCols;  // tiles start at multiples of 16
   prefetch_rows(keys, Dh, base, std::min(last, base + kAhead), _MM_HINT_T1);
   prefetch_rows(vals, Dh, base, std::min(last, base + kAhead), _MM_HINT_T1);
   for (int64_t s0 = base; s0 < last; s0 += kCols) {
-    const int64_t m = std::min(kCols, last - s0);
-    const int64_t ahead = std::min(last, s0 + kAhead + kCols);
-    prefetch_rows(keys, Dh, s0 + kAhead, ahead, _MM_HINT_T1);
-    prefetch_rows(vals, Dh, s0 + kAhead, ahead, _MM_HINT_T1);
+    tile.s0 = s0, tile.m = std::min(kCols, last - s0), tile.vals = vals + s0 * Dh;
+    // the tile kAhead positions on: its lines of keys and of values, one of each a term
+    // of the first group's scores (Dh terms; a tile is 16 x Dh x 4 bytes: Dh lines), so
+    // that the prefetches spread over the work (all at once, they held up the core on
+    // the L1's few line buffers: 16 rows' step took 13.1 ms for 30 layers, spread 9.6)
+    const int64_t later = std::min(last, s0 + kAhead + kCols) - (s0 + kAhead);
+    tile.ahead = {reinterpret_cast<const char*>(keys + (s0 + kAhead) * Dh),
+                  reinterpret_cast<const char*>(vals + (s0 + kAhead) * Dh),
+                  std::max<int64_t>(0, (later * Dh * 4 + 63) / 64)};
     // the tile's m keys [m, Dh] -> kt [Dh, 16], zeros past `last` (nothing read past it)
-    lookahead_jax::transpose_group(keys + s0 * Dh, m, Dh, kCols, 0, kt);
-    const __m256i at0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(s0)),
-                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256i at1 = _mm256_add_epi32(at0, _mm256_set1_epi32(8));
-    const __m256i row_end = _mm256_set1_epi32(static_cast<int>(len));
+    lookahead_jax::transpose_group(keys + s0 * Dh, tile.m, Dh, kCols, 0, kt_buf.data());
     for (int64_t g = 0; g < rows; g += NR) {
-      // scores of NR queries x 16 positions
-      const float* a[NR];
-      for (int64_t r = 0; r < NR; ++r) a[r] = q + std::min(g + r, n - 1) * Dh;
-      __m256 sc[NR][2];
-      tile<NR, 2>(a, kt, kCols, Dh, sc);
-      // online softmax: each query's top so far, its mass rescaled, p = exp(s - top)
-      for (int64_t r = 0; r < NR; ++r) {
-        const __m256i from = _mm256_set1_epi32(static_cast<int>(lo[g + r]) - 1);
-        const __m256i end =
-            Segments ? _mm256_set1_epi32(static_cast<int>(hi[g + r])) : row_end;
-        const __m256 seen0 = _mm256_castsi256_ps(_mm256_and_si256(
-            _mm256_cmpgt_epi32(at0, from), _mm256_cmpgt_epi32(end, at0)));
-        const __m256 seen1 = _mm256_castsi256_ps(_mm256_and_si256(
-            _mm256_cmpgt_epi32(at1, from), _mm256_cmpgt_epi32(end, at1)));
-        const __m256 neg = _mm256_set1_ps(kNegInf), scale = _mm256_set1_ps(p.scale);
-        const __m256 x0 = _mm256_blendv_ps(neg, _mm256_mul_ps(sc[r][0], scale), seen0);
-        const __m256 x1 = _mm256_blendv_ps(neg, _mm256_mul_ps(sc[r][1], scale), seen1);
-        const float old = tops[g + r];
-        const float t = std::max(old, _mm256_cvtss_f32(hmax8(_mm256_max_ps(x0, x1))));
-        const __m256 tv = _mm256_set1_ps(t);
-        const __m256 e0 = _mm256_and_ps(exp256(_mm256_sub_ps(x0, tv)), seen0);
-        const __m256 e1 = _mm256_and_ps(exp256(_mm256_sub_ps(x1, tv)), seen1);
-        _mm256_store_ps(pt[r], e0);
-        _mm256_store_ps(pt[r] + 8, e1);
-        rescale[r] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(old - t)));
-        tops[g + r] = t;
-        masses[g + r] = masses[g + r] * rescale[r] + hsum(_mm256_add_ps(e0, e1));
-      }
-      // acc = acc * rescale + p @ V, 16 (then 8) dims at a time
-      const float* pa[NR];
-      for (int64_t r = 0; r < NR; ++r) pa[r] = pt[r];
-      for (int64_t d = 0; d < Dh; d += kCols) {
-        const bool wide = d + kCols <= Dh;
-        __m256 out[NR][2];
-        if (wide) {
-          tile<NR, 2>(pa, vals + s0 * Dh + d, Dh, m, out);
-        } else {
-          tile<NR, 1>(pa, vals + s0 * Dh + d, Dh, m, out);
-        }
-        for (int64_t r = 0; r < NR; ++r) {
-          float* o = acc + (g + r) * Dh + d;
-          const __m256 rs = _mm256_set1_ps(rescale[r]);
-          _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_loadu_ps(o), rs, out[r][0]));
-          if (wide) _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_loadu_ps(o + 8), rs, out[r][1]));
-        }
+      if constexpr (Wide) {
+        group512<NR, Segments>(tile, g);
+      } else {
+        group256<NR, Segments>(tile, g);
       }
     }
   }
@@ -223,7 +353,23 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   float* mass_out = p.mass + bh * p.R + r0;
   std::copy(tops.begin(), tops.begin() + n, top_out);
   std::copy(masses.begin(), masses.begin() + n, mass_out);
-  std::copy(acc, acc + n * Dh, p.acc + (bh * p.R + r0) * Dh);
+  std::copy(acc_buf.begin(), acc_buf.begin() + n * Dh, p.acc + (bh * p.R + r0) * Dh);
+}
+
+// A unit through the AVX2 path or (wide: more than 6 queries where the CPU has AVX-512,
+// see cache_attention_f32) group512, 12 queries at a time: at 3 queries a tile (16 rows
+// of one token) the AVX-512 path measured no faster, its unit bound by reading the cache.
+void run(const Problem& p, bool wide, int64_t b, int64_t h, int64_t r0, int64_t r1) {
+  constexpr int64_t k12 = 2 * kRows;
+  if (p.segments) {
+    wide ? unit<k12, true, true>(p, b, h, r0, r1) : unit<kRows, true, false>(p, b, h, r0, r1);
+  } else if (r1 - r0 > kRows) {
+    wide ? unit<k12, false, true>(p, b, h, r0, r1) : unit<kRows, false, false>(p, b, h, r0, r1);
+  } else if (r1 - r0 > 3) {
+    unit<kRows, false, false>(p, b, h, r0, r1);
+  } else if (r0 < r1) {
+    unit<3, false, false>(p, b, h, r0, r1);
+  }
 }
 
 }  // namespace
@@ -241,16 +387,14 @@ void cache_attention_f32(Workers& pool, const CacheAttention& p) {
   const int64_t chunk = p.segments ? kCols * (p.R / p.T)  // 16 tokens' queries
                                    : std::max<int64_t>(kRows, (p.R + want - 1) / want);
   const int64_t per_head = (p.R + chunk - 1) / chunk;
-  lookahead_jax::parallel_for(pool, heads * per_head, [p, chunk, per_head](int64_t u) {
+  // AVX-512 where the step's matmuls take it too (kWideRows rows and more: at fewer a
+  // step is bound by reading weights, and Intel cores run AVX-512 at a lower clock that the
+  // whole step would pay)
+  const bool wide = has_avx512() && p.B * p.T >= kWideRows;
+  lookahead_jax::parallel_for(pool, heads * per_head, [p, chunk, per_head, wide](int64_t u) {
     const int64_t bh = u / per_head, r0 = u % per_head * chunk;
     const int64_t r1 = std::min(p.R, r0 + chunk);
-    if (p.segments) {
-      unit<kRows, true>(p, bh / p.H, bh % p.H, r0, r1);
-    } else if (r1 - r0 > 3) {
-      unit<kRows, false>(p, bh / p.H, bh % p.H, r0, r1);
-    } else if (r0 < r1) {
-      unit<3, false>(p, bh / p.H, bh % p.H, r0, r1);
-    }
+    run(p, wide, bh / p.H, bh % p.H, r0, r1);
   });
 }
 

@@ -11,6 +11,13 @@ namespace lookahead_jax {
 
 constexpr int64_t kPanelColumns = 16;  // output columns per panel of W (small_m.cc)
 
+// Whether the kernels take their AVX-512 paths: the CPU has AVX-512F and
+// LOOKAHEAD_JAX_CPU_KERNEL is not "avx2" (which keeps the AVX2 paths, to compare the two
+// on one machine: they give the same bits). Decided once a process (small_m.cc).
+bool has_avx512();
+// ... from this many rows of x (small_m.cc) or tokens of a call (B x T, cache_attention.cc)
+constexpr int64_t kWideRows = 12;
+
 // y[M, P * 16] = x[M, K] @ W, W in panels [P, K, 16] (small_m.cc); int8 panels have a
 // float32 scale per output column.
 void small_m_f32(Workers& pool, const float* x, int64_t M, int64_t K, const float* panels,

@@ -111,7 +111,7 @@ inline void tile(const float* x, int64_t K, const W* panel, const float* scale, 
 // The AVX-512 tile: R <= kRows512 rows of x times one or two panels, one 512-bit
 // accumulator a row and panel; each output the same chain of FMAs over k as `tile`
 // computes.
-constexpr int kRows512 = 12;
+constexpr int kRows512 = lookahead_jax::kWideRows;
 
 __attribute__((target("avx512f"))) inline __m512 load16x512(const float* w) {
   return _mm512_loadu_ps(w);
@@ -166,17 +166,6 @@ __attribute__((target("avx512f"))) inline void tile512(const float* xt, int64_t 
 #undef LJ_INIT
 #undef LJ_FMA
 #undef LJ_STORE
-}
-
-// LOOKAHEAD_JAX_CPU_KERNEL=avx2 keeps the AVX2 tile (to compare the two on one machine).
-bool has_avx512() {
-  static const bool yes = [] {
-    const char* env = std::getenv("LOOKAHEAD_JAX_CPU_KERNEL");
-    if (env != nullptr && std::strcmp(env, "avx2") == 0) return false;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return yes;
 }
 
 // Rows of x go through the AVX-512 tile in Groups512(M) groups of equal size.
@@ -295,7 +284,7 @@ void Run(lookahead_jax::Workers& pool, const Matmul<W>& mm) {
   // the AVX-512 tile's steps measured slower (one token: 31.2 against 29.8 ms, 4 tokens
   // 36.2 against 34.8; benchmarks/cpu/step_ratio_xeon_*.md), likely the lower clock
   // Intel cores run AVX-512 at, which the step's other work pays too.
-  const bool wide = has_avx512() && mm.M >= kRows512;
+  const bool wide = lookahead_jax::has_avx512() && mm.M >= kRows512;
   int64_t chunk = std::max<int64_t>(1, (mm.P + 2 * threads - 1) / (2 * threads));
   if (wide) chunk += chunk % 2;  // pairs of panels: an odd chunk leaves one alone
   // x transposed once a call (M x K floats, a small part of the M x K x N multiply),
@@ -317,6 +306,16 @@ void Run(lookahead_jax::Workers& pool, const Matmul<W>& mm) {
 
 namespace lookahead_jax {
 
+bool has_avx512() {
+  static const bool yes = [] {
+    const char* env = std::getenv("LOOKAHEAD_JAX_CPU_KERNEL");
+    if (env != nullptr && std::strcmp(env, "avx2") == 0) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return yes;
+}
+
 void small_m_f32(Workers& pool, const float* x, int64_t M, int64_t K, const float* panels,
                  int64_t P, float* y) {
   Run(pool, Matmul<float>{x, M, K, panels, P, nullptr, y});
@@ -330,7 +329,7 @@ void small_m_int8(Workers& pool, const float* x, int64_t M, int64_t K, const int
 }  // namespace lookahead_jax
 
 // 512 where the matmul runs its AVX-512 tile (from 12 rows up), else 256: for the tests.
-extern "C" int lj_small_m_tile_bits() { return has_avx512() ? 512 : 256; }
+extern "C" int lj_small_m_tile_bits() { return lookahead_jax::has_avx512() ? 512 : 256; }
 
 // 1 where this CPU runs the kernel (AVX2 and FMA), else 0: checked before registering.
 extern "C" int lj_small_m_supported() {
