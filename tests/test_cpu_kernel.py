@@ -79,18 +79,21 @@ for m in (2, 12, 13, 29):  # below 12 rows (AVX2 in both), one group, 7 + 6, 10 
     f.append(np.asarray(packed.einsum("mk,kn->mn", x, packed.pack(w, (0,)))).ravel())
     q = packed.pack(quantize.quantize(w, (0,)), (0,))
     i.append(np.asarray(packed.einsum("mk,kn->mn", x, q)).ravel())
-# the attention's (AVX-512 from 12 tokens a call, for units of more than 6 queries): a
-# 16-token step with a window, 12 tokens of a head dim of 16 + 8 (units of 9 queries), a
-# ragged pass's segments, and 16 rows of one token (AVX2 in both)
+# the attention's (AVX-512 from 12 tokens a call, for a pass's segments and units of
+# more than 6 queries: a unit is a kv head's R queries over 2 x threads / heads, so these
+# shapes take it below 11 and 16 threads): a 16-token step with a window, 64 tokens of a
+# head dim of 16 + 8, a ragged pass's two segments (head dim 16 + 8), each over two
+# tiles of positions or more, and 16 rows of one token (AVX2 in both)
 a = []
 for B, K, T, S, Dh, window, segments in (
-    (1, 3, 16, 50, 64, 20, False), (1, 1, 12, 40, 24, 9, False),
-    (2, 3, 16, 16, 24, 0, True), (16, 3, 1, 40, 64, 0, False),
+    (1, 3, 16, 50, 64, 20, False), (1, 1, 64, 100, 24, 0, False),
+    (2, 3, 32, 32, 24, 0, True), (16, 3, 1, 40, 64, 0, False),
 ):
     q, k, v = (jnp.asarray(rng.standard_normal((B, K, n, Dh)).astype(np.float32))
                for n in (3 * T, S, S))
-    lengths = jnp.asarray(rng.integers(0, S - T + 1, B), jnp.int32)
-    first = jnp.asarray(np.repeat([[0] * 9 + [9] * 7], B, 0), jnp.int32)
+    lengths = jnp.asarray(rng.integers((S - T) // 2, S - T + 1, B), jnp.int32)
+    lengths = jnp.full((B,), T, jnp.int32) if segments else lengths  # (a pass: its T)
+    first = jnp.asarray(np.repeat([[0] * 9 + [9] * (T - 9)], B, 0), jnp.int32)
     positions = first if segments else lengths[:, None] + jnp.arange(T, dtype=jnp.int32)
     out = cpu_kernel.cache_attention(q, k, v, lengths, positions, window, 0.125, segments)
     a += [np.asarray(o).ravel() for o in out]

@@ -4,7 +4,8 @@
   M = B x T rows of a step (AVX2, or AVX-512 where the CPU has it, chosen at run time);
 * `cache_attention` (cache_attention.cc): a step's queries over each row's K/V cache, as
   far as the row's length (AVX2, or AVX-512 for calls of 12 tokens and more, as the
-  matmul: the same bits either way).
+  matmul, where a unit holds more than 6 queries or a pass's segments: the same bits
+  either way).
 
 Why a kernel of our own (benchmarks/cpu/small_m.md): a decode step is bound by reading
 its weights, and at M = 1 XLA:CPU's own matrix-vector kernel streams them once; at M > 1

@@ -22,10 +22,13 @@
 // intra-op threads. A unit reads the visible cache once, 16 positions at a time (the
 // keys and values two tiles ahead prefetched into L2, a line of each with each term of
 // the tile's first scores: the hardware's prefetcher alone left the kernel at half the
-// rate these cores stream on the 2-core AMD EPYC Zen 4, and all of a tile's lines at once
-// held the core up on the L1's few line buffers: 16 rows' one-token step over 256 cached
-// positions took 13.1 ms for 30 layers that way, 9.6 ms spread, on the 2-core Intel Xeon
-// model 167), and for each tile and 6 queries (3 for a one-token step's group of 3 heads):
+// rate these cores stream; into L1, the L1's few outstanding misses held the prefetches
+// up, and 16 rows' one-token step over 256 cached positions took 13.1-14.3 ms for 30
+// layers where into L2 it takes 9.8-10.3 ms, a 16-token step the same 2.4-3.1 ms, on the
+// 2-core AMD EPYC Zen 4; 1 or 3 tiles ahead measured slower; all of a tile's lines at
+// once, at its start, held the core up on the L1's line buffers as well: 13.1 ms that
+// way, 9.6 ms spread, on the 2-core Intel Xeon model 167), and for each tile and 6
+// queries (3 for a one-token step's group of 3 heads):
 //   1. scores: the tile's keys transposed into [Dh, 16], the 6 x 16 scores build up in
 //      12 AVX registers, one FMA chain over d each;
 //   2. the online softmax: each query's top so far, its mass and acc rescaled by
@@ -34,7 +37,8 @@
 // Tiles start at multiples of 16 positions and masked entries add exact zeros, so a
 // query's result does not depend on which other queries share its unit. Where the CPU
 // has AVX-512, the call has 12 tokens or more (B x T, as the matmul's AVX-512 tile) and a
-// unit more than 6 queries, group512 does the same 12 queries at a time with a tile's 16
+// unit more than 6 queries (or is a pass's segments), group512 does the same 12 queries
+// at a time with a tile's 16
 // positions or dims in one register: each lane the same operations in the same order, so
 // the same bits as the AVX2 path (a 16-token step's 30 layers: 4.8-6.0 ms AVX2, 3.9-4.9
 // AVX-512, benchmarks/cpu/cache_attention_xeon_167_s89.md).
@@ -291,9 +295,9 @@ __attribute__((target("avx512f"), noinline)) void group512(const TileWork& t, in
 
 // One unit: row b, kv head h, queries [r0, r1), one pass over the visible cache in tiles
 // of 16 positions (see the top of the file), NR queries at a time (3 for a one-token
-// step's group of 3 heads, else 6; a query's arithmetic is the same either way) with
-// AVX2 or (Wide) AVX-512's group512; Segments: p.segments (each query's own end, else
-// the row's).
+// step's group of 3 heads, else 6, or 12 with AVX-512; a query's arithmetic is the same
+// either way) with AVX2 or (Wide) AVX-512's group512; Segments: p.segments (each query's
+// own end, else the row's).
 template <int64_t NR, bool Segments, bool Wide>
 void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   const int64_t n = r1 - r0, Dh = p.Dh, S = p.S;
@@ -324,28 +328,31 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
     }
     first = std::min(first, lo[r]), last = std::max(last, hi[r]);
   }
-  TileWork tile{p.q + (bh * p.R + r0) * Dh, n, Dh, kt_buf.data(), nullptr, 0, 0, len,
-            lo, hi, tops.data(), masses.data(), acc_buf.data(), p.scale, {}};
+  TileWork work{p.q + (bh * p.R + r0) * Dh, n, Dh, kt_buf.data(), nullptr, 0, 0, len,
+                lo, hi, tops.data(), masses.data(), acc_buf.data(), p.scale, {}};
   const int64_t base = first / kCols * kCols;  // tiles start at multiples of 16
   prefetch_rows(keys, Dh, base, std::min(last, base + kAhead), _MM_HINT_T1);
   prefetch_rows(vals, Dh, base, std::min(last, base + kAhead), _MM_HINT_T1);
   for (int64_t s0 = base; s0 < last; s0 += kCols) {
-    tile.s0 = s0, tile.m = std::min(kCols, last - s0), tile.vals = vals + s0 * Dh;
+    work.s0 = s0, work.m = std::min(kCols, last - s0), work.vals = vals + s0 * Dh;
     // the tile kAhead positions on: its lines of keys and of values, one of each a term
     // of the first group's scores (Dh terms; a tile is 16 x Dh x 4 bytes: Dh lines), so
     // that the prefetches spread over the work (all at once, they held up the core on
     // the L1's few line buffers: 16 rows' step took 13.1 ms for 30 layers, spread 9.6)
     const int64_t later = std::min(last, s0 + kAhead + kCols) - (s0 + kAhead);
-    tile.ahead = {reinterpret_cast<const char*>(keys + (s0 + kAhead) * Dh),
-                  reinterpret_cast<const char*>(vals + (s0 + kAhead) * Dh),
-                  std::max<int64_t>(0, (later * Dh * 4 + 63) / 64)};
+    work.ahead = {};
+    if (later > 0) {  // (no pointer past the buffers is formed)
+      work.ahead = {reinterpret_cast<const char*>(keys + (s0 + kAhead) * Dh),
+                    reinterpret_cast<const char*>(vals + (s0 + kAhead) * Dh),
+                    (later * Dh * 4 + 63) / 64};
+    }
     // the tile's m keys [m, Dh] -> kt [Dh, 16], zeros past `last` (nothing read past it)
-    lookahead_jax::transpose_group(keys + s0 * Dh, tile.m, Dh, kCols, 0, kt_buf.data());
+    lookahead_jax::transpose_group(keys + s0 * Dh, work.m, Dh, kCols, 0, kt_buf.data());
     for (int64_t g = 0; g < rows; g += NR) {
       if constexpr (Wide) {
-        group512<NR, Segments>(tile, g);
+        group512<NR, Segments>(work, g);
       } else {
-        group256<NR, Segments>(tile, g);
+        group256<NR, Segments>(work, g);
       }
     }
   }
@@ -356,9 +363,10 @@ void unit(const Problem& p, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   std::copy(acc_buf.begin(), acc_buf.begin() + n * Dh, p.acc + (bh * p.R + r0) * Dh);
 }
 
-// A unit through the AVX2 path or (wide: more than 6 queries where the CPU has AVX-512,
-// see cache_attention_f32) group512, 12 queries at a time: at 3 queries a tile (16 rows
-// of one token) the AVX-512 path measured no faster, its unit bound by reading the cache.
+// A unit through the AVX2 path or (wide, see cache_attention_f32: a pass's segments and
+// units of more than 6 queries) group512, 12 queries at a time: at 3 queries a tile (16
+// rows of one token) the AVX-512 path measured no faster, its unit bound by reading the
+// cache.
 void run(const Problem& p, bool wide, int64_t b, int64_t h, int64_t r0, int64_t r1) {
   constexpr int64_t k12 = 2 * kRows;
   if (p.segments) {
