@@ -40,7 +40,7 @@
 // unit more than 6 queries (or is a pass's segments), group512 does the same 12 queries
 // at a time with a tile's 16
 // positions or dims in one register: each lane the same operations in the same order, so
-// the same bits as the AVX2 path (a 16-token step's 30 layers: 4.8-6.0 ms AVX2, 3.9-4.9
+// the same bits as the AVX2 path (a 16-token step's 30 layers: 4.4-5.7 ms AVX2, 3.7-4.8
 // AVX-512, benchmarks/cpu/cache_attention_xeon_167_s89.md).
 //
 // Measured (benchmarks/cpu/cache_attention.md): XLA's loop over 64-position blocks took
