@@ -29,6 +29,7 @@ from lookahead_jax.engine import prefill_args, prefill_planning
 from lookahead_jax.engine.inputs import bucket
 from lookahead_jax.engine.prefill_planning import PrefillPlanner
 from lookahead_jax.engine.round_choice import RoundChoice
+from lookahead_jax.engine.scheduler import Scheduler
 from lookahead_jax.models import seam
 from tests import tiny
 from tests.helpers import accepted_guesses, engine_packs_ragged, random_prompts, with_eos
@@ -211,27 +212,46 @@ def test_a_round_reads_the_device_twice(model64, monkeypatch):
     threading.current_thread() is not threading.main_thread(),
     reason="Ctrl-C is held only in the main thread",
 )
-def test_ctrl_c_in_generate_returns_the_tokens_decoded_so_far(model64):
-    """Ctrl-C during lj.generate (sent by its own stream callback, so that it lands inside
-    a round, where it is held) ends the run after that round: GenerationInterrupted
-    carries each row's tokens so far, a prefix of the full decode, all of them streamed."""
+@pytest.mark.parametrize("between_rounds", [False, True], ids=["in_a_round", "between_rounds"])
+def test_ctrl_c_in_generate_returns_the_tokens_decoded_so_far(model64, monkeypatch, between_rounds):
+    """Ctrl-C during lj.generate ends the run after the round it lands in (sent by its own
+    stream callback, inside a round's held block) or after the next (sent between two
+    rounds' blocks: held too, by the whole run's): GenerationInterrupted carries each
+    row's tokens so far, a prefix of the full decode, all of them streamed."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     streamed = [[] for _ in PROMPTS]
+
+    def ctrl_c_once_under_way():
+        if sum(map(len, streamed)) > 2 * len(PROMPTS) and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
 
     def stream(new):
         for b, tokens in enumerate(new):
             streamed[b] += tokens
-        if sum(map(len, streamed)) > 2 * len(PROMPTS):
-            os.kill(os.getpid(), signal.SIGINT)
+        if not between_rounds:
+            ctrl_c_once_under_way()
 
+    def advance_then_ctrl_c(scheduler):
+        out = held_advance(scheduler)
+        ctrl_c_once_under_way()  # after the round's own held block
+        return out
+
+    sent, held_advance = [], Scheduler.held_advance
+    if between_rounds:
+        monkeypatch.setattr(Scheduler, "held_advance", advance_then_ctrl_c)
+    caught = None
     try:
-        with jax.enable_x64(True), pytest.raises(lj.GenerationInterrupted) as caught:
+        with jax.enable_x64(True):
             lj.generate(
                 model64, PROMPTS, max_new_tokens=MAX_NEW, seed=SEED, lookahead=None, stream=stream
             )
+    except KeyboardInterrupt as e:  # (a plain one would end pytest: caught, then asserted)
+        caught = e
     finally:
         signal.signal(signal.SIGINT, previous)
-    partial, full = caught.value.partial, reference(model64, 0.0)
+    assert sent and isinstance(caught, lj.GenerationInterrupted), f"the Ctrl-C ended in {caught!r}"
+    partial, full = caught.partial, reference(model64, 0.0)
     assert partial.stats.interrupted
     assert partial.token_ids == streamed
     assert all(full[b][: len(tokens)] == tokens for b, tokens in enumerate(partial.token_ids))

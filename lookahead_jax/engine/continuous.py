@@ -33,6 +33,7 @@ from lookahead_jax.distributed import multihost, sharding
 from lookahead_jax.engine import describe, inputs, prefill_planning, requests, row_buckets
 from lookahead_jax.engine.config import EngineConfig
 from lookahead_jax.engine.grammar_bank import GrammarBank
+from lookahead_jax.engine.interrupts import held
 from lookahead_jax.engine.prefill_shapes import PaddedShapes
 from lookahead_jax.engine.prefix_cache import PrefixCache
 from lookahead_jax.engine.requests import Encoded, Listener, Request, Result, Update
@@ -179,10 +180,10 @@ class Engine:
         has it) they go into the slots in one prefill, prompt b into slot b.
 
         stream(new): after the prefill and after every round (`stream_steps` steps), each
-        prompt's newly committed tokens, when some are new. Ctrl-C ends the run after the
-        round it came in; the requests in flight then end with finish "interrupted".
-
-        Returns (the results in prompt order, whether Ctrl-C ended it)."""
+        prompt's newly committed tokens, when some are new. Ctrl-C, held the whole run, ends
+        it after the round it came in (or the next, if it came between two); the requests in
+        flight end with finish "interrupted". Returns (the results in prompt order, whether
+        Ctrl-C ended it)."""
         new: list[list[int]] = [[] for _ in prompts]
         listener = None if stream is None else (lambda u: new[u.id].extend(u.token_ids))
         encoded = [
@@ -202,12 +203,13 @@ class Engine:
 
             scheduler.after_collect = after_collect
         results, pressed = {}, False
-        try:
-            for finished in self._drive(scheduler, end_interrupted=True):
-                results.update((r.id, r) for r in finished)
-        except _CtrlC:  # only the driver's own: a Ctrl-C elsewhere propagates as it came
-            pressed = True
-        return [results[b] for b in range(len(prompts))], pressed
+        with held() as ctrl_c:  # (its rounds' own held blocks see this one's ctrl_c)
+            try:
+                for finished in self._drive(scheduler, end_interrupted=True):
+                    results.update((r.id, r) for r in finished)
+            except _CtrlC:  # only the driver's own: a Ctrl-C elsewhere propagates as it came
+                pressed = True
+        return [results[b] for b in range(len(prompts))], pressed or ctrl_c.pressed
 
     def _drive(self, scheduler: Scheduler, end_interrupted: bool) -> Iterator[list[Result]]:
         """The one offline driver (run, run_batch, lj.generate): rounds with Ctrl-C held
@@ -384,13 +386,9 @@ class Engine:
         return True
 
     def _take_inbox(self) -> list[tuple[str, object]]:
-        """What the inbox holds, in order, taken out of it."""
-        taken = []
-        while True:
-            try:
-                taken.append(self._inbox.get_nowait())
-            except queue.Empty:
-                return taken
+        """What the inbox holds, in order, taken out of it (the engine's thread alone takes
+        from it, so the qsize() items counted are there to take)."""
+        return [self._inbox.get_nowait() for _ in range(self._inbox.qsize())]
 
     def _drain(self, scheduler: Scheduler) -> None:
         for kind, item in self._take_inbox():

@@ -18,12 +18,21 @@ class _Held:
     pressed = False
 
 
+_holding: _Held | None = None  # the outermost held block of the main thread, while it runs
+
+
 @contextlib.contextmanager
 def held():
     """Hold SIGINT for the block; the yielded object's `pressed` says whether it came.
     Only where Python's own SIGINT handler is in place (the main thread); elsewhere (the
-    server's engine thread, a handler of the caller's own) the block runs as it is."""
+    server's engine thread, a handler of the caller's own) the block runs as it is. A
+    block inside another (a round inside lj.generate's whole run) yields the outer one's
+    object: a Ctrl-C between two rounds is then seen by the next round, not lost."""
+    global _holding
     ctrl_c = _Held()
+    if threading.current_thread() is threading.main_thread() and _holding is not None:
+        yield _holding
+        return
     if (
         threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
@@ -35,7 +44,9 @@ def held():
         ctrl_c.pressed = True
 
     signal.signal(signal.SIGINT, hold)
+    _holding = ctrl_c
     try:
         yield ctrl_c
     finally:
+        _holding = None
         signal.signal(signal.SIGINT, signal.default_int_handler)
