@@ -872,7 +872,7 @@ def test_ctrl_c_during_stream_prints_the_text_so_far_and_the_stats(smollm2_ckpt)
             # share their compiled programs (through the run's compilation cache)
             "--prompt",
             "Monday\nTuesday\nWednesday\n",
-            # no chat template: the week's days go on for all 400 tokens (~5 s), where
+            # no chat template: the week's days go on for 400 tokens (several seconds), where
             # the chat answer ends after 13 and a Ctrl-C 0.5 s in came after the end
             "--no-chat",
             "--max-new-tokens",

@@ -25,7 +25,7 @@ import pytest
 
 import lookahead_jax as lj
 from lookahead_jax.decoding import autotune
-from lookahead_jax.engine import prefill_args, prefill_planning
+from lookahead_jax.engine import interrupts, prefill_args, prefill_planning
 from lookahead_jax.engine.inputs import bucket
 from lookahead_jax.engine.prefill_planning import PrefillPlanner
 from lookahead_jax.engine.round_choice import RoundChoice
@@ -256,6 +256,40 @@ def test_ctrl_c_in_generate_returns_the_tokens_decoded_so_far(model64, monkeypat
     assert partial.token_ids == streamed
     assert all(full[b][: len(tokens)] == tokens for b, tokens in enumerate(partial.token_ids))
     assert 2 * len(PROMPTS) < sum(map(len, partial.token_ids)) < sum(map(len, full))
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(),
+    reason="Ctrl-C is held only in the main thread",
+)
+def test_held_blocks_nest_and_give_the_handler_back():
+    """interrupts.held: a Ctrl-C in the block is held and reported; a block inside another
+    reports the outer one's (the flag lj.generate's next round reads); Python's handler is
+    back after the outermost, an exception's too; another thread's block holds nothing
+    and never takes the main thread's flag."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    in_thread = []
+
+    def thread_block():
+        with interrupts.held() as ctrl_c:
+            in_thread.append(ctrl_c)
+
+    try:
+        with interrupts.held() as outer:
+            os.kill(os.getpid(), signal.SIGINT)  # held: no KeyboardInterrupt
+            with interrupts.held() as inner:
+                assert inner is outer and inner.pressed
+            thread = threading.Thread(target=thread_block)
+            thread.start()
+            thread.join()
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert len(in_thread) == 1 and in_thread[0] is not outer and not in_thread[0].pressed
+        with pytest.raises(ValueError), interrupts.held():
+            raise ValueError
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_auto_handing_over_to_plain_mid_run_stays_exact(model64, monkeypatch, tmp_path):

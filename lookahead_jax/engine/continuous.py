@@ -180,10 +180,9 @@ class Engine:
         has it) they go into the slots in one prefill, prompt b into slot b.
 
         stream(new): after the prefill and after every round (`stream_steps` steps), each
-        prompt's newly committed tokens, when some are new. Ctrl-C, held the whole run, ends
-        it after the round it came in (or the next, if it came between two); the requests in
-        flight end with finish "interrupted". Returns (the results in prompt order, whether
-        Ctrl-C ended it)."""
+        prompt's newly committed tokens, when some are new. Ctrl-C (held the whole run) ends it
+        after the round it came in, or the next if it came between two (after the last: not
+        reported); requests in flight end "interrupted". Returns (results by prompt, pressed)."""
         new: list[list[int]] = [[] for _ in prompts]
         listener = None if stream is None else (lambda u: new[u.id].extend(u.token_ids))
         encoded = [
@@ -203,13 +202,13 @@ class Engine:
 
             scheduler.after_collect = after_collect
         results, pressed = {}, False
-        with held() as ctrl_c:  # (its rounds' own held blocks see this one's ctrl_c)
+        with held():  # (its rounds' own held blocks report this one's Ctrl-C)
             try:
                 for finished in self._drive(scheduler, end_interrupted=True):
                     results.update((r.id, r) for r in finished)
             except _CtrlC:  # only the driver's own: a Ctrl-C elsewhere propagates as it came
                 pressed = True
-        return [results[b] for b in range(len(prompts))], pressed or ctrl_c.pressed
+        return [results[b] for b in range(len(prompts))], pressed
 
     def _drive(self, scheduler: Scheduler, end_interrupted: bool) -> Iterator[list[Result]]:
         """The one offline driver (run, run_batch, lj.generate): rounds with Ctrl-C held
@@ -238,9 +237,8 @@ class Engine:
     def _offline(self, encoded: list[Encoded], per_round: bool = False) -> Scheduler:
         """A fresh scheduler and stats, `encoded` queued (per_round: as online: warm_up)."""
         fixed_P = None if self.max_prompt_tokens is None else inputs.bucket(self.max_prompt_tokens)
-        new_positions = inputs.bucket(
-            max(self.max_new_tokens, *(r.max_new_tokens for r in encoded))
-        )
+        most_new = max(self.max_new_tokens, *(r.max_new_tokens for r in encoded))
+        new_positions = inputs.bucket(most_new)
         sampled = self.sampled
         if sampled is None:  # (warm_up: as online, where any request may sample)
             sampled = per_round or any(not r.sampling.greedy for r in encoded)
@@ -386,9 +384,13 @@ class Engine:
         return True
 
     def _take_inbox(self) -> list[tuple[str, object]]:
-        """What the inbox holds, in order, taken out of it (the engine's thread alone takes
-        from it, so the qsize() items counted are there to take)."""
-        return [self._inbox.get_nowait() for _ in range(self._inbox.qsize())]
+        """What the inbox holds, in order, taken out of it."""
+        taken = []
+        while True:
+            try:
+                taken.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return taken
 
     def _drain(self, scheduler: Scheduler) -> None:
         for kind, item in self._take_inbox():

@@ -18,35 +18,32 @@ class _Held:
     pressed = False
 
 
-_holding: _Held | None = None  # the outermost held block of the main thread, while it runs
-
-
 @contextlib.contextmanager
 def held():
     """Hold SIGINT for the block; the yielded object's `pressed` says whether it came.
     Only where Python's own SIGINT handler is in place (the main thread); elsewhere (the
     server's engine thread, a handler of the caller's own) the block runs as it is. A
-    block inside another (a round inside lj.generate's whole run) yields the outer one's
-    object: a Ctrl-C between two rounds is then seen by the next round, not lost."""
-    global _holding
+    block inside another (each round of lj.generate's run, held whole) yields the outer
+    one's object, which its handler carries: a Ctrl-C between two rounds is then seen
+    by the next round, not raised in the gap."""
     ctrl_c = _Held()
-    if threading.current_thread() is threading.main_thread() and _holding is not None:
-        yield _holding
+    if threading.current_thread() is not threading.main_thread():
+        yield ctrl_c
         return
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    current = signal.getsignal(signal.SIGINT)
+    if isinstance(getattr(current, "ctrl_c", None), _Held):  # nested in a held block
+        yield current.ctrl_c
+        return
+    if current is not signal.default_int_handler:
         yield ctrl_c
         return
 
     def hold(signum, frame):
         ctrl_c.pressed = True
 
+    hold.ctrl_c = ctrl_c
     signal.signal(signal.SIGINT, hold)
-    _holding = ctrl_c
     try:
         yield ctrl_c
     finally:
-        _holding = None
         signal.signal(signal.SIGINT, signal.default_int_handler)
