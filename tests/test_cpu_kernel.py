@@ -185,6 +185,40 @@ def test_a_querys_attention_does_not_depend_on_the_other_queries(window):
         np.testing.assert_array_equal(np.asarray(m)[:, :, :3], np.asarray(o))
 
 
+def _argmax_rows(rng, M: int, N: int) -> list[np.ndarray]:
+    """[M, N] float32 rows that make an argmax's order show: random values, ties, +inf,
+    NaNs (scattered, last, everywhere), all -inf, -0 beside +0, two equal maxima."""
+    x = rng.standard_normal((M, N)).astype(np.float32)
+    ties, inf, nan, last_nan, twice = (x.copy() for _ in range(5))
+    ties = np.round(ties * 2) / 2
+    inf[:, ::3] = np.inf
+    nan[rng.random((M, N)) < 0.05] = np.nan
+    last_nan[:, -1] = np.nan
+    twice[:, [N // 2, N - 1]] = 100.0
+    zeros = np.where(rng.random((M, N)) < 0.5, np.float32(-0.0), np.float32(0.0))
+    every = (np.full((M, N), v, np.float32) for v in (-np.inf, np.nan))
+    return [x, ties, inf, nan, last_nan, twice, zeros.astype(np.float32), *every]
+
+
+@pytest.mark.parametrize("N", [1, 7, 64, 65, 100, 1003])
+def test_first_max_index_is_jnps_argmax(N):
+    """The argmax kernel (row_argmax.cc, sampling.first_max_index's on a CPU) gives
+    jnp.argmax's index bit for bit: the first of equal maxima, the first NaN, a vector
+    lane's and the scalar tail's candidates merged in one order; over 1, 3 and 16 rows,
+    a [2, 3, N] batch and under vmap."""
+    rng = np.random.default_rng(N)
+    argmax = jax.jit(cpu_kernel.first_max_index)
+    for M in (1, 3, 16):
+        for x in _argmax_rows(rng, M, N):
+            want = np.asarray(jnp.argmax(x, axis=-1))
+            np.testing.assert_array_equal(np.asarray(argmax(jnp.asarray(x))), want)
+    x = jnp.asarray(np.stack(_argmax_rows(rng, 3, N)[:2]))  # [2, 3, N]
+    np.testing.assert_array_equal(np.asarray(argmax(x)), np.asarray(jnp.argmax(x, axis=-1)))
+    np.testing.assert_array_equal(
+        np.asarray(jax.vmap(cpu_kernel.first_max_index)(x)), np.asarray(jnp.argmax(x, axis=-1))
+    )
+
+
 def test_lookup_and_lm_head_out_of_the_panels():
     """A [V, D] embedding packed over D: its rows come back exactly (float and int8),
     and as the LM head it is x @ E.T."""

@@ -1,11 +1,13 @@
-"""Two kernels for x86-64 CPUs, outside XLA, for a decode step's work:
+"""Three kernels for x86-64 CPUs, outside XLA, for a decode step's work:
 
 * `matmul` (small_m.cc): y[M, N] = x[M, K] @ W[K, N] reading W from memory once, for the
   M = B x T rows of a step (AVX2, or AVX-512 where the CPU has it, chosen at run time);
 * `cache_attention` (cache_attention.cc): a step's queries over each row's K/V cache, as
   far as the row's length (AVX2, or AVX-512 for calls of 12 tokens and more, as the
   matmul, where a unit holds more than 6 queries or a pass's segments: the same bits
-  either way).
+  either way);
+* `first_max_index` (row_argmax.cc): jnp.argmax over the logits' rows in one pass (AVX2;
+  XLA's two reductions took 1.2-1.8 ms of a 16-row step; sampling.first_max_index).
 
 Why a kernel of our own (benchmarks/cpu/small_m.md): a decode step is bound by reading
 its weights, and at M = 1 XLA:CPU's own matrix-vector kernel streams them once; at M > 1
@@ -61,12 +63,14 @@ SOURCES = {
         ("ffi_bindings.cc", "-O1"),
         ("small_m.cc", "-O3"),
         ("cache_attention.cc", "-O3"),
+        ("row_argmax.cc", "-O3"),
     )
 }
 # the headers the sources include (in the key)
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("parallel.h", "kernels.h", "transpose.h"))
 TARGETS = {"float32": "lookahead_jax_small_m_f32", "int8": "lookahead_jax_small_m_int8"}
 ATTENTION_TARGET = "lookahead_jax_cache_attention_f32"
+ARGMAX_TARGET = "lookahead_jax_first_max_index_f32"
 # AVX2 + FMA, not -march=native: a library in a shared cache directory may be loaded on
 # another machine, and lj_small_m_supported() checks the CPU before it is registered
 FLAGS = ("-mavx2", "-mfma", "-std=c++17", "-fPIC")
@@ -106,7 +110,7 @@ def _library_path() -> Path:
 def _build(out: Path) -> None:
     """Compile the sources into `out` (atomically: a half-written library is never seen),
     as many compiler processes at once as there are cores, the longest (the FFI handlers)
-    first, then link them. On 2 cores: the handlers beside the two kernels one after the
+    first, then link them. On 2 cores: the handlers beside the kernels one after the
     other, 4.5 s; the three at once took 7.5 s."""
     cxx = _compiler()
     if cxx is None:
@@ -179,6 +183,7 @@ def _load() -> ctypes.CDLL | None:
     jax.ffi.register_ffi_target(TARGETS["int8"], jax.ffi.pycapsule(lib.LjSmallMInt8), "cpu")
     capsule = jax.ffi.pycapsule(lib.LjCacheAttentionF32)
     jax.ffi.register_ffi_target(ATTENTION_TARGET, capsule, "cpu")
+    jax.ffi.register_ffi_target(ARGMAX_TARGET, jax.ffi.pycapsule(lib.LjFirstMaxF32), "cpu")
     return lib
 
 
@@ -258,3 +263,13 @@ def cache_attention(
         scale=np.float32(scale),
         segments=int(segments),
     )
+
+
+def first_max_index(x_mn: jax.Array) -> jax.Array:
+    """jnp.argmax over the last axis of float32 x [..., N] (N >= 1) -> int32 [...]: the
+    first index of the largest value, a NaN counting as the largest (row_argmax.cc)."""
+    assert available(), "the CPU kernel is not available here (cpu_kernel.available())"
+    assert x_mn.dtype == jnp.float32 and x_mn.ndim >= 1 and x_mn.shape[-1] >= 1, x_mn
+    out = jax.ShapeDtypeStruct(x_mn.shape[:-1], jnp.int32)
+    # (rows are independent: a vmapped call is one call over the batched rows)
+    return jax.ffi.ffi_call(ARGMAX_TARGET, out, vmap_method="broadcast_all")(x_mn)

@@ -98,6 +98,20 @@ ffi::Error CacheAttentionF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   return ffi::Error::Success();
 }
 
+ffi::Error FirstMaxF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                       ffi::ResultBuffer<ffi::S32> out) {
+  const auto xd = x.dimensions();
+  const int64_t N = xd.size() ? xd.back() : 0;
+  if (N == 0) return ffi::Error::InvalidArgument("argmax over an empty last axis");
+  const int64_t M = x.element_count() / N;
+  if (static_cast<int64_t>(out->element_count()) != M) {
+    return ffi::Error::InvalidArgument("argmax: out must hold one index a row");
+  }
+  FfiWorkers workers(pool);
+  lookahead_jax::first_max_index_f32(workers, x.typed_data(), M, N, out->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LjSmallMF32, SmallMF32,
@@ -129,3 +143,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjCacheAttentionF32, CacheAttentionF32,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFirstMaxF32, FirstMaxF32,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());

@@ -38,6 +38,9 @@ struct CacheAttention {
 };
 void cache_attention_f32(Workers& pool, const CacheAttention& p);
 
+// out[m] = jnp.argmax(x[m]) for x [M, N], N >= 1 (row_argmax.cc).
+void first_max_index_f32(Workers& pool, const float* x, int64_t M, int64_t N, int32_t* out);
+
 }  // namespace lookahead_jax
 
 #endif  // LOOKAHEAD_JAX_CPU_KERNEL_KERNELS_H_

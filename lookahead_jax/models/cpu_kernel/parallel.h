@@ -1,7 +1,7 @@
 // Work items 0 .. n-1 shared out between XLA's intra-op threads: handed out by an atomic
 // counter, the calling thread and the tasks it schedules take items until none are left,
 // and the caller then waits only for the items still being computed (a task that starts
-// late finds nothing left to do; the shared state outlives it). Used by both kernels.
+// late finds nothing left to do; the shared state outlives it). Used by every kernel.
 //
 // The kernels see XLA's thread pool through `Workers` (ffi_bindings.cc adapts it), so
 // that they compile without XLA's FFI header: that header alone took ~4 s of each
