@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import lookahead_jax as lj
+from lookahead_jax.decoding import sampling
 from lookahead_jax.models import cpu_kernel, fused, packed, quantize
 from lookahead_jax.models.llama import attention, forward
 from lookahead_jax.models.packed import PackedWeight
@@ -187,7 +188,8 @@ def test_a_querys_attention_does_not_depend_on_the_other_queries(window):
 
 def _argmax_rows(rng, M: int, N: int) -> list[np.ndarray]:
     """[M, N] float32 rows that make an argmax's order show: random values, ties, +inf,
-    NaNs (scattered, last, everywhere), all -inf, -0 beside +0, two equal maxima."""
+    NaNs (scattered, last, everywhere), all -inf, -0 beside +0, two equal maxima, and
+    values placed where the kernel's lanes meet (below)."""
     x = rng.standard_normal((M, N)).astype(np.float32)
     ties, inf, nan, last_nan, twice = (x.copy() for _ in range(5))
     ties = np.round(ties * 2) / 2
@@ -197,10 +199,27 @@ def _argmax_rows(rng, M: int, N: int) -> list[np.ndarray]:
     twice[:, [N // 2, N - 1]] = 100.0
     zeros = np.where(rng.random((M, N)) < 0.5, np.float32(-0.0), np.float32(0.0))
     every = (np.full((M, N), v, np.float32) for v in (-np.inf, np.nan))
-    return [x, ties, inf, nan, last_nan, twice, zeros.astype(np.float32), *every]
+    # where the kernel's lanes meet (N > 70): equal maxima, then NaNs, at 37 and 66 (its
+    # first chain's lanes 5 and 2: a merge by lane, not by index, would take 66); +inf
+    # before a NaN; a NaN last after +inf (in the tail where N is not a multiple of 32);
+    # and the smallest denormal among zeros
+    placed = []
+    if N > 70:
+        for at, values in (
+            ((37, 66), (100.0, 100.0)),
+            ((37, 66), (np.nan, np.nan)),
+            ((0, 70), (np.inf, np.nan)),
+            ((5, N - 1), (np.inf, np.nan)),
+        ):
+            y = x.copy()
+            y[:, at[0]], y[:, at[1]] = values
+            placed.append(y)
+    tiny = np.zeros((M, N), np.float32)
+    tiny[:, min(40, N - 1)] = np.float32(1e-45)
+    return [x, ties, inf, nan, last_nan, twice, zeros.astype(np.float32), *every, *placed, tiny]
 
 
-@pytest.mark.parametrize("N", [1, 7, 64, 65, 100, 1003])
+@pytest.mark.parametrize("N", [1, 63, 64, 96, 128, 1003, 49152])
 def test_first_max_index_is_jnps_argmax(N):
     """The argmax kernel (row_argmax.cc, sampling.first_max_index's on a CPU) gives
     jnp.argmax's index bit for bit: the first of equal maxima, the first NaN, a vector
@@ -208,6 +227,7 @@ def test_first_max_index_is_jnps_argmax(N):
     a [2, 3, N] batch and under vmap."""
     rng = np.random.default_rng(N)
     argmax = jax.jit(cpu_kernel.first_max_index)
+    assert argmax(jnp.zeros((0, N), jnp.float32)).shape == (0,)
     for M in (1, 3, 16):
         for x in _argmax_rows(rng, M, N):
             want = np.asarray(jnp.argmax(x, axis=-1))
@@ -217,6 +237,20 @@ def test_first_max_index_is_jnps_argmax(N):
     np.testing.assert_array_equal(
         np.asarray(jax.vmap(cpu_kernel.first_max_index)(x)), np.asarray(jnp.argmax(x, axis=-1))
     )
+
+
+def test_first_max_index_takes_the_kernel_only_when_asked():
+    """sampling.first_max_index calls the kernel where the model runs it (`kernel`: its
+    params are packed) and its logits are float32; else XLA's reductions (bfloat16, or
+    unpacked params as on a GPU: tests/test_sampling_filter.py checks those)."""
+
+    def program(kernel: bool, dtype=jnp.float32) -> str:
+        x = jax.ShapeDtypeStruct((3, 100), dtype)
+        return jax.jit(lambda x: sampling.first_max_index(x, kernel)).lower(x).as_text()
+
+    assert cpu_kernel.ARGMAX_TARGET in program(True)
+    assert cpu_kernel.ARGMAX_TARGET not in program(False)
+    assert cpu_kernel.ARGMAX_TARGET not in program(True, jnp.bfloat16)
 
 
 def test_lookup_and_lm_head_out_of_the_panels():

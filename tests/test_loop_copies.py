@@ -25,6 +25,7 @@ from lookahead_jax.decoding.loop_copies import loop_copies, protected_shapes
 from lookahead_jax.decoding.sampling import RowSampling
 from lookahead_jax.distributed import sharding
 from lookahead_jax.engine.grammar_bank import GrammarBank
+from lookahead_jax.models import cpu_kernel, packed
 from lookahead_jax.models.llama import attention_block_for
 from lookahead_jax.models.llama_params import stack_layers
 
@@ -128,6 +129,13 @@ def test_rope_angles_are_computed_once_a_step_on_the_cpu(model):
     the loop holds one cos — and one more in the conditional's branch never taken."""
     exe, _, _ = decode_loop(model, lj.LookaheadConfig.for_tokens(8), 1)
     assert exe.as_text().count(" cosine(") == 2
+
+
+def test_the_argmax_is_the_kernels_where_the_model_is(model):
+    """The decode loop's argmax (sampling.first_max_index) is the CPU kernel's exactly
+    where the model's matmuls are (packed params; the loop of the test above)."""
+    exe, _, _ = decode_loop(model, lj.LookaheadConfig.for_tokens(8), 1)
+    assert (cpu_kernel.ARGMAX_TARGET in exe.as_text()) == packed.is_packed(model.params)
 
 
 def test_nor_on_a_mesh(model):

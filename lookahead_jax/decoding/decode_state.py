@@ -31,7 +31,7 @@ from lookahead_jax.decoding.grammar_rows import GrammarRows
 from lookahead_jax.decoding.prompt_logprobs import prompt_logprobs
 from lookahead_jax.decoding.sampling import RowSampling, choose_tokens
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
-from lookahead_jax.models import kv_cache, kv_pool, seam
+from lookahead_jax.models import kv_cache, kv_pool, packed, seam
 from lookahead_jax.models.kv_cache import KVCache, write_prefix
 
 if TYPE_CHECKING:  # lookahead.py imports this module
@@ -248,7 +248,8 @@ def prefill(
     )
     if grammar is not None:
         logits = grammar_rows.mask(logits, grammar.state_b[:, None], grammar.tables)
-    first = choose_tokens(logits, sampling, rng_b2, jnp.zeros((B, 1), jnp.int32), spec.sampled)
+    zero = jnp.zeros((B, 1), jnp.int32)
+    first = choose_tokens(logits, sampling, rng_b2, zero, spec.sampled, packed.is_packed(params))
     one_b = jnp.ones((B,), jnp.int32)
     return emit(state, spec, first, one_b, (logits, jnp.zeros((B, 1), jnp.int32)))
 

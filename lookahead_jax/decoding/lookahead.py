@@ -61,7 +61,7 @@ from lookahead_jax.guesses import acceptance_record, draft_tree, jacobi_window
 from lookahead_jax.guesses.guess_source import Prompt, Sampler, Text, Verified
 from lookahead_jax.guesses.lookahead_config import LookaheadConfig
 from lookahead_jax.guesses.lookahead_layout import StepLayout
-from lookahead_jax.models import kv_cache, seam
+from lookahead_jax.models import kv_cache, packed, seam
 
 
 @jax.tree_util.register_dataclass
@@ -225,7 +225,8 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     #    state the row's path reaches), and the window's new level
     if state.grammar is not None:
         logits_brv = grammar_mask(logits_brv, state.grammar, config, tree, logits_rows_br)
-    chosen_br, new_level_bw = choose(logits_brv, state, spec, offsets_bt, logits_rows_br)
+    kernel = packed.is_packed(params)  # (the CPU kernel runs the model: the argmax too)
+    chosen_br, new_level_bw = choose(logits_brv, state, spec, offsets_bt, logits_rows_br, kernel)
 
     # 5. verify: the draft tree, and with verify_window the window's paths as well
     verified, acc, first_index = verify(config, tree, window_flat, chosen_br)
@@ -302,7 +303,7 @@ def grammar_mask(logits_brv, rows: grammar_rows.GrammarRows, config, tree, logit
     return jax.lax.cond(jnp.any(rows.state_b != grammar_rows.FREE), masked, lambda: logits_brv)
 
 
-def choose(logits_brv, state: DecodeState, spec: DecodeSpec, offsets_bt, logits_rows_br):
+def choose(logits_brv, state: DecodeState, spec: DecodeSpec, offsets_bt, logits_rows_br, kernel):
     """Stage 4: the model's token after each logits row [B, R] (the argmax, or a sampling
     row's seeded draw: the row at offset o predicts the token at offset o + 1, whose
     new-token index is n_out + o; the input's is n_out - 1), and the window's new level
@@ -311,11 +312,11 @@ def choose(logits_brv, state: DecodeState, spec: DecodeSpec, offsets_bt, logits_
     layout = config.layout
     row_offsets_br = jnp.take_along_axis(offsets_bt, logits_rows_br, axis=1)
     index_br = state.n_out[:, None] + row_offsets_br
-    chosen_br = choose_tokens(logits_brv, state.sampling, state.rng, index_br, spec.sampled)
+    chosen_br = choose_tokens(logits_brv, state.sampling, state.rng, index_br, spec.sampled, kernel)
     newest = slice(1 + layout.window_rows - config.w, 1 + layout.window_rows)
     if config.window_sampling:
         return chosen_br, chosen_br[:, newest]
-    return chosen_br, first_max_index(logits_brv[:, newest])
+    return chosen_br, first_max_index(logits_brv[:, newest], kernel)
 
 
 def verify(config: LookaheadConfig, tree, window_flat, chosen_br):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from lookahead_jax.decoding import grammar_rows
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
 from lookahead_jax.decoding.sampling import choose_tokens
-from lookahead_jax.models import kv_cache, seam
+from lookahead_jax.models import kv_cache, packed, seam
 
 
 def plain_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
@@ -28,7 +28,9 @@ def plain_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     if state.grammar is not None:
         rows = state.grammar
         logits = grammar_rows.mask_if_any(logits, rows.state_b[:, None], rows.tables)
-    nxt = choose_tokens(logits, state.sampling, state.rng, state.n_out[:, None], spec.sampled)
+    index = state.n_out[:, None]
+    kernel = packed.is_packed(params)  # (the CPU kernel runs the model: the argmax too)
+    nxt = choose_tokens(logits, state.sampling, state.rng, index, spec.sampled, kernel)
     one = active.astype(jnp.int32)
     cache = kv_cache.commit(state.cache, new_k, new_v, jnp.zeros((B, 1), jnp.int32), one)
     state = dataclasses.replace(

@@ -276,28 +276,31 @@ def gumbel_noise(rng_b2, out_index_br, vocab: int):
     return jax.vmap(lambda rng, js: jax.vmap(lambda j: one(rng, j))(js))(rng_b2, out_index_br)
 
 
-def first_max_index(x):
+def first_max_index(x, kernel: bool = False):
     """jnp.argmax over the last axis, int32: the first index of the largest value (a NaN
-    counts as the largest, as there). On one CPU device with the CPU kernel, float32: its
-    one pass (cpu_kernel.first_max_index; over a 16-row step's [16, 49152] logits XLA's
-    reductions below took 1.2-1.8 ms, Intel Xeon). Else a max, then the smallest index
-    holding it: two single-output reductions, where argmax is one over (value, index)
-    pairs, which XLA:CPU runs unvectorized (over a 16-token step's [15, 49152] logits
-    1.44 ms alone against 0.82 ms, Intel Xeon; 2.3 ms of the step in the loop)."""
-    if x.dtype == jnp.float32 and x.shape[-1] and _one_cpu_device() and cpu_kernel.available():
+    counts as the largest, as there). With `kernel` (the CPU kernel runs the model:
+    packed.is_packed(params), as its matmuls and attention decide) and float32 x: the
+    kernel's one pass (cpu_kernel.first_max_index; over a 16-row step's [16, 49152] logits
+    XLA's reductions below took 1.5-1.8 ms, Intel Xeon). Else a max, then the smallest
+    index holding it: two single-output reductions, where argmax is one over (value,
+    index) pairs, which XLA:CPU runs unvectorized (over a 16-token step's [15, 49152]
+    logits 1.44 ms alone against 0.82 ms, Intel Xeon; 2.3 ms of the step in the loop)."""
+    if kernel and x.dtype == jnp.float32 and x.shape[-1]:
         return cpu_kernel.first_max_index(x)
     top = jnp.max(x, axis=-1, keepdims=True)
     index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
     return jnp.min(jnp.where((x == top) | jnp.isnan(x), index, x.shape[-1]), axis=-1)
 
 
-def choose_tokens(logits_brv, rows: RowSampling, rng_b2, out_index_br, sampled: bool = True):
+def choose_tokens(
+    logits_brv, rows: RowSampling, rng_b2, out_index_br, sampled: bool = True, kernel=False
+):
     """The token at each of R positions [B, R]; out_index_br is each one's new-token index.
 
     A greedy row takes the argmax, a sampling row the argmax of its processed logits plus
     the Gumbel noise of (its key, the index). `sampled` False (static): every row is
-    greedy and no sampling code is compiled."""
-    argmax = first_max_index(logits_brv)
+    greedy and no sampling code is compiled. `kernel`: first_max_index's."""
+    argmax = first_max_index(logits_brv, kernel)
     if not sampled:
         return argmax
     greedy_b = rows.greedy()
@@ -305,13 +308,7 @@ def choose_tokens(logits_brv, rows: RowSampling, rng_b2, out_index_br, sampled: 
     def sample():
         x = process_logits(logits_brv, rows)
         x = x + gumbel_noise(rng_b2, out_index_br, logits_brv.shape[-1])
-        chosen = first_max_index(x)
+        chosen = first_max_index(x, kernel)
         return jnp.where(greedy_b[:, None], argmax, chosen)
 
     return jax.lax.cond(jnp.all(greedy_b), lambda: argmax, sample)
-
-
-def _one_cpu_device() -> bool:
-    """Whether programs run on one CPU device (where an FFI call sees whole arrays: on a
-    mesh, arrays may be split between devices)."""
-    return jax.default_backend() == "cpu" and jax.device_count() == 1

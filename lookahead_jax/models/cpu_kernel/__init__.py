@@ -7,7 +7,7 @@
   matmul, where a unit holds more than 6 queries or a pass's segments: the same bits
   either way);
 * `first_max_index` (row_argmax.cc): jnp.argmax over the logits' rows in one pass (AVX2;
-  XLA's two reductions took 1.2-1.8 ms of a 16-row step; sampling.first_max_index).
+  XLA's two reductions took 1.5-1.8 ms of a 16-row step; sampling.first_max_index).
 
 Why a kernel of our own (benchmarks/cpu/small_m.md): a decode step is bound by reading
 its weights, and at M = 1 XLA:CPU's own matrix-vector kernel streams them once; at M > 1

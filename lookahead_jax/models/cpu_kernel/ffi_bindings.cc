@@ -103,6 +103,7 @@ ffi::Error FirstMaxF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const auto xd = x.dimensions();
   const int64_t N = xd.size() ? xd.back() : 0;
   if (N == 0) return ffi::Error::InvalidArgument("argmax over an empty last axis");
+  if (N > INT32_MAX) return ffi::Error::InvalidArgument("argmax: rows past int32 indices");
   const int64_t M = x.element_count() / N;
   if (static_cast<int64_t>(out->element_count()) != M) {
     return ffi::Error::InvalidArgument("argmax: out must hold one index a row");
