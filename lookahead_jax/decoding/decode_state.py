@@ -251,7 +251,7 @@ def prefill(
     zero = jnp.zeros((B, 1), jnp.int32)
     first = choose_tokens(logits, sampling, rng_b2, zero, spec.sampled, packed.is_packed(params))
     one_b = jnp.ones((B,), jnp.int32)
-    return emit(state, spec, first, one_b, (logits, jnp.zeros((B, 1), jnp.int32)))
+    return emit(state, spec, first, one_b, (logits, zero))
 
 
 def _prefill_after_prefix(params, prompt_len_b, prefix: CachedPrefix, cache: KVCache, spec):

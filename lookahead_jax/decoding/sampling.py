@@ -293,7 +293,7 @@ def first_max_index(x, kernel: bool = False):
 
 
 def choose_tokens(
-    logits_brv, rows: RowSampling, rng_b2, out_index_br, sampled: bool = True, kernel=False
+    logits_brv, rows: RowSampling, rng_b2, out_index_br, sampled: bool = True, kernel: bool = False
 ):
     """The token at each of R positions [B, R]; out_index_br is each one's new-token index.
 
