@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.special
 
 import lookahead_jax as lj
 from lookahead_jax.decoding import sampling
@@ -98,6 +99,11 @@ for B, K, T, S, Dh, window, segments in (
     positions = first if segments else lengths[:, None] + jnp.arange(T, dtype=jnp.int32)
     out = cpu_kernel.cache_attention(q, k, v, lengths, positions, window, 0.125, segments)
     a += [np.asarray(o).ravel() for o in out]
+# the logsumexp's (row_logsumexp.cc: its AVX-512 path whenever the CPU has it): whole
+# 16-element blocks and a tail, rows over 1 and 2 threads
+for M, N in ((1, 40), (5, 1003), (3, 49152)):
+    x = jnp.asarray(rng.standard_normal((M, N)).astype(np.float32) * 4)
+    a.append(np.asarray(cpu_kernel.logsumexp(x)))
 np.save(sys.argv[1], np.concatenate(f + i + a))
 print(cpu_kernel._load().lj_small_m_tile_bits())
 """
@@ -118,7 +124,7 @@ def test_the_avx512_tile_gives_the_avx2_tiles_bits(tmp_path):
     the same bits, float32 and int8, through pairs of panels and single ones, one group
     of rows and several (the AVX-512 tile takes 12 rows and more); each process says
     which tile it ran. So do cache_attention.cc's two (group512, group256): a step's tokens
-    with a window, a head dim of 16 + 8, a pass's segments."""
+    with a window, a head dim of 16 + 8, a pass's segments; and row_logsumexp.cc's two."""
     env = {k: v for k, v in os.environ.items() if k != "LOOKAHEAD_JAX_CPU_KERNEL"}
     got = {}
     for bits, extra in ((512, {}), (256, {"LOOKAHEAD_JAX_CPU_KERNEL": "avx2"})):
@@ -251,6 +257,57 @@ def test_first_max_index_takes_the_kernel_only_when_asked():
     assert cpu_kernel.ARGMAX_TARGET in program(True)
     assert cpu_kernel.ARGMAX_TARGET not in program(False)
     assert cpu_kernel.ARGMAX_TARGET not in program(True, jnp.bfloat16)
+
+
+def _logsumexp_rows(rng, M: int, N: int) -> list[np.ndarray]:
+    """[M, N] float32 rows for a logsumexp: logits-like values, one far above the rest,
+    values whose exp underflows, -inf among numbers, and the rows the result is not a
+    sum's: a NaN (last, or beside +inf), +inf, all -inf."""
+    x = (rng.standard_normal((M, N)) * 4).astype(np.float32)
+    peak, low, some_inf, nan, inf = (x.copy() for _ in range(5))
+    peak[:, N // 3] = 80.0
+    low[:, : N // 2] = -200.0
+    some_inf[:, ::4] = -np.inf
+    nan[:, -1] = np.nan
+    nan[:, 0] = np.inf
+    inf[:, N // 2] = np.inf
+    every = np.full((M, N), -np.inf, np.float32)
+    return [x, peak, low, some_inf, nan, inf, every]
+
+
+@pytest.mark.parametrize("N", [1, 15, 16, 17, 1003, 49152])
+def test_logsumexp_is_jaxs(N):
+    """The logsumexp kernel (row_logsumexp.cc, sampling.logsumexp's on a CPU) against the
+    float64 logsumexp (scipy's, whose NaN, +inf and all -inf rows jax.nn.logsumexp's
+    follow) within 1e-6 (of the result, or of 1 near 0); over 0, 1 and 15 rows, a [2, 3, N] batch
+    and under vmap."""
+    rng = np.random.default_rng(N)
+    lse = jax.jit(cpu_kernel.logsumexp)
+    assert lse(jnp.zeros((0, N), jnp.float32)).shape == (0,)
+    for M in (1, 15):
+        for x in _logsumexp_rows(rng, M, N):
+            want = scipy.special.logsumexp(x.astype(np.float64), axis=-1)
+            got = np.asarray(lse(jnp.asarray(x)))
+            assert got.dtype == np.float32
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    x = jnp.asarray(np.stack(_logsumexp_rows(rng, 3, N)[:2]))  # [2, 3, N]
+    want = np.asarray(jax.nn.logsumexp(x, axis=-1))
+    np.testing.assert_allclose(np.asarray(lse(x)), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(cpu_kernel.logsumexp)(x)), np.asarray(lse(x)))
+
+
+def test_logsumexp_takes_the_kernel_only_when_asked():
+    """sampling.logsumexp calls the kernel as first_max_index does: packed params and
+    float32 logits."""
+
+    def program(kernel: bool, dtype=jnp.float32) -> str:
+        x = jax.ShapeDtypeStruct((3, 100), dtype)
+        return jax.jit(lambda x: sampling.logsumexp(x, kernel)).lower(x).as_text()
+
+    assert cpu_kernel.LOGSUMEXP_TARGET in program(True)
+    assert cpu_kernel.LOGSUMEXP_TARGET not in program(False)
+    assert cpu_kernel.LOGSUMEXP_TARGET not in program(True, jnp.bfloat16)
 
 
 def test_lookup_and_lm_head_out_of_the_panels():

@@ -55,7 +55,12 @@ from jaxtyping import Array, Int
 from lookahead_jax import shapes
 from lookahead_jax.decoding import grammar_rows
 from lookahead_jax.decoding.decode_state import DecodeSpec, DecodeState, emit, input_tokens
-from lookahead_jax.decoding.sampling import choose_tokens, first_max_index, gumbel_noise
+from lookahead_jax.decoding.sampling import (
+    choose_tokens,
+    first_max_index,
+    gumbel_noise,
+    logsumexp,
+)
 from lookahead_jax.errors import UserInputError
 from lookahead_jax.guesses import acceptance_record, draft_tree, jacobi_window
 from lookahead_jax.guesses.guess_source import Prompt, Sampler, Text, Verified
@@ -266,6 +271,7 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
         computed_prev=computed_prev_br,
         computed_ok=computed_ok_br,
         logits=logits_brv,
+        log_norm=logsumexp(logits_brv, kernel),
         chosen=chosen_br,
         on_path=accepted_rows(config, acc, computed_br.shape[1]),
         accepted_source=acc.source,

@@ -179,6 +179,9 @@ class Verified:
     computed_prev  [B, R] int32  the token each of them follows
     computed_ok    [B, R] bool   real (not padding) and the row active
     logits         [B, R, V]     their logits
+    log_norm       [B, R]        each logits row's logsumexp (log of its softmax's
+                                 denominator; computed once, by the CPU kernel where
+                                 it runs the model; unused, it is not computed at all)
     chosen         [B, R] int32  the model's token after each of them: the argmax, or for
                                  a sampling row its seeded draw (what verification compared)
     on_path        [B, R] bool   those of the accepted path's nodes (their logits saw the
@@ -197,6 +200,7 @@ class Verified:
     computed_prev: Int[Array, "B R"]
     computed_ok: Bool[Array, "B R"]
     logits: Float[Array, "B R V"]
+    log_norm: Float[Array, "B R"]
     chosen: Int[Array, "B R"]
     on_path: Bool[Array, "B R"]
     accepted_source: Int[Array, " B"]

@@ -168,16 +168,19 @@ def _first_writer(index_br, prio_br, ok_br, size: int):
     return jnp.where(wins, index_br, size)
 
 
-def update(table: RecycleTable, prev_br, tokens_br, logits_brv, priority_br, ok_br):
+def update(table: RecycleTable, prev_br, tokens_br, logits_brv, priority_br, ok_br, lse_br=None):
     """Refresh the entries of the R fed tokens (and of their 2-token contexts
-    (prev, token)) from their logits [B, R, V].
+    (prev, token)) from their logits [B, R, V] (lse_br [B, R]: their logsumexp, where
+    the caller has it; else computed here).
 
     Where several fed tokens share an entry, the one with the highest `priority`
     (distinct per row) writes: the result does not depend on scatter order.
     """
     V, buckets = table.by_token.shape[1], table.by_pair.shape[1]
     top_logits, top = top_k(logits_brv, table.k)  # [B, R, k] (ties: any order)
-    probs = jnp.exp(top_logits - jax.nn.logsumexp(logits_brv, axis=-1, keepdims=True))
+    if lse_br is None:
+        lse_br = jax.nn.logsumexp(logits_brv, axis=-1)
+    probs = jnp.exp(top_logits - lse_br[..., None])
     probs = probs.astype(jnp.float32)
     write = jax.vmap(lambda dst, i, v: dst.at[i].set(v, mode="drop"))
     token_at = _first_writer(tokens_br, priority_br, ok_br, V)
@@ -379,7 +382,13 @@ class RecyclingSource:
         R = step.computed.shape[1]
         priority_br = R - jnp.arange(R)[None] + R * step.on_path
         return update(
-            table, step.computed_prev, step.computed, step.logits, priority_br, step.computed_ok
+            table,
+            step.computed_prev,
+            step.computed,
+            step.logits,
+            priority_br,
+            step.computed_ok,
+            step.log_norm,
         )
 
 

@@ -50,44 +50,22 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
 #include <vector>
 
 #include "kernels.h"
 #include "parallel.h"
 #include "transpose.h"
+#include "vector_exp.h"
 
 namespace {
 
+using lookahead_jax::exp256;
+using lookahead_jax::exp512;
 using Problem = lookahead_jax::CacheAttention;
 
 constexpr int64_t kRows = 6;    // queries per register tile
 constexpr int64_t kCols = 16;   // positions (scores) or dims (p @ V) per tile
 constexpr float kNegInf = -1e30f;  // attention.NEG_INF
-
-// exp(x) for x <= 0 in float32 (Cephes' expf: a degree-6 polynomial on x - n ln 2 times
-// 2^n; relative error ~1e-7, as XLA's own exp). Its constants, shared by exp256 and
-// exp512 (the same operations at two widths): the lower bound, log2(e), ln 2 in two parts
-// (high, low), and the polynomial's coefficients, the highest power's first.
-constexpr float kExpMin = -87.0f, kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-constexpr float kExpPoly[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                              4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-
-inline __m256 exp256(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));
-  __m256 n = _mm256_floor_ps(
-      _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), x);
-  __m256 y = _mm256_set1_ps(kExpPoly[0]);
-  for (size_t i = 1; i < std::size(kExpPoly); ++i)
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(kExpPoly[i]));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
 
 // The sum of v's 8 lanes, always in the same order.
 inline float hsum(__m256 v) {
@@ -219,23 +197,6 @@ inline void group256(const TileWork& t, int64_t g) {
       if (wide) _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_loadu_ps(o + 8), rs, out[r][1]));
     }
   }
-}
-
-// exp256 over 16 lanes: the same operations lane by lane, so the same bits.
-__attribute__((target("avx512f"))) inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
-  __m512 n = _mm512_roundscale_ps(
-      _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f)),
-      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), x);
-  __m512 y = _mm512_set1_ps(kExpPoly[0]);
-  for (size_t i = 1; i < std::size(kExpPoly); ++i)
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(kExpPoly[i]));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-  const __m512i e = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
 
 // group256 with AVX-512 registers: a tile's 16 positions (scores) or 16 dims (p @ V) in

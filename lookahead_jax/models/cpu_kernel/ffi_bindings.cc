@@ -113,6 +113,20 @@ ffi::Error FirstMaxF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
+ffi::Error LogSumExpF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                        ffi::ResultBuffer<ffi::F32> out) {
+  const auto xd = x.dimensions();
+  const int64_t N = xd.size() ? xd.back() : 0;
+  if (N == 0) return ffi::Error::InvalidArgument("logsumexp over an empty last axis");
+  const int64_t M = x.element_count() / N;
+  if (static_cast<int64_t>(out->element_count()) != M) {
+    return ffi::Error::InvalidArgument("logsumexp: out must hold one value a row");
+  }
+  FfiWorkers workers(pool);
+  lookahead_jax::logsumexp_f32(workers, x.typed_data(), M, N, out->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LjSmallMF32, SmallMF32,
@@ -149,3 +163,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjFirstMaxF32, FirstMaxF32,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LjLogSumExpF32, LogSumExpF32,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

@@ -1,5 +1,6 @@
-// The kernels' entry points (small_m.cc, cache_attention.cc), called by their XLA FFI
-// handlers in ffi_bindings.cc once the buffers' shapes are checked there.
+// The kernels' entry points (small_m.cc, cache_attention.cc, row_argmax.cc,
+// row_logsumexp.cc), called by their XLA FFI handlers in ffi_bindings.cc once the
+// buffers' shapes are checked there.
 #ifndef LOOKAHEAD_JAX_CPU_KERNEL_KERNELS_H_
 #define LOOKAHEAD_JAX_CPU_KERNEL_KERNELS_H_
 
@@ -40,6 +41,9 @@ void cache_attention_f32(Workers& pool, const CacheAttention& p);
 
 // out[m] = jnp.argmax(x[m]) for x [M, N], N >= 1 (row_argmax.cc).
 void first_max_index_f32(Workers& pool, const float* x, int64_t M, int64_t N, int32_t* out);
+
+// out[m] = jax.nn.logsumexp(x[m]) for x [M, N], N >= 1 (row_logsumexp.cc).
+void logsumexp_f32(Workers& pool, const float* x, int64_t M, int64_t N, float* out);
 
 }  // namespace lookahead_jax
 
