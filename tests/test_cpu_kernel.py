@@ -104,7 +104,10 @@ for B, K, T, S, Dh, window, segments in (
 for M, N in ((1, 40), (5, 1003), (3, 49152)):
     x = jnp.asarray(rng.standard_normal((M, N)).astype(np.float32) * 4)
     a.append(np.asarray(cpu_kernel.logsumexp(x)))
-np.save(sys.argv[1], np.concatenate(f + i + a))
+# and threefry_bits.cc's (16 lanes or 8, then the scalar tail; several work items a key)
+keys = jnp.asarray(rng.integers(0, 2**32, (3, 2), dtype=np.uint32))
+a.append(np.asarray(cpu_kernel.threefry_bits(keys, 8192 + 29)).view(np.float32))
+np.save(sys.argv[1], np.concatenate(f + i + [x.ravel() for x in a]))
 print(cpu_kernel._load().lj_small_m_tile_bits())
 """
 
@@ -124,7 +127,8 @@ def test_the_avx512_tile_gives_the_avx2_tiles_bits(tmp_path):
     the same bits, float32 and int8, through pairs of panels and single ones, one group
     of rows and several (the AVX-512 tile takes 12 rows and more); each process says
     which tile it ran. So do cache_attention.cc's two (group512, group256): a step's tokens
-    with a window, a head dim of 16 + 8, a pass's segments; and row_logsumexp.cc's two."""
+    with a window, a head dim of 16 + 8, a pass's segments; and row_logsumexp.cc's and
+    threefry_bits.cc's two."""
     env = {k: v for k, v in os.environ.items() if k != "LOOKAHEAD_JAX_CPU_KERNEL"}
     got = {}
     for bits, extra in ((512, {}), (256, {"LOOKAHEAD_JAX_CPU_KERNEL": "avx2"})):
@@ -138,7 +142,7 @@ def test_the_avx512_tile_gives_the_avx2_tiles_bits(tmp_path):
         )
         assert ran.stdout.split()[-1] == str(bits), ran.stdout
         got[bits] = np.load(out)
-    np.testing.assert_array_equal(got[512], got[256])
+    np.testing.assert_array_equal(got[512].view(np.uint32), got[256].view(np.uint32))  # bits
 
 
 def _attention_inputs(rng, B, K, T, Q, S, Dh):
@@ -308,6 +312,48 @@ def test_logsumexp_takes_the_kernel_only_when_asked():
     assert cpu_kernel.LOGSUMEXP_TARGET in program(True)
     assert cpu_kernel.LOGSUMEXP_TARGET not in program(False)
     assert cpu_kernel.LOGSUMEXP_TARGET not in program(True, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("N", [1, 15, 16, 17, 8193])
+def test_threefry_bits_are_jaxs(N):
+    """The threefry kernel (threefry_bits.cc) gives jax.random.bits's uint32 values bit for
+    bit (JAX's default partitionable threefry): over counters that end in a vector's
+    lanes or in the scalar tail, and past one work item (8192); for keys [3, 2], [2, 2, 2]
+    and under vmap."""
+    keys = jax.random.split(jax.random.PRNGKey(N), 4)
+    bits = jax.jit(cpu_kernel.threefry_bits, static_argnums=1)
+
+    def want(keys):
+        one = lambda k: jax.random.bits(k, (N,), jnp.uint32)  # noqa: E731
+        return np.asarray(jax.vmap(one)(keys.reshape(-1, 2))).reshape(*keys.shape[:-1], N)
+
+    np.testing.assert_array_equal(np.asarray(bits(keys[:3], N)), want(keys[:3]))
+    square = keys.reshape(2, 2, 2)
+    np.testing.assert_array_equal(np.asarray(bits(square, N)), want(square))
+    vmapped = jax.vmap(lambda k: cpu_kernel.threefry_bits(k, N))(square)
+    np.testing.assert_array_equal(np.asarray(vmapped), want(square))
+
+
+def test_the_noise_from_the_kernels_bits_is_jaxs():
+    """sampling.gumbel_noise with the kernel's bits gives jax.random.gumbel's values bit
+    for bit (its transform of the bits, repeated), the kernel in the program only when
+    asked and only for JAX's default threefry bits (not with partitionable bits off)."""
+    rng = jax.random.split(jax.random.PRNGKey(1), 3)
+    index = jnp.asarray([[0, 5], [1, 2], [7, 300]], jnp.int32)
+
+    def noise(kernel: bool):
+        return jax.jit(lambda r, i: sampling.gumbel_noise(r, i, 1003, kernel))
+
+    np.testing.assert_array_equal(
+        np.asarray(noise(True)(rng, index)), np.asarray(noise(False)(rng, index))
+    )
+    assert cpu_kernel.THREEFRY_TARGET in noise(True).lower(rng, index).as_text()
+    assert cpu_kernel.THREEFRY_TARGET not in noise(False).lower(rng, index).as_text()
+    jax.config.update("jax_threefry_partitionable", False)
+    try:
+        assert cpu_kernel.THREEFRY_TARGET not in noise(True).lower(rng, index).as_text()
+    finally:
+        jax.config.update("jax_threefry_partitionable", True)
 
 
 def test_lookup_and_lm_head_out_of_the_panels():

@@ -131,15 +131,19 @@ def test_rope_angles_are_computed_once_a_step_on_the_cpu(model):
     assert exe.as_text().count(" cosine(") == 2
 
 
-def test_the_argmax_and_logsumexp_are_the_kernels_where_the_model_is(model):
-    """The decode loop's argmax (sampling.first_max_index) and token recycling's
-    logsumexp (sampling.logsumexp) are the CPU kernel's exactly where the model's matmuls
-    are (packed params; the loop of the test above); without recycling no logsumexp is
-    computed (Verified.log_norm unread)."""
+def test_the_argmax_logsumexp_and_noise_bits_are_the_kernels_where_the_model_is(model):
+    """The decode loop's argmax (sampling.first_max_index), token recycling's logsumexp
+    (sampling.logsumexp) and a sampling loop's noise bits (sampling.gumbel_noise) are the
+    CPU kernel's exactly where the model's matmuls are (packed params; the loops of the
+    test above); without recycling no logsumexp is computed (Verified.log_norm unread)."""
     exe, _, _ = decode_loop(model, lj.LookaheadConfig.for_tokens(8), 1)
     kernel = packed.is_packed(model.params)
     assert (cpu_kernel.ARGMAX_TARGET in exe.as_text()) == kernel
     assert (cpu_kernel.LOGSUMEXP_TARGET in exe.as_text()) == kernel
+    # a sampling loop's Gumbel noise draws its bits from the kernel too (the sampled
+    # program of the copies test above: compiled once)
+    exe, _, _ = decode_loop(model, lj.LookaheadConfig.for_tokens(16), 3, sampled=True)
+    assert (cpu_kernel.THREEFRY_TARGET in exe.as_text()) == kernel
     if kernel:
         no_recycling = lj.LookaheadConfig(n=2, w=0, g=0, tree=7, suffix=2)
         exe, _, _ = decode_loop(model, no_recycling, 1)

@@ -134,18 +134,18 @@ def previous_tokens(state: DecodeState):
 
 
 def propose(
-    state: DecodeState, config: LookaheadConfig, sampled: bool, input_b, prev_b
+    state: DecodeState, config: LookaheadConfig, sampled: bool, input_b, prev_b, kernel: bool
 ) -> draft_tree.Proposals:
     """Stage 1: every source's guesses for the tokens after each row's input (prev_b [B]:
     the token before it), source j's marked j. sampled: whether rows may sample
-    (DecodeSpec.sampled)."""
+    (DecodeSpec.sampled); kernel: the CPU kernel runs the model (the noise's bits too)."""
     sampler = None
     if sampled:
         sampler = Sampler(
             sampling=~state.sampling.greedy(),
             temperature=state.sampling.temperature,
             n_out=state.n_out,
-            noise=lambda index_ba, vocab: gumbel_noise(state.rng, index_ba, vocab),
+            noise=lambda index_ba, vocab: gumbel_noise(state.rng, index_ba, vocab, kernel),
         )
     text = Text(
         tokens=state.tokens,
@@ -198,10 +198,11 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     input_b = input_tokens(state)
     prev_b = previous_tokens(state)
     window_flat = state.draft.window.reshape(B, layout.window_tokens)  # [B, M*W]
+    kernel = packed.is_packed(params)  # (the CPU kernel runs the model: argmax, noise too)
 
     # 1-2. propose and merge into the draft tree (with `adapt`, scores weighed by what
     #      each source got accepted at each depth for this row lately)
-    proposals = propose(state, config, spec.sampled, input_b, prev_b)
+    proposals = propose(state, config, spec.sampled, input_b, prev_b, kernel)
     record = state.draft.record
     if layout.nodes:
         weight_bja = None if record is None else acceptance_record.weights(record)
@@ -230,7 +231,6 @@ def lookahead_step(params, state: DecodeState, spec: DecodeSpec) -> DecodeState:
     #    state the row's path reaches), and the window's new level
     if state.grammar is not None:
         logits_brv = grammar_mask(logits_brv, state.grammar, config, tree, logits_rows_br)
-    kernel = packed.is_packed(params)  # (the CPU kernel runs the model: the argmax too)
     chosen_br, new_level_bw = choose(logits_brv, state, spec, offsets_bt, logits_rows_br, kernel)
 
     # 5. verify: the draft tree, and with verify_window the window's paths as well

@@ -1,4 +1,4 @@
-"""Four kernels for x86-64 CPUs, outside XLA, for a decode step's work:
+"""Five kernels for x86-64 CPUs, outside XLA, for a decode step's work:
 
 * `matmul` (small_m.cc): y[M, N] = x[M, K] @ W[K, N] reading W from memory once, for the
   M = B x T rows of a step (AVX2, or AVX-512 where the CPU has it, chosen at run time);
@@ -10,7 +10,10 @@
   XLA's two reductions took 1.5-1.8 ms of a 16-row step; sampling.first_max_index);
 * `logsumexp` (row_logsumexp.cc): jax.nn.logsumexp over the logits' rows (AVX2 or
   AVX-512, the same bits; XLA's reduce of exp took 3.2 ms of a 16-token step, in token
-  recycling's update; sampling.logsumexp).
+  recycling's update; sampling.logsumexp);
+* `threefry_bits` (threefry_bits.cc): jax.random.bits of a row of counters, for the
+  Gumbel noise of sampling rows (XLA's loop over the hash took 4.3 ms of a 16-row step;
+  sampling.gumbel_noise).
 
 Why a kernel of our own (benchmarks/cpu/small_m.md): a decode step is bound by reading
 its weights, and at M = 1 XLA:CPU's own matrix-vector kernel streams them once; at M > 1
@@ -68,6 +71,7 @@ SOURCES = {
         ("cache_attention.cc", "-O3"),
         ("row_argmax.cc", "-O3"),
         ("row_logsumexp.cc", "-O3"),
+        ("threefry_bits.cc", "-O3"),
     )
 }
 # the headers the sources include (in the key)
@@ -78,6 +82,7 @@ TARGETS = {"float32": "lookahead_jax_small_m_f32", "int8": "lookahead_jax_small_
 ATTENTION_TARGET = "lookahead_jax_cache_attention_f32"
 ARGMAX_TARGET = "lookahead_jax_first_max_index_f32"
 LOGSUMEXP_TARGET = "lookahead_jax_logsumexp_f32"
+THREEFRY_TARGET = "lookahead_jax_threefry_bits_u32"
 # AVX2 + FMA, not -march=native: a library in a shared cache directory may be loaded on
 # another machine, and lj_small_m_supported() checks the CPU before it is registered
 FLAGS = ("-mavx2", "-mfma", "-std=c++17", "-fPIC")
@@ -192,6 +197,7 @@ def _load() -> ctypes.CDLL | None:
     jax.ffi.register_ffi_target(ATTENTION_TARGET, capsule, "cpu")
     jax.ffi.register_ffi_target(ARGMAX_TARGET, jax.ffi.pycapsule(lib.LjFirstMaxF32), "cpu")
     jax.ffi.register_ffi_target(LOGSUMEXP_TARGET, jax.ffi.pycapsule(lib.LjLogSumExpF32), "cpu")
+    jax.ffi.register_ffi_target(THREEFRY_TARGET, jax.ffi.pycapsule(lib.LjThreefryBitsU32), "cpu")
     return lib
 
 
@@ -290,3 +296,13 @@ def logsumexp(x_mn: jax.Array) -> jax.Array:
     assert x_mn.dtype == jnp.float32 and x_mn.ndim >= 1 and x_mn.shape[-1] >= 1, x_mn
     out = jax.ShapeDtypeStruct(x_mn.shape[:-1], jnp.float32)
     return jax.ffi.ffi_call(LOGSUMEXP_TARGET, out, vmap_method="broadcast_all")(x_mn)
+
+
+def threefry_bits(keys_m2: jax.Array, n: int) -> jax.Array:
+    """jax.random.bits(key, (n,), uint32) for each raw threefry2x32 key of keys [..., 2]
+    uint32 -> [..., n] uint32, with jax_threefry_partitionable on (threefry_bits.cc; the
+    caller checks the config)."""
+    assert available(), "the CPU kernel is not available here (cpu_kernel.available())"
+    assert keys_m2.dtype == jnp.uint32 and keys_m2.ndim >= 1 and keys_m2.shape[-1] == 2, keys_m2
+    out = jax.ShapeDtypeStruct((*keys_m2.shape[:-1], n), jnp.uint32)
+    return jax.ffi.ffi_call(THREEFRY_TARGET, out, vmap_method="broadcast_all")(keys_m2)

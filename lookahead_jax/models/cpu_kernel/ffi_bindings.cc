@@ -127,6 +127,20 @@ ffi::Error LogSumExpF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
+ffi::Error ThreefryBitsU32(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys,
+                           ffi::ResultBuffer<ffi::U32> out) {
+  const auto kd = keys.dimensions(), od = out->dimensions();
+  if (kd.size() == 0 || kd.back() != 2 || od.size() != kd.size() ||
+      !std::equal(kd.begin(), kd.end() - 1, od.begin())) {
+    return ffi::Error::InvalidArgument("threefry bits: keys [..., 2], out [..., N]");
+  }
+  const int64_t M = keys.element_count() / 2, N = od.back();
+  if (N > UINT32_MAX) return ffi::Error::InvalidArgument("threefry bits: N past 2^32");
+  FfiWorkers workers(pool);
+  lookahead_jax::threefry_bits_u32(workers, keys.typed_data(), M, N, out->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LjSmallMF32, SmallMF32,
@@ -168,3 +182,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LjLogSumExpF32, LogSumExpF32,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LjThreefryBitsU32, ThreefryBitsU32,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>());

@@ -1,6 +1,6 @@
 // The kernels' entry points (small_m.cc, cache_attention.cc, row_argmax.cc,
-// row_logsumexp.cc), called by their XLA FFI handlers in ffi_bindings.cc once the
-// buffers' shapes are checked there.
+// row_logsumexp.cc, threefry_bits.cc), called by their XLA FFI handlers in
+// ffi_bindings.cc once the buffers' shapes are checked there.
 #ifndef LOOKAHEAD_JAX_CPU_KERNEL_KERNELS_H_
 #define LOOKAHEAD_JAX_CPU_KERNEL_KERNELS_H_
 
@@ -44,6 +44,11 @@ void first_max_index_f32(Workers& pool, const float* x, int64_t M, int64_t N, in
 
 // out[m] = jax.nn.logsumexp(x[m]) for x [M, N], N >= 1 (row_logsumexp.cc).
 void logsumexp_f32(Workers& pool, const float* x, int64_t M, int64_t N, float* out);
+
+// out[m, :] = jax.random.bits(keys[m], (N,), uint32) for raw threefry keys [M, 2]
+// (threefry_bits.cc).
+void threefry_bits_u32(Workers& pool, const uint32_t* keys, int64_t M, int64_t N,
+                       uint32_t* out);
 
 }  // namespace lookahead_jax
 
