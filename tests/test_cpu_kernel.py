@@ -249,18 +249,27 @@ def test_first_max_index_is_jnps_argmax(N):
     )
 
 
-def test_first_max_index_takes_the_kernel_only_when_asked():
-    """sampling.first_max_index calls the kernel where the model runs it (`kernel`: its
-    params are packed) and its logits are float32; else XLA's reductions (bfloat16, or
-    unpacked params as on a GPU: tests/test_sampling_filter.py checks those)."""
+@pytest.mark.parametrize(
+    "fn, target",
+    [
+        (sampling.first_max_index, cpu_kernel.ARGMAX_TARGET),
+        (sampling.logsumexp, cpu_kernel.LOGSUMEXP_TARGET),
+    ],
+    ids=["first_max_index", "logsumexp"],
+)
+def test_the_logits_reductions_take_the_kernel_only_when_asked(fn, target):
+    """sampling.first_max_index and sampling.logsumexp call their kernels where the model
+    runs the CPU kernel (`kernel`: its params are packed) and the logits are float32;
+    else XLA's reductions (bfloat16, or unpacked params as on a GPU:
+    tests/test_sampling_filter.py checks those)."""
 
     def program(kernel: bool, dtype=jnp.float32) -> str:
         x = jax.ShapeDtypeStruct((3, 100), dtype)
-        return jax.jit(lambda x: sampling.first_max_index(x, kernel)).lower(x).as_text()
+        return jax.jit(lambda x: fn(x, kernel)).lower(x).as_text()
 
-    assert cpu_kernel.ARGMAX_TARGET in program(True)
-    assert cpu_kernel.ARGMAX_TARGET not in program(False)
-    assert cpu_kernel.ARGMAX_TARGET not in program(True, jnp.bfloat16)
+    assert target in program(True)
+    assert target not in program(False)
+    assert target not in program(True, jnp.bfloat16)
 
 
 def _logsumexp_rows(rng, M: int, N: int) -> list[np.ndarray]:
@@ -299,19 +308,6 @@ def test_logsumexp_is_jaxs(N):
     want = np.asarray(jax.nn.logsumexp(x, axis=-1))
     np.testing.assert_allclose(np.asarray(lse(x)), want, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(jax.vmap(cpu_kernel.logsumexp)(x)), np.asarray(lse(x)))
-
-
-def test_logsumexp_takes_the_kernel_only_when_asked():
-    """sampling.logsumexp calls the kernel as first_max_index does: packed params and
-    float32 logits."""
-
-    def program(kernel: bool, dtype=jnp.float32) -> str:
-        x = jax.ShapeDtypeStruct((3, 100), dtype)
-        return jax.jit(lambda x: sampling.logsumexp(x, kernel)).lower(x).as_text()
-
-    assert cpu_kernel.LOGSUMEXP_TARGET in program(True)
-    assert cpu_kernel.LOGSUMEXP_TARGET not in program(False)
-    assert cpu_kernel.LOGSUMEXP_TARGET not in program(True, jnp.bfloat16)
 
 
 @pytest.mark.parametrize("N", [1, 15, 16, 17, 8193])

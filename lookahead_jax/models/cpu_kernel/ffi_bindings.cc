@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
 
 #include "kernels.h"
@@ -98,16 +99,24 @@ ffi::Error CacheAttentionF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   return ffi::Error::Success();
 }
 
+// M rows of N of x [..., N] (N >= 1, within int32 indices) for one result a row in
+// `out` (out_count values), or an error naming the reduction.
+ffi::Error RowsShape(const ffi::Buffer<ffi::F32>& x, int64_t out_count, const std::string& what,
+                     int64_t& M, int64_t& N) {
+  const auto xd = x.dimensions();
+  N = xd.size() ? xd.back() : 0;
+  if (N == 0) return ffi::Error::InvalidArgument(what + " over an empty last axis");
+  if (N > INT32_MAX) return ffi::Error::InvalidArgument(what + ": rows past int32 indices");
+  M = x.element_count() / N;
+  if (out_count != M) return ffi::Error::InvalidArgument(what + ": out must hold one value a row");
+  return ffi::Error::Success();
+}
+
 ffi::Error FirstMaxF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                        ffi::ResultBuffer<ffi::S32> out) {
-  const auto xd = x.dimensions();
-  const int64_t N = xd.size() ? xd.back() : 0;
-  if (N == 0) return ffi::Error::InvalidArgument("argmax over an empty last axis");
-  if (N > INT32_MAX) return ffi::Error::InvalidArgument("argmax: rows past int32 indices");
-  const int64_t M = x.element_count() / N;
-  if (static_cast<int64_t>(out->element_count()) != M) {
-    return ffi::Error::InvalidArgument("argmax: out must hold one index a row");
-  }
+  int64_t M, N;
+  const int64_t count = static_cast<int64_t>(out->element_count());
+  if (ffi::Error e = RowsShape(x, count, "argmax", M, N); e.failure()) return e;
   FfiWorkers workers(pool);
   lookahead_jax::first_max_index_f32(workers, x.typed_data(), M, N, out->typed_data());
   return ffi::Error::Success();
@@ -115,13 +124,9 @@ ffi::Error FirstMaxF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 
 ffi::Error LogSumExpF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                         ffi::ResultBuffer<ffi::F32> out) {
-  const auto xd = x.dimensions();
-  const int64_t N = xd.size() ? xd.back() : 0;
-  if (N == 0) return ffi::Error::InvalidArgument("logsumexp over an empty last axis");
-  const int64_t M = x.element_count() / N;
-  if (static_cast<int64_t>(out->element_count()) != M) {
-    return ffi::Error::InvalidArgument("logsumexp: out must hold one value a row");
-  }
+  int64_t M, N;
+  const int64_t count = static_cast<int64_t>(out->element_count());
+  if (ffi::Error e = RowsShape(x, count, "logsumexp", M, N); e.failure()) return e;
   FfiWorkers workers(pool);
   lookahead_jax::logsumexp_f32(workers, x.typed_data(), M, N, out->typed_data());
   return ffi::Error::Success();
