@@ -3,15 +3,14 @@ issue-45 figures, all measured in one process, the builds interleaved round by r
 
 Builds: "xla" (lj.load(cpu_kernel=False): XLA:CPU's own matmuls and attention) and
 "kernel" (the default on an x86-64 CPU: the small-M kernel over packed weights and the
-cache attention kernel, models/cpu_kernel/),
-each in float32 and int8 weights. Steps: plain at batch 1 and 16, and lookahead steps of
-T = 2, 4, 8, 16 tokens at batch 1 (`LookaheadConfig.for_tokens(T)`), SmolLM2-135M with a
-256-token prompt in a 512-position cache, `--steps` steps of the compiled `run_loop`
-(as lj.generate compiles it) from a copy of one prefilled state, min and median of `--repeats`.
+cache attention kernel, models/cpu_kernel/), each in float32 and int8 weights; `--fuse`
+as lj.load's (default: its own choice; "off" before stop 92). Steps: plain at batch 1
+and 16, and lookahead steps of T = 2, 4, 8, 16 tokens at batch 1 (`for_tokens(T)`),
+SmolLM2-135M with a 256-token prompt in a 512-position cache, `--steps` steps of the
+compiled `run_loop` from a copy of one prefilled state, min and median of `--repeats`.
 
-Beside them, the reference rate: a chain of the model's 30 layers' matrix-vector
-products (M = 1, XLA) over the same weights, in GB/s, and what the one-token step reads
-its weights at (weight bytes / step time).
+Beside them: a chain of the 30 layers' matrix-vector products (M = 1, XLA) over the same
+weights in GB/s, and the one-token step's rate (weight bytes / step time).
 
     python scripts/bench/step_ratio.py --out benchmarks/cpu/step_ratio
 """
@@ -126,6 +125,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/cpu/step_ratio")
+    ap.add_argument("--fuse", choices=("default", "on", "off"), default="default")
     args = ap.parse_args()
 
     from machine import cpu_model
@@ -137,8 +137,9 @@ def main() -> None:
     for build in args.builds.split(","):
         for weights in args.weights.split(","):
             key = f"{build}/{weights}"
+            fuse = {"default": None, "on": True, "off": False}[args.fuse]
             models[key] = lj.load(
-                "smollm2-135m", weights=weights, cpu_kernel=build == "kernel", fuse=False
+                "smollm2-135m", weights=weights, cpu_kernel=build == "kernel", fuse=fuse
             )
             for layout, batch in cases:
                 if weights != "float" and layout != "plain":
