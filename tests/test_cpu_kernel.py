@@ -275,9 +275,11 @@ def test_the_logits_reductions_take_the_kernel_only_when_asked(fn, target):
 def _logsumexp_rows(rng, M: int, N: int) -> list[np.ndarray]:
     """[M, N] float32 rows for a logsumexp: logits-like values, one far above the rest,
     values whose exp underflows, -inf among numbers, and the rows the result is not a
-    sum's: a NaN (last, or beside +inf), +inf, all -inf."""
+    sum's: a NaN (last, or beside +inf), +inf (alone, or among -inf), all -inf."""
     x = (rng.standard_normal((M, N)) * 4).astype(np.float32)
     peak, low, some_inf, nan, inf = (x.copy() for _ in range(5))
+    both_inf = np.full((M, N), -np.inf, np.float32)
+    both_inf[:, N // 2] = np.inf
     peak[:, N // 3] = 80.0
     low[:, : N // 2] = -200.0
     some_inf[:, ::4] = -np.inf
@@ -285,7 +287,7 @@ def _logsumexp_rows(rng, M: int, N: int) -> list[np.ndarray]:
     nan[:, 0] = np.inf
     inf[:, N // 2] = np.inf
     every = np.full((M, N), -np.inf, np.float32)
-    return [x, peak, low, some_inf, nan, inf, every]
+    return [x, peak, low, some_inf, nan, inf, every, both_inf]
 
 
 @pytest.mark.parametrize("N", [1, 15, 16, 17, 1003, 49152])
@@ -310,12 +312,12 @@ def test_logsumexp_is_jaxs(N):
     np.testing.assert_array_equal(np.asarray(jax.vmap(cpu_kernel.logsumexp)(x)), np.asarray(lse(x)))
 
 
-@pytest.mark.parametrize("N", [1, 15, 16, 17, 8193])
+@pytest.mark.parametrize("N", [1, 15, 16, 17, 8192 + 29])
 def test_threefry_bits_are_jaxs(N):
     """The threefry kernel (threefry_bits.cc) gives jax.random.bits's uint32 values bit for
     bit (JAX's default partitionable threefry): over counters that end in a vector's
-    lanes or in the scalar tail, and past one work item (8192); for keys [3, 2], [2, 2, 2]
-    and under vmap."""
+    lanes or in the scalar tail, and in a second work item (from 8192: vector lanes, then
+    a tail); for keys [3, 2], [2, 2, 2] and under vmap."""
     keys = jax.random.split(jax.random.PRNGKey(N), 4)
     bits = jax.jit(cpu_kernel.threefry_bits, static_argnums=1)
 
@@ -333,7 +335,8 @@ def test_threefry_bits_are_jaxs(N):
 def test_the_noise_from_the_kernels_bits_is_jaxs():
     """sampling.gumbel_noise with the kernel's bits gives jax.random.gumbel's values bit
     for bit (its transform of the bits, repeated), the kernel in the program only when
-    asked and only for JAX's default threefry bits (not with partitionable bits off)."""
+    asked and only for JAX's default threefry bits: not with partitionable bits off, nor
+    for gumbel's high-range mode, nor for typed keys."""
     rng = jax.random.split(jax.random.PRNGKey(1), 3)
     index = jnp.asarray([[0, 5], [1, 2], [7, 300]], jnp.int32)
 
@@ -345,11 +348,16 @@ def test_the_noise_from_the_kernels_bits_is_jaxs():
     )
     assert cpu_kernel.THREEFRY_TARGET in noise(True).lower(rng, index).as_text()
     assert cpu_kernel.THREEFRY_TARGET not in noise(False).lower(rng, index).as_text()
-    jax.config.update("jax_threefry_partitionable", False)
+    with jax.threefry_partitionable(False):
+        assert cpu_kernel.THREEFRY_TARGET not in noise(True).lower(rng, index).as_text()
+    high_range = jax.config.jax_high_dynamic_range_gumbel
+    jax.config.update("jax_high_dynamic_range_gumbel", True)
     try:
         assert cpu_kernel.THREEFRY_TARGET not in noise(True).lower(rng, index).as_text()
     finally:
-        jax.config.update("jax_threefry_partitionable", True)
+        jax.config.update("jax_high_dynamic_range_gumbel", high_range)
+    typed = jax.random.split(jax.random.key(1), 3)
+    assert cpu_kernel.THREEFRY_TARGET not in noise(True).lower(typed, index).as_text()
 
 
 def test_lookup_and_lm_head_out_of_the_panels():

@@ -181,7 +181,8 @@ class Verified:
     logits         [B, R, V]     their logits
     log_norm       [B, R]        each logits row's logsumexp (log of its softmax's
                                  denominator; computed once, by the CPU kernel where
-                                 it runs the model; unused, it is not computed at all)
+                                 it runs the model; where no source reads it, XLA
+                                 drops it: tests/test_loop_copies.py checks)
     chosen         [B, R] int32  the model's token after each of them: the argmax, or for
                                  a sampling row its seeded draw (what verification compared)
     on_path        [B, R] bool   those of the accepted path's nodes (their logits saw the

@@ -134,10 +134,10 @@ def main() -> None:
 
     cases = [("plain", 1), ("2", 1), ("4", 1), ("8", 1), ("16", 1), ("plain", 16)]
     models, compiled = {}, {}
+    fuse = {"default": None, "on": True, "off": False}[args.fuse]
     for build in args.builds.split(","):
         for weights in args.weights.split(","):
             key = f"{build}/{weights}"
-            fuse = {"default": None, "on": True, "off": False}[args.fuse]
             models[key] = lj.load(
                 "smollm2-135m", weights=weights, cpu_kernel=build == "kernel", fuse=fuse
             )
@@ -181,7 +181,7 @@ def main() -> None:
         "matvec_chain_gbps": ref_gbps,
         "one_token_step_gbps": reads,
         "rows": rows,
-        "command": " ".join(sys.argv),
+        "command": " ".join(sys.argv) + f" (--fuse {args.fuse})",
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

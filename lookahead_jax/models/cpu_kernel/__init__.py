@@ -9,10 +9,10 @@
 * `first_max_index` (row_argmax.cc): jnp.argmax over the logits' rows in one pass (AVX2;
   XLA's two reductions took 1.5-1.8 ms of a 16-row step; sampling.first_max_index);
 * `logsumexp` (row_logsumexp.cc): jax.nn.logsumexp over the logits' rows (AVX2 or
-  AVX-512, the same bits; XLA's reduce of exp took 3.2 ms of a 16-token step, in token
+  AVX-512, the same bits; XLA's reduce of exp took 2.0-3.2 ms of a 16-token step, in token
   recycling's update; sampling.logsumexp);
 * `threefry_bits` (threefry_bits.cc): jax.random.bits of a row of counters, for the
-  Gumbel noise of sampling rows (XLA's loop over the hash took 4.3 ms of a 16-row step;
+  Gumbel noise of sampling rows (XLA's loop over the hash took 4.4 ms of a 16-row step;
   sampling.gumbel_noise).
 
 Why a kernel of our own (benchmarks/cpu/small_m.md): a decode step is bound by reading

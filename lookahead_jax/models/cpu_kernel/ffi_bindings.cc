@@ -99,14 +99,14 @@ ffi::Error CacheAttentionF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   return ffi::Error::Success();
 }
 
-// M rows of N of x [..., N] (N >= 1, within int32 indices) for one result a row in
-// `out` (out_count values), or an error naming the reduction.
+// M rows of N of x [..., N] (1 <= N <= max_n) for one result a row in `out` (out_count
+// values), or an error naming the reduction.
 ffi::Error RowsShape(const ffi::Buffer<ffi::F32>& x, int64_t out_count, const std::string& what,
-                     int64_t& M, int64_t& N) {
+                     int64_t max_n, int64_t& M, int64_t& N) {
   const auto xd = x.dimensions();
   N = xd.size() ? xd.back() : 0;
   if (N == 0) return ffi::Error::InvalidArgument(what + " over an empty last axis");
-  if (N > INT32_MAX) return ffi::Error::InvalidArgument(what + ": rows past int32 indices");
+  if (N > max_n) return ffi::Error::InvalidArgument(what + ": rows past its index type");
   M = x.element_count() / N;
   if (out_count != M) return ffi::Error::InvalidArgument(what + ": out must hold one value a row");
   return ffi::Error::Success();
@@ -116,7 +116,7 @@ ffi::Error FirstMaxF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                        ffi::ResultBuffer<ffi::S32> out) {
   int64_t M, N;
   const int64_t count = static_cast<int64_t>(out->element_count());
-  if (ffi::Error e = RowsShape(x, count, "argmax", M, N); e.failure()) return e;
+  if (ffi::Error e = RowsShape(x, count, "argmax", INT32_MAX, M, N); e.failure()) return e;
   FfiWorkers workers(pool);
   lookahead_jax::first_max_index_f32(workers, x.typed_data(), M, N, out->typed_data());
   return ffi::Error::Success();
@@ -126,7 +126,7 @@ ffi::Error LogSumExpF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                         ffi::ResultBuffer<ffi::F32> out) {
   int64_t M, N;
   const int64_t count = static_cast<int64_t>(out->element_count());
-  if (ffi::Error e = RowsShape(x, count, "logsumexp", M, N); e.failure()) return e;
+  if (ffi::Error e = RowsShape(x, count, "logsumexp", INT64_MAX, M, N); e.failure()) return e;
   FfiWorkers workers(pool);
   lookahead_jax::logsumexp_f32(workers, x.typed_data(), M, N, out->typed_data());
   return ffi::Error::Success();

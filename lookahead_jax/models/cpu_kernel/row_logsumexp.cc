@@ -4,9 +4,9 @@
 //
 // Why a kernel: token recycling turns its top-k logits into probabilities
 // (token_recycling.update) with the logsumexp of every logits row a step computes; XLA:CPU
-// runs its reduce of exp over a 16-token step's [15, 49152] logits as one YNNPACK fusion
-// of 3.2 ms, ~9 % of the step (Intel Xeon model 207), where these two passes take
-// ~0.2 ms (benchmarks/cpu/row_logsumexp_xeon_207_s92.md).
+// runs its reduce of exp over a 16-token step's [15, 49152] logits as a YNNPACK fusion
+// (with its max, 2.0 ms of a profiled step on the Intel Xeon model 207; 3.2 ms on another
+// VM), where these two passes take 0.26 ms (benchmarks/cpu/row_logsumexp_xeon_207_s92.md).
 //
 // The same rows as jax.nn.logsumexp: any NaN -> NaN; a +inf (and no NaN) -> +inf; every
 // value -inf -> -inf; else max + log(sum), within ~1e-6 relative (the exp's error, and a
