@@ -76,7 +76,7 @@ rng = np.random.default_rng(7)
 n = 16 * (4 * os.cpu_count() + 3)
 w = jnp.asarray(rng.standard_normal((96, n)).astype(np.float32))
 f, i = [], []
-for m in (2, 12, 13, 29):  # below 12 rows (AVX2 in both), one group, 7 + 6, 10 + 10 + 9
+for m in (2, 8, 12, 13, 29):  # up to 6 rows AVX2 in both; one group; 7 + 6; 10 + 10 + 9
     x = jnp.asarray(rng.standard_normal((m, 96)).astype(np.float32))
     f.append(np.asarray(packed.einsum("mk,kn->mn", x, packed.pack(w, (0,)))).ravel())
     q = packed.pack(quantize.quantize(w, (0,)), (0,))
@@ -125,7 +125,7 @@ def test_the_avx512_tile_gives_the_avx2_tiles_bits(tmp_path):
     """small_m.cc's two tiles (AVX-512 where the CPU has it, AVX2 with
     LOOKAHEAD_JAX_CPU_KERNEL=avx2: chosen once a process) compute the same FMA chains:
     the same bits, float32 and int8, through pairs of panels and single ones, one group
-    of rows and several (the AVX-512 tile takes 12 rows and more); each process says
+    of rows and several (the AVX-512 tile takes 7 rows and more); each process says
     which tile it ran. So do cache_attention.cc's two (group512, group256): a step's tokens
     with a window, a head dim of 16 + 8, a pass's segments; and row_logsumexp.cc's and
     threefry_bits.cc's two."""

@@ -13,7 +13,7 @@
 // group, thread or M the row comes in: a row's result does not depend on the other rows
 // (a lookahead step's rows get bit for bit what a one-token step computes).
 //
-// Where the CPU has AVX-512 (checked once, at run time) and x has at least 12 rows, a
+// Where the CPU has AVX-512 (checked once, at run time) and x has at least 7 rows, a
 // panel's row of 16 outputs is one 512-bit register, and up to 12 rows (groups of equal
 // size: 16 rows go 8 + 8) go through two panels at once (`tile512`), so that each
 // broadcast of x[r, k] feeds two FMAs: the same FMA chains, so the same bits, with fewer
@@ -200,6 +200,20 @@ struct Matmul {
   const float* scale;  // [P * 16] or nullptr
   float* y;
   const float* xt = nullptr;  // x transposed for run512 (Transpose512), or nullptr
+  // Panels from a chunk's end to the first panel of the chunk its thread most likely takes
+  // next (parallel_for hands chunks out in order, so a thread ending chunk c takes about
+  // c + threads): Run's (threads - 1) x chunk. Prefetched while the chunk's last panels
+  // run, instead of nothing: that chunk's first panels were read from memory on demand.
+  int64_t to_next_chunk = 0;
+
+  // Where the panels after those before p1 (a chunk's end) are prefetched from: the next
+  // chunk's first panel (`count` of them at most), or `fallback` where there is none.
+  const char* after_chunk(int64_t p1, int64_t count, const W* fallback, int64_t& lines) const {
+    const int64_t q = p1 + to_next_chunk, panel_lines = K * kPanel * int64_t{sizeof(W)} / 64;
+    if (to_next_chunk == 0 || q >= P) return reinterpret_cast<const char*>(fallback);
+    lines = std::min(count, P - q) * panel_lines;
+    return reinterpret_cast<const char*>(panels + q * K * kPanel);
+  }
 
   // panels [p0, p1) for every row of x. Each panel meets every row of x while it is in
   // L2; a prefill's thousands of rows are then read from L3 once a panel (blocking the
@@ -208,8 +222,9 @@ struct Matmul {
     const int64_t ldy = P * kPanel;
     for (int64_t p = p0; p < p1; ++p) {
       const W* panel = panels + p * K * kPanel;
-      const char* next = reinterpret_cast<const char*>(p + 1 < p1 ? panel + K * kPanel : panel);
-      const int64_t lines = K * kPanel * static_cast<int64_t>(sizeof(W)) / 64;
+      int64_t lines = K * kPanel * static_cast<int64_t>(sizeof(W)) / 64;
+      const char* next = p + 1 < p1 ? reinterpret_cast<const char*>(panel + K * kPanel)
+                                    : after_chunk(p1, 1, panel, lines);
       const int64_t groups = (M + kRows - 1) / kRows;
       const float* s = scale ? scale + p * kPanel : nullptr;
       float* yp = y + p * kPanel;
@@ -245,8 +260,9 @@ struct Matmul {
       const bool two = p + 1 < p1;
       // the next pair (or last single panel) of this chunk, prefetched while these run
       const int64_t q = p + (two ? 2 : 1);
-      const char* next = reinterpret_cast<const char*>(q < p1 ? panels + q * K * kPanel : panel);
-      const int64_t lines = (q + 1 < p1 ? 2 : 1) * panel_lines;
+      int64_t lines = (q + 1 < p1 ? 2 : 1) * panel_lines;
+      const char* next = q < p1 ? reinterpret_cast<const char*>(panels + q * K * kPanel)
+                                : after_chunk(p1, 2, panel, lines);
       const float* s = scale ? scale + p * kPanel : nullptr;
       float* yp = y + p * kPanel;
       for (int64_t g = 0; g < groups; ++g) {
@@ -273,18 +289,21 @@ struct Matmul {
   }
 };
 
-// Two chunks of panels a thread (a chunk boundary leaves one panel unprefetched; more
-// and smaller chunks measured slower), shared out by parallel_for. Example: P = 36 panels
-// (N = 576) on 2 threads: chunks of 9 panels, 4 chunks.
+// Two chunks of panels a thread (more and smaller chunks measured slower), shared out by
+// parallel_for; a chunk's last panels prefetch the next chunk's first (to_next_chunk).
+// Example: P = 36 panels (N = 576) on 2 threads: chunks of 9 panels, 4 chunks; chunk 0's
+// last panel prefetches panel 18, chunk 2's first.
 template <typename W>
 void Run(lookahead_jax::Workers& pool, const Matmul<W>& mm) {
   if (mm.M == 0 || mm.P == 0) return;
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  // The AVX-512 tile from a full group of rows up: below, a step is bound by reading W, and
-  // the AVX-512 tile's steps measured slower (one token: 31.2 against 29.8 ms, 4 tokens
-  // 36.2 against 34.8; benchmarks/cpu/step_ratio_xeon_*.md), likely the lower clock
-  // Intel cores run AVX-512 at, which the step's other work pays too.
-  const bool wide = lookahead_jax::has_avx512() && mm.M >= kRows512;
+  // The AVX-512 tile from 7 rows up, where the AVX2 tile (6 rows) would go over each panel
+  // twice: an 8-token step took 8.4 ms less with it, 4 tokens and 2 tokens 0.7 ms less, a
+  // 16-token step the same (Intel Xeon model 207, alternating in one process;
+  // benchmarks/cpu/small_m_wide_xeon_207_s92.md). At 1 and 4 rows it had measured slower
+  // on an earlier Xeon (31.2 against 29.8 ms, 36.2 against 34.8;
+  // benchmarks/cpu/step_ratio_xeon_*.md): where one AVX2 tile holds the rows, it stays.
+  const bool wide = lookahead_jax::has_avx512() && mm.M >= lookahead_jax::kWideMatmulRows;
   int64_t chunk = std::max<int64_t>(1, (mm.P + 2 * threads - 1) / (2 * threads));
   if (wide) chunk += chunk % 2;  // pairs of panels: an odd chunk leaves one alone
   // x transposed once a call (M x K floats, a small part of the M x K x N multiply),
@@ -292,6 +311,7 @@ void Run(lookahead_jax::Workers& pool, const Matmul<W>& mm) {
   const std::unique_ptr<float[]> xt = wide ? Transpose512(pool, mm.x, mm.M, mm.K) : nullptr;
   Matmul<W> with_xt = mm;
   with_xt.xt = xt.get();
+  with_xt.to_next_chunk = (threads - 1) * chunk;
   lookahead_jax::parallel_for(pool, (mm.P + chunk - 1) / chunk, [mm = with_xt, chunk, wide](int64_t c) {
     const int64_t p1 = std::min(mm.P, (c + 1) * chunk);
     if (wide) {
@@ -328,7 +348,7 @@ void small_m_int8(Workers& pool, const float* x, int64_t M, int64_t K, const int
 
 }  // namespace lookahead_jax
 
-// 512 where the matmul runs its AVX-512 tile (from 12 rows up), else 256: for the tests.
+// 512 where the matmul runs its AVX-512 tile (from 7 rows up), else 256: for the tests.
 extern "C" int lj_small_m_tile_bits() { return lookahead_jax::has_avx512() ? 512 : 256; }
 
 // 1 where this CPU runs the kernel (AVX2 and FMA), else 0: checked before registering.
