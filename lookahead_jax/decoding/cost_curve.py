@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lookahead_jax.cache_dir import cache_root, write_atomic
-from lookahead_jax.models import fused, packed
+from lookahead_jax.models import cpu_kernel, fused, packed
 from lookahead_jax.models.bundle import float_dtype
 
 COMPILE_THREADS = 2  # probe sizes compiled at once (measure_cost_curve)
@@ -61,8 +61,8 @@ def device_key(model, devices: int | None = None) -> str:
     kind = f"{d.platform}-{d.device_kind}".replace(" ", "_").replace("/", "_")
     weights = getattr(model.lm, "weights", "float")  # int8 steps cost differently
     suffix = "" if weights == "float" else f"-{weights}"
-    if packed.is_packed(model.params):  # the CPU kernel's steps cost differently too
-        suffix += "-packed"
+    if packed.is_packed(model.params):  # the CPU kernel's steps cost differently too, and
+        suffix += f"-packed-{cpu_kernel.build_key()}"  # each build of it: measured again
     if fused.has_fused(model.params):  # and fused matmuls (models/fused.py)
         suffix += "-fused"
     dtype = jnp.dtype(model.dtype).name

@@ -119,6 +119,12 @@ def _library_path() -> Path:
     return cache_root() / "cpu_kernel" / f"kernels-{key.hexdigest()[:16]}.so"
 
 
+def build_key() -> str:
+    """The kernels' build (their library's key: sources, flags, jaxlib, compiler), 16 hex
+    digits: a step cost measured with one build is not another's (cost_curve.device_key)."""
+    return _library_path().stem.rsplit("-", 1)[-1]
+
+
 def _build(out: Path) -> None:
     """Compile the sources into `out` (atomically: a half-written library is never seen),
     as many compiler processes at once as there are cores, the longest (the FFI handlers)
