@@ -81,14 +81,14 @@ for m in (2, 8, 12, 13, 29):  # up to 6 rows AVX2 in both; one group; 7 + 6; 10 
     f.append(np.asarray(packed.einsum("mk,kn->mn", x, packed.pack(w, (0,)))).ravel())
     q = packed.pack(quantize.quantize(w, (0,)), (0,))
     i.append(np.asarray(packed.einsum("mk,kn->mn", x, q)).ravel())
-# the attention's (AVX-512 from 12 tokens a call, for a pass's segments and units of
+# the attention's (AVX-512 from 7 tokens a call, for a pass's segments and units of
 # more than 6 queries: a unit is a kv head's R queries over 2 x threads / heads, so these
-# shapes take it below 11 and 16 threads): a 16-token step with a window, 64 tokens of a
-# head dim of 16 + 8, a ragged pass's two segments (head dim 16 + 8), each over two
-# tiles of positions or more, and 16 rows of one token (AVX2 in both)
+# shapes take it below 11 and 16 threads): a 16-token step with a window, an 8-token one,
+# 64 tokens of a head dim of 16 + 8, a ragged pass's two segments (head dim 16 + 8), each
+# over two tiles of positions or more, and 16 rows of one token (AVX2 in both)
 a = []
 for B, K, T, S, Dh, window, segments in (
-    (1, 3, 16, 50, 64, 20, False), (1, 1, 64, 100, 24, 0, False),
+    (1, 3, 16, 50, 64, 20, False), (1, 3, 8, 50, 64, 0, False), (1, 1, 64, 100, 24, 0, False),
     (2, 3, 32, 32, 24, 0, True), (16, 3, 1, 40, 64, 0, False),
 ):
     q, k, v = (jnp.asarray(rng.standard_normal((B, K, n, Dh)).astype(np.float32))

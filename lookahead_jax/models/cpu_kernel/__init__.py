@@ -3,7 +3,7 @@
 * `matmul` (small_m.cc): y[M, N] = x[M, K] @ W[K, N] reading W from memory once, for the
   M = B x T rows of a step (AVX2, or AVX-512 where the CPU has it, chosen at run time);
 * `cache_attention` (cache_attention.cc): a step's queries over each row's K/V cache, as
-  far as the row's length (AVX2, or AVX-512 for calls of 12 tokens and more, as the
+  far as the row's length (AVX2, or AVX-512 for calls of 7 tokens and more, as the
   matmul, where a unit holds more than 6 queries or a pass's segments: the same bits
   either way);
 * `first_max_index` (row_argmax.cc): jnp.argmax over the logits' rows in one pass (AVX2;

@@ -36,7 +36,7 @@
 //   3. acc += p @ V, 6 queries x 16 dims in 12 registers, one FMA chain over the tile.
 // Tiles start at multiples of 16 positions and masked entries add exact zeros, so a
 // query's result does not depend on which other queries share its unit. Where the CPU
-// has AVX-512, the call has 12 tokens or more (B x T, as the matmul's AVX-512 tile) and a
+// has AVX-512, the call has 7 tokens or more (B x T, as the matmul's AVX-512 tile) and a
 // unit more than 6 queries (or is a pass's segments), group512 does the same 12 queries
 // at a time with a tile's 16
 // positions or dims in one register: each lane the same operations in the same order, so
@@ -359,10 +359,11 @@ void cache_attention_f32(Workers& pool, const CacheAttention& p) {
   const int64_t chunk = p.segments ? kCols * (p.R / p.T)  // 16 tokens' queries
                                    : std::max<int64_t>(kRows, (p.R + want - 1) / want);
   const int64_t per_head = (p.R + chunk - 1) / chunk;
-  // AVX-512 where the step's matmuls take it too (kWideRows rows and more: at fewer a
-  // step is bound by reading weights, and Intel cores run AVX-512 at a lower clock that the
-  // whole step would pay)
-  const bool wide = has_avx512() && p.B * p.T >= kWideRows;
+  // AVX-512 where the step's matmuls take it too (kWideMatmulRows tokens and more: at
+  // fewer a step is bound by reading weights, and an earlier Xeon ran AVX-512 at a lower
+  // clock that the whole step paid; an 8-token step's attention took 0.58 ms less with it,
+  // 11 of 12 alternating rounds on the Intel Xeon model 207, from 12 tokens before)
+  const bool wide = has_avx512() && p.B * p.T >= kWideMatmulRows;
   lookahead_jax::parallel_for(pool, heads * per_head, [p, chunk, per_head, wide](int64_t u) {
     const int64_t bh = u / per_head, r0 = u % per_head * chunk;
     const int64_t r1 = std::min(p.R, r0 + chunk);

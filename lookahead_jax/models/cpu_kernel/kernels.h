@@ -16,9 +16,9 @@ constexpr int64_t kPanelColumns = 16;  // output columns per panel of W (small_m
 // LOOKAHEAD_JAX_CPU_KERNEL is not "avx2" (which keeps the AVX2 paths, to compare the two
 // on one machine: they give the same bits). Decided once a process (small_m.cc).
 bool has_avx512();
-// ... the matmul from this many rows of x (small_m.cc: where the AVX2 tile's 6 rows do not
-// hold them), the attention from this many tokens a call (B x T, cache_attention.cc); and
-// at most kWideRows rows go through the AVX-512 matmul tile at once
+// ... from this many rows of x (small_m.cc: where the AVX2 tile's 6 rows do not hold them)
+// or tokens of a call (B x T, cache_attention.cc); at most kWideRows rows go through the
+// AVX-512 matmul tile at once
 constexpr int64_t kWideMatmulRows = 7;
 constexpr int64_t kWideRows = 12;
 
