@@ -57,8 +57,16 @@ float row_max(const float* x, int64_t N, bool& nan) {
   return best;
 }
 
+// The row's tail x[n0 .. N) (n0 = N - N % 16) as one 16-element block, padded with -inf
+// (its exps are not summed: the partial sums take those of n < N only).
+inline void padded_tail(const float* x, int64_t n0, int64_t N, float (&tail)[kLanes]) {
+  for (int64_t l = 0; l < kLanes; ++l) {
+    tail[l] = n0 + l < N ? x[n0 + l] : -std::numeric_limits<float>::infinity();
+  }
+}
+
 // The 16 partial sums of exp(x[n] - top), element n into sum n % 16: the row's whole
-// 16-element blocks, then its tail x[n0 .. N) (n0 = N - N % 16) as one block padded.
+// 16-element blocks, then its padded tail.
 void partial_sums256(const float* x, int64_t N, float top, float (&sums)[kLanes]) {
   const __m256 t = _mm256_set1_ps(top);
   __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
@@ -70,11 +78,8 @@ void partial_sums256(const float* x, int64_t N, float top, float (&sums)[kLanes]
   _mm256_storeu_ps(sums, lo);
   _mm256_storeu_ps(sums + 8, hi);
   if (n0 == N) return;
-  // the tail, padded to a block with -inf, each exp added to the partial sum of its n % 16
-  alignas(32) float tail[kLanes], e[kLanes];
-  for (int64_t l = 0; l < kLanes; ++l) {
-    tail[l] = n0 + l < N ? x[n0 + l] : -std::numeric_limits<float>::infinity();
-  }
+  alignas(32) float tail[kLanes], e[kLanes];  // each exp into the partial sum of its n % 16
+  padded_tail(x, n0, N, tail);
   _mm256_store_ps(e, exp256(_mm256_sub_ps(_mm256_load_ps(tail), t)));
   _mm256_store_ps(e + 8, exp256(_mm256_sub_ps(_mm256_load_ps(tail + 8), t)));
   for (int64_t l = 0; n0 + l < N; ++l) sums[l] += e[l];
@@ -91,9 +96,7 @@ __attribute__((target("avx512f"))) void partial_sums512(const float* x, int64_t 
   _mm512_storeu_ps(sums, s);
   if (n0 == N) return;
   alignas(64) float tail[kLanes], e[kLanes];
-  for (int64_t l = 0; l < kLanes; ++l) {
-    tail[l] = n0 + l < N ? x[n0 + l] : -std::numeric_limits<float>::infinity();
-  }
+  padded_tail(x, n0, N, tail);
   _mm512_store_ps(e, exp512(_mm512_sub_ps(_mm512_load_ps(tail), t)));
   for (int64_t l = 0; n0 + l < N; ++l) sums[l] += e[l];
 }

@@ -206,12 +206,15 @@ struct Matmul {
   // run, instead of nothing: that chunk's first panels were read from memory on demand.
   int64_t to_next_chunk = 0;
 
+  // 64-byte lines a panel holds
+  int64_t panel_lines() const { return K * kPanel * static_cast<int64_t>(sizeof(W)) / 64; }
+
   // Where the panels after those before p1 (a chunk's end) are prefetched from: the next
   // chunk's first panel (`count` of them at most), or `fallback` where there is none.
   const char* after_chunk(int64_t p1, int64_t count, const W* fallback, int64_t& lines) const {
-    const int64_t q = p1 + to_next_chunk, panel_lines = K * kPanel * int64_t{sizeof(W)} / 64;
+    const int64_t q = p1 + to_next_chunk;
     if (to_next_chunk == 0 || q >= P) return reinterpret_cast<const char*>(fallback);
-    lines = std::min(count, P - q) * panel_lines;
+    lines = std::min(count, P - q) * panel_lines();
     return reinterpret_cast<const char*>(panels + q * K * kPanel);
   }
 
@@ -222,7 +225,7 @@ struct Matmul {
     const int64_t ldy = P * kPanel;
     for (int64_t p = p0; p < p1; ++p) {
       const W* panel = panels + p * K * kPanel;
-      int64_t lines = K * kPanel * static_cast<int64_t>(sizeof(W)) / 64;
+      int64_t lines = panel_lines();
       const char* next = p + 1 < p1 ? reinterpret_cast<const char*>(panel + K * kPanel)
                                     : after_chunk(p1, 1, panel, lines);
       const int64_t groups = (M + kRows - 1) / kRows;
@@ -254,13 +257,12 @@ struct Matmul {
     // groups of equal size (16 rows: 8 + 8, not 12 + 4, whose 4 FMA chains a k would
     // wait on the FMA's latency)
     const int64_t groups = Groups512(M), size = (M + groups - 1) / groups;
-    const int64_t panel_lines = K * kPanel * static_cast<int64_t>(sizeof(W)) / 64;
     for (int64_t p = p0; p < p1; p += 2) {
       const W* panel = panels + p * K * kPanel;
       const bool two = p + 1 < p1;
       // the next pair (or last single panel) of this chunk, prefetched while these run
       const int64_t q = p + (two ? 2 : 1);
-      int64_t lines = (q + 1 < p1 ? 2 : 1) * panel_lines;
+      int64_t lines = (q + 1 < p1 ? 2 : 1) * panel_lines();
       const char* next = q < p1 ? reinterpret_cast<const char*>(panels + q * K * kPanel)
                                 : after_chunk(p1, 2, panel, lines);
       const float* s = scale ? scale + p * kPanel : nullptr;
