@@ -40,8 +40,8 @@ MANY_ROWS = 48 * (os.cpu_count() or 1) + 4
 
 @pytest.mark.parametrize("M", [1, 5, 13, 25, MANY_ROWS])
 def test_kernel_is_xlas_matmul(M):
-    """One row, a partial tile (5), full 6-row groups and a remainder (13 = 6 + 6 + 1;
-    the AVX-512 tile's equal groups: 13 = 7 + 6, 25 = 9 + 9 + 7; MANY_ROWS: groups of
+    """One row, a partial tile (5), groups of unequal size (the AVX2 tile's 13 = 5 + 4 + 4;
+    the AVX-512 tile's 13 = 7 + 6, 25 = 9 + 9 + 7; MANY_ROWS: groups of
     12 and a last of 4, transposed by several threads), K not a multiple of anything, N
     of several panels; float32 and per-channel int8."""
     rng = np.random.default_rng(M)
@@ -57,14 +57,16 @@ def test_kernel_is_xlas_matmul(M):
 
 
 def test_a_rows_result_does_not_depend_on_the_other_rows():
-    """Row r of an M-row product equals, bit for bit, the one-row product of row r."""
+    """Row r of an M-row product equals, bit for bit, the one-row product of row r (the
+    AVX2 tile's groups: 16 rows 6 + 5 + 5, 8 rows 4 + 4)."""
     rng = np.random.default_rng(0)
     w = packed.pack(_weight(rng, 576, 192), (0,))
     x = jnp.asarray(rng.standard_normal((16, 576)).astype(np.float32))
-    many = np.asarray(packed.einsum("mk,kn->mn", x, w))
-    for r in (0, 5, 6, 15):
-        one = np.asarray(packed.einsum("mk,kn->mn", x[r : r + 1], w))
-        np.testing.assert_array_equal(many[r : r + 1], one)
+    for M, rows in ((16, (0, 5, 6, 11, 15)), (8, (3, 4, 7))):
+        many = np.asarray(packed.einsum("mk,kn->mn", x[:M], w))
+        for r in rows:
+            one = np.asarray(packed.einsum("mk,kn->mn", x[r : r + 1], w))
+            np.testing.assert_array_equal(many[r : r + 1], one)
 
 
 _TILE_CHECK = """

@@ -3,11 +3,11 @@
 //
 // W is stored in panels of 16 output columns, [P, K, 16] with P = N / 16, so a panel
 // is K * 64 contiguous bytes: W[k, 16 p + j] = panels[p, k, j]. For each panel the
-// rows of x go through it six at a time, each group keeping its 6 x 16 outputs in 12
-// AVX registers over the whole sum over k (BLIS's 6 x 16 register tile for AVX2); the
-// first group reads the panel from memory, the others from L2, and while a panel is
-// used the next one is prefetched into L2, so the weights stream from memory once
-// whatever M is. Panels are shared out between XLA's intra-op threads.
+// rows of x go through it in groups of at most six, of nearly equal size (16 rows go
+// 6 + 5 + 5), each group keeping its outputs in up to 12 AVX registers over the whole
+// sum over k (BLIS's 6 x 16 register tile for AVX2); the first group reads the panel
+// from memory, the others from L2, and while a panel is used the next one is prefetched
+// into L2, so the weights stream from memory once whatever M is. Panels are shared out between XLA's intra-op threads.
 //
 // Every output is one chain of FMAs over k = 0 .. K-1 in order, the same whichever
 // group, thread or M the row comes in: a row's result does not depend on the other rows
@@ -55,7 +55,7 @@ inline void load16(const int8_t* w, __m256& w0, __m256& w1) {
 // (one per group of rows) each fetch an equal share of the next panel's lines, spread
 // evenly over their k, so memory stays busy while the later groups compute from L2.
 // Worked example: float32, K = 576, M = 16: a panel is 576 lines of 64 bytes, the rows
-// go in 3 groups (6, 6, 4), so group g fetches lines 192 g .. 192 g + 191 of the next
+// go in 3 groups (6, 5, 5), so group g fetches lines 192 g .. 192 g + 191 of the next
 // panel, one every third k (step = 576 / (3 * 576) = 1/3 line per k).
 struct Prefetch {
   const char* next;  // the next panel's first byte
@@ -231,21 +231,23 @@ struct Matmul {
       const int64_t groups = (M + kRows - 1) / kRows;
       const float* s = scale ? scale + p * kPanel : nullptr;
       float* yp = y + p * kPanel;
-      int64_t m = 0, g = 0;
-      for (; m + kRows <= M; m += kRows, ++g) {
-        tile<kRows>(x + m * K, K, panel, s, yp + m * ldy, ldy,
-                    prefetch_share(next, lines, g, groups, K));
-      }
-      const float* xm = x + m * K;
-      float* ym = yp + m * ldy;
-      const Prefetch pf = prefetch_share(next, lines, g, groups, K);
-      switch (M - m) {
-        case 5: tile<5>(xm, K, panel, s, ym, ldy, pf); break;
-        case 4: tile<4>(xm, K, panel, s, ym, ldy, pf); break;
-        case 3: tile<3>(xm, K, panel, s, ym, ldy, pf); break;
-        case 2: tile<2>(xm, K, panel, s, ym, ldy, pf); break;
-        case 1: tile<1>(xm, K, panel, s, ym, ldy, pf); break;
-        default: break;
+      // groups of (nearly) equal size: 8 rows go 4 + 4, not 6 + 2, whose 4 FMA chains a
+      // k wait on the FMA's latency (an 8-row step 1.1 ms less, AMD EPYC Zen 3)
+      for (int64_t g = 0, m = 0; g < groups; ++g) {
+        const int64_t rows = M / groups + (g < M % groups ? 1 : 0);
+        const float* xm = x + m * K;
+        float* ym = yp + m * ldy;
+        const Prefetch pf = prefetch_share(next, lines, g, groups, K);
+        switch (rows) {
+          case 6: tile<6>(xm, K, panel, s, ym, ldy, pf); break;
+          case 5: tile<5>(xm, K, panel, s, ym, ldy, pf); break;
+          case 4: tile<4>(xm, K, panel, s, ym, ldy, pf); break;
+          case 3: tile<3>(xm, K, panel, s, ym, ldy, pf); break;
+          case 2: tile<2>(xm, K, panel, s, ym, ldy, pf); break;
+          case 1: tile<1>(xm, K, panel, s, ym, ldy, pf); break;
+          default: break;
+        }
+        m += rows;
       }
     }
   }
