@@ -38,12 +38,12 @@ def _weight(rng, K, N):
 MANY_ROWS = 48 * (os.cpu_count() or 1) + 4
 
 
-@pytest.mark.parametrize("M", [1, 5, 13, 25, MANY_ROWS])
+@pytest.mark.parametrize("M", [1, 2, 5, 7, 13, 25, MANY_ROWS])
 def test_kernel_is_xlas_matmul(M):
-    """One row, a partial tile (5), groups of unequal size (the AVX2 tile's 13 = 5 + 4 + 4;
-    the AVX-512 tile's 13 = 7 + 6, 25 = 9 + 9 + 7; MANY_ROWS: groups of
-    12 and a last of 4, transposed by several threads), K not a multiple of anything, N
-    of several panels; float32 and per-channel int8."""
+    """One row, partial tiles (2, 5), groups of unequal size (the AVX2 tile's 7 = 4 + 3
+    and 13 = 5 + 4 + 4; the AVX-512 tile's 7 in one group, 13 = 7 + 6, 25 = 9 + 9 + 7;
+    MANY_ROWS: groups of 12 and a last of 4, transposed by several threads), K not a
+    multiple of anything, N of several panels; float32 and per-channel int8."""
     rng = np.random.default_rng(M)
     K, N = 37, 80
     w = _weight(rng, K, N)
@@ -57,8 +57,9 @@ def test_kernel_is_xlas_matmul(M):
 
 
 def test_a_rows_result_does_not_depend_on_the_other_rows():
-    """Row r of an M-row product equals, bit for bit, the one-row product of row r (the
-    AVX2 tile's groups: 16 rows 6 + 5 + 5, 8 rows 4 + 4)."""
+    """Row r of an M-row product equals, bit for bit, the one-row product of row r (rows
+    at the edges of the AVX2 tile's groups, 16 rows 6 + 5 + 5 and 8 rows 4 + 4, where the
+    CPU has no AVX-512; with it, 16 rows go 8 + 8 and 8 rows in one group)."""
     rng = np.random.default_rng(0)
     w = packed.pack(_weight(rng, 576, 192), (0,))
     x = jnp.asarray(rng.standard_normal((16, 576)).astype(np.float32))

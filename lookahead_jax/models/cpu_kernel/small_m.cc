@@ -7,7 +7,8 @@
 // 6 + 5 + 5), each group keeping its outputs in up to 12 AVX registers over the whole
 // sum over k (BLIS's 6 x 16 register tile for AVX2); the first group reads the panel
 // from memory, the others from L2, and while a panel is used the next one is prefetched
-// into L2, so the weights stream from memory once whatever M is. Panels are shared out between XLA's intra-op threads.
+// into L2, so the weights stream from memory once whatever M is. Panels are shared out
+// between XLA's intra-op threads.
 //
 // Every output is one chain of FMAs over k = 0 .. K-1 in order, the same whichever
 // group, thread or M the row comes in: a row's result does not depend on the other rows
@@ -232,7 +233,8 @@ struct Matmul {
       const float* s = scale ? scale + p * kPanel : nullptr;
       float* yp = y + p * kPanel;
       // groups of (nearly) equal size: 8 rows go 4 + 4, not 6 + 2, whose 4 FMA chains a
-      // k wait on the FMA's latency (an 8-row step 1.1 ms less, AMD EPYC Zen 3)
+      // k wait on the FMA's latency (an 8-row step 1.1 ms less, AMD EPYC Zen 3:
+      // benchmarks/cpu/small_m_equal_groups_epyc_zen3_s93.md)
       for (int64_t g = 0, m = 0; g < groups; ++g) {
         const int64_t rows = M / groups + (g < M % groups ? 1 : 0);
         const float* xm = x + m * K;
